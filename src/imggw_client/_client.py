@@ -1,0 +1,264 @@
+"""The blocking client: performs the core's actions with an ``httpx.Client`` and ``time.sleep``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from . import _transport
+from ._base_client import (
+    DEFAULT_DOWNLOAD_CONCURRENCY,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_POLL,
+    DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_TIMEOUT,
+    BaseClient,
+)
+from ._config import PollPolicy, RetryPolicy
+from ._core.flows import Flow
+from ._core.wire import Action, Fetch, Fetched, Notify, Send, Sleep, TransportFailure
+from ._download import Sink, check_concurrency, first_error
+from ._models import DownloadedFile, Submission, Task
+
+T = TypeVar("T")
+OnUpdate = Callable[[Task], Any]
+
+__all__ = ["Client"]
+
+
+class Client(BaseClient[httpx.Client]):
+    """The blocking imggw client.
+
+    ``api_key`` and ``base_url`` fall back to ``IMGGW_API_KEY`` and ``IMGGW_BASE_URL``. Pass
+    ``http_client=`` to use your own ``httpx.Client`` (proxies, custom transports); it is not
+    closed by :meth:`close`. Thread-safe: share one client between threads.
+
+    Example::
+
+        with Client() as client:
+            task = client.generate("a lighthouse at dusk", aspect_ratio="16:9")
+            files = client.download(task, "out/")
+    """
+
+    _http_type = httpx.Client
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        surface: str = "beta",
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        retry: RetryPolicy | None = None,
+        poll: PollPolicy = DEFAULT_POLL,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(
+            api_key,
+            base_url,
+            surface=surface,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry=retry,
+            poll=poll,
+            http_client=http_client,
+        )
+        self._sleep: Callable[[float], None] = time.sleep
+
+    def submit(
+        self,
+        prompt: str,
+        *,
+        aspect_ratio: str = "auto",
+        resolution: str = "1k",
+        surface: str | None = None,
+        idempotency_key: str | None = None,
+        validate: bool = True,
+    ) -> Submission:
+        """Submits one request and returns its task id and idempotency key.
+
+        Every retry reuses one idempotency key, so a lost response never creates a second task.
+        If retries run out while the outcome is unknown, :class:`UnknownOutcomeError` carries
+        the key to resubmit with later.
+
+        Example::
+
+            sub = client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
+        """
+        return self._run(
+            self._flows.submit(
+                prompt,
+                aspect_ratio=aspect_ratio,
+                resolution=resolution,
+                surface=surface,
+                idempotency_key=idempotency_key,
+                validate=validate,
+            )
+        )
+
+    def get(self, task_id: str, *, surface: str | None = None) -> Task:
+        """Queries a task once (transient failures are retried).
+
+        Example::
+
+            task = client.get("12345")
+        """
+        return self._run(self._flows.get(task_id, surface=surface))
+
+    def wait(
+        self,
+        task_id_or_submission: str | Submission | Task,
+        *,
+        surface: str | None = None,
+        timeout: float = DEFAULT_WAIT_TIMEOUT,
+        on_update: OnUpdate | None = None,
+    ) -> Task:
+        """Polls until the task succeeds (returned) or fails (:class:`TaskFailedError`).
+
+        Past ``timeout`` seconds it raises :class:`WaitTimeoutError`, which is not a failure:
+        wait again on ``err.task_id``. ``on_update(task)`` is called on every new status or
+        progress. A wait never submits.
+
+        Example::
+
+            task = client.wait(sub, timeout=900, on_update=lambda t: print(t.progress))
+        """
+        return self._run(
+            self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout), on_update
+        )
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        aspect_ratio: str = "auto",
+        resolution: str = "1k",
+        surface: str | None = None,
+        idempotency_key: str | None = None,
+        validate: bool = True,
+        timeout: float = DEFAULT_WAIT_TIMEOUT,
+        on_update: OnUpdate | None = None,
+    ) -> Task:
+        """Submits and waits: :meth:`submit` then :meth:`wait`.
+
+        Example::
+
+            task = client.generate("a lighthouse at dusk", resolution="2k")
+        """
+        return self._run(
+            self._flows.generate(
+                prompt,
+                aspect_ratio=aspect_ratio,
+                resolution=resolution,
+                surface=surface,
+                idempotency_key=idempotency_key,
+                timeout=timeout,
+                validate=validate,
+            ),
+            on_update,
+        )
+
+    def download(
+        self,
+        task: Task,
+        dest_dir: str | Path,
+        *,
+        overwrite: bool = False,
+        concurrency: int = DEFAULT_DOWNLOAD_CONCURRENCY,
+    ) -> list[DownloadedFile]:
+        """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
+
+        Each file is streamed to a temp file, checked against Content-Length, hashed (sha256)
+        and renamed into place atomically. The API key is never sent to result URLs. Existing
+        files are kept unless ``overwrite=True``. A link past retention raises
+        :class:`ResultExpiredError`. Up to ``concurrency`` files download at once; if one
+        fails, the others still finish and the first error is raised.
+
+        Example::
+
+            for f in client.download(task, "out/"):
+                print(f.path, f.sha256)
+        """
+        flows = self._flows.downloads(task, Path(dest_dir), overwrite=overwrite)
+        workers = min(check_concurrency(concurrency), len(flows))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return first_error(list(pool.map(self._run_catching, flows)))
+
+    def close(self) -> None:
+        """Closes the HTTP client if this client created it."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------ driver
+
+    def _run(self, flow: Flow[T], on_update: OnUpdate | None = None) -> T:
+        outcome: Any = None
+        while True:
+            try:
+                action = flow.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            outcome = self._perform(action, on_update)
+
+    def _run_catching(self, flow: Flow[T]) -> T | BaseException:
+        try:
+            return self._run(flow)
+        except Exception as exc:
+            return exc
+
+    def _perform(self, action: Action, on_update: OnUpdate | None) -> Any:
+        if isinstance(action, Send):
+            started = time.perf_counter()
+            try:
+                response = self._http.send(
+                    _transport.build_request(self._http, self._settings, action)
+                )
+            except _transport.FAILURES as exc:
+                return _transport.to_failure(exc)
+            return _transport.to_reply(response, time.perf_counter() - started)
+        if isinstance(action, Sleep):
+            self._sleep(action.seconds)
+        elif isinstance(action, Notify):
+            if on_update is not None:
+                on_update(action.task)
+        else:
+            return self._fetch(action)
+        return None
+
+    def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:
+        sink = Sink(fetch)
+        try:
+            with self._http.stream(
+                "GET",
+                fetch.url,
+                headers=_transport.download_headers(),
+                follow_redirects=True,
+                timeout=fetch.timeout,
+            ) as response:
+                if response.status_code != 200:
+                    return Fetched(response.status_code)
+                for chunk in response.iter_bytes():
+                    sink.write(chunk)
+                return sink.finish(response.headers)
+        except _transport.FAILURES as exc:
+            return _transport.to_failure(exc)
+        finally:
+            sink.discard()

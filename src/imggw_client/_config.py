@@ -1,0 +1,161 @@
+"""Client settings: the retry and poll policies, and resolution of arguments and environment."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from ._exceptions import ConfigurationError
+
+__all__ = ["PollPolicy", "RetryPolicy", "Settings", "resolve_settings"]
+
+ENV_API_KEY = "IMGGW_API_KEY"
+ENV_BASE_URL = "IMGGW_BASE_URL"
+SURFACES = ("alpha", "beta")
+Surface = Literal["alpha", "beta"]
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise ConfigurationError(what)
+
+
+def _positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How failed requests are retried: capped exponential backoff with full jitter.
+
+    ``max_attempts`` counts every attempt, the first included. Attempt *n* (1-based) that fails
+    is followed by a sleep drawn uniformly from ``[0, min(max_backoff, initial_backoff *
+    2**(n-1))]``. A ``Retry-After`` hint is honoured instead, up to ``max_retry_after`` seconds;
+    a longer hint ends the retries with :class:`RateLimitError`.
+
+    Example::
+
+        client = Client(retry=RetryPolicy(max_attempts=10, max_backoff=30.0))
+    """
+
+    max_attempts: int = 6
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_attempts, int) and self.max_attempts >= 1,
+            "RetryPolicy.max_attempts must be an integer >= 1",
+        )
+        _require(_positive(self.initial_backoff), "RetryPolicy.initial_backoff must be > 0")
+        _require(
+            _positive(self.max_backoff) and self.max_backoff >= self.initial_backoff,
+            "RetryPolicy.max_backoff must be >= initial_backoff",
+        )
+        _require(
+            isinstance(self.max_retry_after, (int, float)) and self.max_retry_after >= 0,
+            "RetryPolicy.max_retry_after must be >= 0",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PollPolicy:
+    """How a wait polls: a jittered, growing interval, capped.
+
+    The *n*-th sleep (0-based) is ``min(max_interval, initial_interval * multiplier**n)``
+    scaled by a random factor in ``[0.8, 1.0]``, and never past the wait's deadline.
+
+    Example::
+
+        client = Client(poll=PollPolicy(initial_interval=2.0, max_interval=15.0))
+    """
+
+    initial_interval: float = 1.0
+    max_interval: float = 10.0
+    multiplier: float = 1.5
+
+    def __post_init__(self) -> None:
+        _require(_positive(self.initial_interval), "PollPolicy.initial_interval must be > 0")
+        _require(
+            _positive(self.max_interval) and self.max_interval >= self.initial_interval,
+            "PollPolicy.max_interval must be >= initial_interval",
+        )
+        _require(
+            isinstance(self.multiplier, (int, float))
+            and math.isfinite(self.multiplier)
+            and self.multiplier >= 1,
+            "PollPolicy.multiplier must be >= 1",
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a client needs, resolved once. ``api_key`` never appears in the repr."""
+
+    api_key: str
+    base_url: str
+    surface: Surface
+    timeout: float
+    retry: RetryPolicy
+    poll: PollPolicy
+
+    def __repr__(self) -> str:
+        return (
+            f"Settings(base_url={self.base_url!r}, surface={self.surface!r}, "
+            f"timeout={self.timeout!r}, retry={self.retry!r}, poll={self.poll!r})"
+        )
+
+
+def check_surface(surface: object) -> Surface:
+    _require(surface in SURFACES, "surface must be 'alpha' or 'beta'")
+    return cast(Surface, surface)
+
+
+def resolve_settings(
+    api_key: str | None,
+    base_url: str | None,
+    *,
+    surface: str,
+    timeout: float,
+    max_retries: int,
+    retry: RetryPolicy | None,
+    poll: PollPolicy | None,
+) -> Settings:
+    """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``; raises ConfigurationError."""
+    key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+    _require(bool(key), f"no API key: pass api_key= or set {ENV_API_KEY}")
+    assert key is not None
+    # A key with whitespace or control characters would break (or forge) the header.
+    _require(
+        isinstance(key, str) and key.isprintable() and not any(c.isspace() for c in key),
+        "the API key contains whitespace or control characters",
+    )
+    url = base_url if base_url is not None else os.environ.get(ENV_BASE_URL)
+    _require(bool(url), f"no base URL: pass base_url= or set {ENV_BASE_URL}")
+    assert url is not None
+    _require(
+        url.startswith(("http://", "https://")), "base_url must start with http:// or https://"
+    )
+    _require(_positive(timeout), "timeout must be a positive number of seconds")
+    if retry is None:
+        _require(
+            isinstance(max_retries, int) and max_retries >= 0, "max_retries must be an int >= 0"
+        )
+        retry = RetryPolicy(max_attempts=max_retries + 1)
+    else:
+        _require(isinstance(retry, RetryPolicy), "retry must be a RetryPolicy")
+        _require(max_retries == 5, "pass either retry= or max_retries=, not both")
+    if poll is None:
+        poll = PollPolicy()
+    _require(isinstance(poll, PollPolicy), "poll must be a PollPolicy")
+    return Settings(
+        api_key=key,
+        base_url=url.rstrip("/"),
+        surface=check_surface(surface),
+        timeout=float(timeout),
+        retry=retry,
+        poll=poll,
+    )

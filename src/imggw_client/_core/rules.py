@@ -1,0 +1,92 @@
+"""The request rules of SPEC 2.4 and 8: the one source of truth for the SDK and the gateway.
+
+Each check returns ``(field, rule)`` pairs instead of raising, so that the client can raise a
+:class:`RequestValidationError` and the reference gateway can answer with an error body, from the
+same facts. Rule texts name the field and the rule and never echo the prompt.
+"""
+
+from __future__ import annotations
+
+import re
+
+ASPECT_RATIOS: tuple[str, ...] = (
+    "auto",
+    "1:1",
+    "3:2",
+    "2:3",
+    "4:3",
+    "3:4",
+    "5:4",
+    "4:5",
+    "16:9",
+    "9:16",
+    "2:1",
+    "1:2",
+    "3:1",
+    "1:3",
+    "21:9",
+    "9:21",
+)
+RESOLUTIONS: tuple[str, ...] = ("1k", "2k", "4k")
+PROMPT_MAX_CHARS = 20_000
+BODY_MAX_BYTES = 256 * 1024
+IDEMPOTENCY_KEY_MAX_CHARS = 255
+TASK_ID_PATTERN = re.compile(r"[1-9][0-9]*")
+
+# Combination rules (SPEC 2.4), stated per aspect ratio.
+_ONLY_1K = frozenset({"auto", "5:4", "4:5", "3:1", "1:3", "9:21"})
+_NO_4K = frozenset({"1:1"})
+_NON_BLANK = re.compile(r"\S")
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
+
+Violation = tuple[str, str]
+
+
+def check_prompt(prompt: object) -> list[Violation]:
+    if not isinstance(prompt, str):
+        return [("prompt", "must be a string")]
+    if not 1 <= len(prompt) <= PROMPT_MAX_CHARS:
+        return [("prompt", f"must be 1 to {PROMPT_MAX_CHARS} characters long (got {len(prompt)})")]
+    if not _NON_BLANK.search(prompt):
+        return [("prompt", "must contain a non-whitespace character")]
+    return []
+
+
+def check_image(aspect_ratio: object, resolution: object) -> list[Violation]:
+    """Checks the enumerations and the combination rules; ``resolution`` in either case."""
+    found: list[Violation] = []
+    if not isinstance(aspect_ratio, str) or aspect_ratio not in ASPECT_RATIOS:
+        found.append(("aspect_ratio", f"must be one of {', '.join(ASPECT_RATIOS)}"))
+    if not isinstance(resolution, str) or resolution.lower() not in RESOLUTIONS:
+        found.append(("resolution", "must be one of 1k, 2k, 4k (either case)"))
+    if found:
+        return found
+    assert isinstance(aspect_ratio, str)
+    res = str(resolution).lower()
+    if aspect_ratio in _ONLY_1K and res != "1k":
+        found.append(("resolution", f"aspect ratio {aspect_ratio} requires 1k"))
+    elif aspect_ratio in _NO_4K and res == "4k":
+        found.append(("resolution", f"aspect ratio {aspect_ratio} does not allow 4k"))
+    return found
+
+
+def check_request(prompt: object, aspect_ratio: object, resolution: object) -> list[Violation]:
+    """Every rule of SPEC 2.4 and 8 for one image request (SDK form, resolution either case)."""
+    return check_prompt(prompt) + check_image(aspect_ratio, resolution)
+
+
+def check_idempotency_key(key: object) -> list[Violation]:
+    if not isinstance(key, str) or not key:
+        return [("idempotency_key", "must be a non-empty string")]
+    if len(key) > IDEMPOTENCY_KEY_MAX_CHARS:
+        return [("idempotency_key", f"must be at most {IDEMPOTENCY_KEY_MAX_CHARS} characters")]
+    # Header values lose leading and trailing spaces in transit, which would change the key.
+    if not _PRINTABLE_ASCII.fullmatch(key) or key != key.strip():
+        return [("idempotency_key", "must be printable ASCII without leading or trailing spaces")]
+    return []
+
+
+def check_task_id(task_id: object) -> list[Violation]:
+    if not isinstance(task_id, str) or not TASK_ID_PATTERN.fullmatch(task_id):
+        return [("task_id", "must be a positive decimal number without leading zeros")]
+    return []

@@ -1,0 +1,425 @@
+"""Everything the SDK knows about the two wire surfaces: paths, bodies, states, error shapes.
+
+``build_*`` turn SDK values into :class:`WireRequest` objects; ``read_*`` turn a driver's
+:class:`Reply` (or :class:`TransportFailure`) into SDK values or raise the matching
+:class:`ImggwError`. Decoding is lenient where the contract is loose (missing fields, extra
+states, ``resultJson`` shapes) and never crashes on garbage: a reply that cannot be understood
+becomes a retryable :class:`ServerError` with code ``malformed_response``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .._config import Surface
+from .._exceptions import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    AuthenticationError,
+    ConflictError,
+    IdempotencyConflictError,
+    InsufficientCreditsError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    RequestValidationError,
+    ServerError,
+)
+from .._models import ImageRequest, Submission, Task, TaskError, TaskStatus
+from . import rules
+from .retry import parse_retry_after
+from .wire import Reply, TransportFailure, WireRequest
+
+log = logging.getLogger("imggw_client")
+
+ALPHA: Surface = "alpha"
+BETA: Surface = "beta"
+ALPHA_MODEL = "imagegen-2-text-to-image"
+BETA_MODEL = "imagegen-2"
+ALPHA_SUBMIT_PATH = "/alpha/api/v1/jobs/createTask"
+ALPHA_QUERY_PATH = "/alpha/api/v1/jobs/recordInfo"
+BETA_SUBMIT_PATH = "/beta/v1/images/generations"
+BETA_QUERY_PATH = "/beta/v1/tasks/{id}"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+# Idempotency reasons (DESIGN 8): B sends them as error.code, A at the start of msg.
+KEY_REUSED = "idempotency_key_reused"
+IN_PROGRESS = "idempotency_in_progress"
+INDETERMINATE = "idempotency_result_indeterminate"
+UNAVAILABLE = "idempotency_unavailable"
+MALFORMED = "malformed_response"
+_REASON_AT_START = re.compile(r"\s*(idempotency_[a-z_]+)")
+
+STATES: dict[str, dict[str, TaskStatus]] = {
+    ALPHA: {
+        "waiting": TaskStatus.PENDING,
+        "queuing": TaskStatus.PENDING,
+        "generating": TaskStatus.RUNNING,
+        "success": TaskStatus.SUCCEEDED,
+        "fail": TaskStatus.FAILED,
+    },
+    BETA: {
+        "pending": TaskStatus.PENDING,
+        "submitted": TaskStatus.PENDING,
+        "processing": TaskStatus.RUNNING,
+        "in_progress": TaskStatus.RUNNING,
+        "completed": TaskStatus.SUCCEEDED,
+        "failed": TaskStatus.FAILED,
+    },
+}
+_CANCELLED = frozenset({"cancelled", "canceled"})
+CANCELLED_ERROR = TaskError(code="cancelled", message="The task was cancelled.")
+UNEXPLAINED_FAILURE = TaskError(code="failed", message="The task failed without a public reason.")
+_unknown_states_logged: set[str] = set()
+
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+_MESSAGE_LIMIT = 300
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
+    """The JSON body of a submit, in the wire form of ``surface``."""
+    if surface == ALPHA:
+        return {
+            "model": ALPHA_MODEL,
+            "input": {
+                "prompt": request.prompt,
+                "resolution": request.resolution.upper(),
+                "aspect_ratio": request.aspect_ratio,
+            },
+        }
+    return {
+        "model": BETA_MODEL,
+        "prompt": request.prompt,
+        "size": request.aspect_ratio,
+        "resolution": request.resolution.lower(),
+        "n": 1,
+    }
+
+
+def encode_json(body: Any) -> bytes:
+    """Compact UTF-8 JSON; identical bytes for every retry of one logical request."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def build_submit(
+    surface: Surface, request: ImageRequest, idempotency_key: str, *, validate: bool = True
+) -> WireRequest:
+    body = encode_json(submit_body(surface, request))
+    if validate and len(body) > rules.BODY_MAX_BYTES:
+        raise RequestValidationError(
+            "prompt", f"the request body would exceed {rules.BODY_MAX_BYTES} bytes"
+        )
+    path = ALPHA_SUBMIT_PATH if surface == ALPHA else BETA_SUBMIT_PATH
+    headers = {**_JSON_HEADERS, IDEMPOTENCY_HEADER: idempotency_key}
+    return WireRequest("POST", path, None, headers, body)
+
+
+def build_query(surface: Surface, task_id: str) -> WireRequest:
+    accept = {"Accept": "application/json"}
+    if surface == ALPHA:
+        return WireRequest("GET", ALPHA_QUERY_PATH, {"taskId": task_id}, accept)
+    return WireRequest("GET", BETA_QUERY_PATH.format(id=task_id), None, accept)
+
+
+# ---------------------------------------------------------------------------- replies
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:
+    """A public message fit to show: text only, one line, bounded, secrets blanked."""
+    if not isinstance(value, str):
+        return None
+    text = " ".join("".join(c if c.isprintable() else " " for c in value).split())
+    for secret in secrets:
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, "[redacted]")
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[: _MESSAGE_LIMIT - 1] + "…"
+    return text or None
+
+
+def _error_class(status: int, reason: str | None) -> type[APIError]:
+    if reason == KEY_REUSED:
+        return IdempotencyConflictError
+    if reason == UNAVAILABLE or status >= 500:
+        return ServerError
+    by_status: dict[int, type[APIError]] = {
+        400: InvalidRequestError,
+        401: AuthenticationError,
+        402: InsufficientCreditsError,
+        403: PermissionDeniedError,
+        404: NotFoundError,
+        409: ConflictError,
+        413: InvalidRequestError,
+        422: InvalidRequestError,
+        429: RateLimitError,
+    }
+    return by_status.get(status, APIError)
+
+
+def _api_error(
+    surface: Surface,
+    status: int,
+    code: str | None,
+    message: str | None,
+    reply: Reply,
+    now: float,
+) -> APIError:
+    cls = _error_class(status, code)
+    text = message or f"the gateway answered HTTP {status}"
+    return cls(
+        text,
+        status_code=status,
+        code=code,
+        surface=surface,
+        retry_after=parse_retry_after(reply.headers.get("retry-after"), now),
+    )
+
+
+def read_error(
+    surface: Surface, reply: Reply, now: float, secrets: tuple[str, ...] = ()
+) -> APIError | None:
+    """The error a reply carries, or None. Surface A errors are seen from the body ``code`` even
+    on HTTP 200; surface B errors are read with or without a top-level ``code``."""
+    body = _json(reply.content)
+    body = body if isinstance(body, dict) else {}
+    body_code = body.get("code")
+    if not isinstance(body_code, int) or isinstance(body_code, bool):
+        body_code = None
+    if surface == ALPHA:
+        if reply.status >= 400:
+            status = reply.status
+        elif body_code is not None and body_code != 200 and 100 <= body_code <= 599:
+            status = body_code
+        else:
+            return None
+        msg = body.get("msg")
+        match = _REASON_AT_START.match(msg) if isinstance(msg, str) else None
+        return _api_error(
+            surface,
+            status,
+            match.group(1) if match else None,
+            safe_message(msg, secrets),
+            reply,
+            now,
+        )
+    error = body.get("error")
+    error = error if isinstance(error, dict) else None
+    if reply.status >= 400:
+        status = reply.status
+    elif error is not None and "data" not in body:
+        # An error object on HTTP 2xx: trust the body code if it is an error status.
+        status = body_code if body_code is not None and body_code >= 400 else 500
+    else:
+        return None
+    code = error.get("code") if error else None
+    return _api_error(
+        surface,
+        status,
+        safe_message(code) if isinstance(code, str) else None,
+        safe_message(error.get("message"), secrets) if error else None,
+        reply,
+        now,
+    )
+
+
+def malformed(surface: Surface, status: int, what: str) -> ServerError:
+    return ServerError(
+        f"the gateway sent a response that could not be understood ({what})",
+        status_code=status,
+        code=MALFORMED,
+        surface=surface,
+    )
+
+
+def transport_error(surface: Surface, failure: TransportFailure) -> APIConnectionError:
+    kind = type(failure.error).__name__
+    if failure.timeout:
+        return APITimeoutError(
+            f"the request to the gateway timed out ({kind})",
+            request_sent=failure.sent,
+            surface=surface,
+        )
+    return APIConnectionError(
+        f"could not talk to the gateway ({kind})", request_sent=failure.sent, surface=surface
+    )
+
+
+def _checked_reply(
+    surface: Surface, outcome: Reply | TransportFailure, now: float, secrets: tuple[str, ...]
+) -> tuple[Reply, dict[str, Any]]:
+    """The reply and its ``data``-bearing body, or raises the error it means."""
+    if isinstance(outcome, TransportFailure):
+        raise transport_error(surface, outcome) from outcome.error
+    error = read_error(surface, outcome, now, secrets)
+    if error is not None:
+        raise error
+    body = _json(outcome.content)
+    if not isinstance(body, dict):
+        raise malformed(surface, outcome.status, "body is not a JSON object")
+    return outcome, body
+
+
+def _task_id(value: object) -> str | None:
+    return value if isinstance(value, str) and not rules.check_task_id(value) else None
+
+
+def read_submit(
+    surface: Surface,
+    outcome: Reply | TransportFailure,
+    idempotency_key: str,
+    now: float,
+    secrets: tuple[str, ...] = (),
+) -> Submission:
+    reply, body = _checked_reply(surface, outcome, now, secrets)
+    data = body.get("data")
+    if surface == ALPHA:
+        task_id = _task_id(data.get("taskId")) if isinstance(data, dict) else None
+    else:
+        first = data[0] if isinstance(data, list) and len(data) == 1 else None
+        task_id = _task_id(first.get("task_id")) if isinstance(first, dict) else None
+    if task_id is None:
+        raise malformed(surface, reply.status, "no valid task id")
+    replayed = reply.headers.get(REPLAYED_HEADER, "").strip().lower() == "true"
+    return Submission(
+        task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed
+    )
+
+
+def read_task(
+    surface: Surface,
+    outcome: Reply | TransportFailure,
+    task_id: str,
+    now: float,
+    secrets: tuple[str, ...] = (),
+) -> Task:
+    reply, body = _checked_reply(surface, outcome, now, secrets)
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise malformed(surface, reply.status, "no task record")
+    seen_id = data.get("taskId" if surface == ALPHA else "id")
+    if seen_id is not None and str(seen_id) != task_id:
+        raise malformed(surface, reply.status, "the record is for another task")
+    if surface == ALPHA:
+        state = data.get("state")
+        urls = result_urls(data.get("resultJson"))
+        cost, credits = None, number(data.get("creditsConsumed"))
+        fail_code, fail_message = data.get("failCode"), data.get("failMsg")
+    else:
+        state = data.get("status")
+        result = data.get("result")
+        urls = result_urls(result) if isinstance(result, dict) else []
+        cost, credits = number(data.get("cost")), number(data.get("credits_cost"))
+        error = data.get("error")
+        error = error if isinstance(error, dict) else {}
+        fail_code, fail_message = error.get("code"), error.get("message")
+    status = task_status(surface, state)
+    task_error = None
+    if status is TaskStatus.FAILED:
+        task_error = _task_error(state, fail_code, fail_message, secrets)
+    return Task(
+        id=task_id,
+        surface=surface,
+        status=status,
+        progress=progress(data.get("progress")),
+        image_urls=urls,
+        cost=cost,
+        credits=credits,
+        error=task_error,
+        raw=body,
+    )
+
+
+def task_status(surface: Surface, state: object) -> TaskStatus:
+    """The normalised status of a raw state. Unknown states count as running (logged once)."""
+    if isinstance(state, str):
+        known = STATES[surface].get(state) or STATES[surface].get(state.lower())
+        if known is not None:
+            return known
+        if state.lower() in _CANCELLED:
+            return TaskStatus.FAILED
+    label = f"{surface}:{state!r:.40}"
+    if label not in _unknown_states_logged and len(_unknown_states_logged) < 100:
+        _unknown_states_logged.add(label)
+        log.warning("unknown task state %s on surface %s; treating it as active", state, surface)
+    return TaskStatus.RUNNING
+
+
+def _task_error(
+    state: object, code: object, message: object, secrets: tuple[str, ...]
+) -> TaskError:
+    code_text = safe_message(code if not isinstance(code, (int, float)) else str(code))
+    message_text = safe_message(message, secrets)
+    if code_text is None and message_text is None:
+        cancelled = isinstance(state, str) and state.lower() in _CANCELLED
+        return CANCELLED_ERROR if cancelled else UNEXPLAINED_FAILURE
+    return TaskError(
+        code=code_text or UNEXPLAINED_FAILURE.code,
+        message=message_text or UNEXPLAINED_FAILURE.message,
+    )
+
+
+def progress(value: object) -> int | None:
+    """An integer percentage 0..100, from an int, float or numeric string; else None."""
+    n = number(value)
+    return None if n is None else max(0, min(100, int(n)))
+
+
+def number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        n = float(value)
+    elif isinstance(value, str):
+        try:
+            n = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return n if math.isfinite(n) else None
+
+
+def result_urls(value: object) -> list[str]:
+    """Result URLs from a lenient reading of ``resultJson`` (A, a JSON string) or ``result``
+    (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings)."""
+    if isinstance(value, (str, bytes)):
+        value = _json(value.encode() if isinstance(value, str) else value)
+    if not isinstance(value, Mapping):
+        return []
+    found: list[Any] = []
+    for key in ("resultUrls", "urls"):
+        found.extend(_as_list(value.get(key)))
+    for image in _as_list(value.get("images")):
+        if isinstance(image, Mapping):
+            found.extend(_as_list(image.get("url")))
+        else:
+            found.append(image)
+    urls: list[str] = []
+    for url in found:
+        if isinstance(url, str) and url.startswith(("http://", "https://")) and url not in urls:
+            urls.append(url)
+    return urls
+
+
+def _as_list(value: object) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    return [] if value is None else [value]

@@ -1,0 +1,88 @@
+"""Plain values exchanged between the core and the drivers: no I/O, no httpx."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._models import DownloadedFile, Task
+
+
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    """An HTTP request to the gateway, relative to the base URL and without credentials."""
+
+    method: str
+    path: str
+    params: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = None
+    body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete HTTP response as the driver read it."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TransportFailure:
+    """No complete response. ``sent`` is False only when the request surely never left."""
+
+    sent: bool
+    timeout: bool
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A streamed result download. ``file`` is set when a 200 body was saved and verified;
+    ``incomplete`` when the body ended short of its Content-Length."""
+
+    status: int
+    file: DownloadedFile | None = None
+    incomplete: bool = False
+
+
+# Actions a flow yields; the driver performs each and sends back the result shown.
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Perform the request (with the API key) -> ``Reply | TransportFailure``."""
+
+    request: WireRequest
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Sleep this many seconds -> ``None``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Call the user's ``on_update`` with the task (awaiting what it returns) -> ``None``."""
+
+    task: Task
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Stream a result URL, without credentials, to ``dest_dir/stem.<ext>`` -> ``Fetched |
+    TransportFailure``. Never overwrites unless ``overwrite``."""
+
+    url: str
+    dest_dir: Path
+    stem: str
+    overwrite: bool
+    timeout: float
+
+
+Action = Send | Sleep | Notify | Fetch
+Outcome = Any  # Reply | TransportFailure | Fetched | None, by action

@@ -1,0 +1,312 @@
+"""The imggw error tree.
+
+Every error the SDK raises is an :class:`ImggwError`::
+
+    ImggwError                          status_code, code, message, surface on every error
+    ├── ConfigurationError              missing key or base URL, bad option values
+    ├── RequestValidationError          (a ValueError too) a request broke a rule; names the field
+    ├── APIConnectionError              the gateway could not be reached (retries exhausted)
+    │   └── APITimeoutError             ... because requests timed out
+    ├── APIError                        the gateway answered with an error
+    │   ├── InvalidRequestError         400, 413, 422: the request was refused as invalid
+    │   ├── AuthenticationError         401
+    │   ├── InsufficientCreditsError    402
+    │   ├── PermissionDeniedError       403
+    │   ├── NotFoundError               404: unknown task, or one that belongs to another key
+    │   ├── ConflictError               409: the same key is still being processed (retried)
+    │   ├── IdempotencyConflictError    the key was already used for a different request
+    │   ├── RateLimitError              429 (carries retry_after)
+    │   └── ServerError                 5xx, or a response that could not be understood
+    ├── UnknownOutcomeError             a submit may or may not have created a task: reuse its key
+    ├── TaskFailedError                 the task ended failed or cancelled (carries the task)
+    ├── WaitTimeoutError                the wait's deadline passed while the task was still active
+    ├── ResultExpiredError              a result link answered 403/404/410: retention is over
+    └── DownloadError                   a result could not be downloaded or saved
+
+``WaitTimeoutError`` is deliberately *not* a ``TaskFailedError``: a slow task is not a failed one,
+and the task can be waited on again with ``client.wait(err.task_id)``.
+
+Messages are safe to log and show: they never contain the API key, the prompt, or a raw
+upstream body. Example::
+
+    try:
+        task = client.generate("a lighthouse at dusk")
+    except imggw_client.WaitTimeoutError as err:
+        task = client.wait(err.task_id)        # still running: keep waiting, never resubmit
+    except imggw_client.UnknownOutcomeError as err:
+        sub = client.submit("a lighthouse at dusk", idempotency_key=err.idempotency_key)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._models import ImageRequest, Task
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "ConfigurationError",
+    "ConflictError",
+    "DownloadError",
+    "IdempotencyConflictError",
+    "ImggwError",
+    "InsufficientCreditsError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "RequestValidationError",
+    "ResultExpiredError",
+    "ServerError",
+    "TaskFailedError",
+    "UnknownOutcomeError",
+    "WaitTimeoutError",
+]
+
+
+class ImggwError(Exception):
+    """Base of every error the SDK raises.
+
+    Every error carries ``message`` and, where they apply, ``status_code`` (HTTP status, or the
+    body code on surface A), ``code`` (the gateway's stable reason code) and ``surface``.
+
+    Example::
+
+        try:
+            client.get("12345")
+        except imggw_client.ImggwError as err:
+            print(err.code, err.message)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        code: str | None = None,
+        surface: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.code = code
+        self.surface = surface
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(message={self.message!r}, status_code={self.status_code!r}, "
+            f"code={self.code!r}, surface={self.surface!r})"
+        )
+
+
+class ConfigurationError(ImggwError):
+    """The client is misconfigured: no API key, no base URL, or an invalid option.
+
+    Example::
+
+        Client(api_key=None)  # with IMGGW_API_KEY unset -> ConfigurationError
+    """
+
+
+class RequestValidationError(ImggwError, ValueError):
+    """A request broke a rule of the gateway contract; nothing was sent.
+
+    ``field`` names the offending field (``prompt``, ``aspect_ratio``, ``resolution``,
+    ``idempotency_key``, ``task_id``, ...), ``rule`` says which rule. ``errors`` lists every
+    ``(field, rule)`` found. The prompt is never echoed.
+
+    Example::
+
+        try:
+            ImageRequest("a cat", aspect_ratio="auto", resolution="4k")
+        except RequestValidationError as err:
+            assert err.field == "resolution"
+    """
+
+    def __init__(self, field: str, rule: str, *, errors: list[tuple[str, str]] | None = None):
+        super().__init__(f"{field}: {rule}", code="invalid_request")
+        self.field = field
+        self.rule = rule
+        self.errors = errors if errors is not None else [(field, rule)]
+
+
+class APIConnectionError(ImggwError):
+    """The gateway could not be reached, or the connection broke, and retries ran out.
+
+    ``request_sent`` tells whether the last request may have reached the gateway. A *submit*
+    that may have reached it raises :class:`UnknownOutcomeError` instead.
+
+    Example::
+
+        except APIConnectionError:
+            ...  # network down; safe to call client.get() again later
+    """
+
+    def __init__(self, message: str, *, request_sent: bool, surface: str | None = None) -> None:
+        super().__init__(message, surface=surface)
+        self.request_sent = request_sent
+
+
+class APITimeoutError(APIConnectionError):
+    """Requests to the gateway timed out and retries ran out.
+
+    Example::
+
+        except APITimeoutError:
+            ...  # raise Client(timeout=...) or try again later
+    """
+
+
+class APIError(ImggwError):
+    """The gateway answered with an error. ``retry_after`` holds its ``Retry-After`` hint, if any.
+
+    Example::
+
+        except APIError as err:
+            log.warning("gateway said %s (%s)", err.code, err.status_code)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        code: str | None = None,
+        surface: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, code=code, surface=surface)
+        self.retry_after = retry_after
+
+
+class InvalidRequestError(APIError):
+    """The gateway refused the request as invalid (400, 413, 422)."""
+
+
+class AuthenticationError(APIError):
+    """The API key was missing or refused (401). Check ``IMGGW_API_KEY``."""
+
+
+class InsufficientCreditsError(APIError):
+    """The account has no credits left for this request (402)."""
+
+
+class PermissionDeniedError(APIError):
+    """The key may not do this (403)."""
+
+
+class NotFoundError(APIError):
+    """No such task for this key (404). The gateway does not say whether another key owns it."""
+
+
+class ConflictError(APIError):
+    """The same idempotency key is still being processed (409); the SDK retries it."""
+
+
+class IdempotencyConflictError(APIError):
+    """The idempotency key was already used with a different request; never retried.
+
+    Example::
+
+        except IdempotencyConflictError:
+            ...  # a new logical request needs a new key (omit idempotency_key=)
+    """
+
+
+class RateLimitError(APIError):
+    """Too many requests (429). ``retry_after`` is the server's hint in seconds, if any.
+
+    Raised when retries run out or when the hint is longer than
+    ``RetryPolicy.max_retry_after``.
+    """
+
+
+class ServerError(APIError):
+    """The gateway failed (5xx) or sent a response that could not be understood."""
+
+
+class UnknownOutcomeError(ImggwError):
+    """Retries ran out while a submit's outcome was unknown: a task may or may not exist.
+
+    Resubmitting with the same ``idempotency_key`` is safe: the gateway replays the first
+    task instead of creating (and billing) a second one.
+
+    Example::
+
+        except UnknownOutcomeError as err:
+            sub = client.submit(err.request.prompt, aspect_ratio=err.request.aspect_ratio,
+                                resolution=err.request.resolution,
+                                idempotency_key=err.idempotency_key)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        idempotency_key: str,
+        request: ImageRequest,
+        surface: str,
+        status_code: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, code=code, surface=surface)
+        self.idempotency_key = idempotency_key
+        self.request = request
+
+
+class TaskFailedError(ImggwError):
+    """The task reached a terminal failure (failed or cancelled). ``task.error`` has details.
+
+    Example::
+
+        except TaskFailedError as err:
+            print(err.task.error.code, err.task.error.message)
+    """
+
+    def __init__(self, task: Task) -> None:
+        error = task.error
+        code = error.code if error else None
+        text = error.message if error else "no reason given"
+        super().__init__(f"task {task.id} failed: {text} ({code})", code=code, surface=task.surface)
+        self.task = task
+
+
+class WaitTimeoutError(ImggwError):
+    """The wait's deadline passed while the task was still active. This is not a failure.
+
+    ``task_id`` identifies the task; ``last_task`` is the last state seen (None if no query
+    succeeded). Wait again with ``client.wait(err.task_id)``; never resubmit.
+
+    Example::
+
+        except WaitTimeoutError as err:
+            task = client.wait(err.task_id, timeout=3600)
+    """
+
+    def __init__(self, task_id: str, last_task: Task | None, *, timeout: float) -> None:
+        seen = f", last seen {last_task.status.value}" if last_task is not None else ""
+        super().__init__(
+            f"task {task_id} still active after waiting {timeout:g}s{seen}; "
+            f"it may still succeed: wait on it again",
+            surface=last_task.surface if last_task is not None else None,
+        )
+        self.task_id = task_id
+        self.last_task = last_task
+
+
+class ResultExpiredError(ImggwError):
+    """A result link answered 403, 404 or 410: the retention window is over.
+
+    Example::
+
+        except ResultExpiredError:
+            ...  # the image is gone; download sooner next time
+    """
+
+
+class DownloadError(ImggwError):
+    """A result could not be downloaded or saved (network, size mismatch, file exists, ...)."""

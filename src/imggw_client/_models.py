@@ -1,0 +1,166 @@
+"""The public data models: what a user sends, and what the gateway's answers become."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._config import Surface
+from ._core import rules
+from ._exceptions import RequestValidationError
+
+__all__ = [
+    "DownloadedFile",
+    "ImageRequest",
+    "Submission",
+    "Surface",
+    "Task",
+    "TaskError",
+    "TaskStatus",
+]
+
+
+def raise_violations(violations: list[tuple[str, str]]) -> None:
+    """Raises the first violation as a RequestValidationError that lists them all."""
+    if violations:
+        field, rule = violations[0]
+        raise RequestValidationError(field, rule, errors=violations)
+
+
+class ImageRequest(BaseModel):
+    """One text-to-image request, validated against every rule of the gateway contract.
+
+    ``resolution`` is accepted in either case and stored lower case (``1k``, ``2k``, ``4k``);
+    each surface's wire form is produced when the request is sent. An invalid request raises
+    :class:`RequestValidationError` naming the field, before anything is sent.
+
+    Example::
+
+        req = ImageRequest("a red fox in snow", aspect_ratio="16:9", resolution="2K")
+        assert req.resolution == "2k"
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    aspect_ratio: str = "auto"
+    resolution: str = "1k"
+
+    def __init__(self, prompt: str, aspect_ratio: str = "auto", resolution: str = "1k") -> None:
+        raise_violations(rules.check_request(prompt, aspect_ratio, resolution))
+        super().__init__(prompt=prompt, aspect_ratio=aspect_ratio, resolution=resolution.lower())
+
+    @classmethod
+    def unchecked(cls, prompt: str, aspect_ratio: str, resolution: str) -> ImageRequest:
+        """Builds a request without validation (``submit(..., validate=False)``).
+
+        Example::
+
+            req = ImageRequest.unchecked("a cat", "7:5", "8k")   # the gateway will judge it
+        """
+        return cls.model_construct(prompt=prompt, aspect_ratio=aspect_ratio, resolution=resolution)
+
+    def __repr__(self) -> str:
+        # Prompts can be long or private: the repr names only the size.
+        return (
+            f"ImageRequest(prompt=<{len(self.prompt)} chars>, "
+            f"aspect_ratio={self.aspect_ratio!r}, resolution={self.resolution!r})"
+        )
+
+    __str__ = __repr__
+
+
+class Submission(BaseModel):
+    """What a submit returns: the task id, the idempotency key that created it, the surface.
+
+    ``replayed`` is True when the gateway answered from its idempotency record (the task already
+    existed and nothing new was billed).
+
+    Example::
+
+        sub = client.submit("a lighthouse")
+        task = client.wait(sub)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    idempotency_key: str
+    surface: Surface
+    replayed: bool = False
+
+
+class TaskStatus(str, Enum):
+    """The normalised task status, the same on both surfaces.
+
+    Example::
+
+        if task.status is TaskStatus.SUCCEEDED: ...
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class TaskError(BaseModel):
+    """The public error of a failed task: a stable ``code`` and a safe ``message``.
+
+    Example::
+
+        if task.error: print(task.error.code)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    message: str
+
+
+class Task(BaseModel):
+    """A task as last seen, normalised across surfaces; ``raw`` keeps the record as received.
+
+    Example::
+
+        task = client.get("12345")
+        if task.is_terminal and task.status is TaskStatus.SUCCEEDED:
+            print(task.image_urls)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    surface: Surface
+    status: TaskStatus
+    progress: int | None = None
+    image_urls: list[str] = Field(default_factory=list)
+    cost: float | None = None
+    credits: float | None = None
+    error: TaskError | None = None
+    raw: dict[str, Any] = Field(default_factory=dict, repr=False)
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the task succeeded or failed: its record will not change again."""
+        return self.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
+
+
+class DownloadedFile(BaseModel):
+    """A result saved to disk, verified while streaming.
+
+    Example::
+
+        for f in client.download(task, "out/"):
+            print(f.path, f.size, f.sha256)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    url: str
+    sha256: str
+    size: int

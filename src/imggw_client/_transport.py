@@ -1,0 +1,65 @@
+"""The one place that knows httpx: core wire values to httpx requests and back."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from ._config import Settings
+from ._core.wire import Reply, Send, TransportFailure
+from ._version import __version__
+
+log = logging.getLogger("imggw_client")
+
+USER_AGENT = f"imggw-python/{__version__}"
+HttpClient = httpx.Client | httpx.AsyncClient
+
+# Errors after which the request surely never reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Errors that mean "no complete response": retried by the core, never leaked raw.
+FAILURES = (httpx.TransportError, httpx.DecodingError, httpx.TooManyRedirects)
+
+
+def build_request(http: HttpClient, settings: Settings, send: Send) -> httpx.Request:
+    wire = send.request
+    # The key goes on each request, never on the httpx client, so a caller's client is not
+    # altered and result downloads (which use the same client) never carry it.
+    headers = {
+        **(wire.headers or {}),
+        "User-Agent": USER_AGENT,
+        "Authorization": f"Bearer {settings.api_key}",
+    }
+    return http.build_request(
+        wire.method,
+        settings.base_url + wire.path,
+        params=wire.params,
+        headers=headers,
+        content=wire.body,
+        timeout=send.timeout,
+    )
+
+
+def to_reply(response: httpx.Response, elapsed: float) -> Reply:
+    request = response.request
+    log.debug(
+        "%s %s -> %d (%.0f ms)",
+        request.method,
+        request.url.path,
+        response.status_code,
+        elapsed * 1e3,
+    )
+    return Reply(response.status_code, response.headers, response.content)
+
+
+def to_failure(exc: Exception) -> TransportFailure:
+    log.debug("request failed: %s", type(exc).__name__)
+    return TransportFailure(
+        sent=not isinstance(exc, _NOT_SENT),
+        timeout=isinstance(exc, httpx.TimeoutException),
+        error=exc,
+    )
+
+
+def download_headers() -> dict[str, str]:
+    return {"User-Agent": USER_AGENT}
