@@ -184,27 +184,65 @@ class APIError(ImggwError):
 
 
 class InvalidRequestError(APIError):
-    """The gateway refused the request as invalid (400, 413, 422)."""
+    """The gateway refused the request as invalid (400, 413, 422).
+
+    Example::
+
+        except InvalidRequestError as err:
+            print(err.code, err.message)   # fix the request; retrying it will not help
+    """
 
 
 class AuthenticationError(APIError):
-    """The API key was missing or refused (401). Check ``IMGGW_API_KEY``."""
+    """The API key was missing or refused (401). Check ``IMGGW_API_KEY``.
+
+    Example::
+
+        except AuthenticationError:
+            sys.exit("check IMGGW_API_KEY")
+    """
 
 
 class InsufficientCreditsError(APIError):
-    """The account has no credits left for this request (402)."""
+    """The account has no credits left for this request (402).
+
+    Example::
+
+        except InsufficientCreditsError:
+            notify_billing()
+    """
 
 
 class PermissionDeniedError(APIError):
-    """The key may not do this (403)."""
+    """The key may not do this (403).
+
+    Example::
+
+        except PermissionDeniedError as err:
+            print(err.message)
+    """
 
 
 class NotFoundError(APIError):
-    """No such task for this key (404). The gateway does not say whether another key owns it."""
+    """No such task for this key (404). The gateway does not say whether another key owns it.
+
+    Example::
+
+        except NotFoundError:
+            ...  # wrong task id, wrong surface, or another key's task
+    """
 
 
 class ConflictError(APIError):
-    """The same idempotency key is still being processed (409); the SDK retries it."""
+    """The same idempotency key is still being processed (409); the SDK retries it.
+
+    Seen only when retries run out on a query; a submit then raises UnknownOutcomeError.
+
+    Example::
+
+        except ConflictError:
+            ...  # the first request is still running; try again shortly
+    """
 
 
 class IdempotencyConflictError(APIError):
@@ -222,11 +260,22 @@ class RateLimitError(APIError):
 
     Raised when retries run out or when the hint is longer than
     ``RetryPolicy.max_retry_after``.
+
+    Example::
+
+        except RateLimitError as err:
+            time.sleep(err.retry_after or 30)
     """
 
 
 class ServerError(APIError):
-    """The gateway failed (5xx) or sent a response that could not be understood."""
+    """The gateway failed (5xx) or sent a response that could not be understood.
+
+    Example::
+
+        except ServerError as err:
+            print(err.status_code, err.code)   # code "malformed_response" for garbage
+    """
 
 
 class UnknownOutcomeError(ImggwError):
@@ -309,4 +358,10 @@ class ResultExpiredError(ImggwError):
 
 
 class DownloadError(ImggwError):
-    """A result could not be downloaded or saved (network, size mismatch, file exists, ...)."""
+    """A result could not be downloaded or saved (network, size mismatch, file exists, ...).
+
+    Example::
+
+        except DownloadError as err:
+            files = client.download(task, "out/", overwrite=True)   # e.g. after "exists"
+    """

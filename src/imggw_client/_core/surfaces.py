@@ -297,7 +297,7 @@ def read_submit(
         task_id = _task_id(first.get("task_id")) if isinstance(first, dict) else None
     if task_id is None:
         raise malformed(surface, reply.status, "no valid task id")
-    replayed = reply.headers.get(REPLAYED_HEADER, "").strip().lower() == "true"
+    replayed = reply.headers.get(REPLAYED_HEADER.lower(), "").strip().lower() == "true"
     return Submission(
         task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed
     )

@@ -23,7 +23,8 @@ class WireRequest:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A complete HTTP response as the driver read it."""
+    """A complete HTTP response as the driver read it. ``headers`` is looked up by lower-case
+    name (``httpx.Headers`` or any mapping with lower-case keys)."""
 
     status: int
     headers: Mapping[str, str]
