@@ -1,4 +1,4 @@
-"""ImageRequest and the core rules: every rule of SPEC 2.4 and 8, field named, prompt never echoed."""
+"""ImageRequest and the core rules: every rule of SPEC 2.4 and 8, named, prompt never echoed."""
 
 from __future__ import annotations
 

@@ -122,7 +122,10 @@ class TaskError(BaseModel):
 
 
 class Task(BaseModel):
-    """A task as last seen, normalised across surfaces; ``raw`` keeps the record as received.
+    """A task as last seen, normalised across surfaces.
+
+    ``raw`` keeps the record exactly as received (left out of the repr); every other field is
+    decoded leniently and, for ``error``, made safe to show.
 
     Example::
 

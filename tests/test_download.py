@@ -1,0 +1,270 @@
+"""download through both clients: verified atomic files, no credentials, expiry, bounds."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import respx
+
+from imggw_client import (
+    AsyncClient,
+    Client,
+    DownloadError,
+    ResultExpiredError,
+    Task,
+    TaskError,
+    TaskFailedError,
+    TaskStatus,
+)
+
+from .conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, make_client
+
+pytestmark = pytest.mark.anyio
+
+JPEG = b"\xff\xd8\xff\xe0" + b"j" * 500
+
+
+def done(*urls: str, task_id: str = "42") -> Task:
+    return Task(id=task_id, surface="beta", status=TaskStatus.SUCCEEDED, image_urls=list(urls))
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".part"))
+
+
+async def test_saves_every_result_verified_and_named_by_task_and_index(
+    client: Driven, tmp_path: Path
+) -> None:
+    with respx.mock(assert_all_called=True) as cdn:
+        first = cdn.get(f"{CDN}/a/first.png").mock(return_value=httpx.Response(200, content=PNG))
+        second = cdn.get(f"{CDN}/b/second").mock(return_value=httpx.Response(200, content=JPEG))
+        files = await client.download(
+            done(f"{CDN}/a/first.png", f"{CDN}/b/second"), tmp_path / "out"
+        )
+    assert [f.path.name for f in files] == ["42-0.png", "42-1.jpg"]
+    assert files[0].path.read_bytes() == PNG
+    assert files[0].sha256 == hashlib.sha256(PNG).hexdigest()
+    assert (files[0].size, files[1].size) == (len(PNG), len(JPEG))
+    assert files[1].url == f"{CDN}/b/second"
+    for route in (first, second):
+        headers = route.calls.last.request.headers
+        assert "authorization" not in headers
+        assert CANARY_KEY not in str(headers)
+    assert leftovers(tmp_path / "out") == []
+
+
+async def test_no_credentials_after_a_redirect_either(client: Driven, tmp_path: Path) -> None:
+    with respx.mock() as cdn:
+        hop = cdn.get(f"{CDN}/r/1").mock(
+            return_value=httpx.Response(302, headers={"Location": "http://other.test/final.png"})
+        )
+        final = cdn.get("http://other.test/final.png").mock(
+            return_value=httpx.Response(200, content=PNG)
+        )
+        # A redirect to the gateway's own host must not pick up the key either.
+        files = await client.download(done(f"{CDN}/r/1"), tmp_path)
+    assert files[0].path.read_bytes() == PNG
+    for route in (hop, final):
+        assert "authorization" not in route.calls.last.request.headers
+
+
+async def test_redirect_to_the_gateway_host_carries_no_key(client: Driven, tmp_path: Path) -> None:
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/r/1").mock(
+            return_value=httpx.Response(302, headers={"Location": f"{BASE_URL}/files/1.png"})
+        )
+        gateway = cdn.get(f"{BASE_URL}/files/1.png").mock(
+            return_value=httpx.Response(200, content=PNG)
+        )
+        await client.download(done(f"{CDN}/r/1"), tmp_path)
+    assert "authorization" not in gateway.calls.last.request.headers
+
+
+@pytest.mark.parametrize("status", [403, 404, 410])
+async def test_expired_links_raise_result_expired_without_retry(
+    client: Driven, tmp_path: Path, status: int
+) -> None:
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(status))
+        with pytest.raises(ResultExpiredError) as info:
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert route.call_count == 1
+    assert info.value.status_code == status
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_refuses_to_overwrite_without_sending_anything(
+    client: Driven, tmp_path: Path
+) -> None:
+    (tmp_path / "42-0.png").write_bytes(b"mine")
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(200, content=PNG))
+        with pytest.raises(DownloadError, match="overwrite=True"):
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+        assert route.call_count == 0
+        assert (tmp_path / "42-0.png").read_bytes() == b"mine"
+        files = await client.download(done(f"{CDN}/x.png"), tmp_path, overwrite=True)
+    assert files[0].path.read_bytes() == PNG
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_truncated_body_is_retried_then_saved_whole(client: Driven, tmp_path: Path) -> None:
+    short = httpx.Response(200, content=PNG[:100], headers={"Content-Length": str(len(PNG))})
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(
+            side_effect=[
+                short,
+                httpx.ReadError("reset"),
+                httpx.Response(503),
+                httpx.Response(200, content=PNG),
+            ]
+        )
+        files = await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert route.call_count == 4
+    assert files[0].size == len(PNG)
+    assert files[0].path.read_bytes() == PNG
+    assert leftovers(tmp_path) == []
+
+
+async def test_persistent_truncation_ends_in_download_error_and_leaves_nothing(
+    client: Driven, tmp_path: Path
+) -> None:
+    short = httpx.Response(200, content=PNG[:100], headers={"Content-Length": str(len(PNG))})
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(return_value=short)
+        with pytest.raises(DownloadError):
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert route.call_count == 4
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_file_names_never_come_from_the_url(client: Driven, tmp_path: Path) -> None:
+    evil = f"{CDN}/..%2F..%2Fetc%2Fpasswd/../../evil.sh"
+    with respx.mock() as cdn:
+        cdn.get(url__regex=r".*").mock(return_value=httpx.Response(200, content=b"#!/bin/sh"))
+        files = await client.download(done(evil), tmp_path / "out")
+    assert files[0].path == tmp_path / "out" / "42-0.bin"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["42-0.bin", "out"]
+
+
+async def test_content_type_names_the_extension_when_the_bytes_do_not(
+    client: Driven, tmp_path: Path
+) -> None:
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/x").mock(
+            return_value=httpx.Response(
+                200, content=b"....WEBPish", headers={"Content-Type": "image/webp"}
+            )
+        )
+        files = await client.download(done(f"{CDN}/x"), tmp_path)
+    assert files[0].path.name == "42-0.webp"
+
+
+async def test_only_succeeded_tasks_with_urls_can_be_downloaded(
+    client: Driven, tmp_path: Path
+) -> None:
+    running = Task(id="42", surface="beta", status=TaskStatus.RUNNING)
+    failed = Task(
+        id="42", surface="beta", status=TaskStatus.FAILED, error=TaskError(code="x", message="y")
+    )
+    with pytest.raises(DownloadError, match="not succeeded"):
+        await client.download(running, tmp_path)
+    with pytest.raises(TaskFailedError):
+        await client.download(failed, tmp_path)
+    with pytest.raises(DownloadError, match="without result URLs"):
+        await client.download(done(), tmp_path)
+
+
+async def test_one_failure_does_not_lose_the_others(client: Driven, tmp_path: Path) -> None:
+    urls = [f"{CDN}/{i}.png" for i in range(4)]
+    with respx.mock() as cdn:
+        for i, url in enumerate(urls):
+            cdn.get(url).mock(return_value=httpx.Response(410 if i == 1 else 200, content=PNG))
+        with pytest.raises(ResultExpiredError):
+            await client.download(done(*urls), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["42-0.png", "42-2.png", "42-3.png"]
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, 1.5, True])
+async def test_bad_concurrency(client: Driven, tmp_path: Path, concurrency: Any) -> None:
+    from imggw_client import RequestValidationError
+
+    with pytest.raises(RequestValidationError):
+        await client.download(done(f"{CDN}/x.png"), tmp_path, concurrency=concurrency)
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_async_downloads_run_at_once_within_the_bound(
+    fake_time: FakeTime, tmp_path: Path, concurrency: int
+) -> None:
+    gauge = InFlight()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        gauge.enter()
+        await anyio.sleep(0.02)
+        gauge.leave()
+        return httpx.Response(200, content=PNG)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    async with AsyncClient(api_key=CANARY_KEY, base_url=BASE_URL, http_client=http) as client:
+        files = await client.download(
+            done(*[f"{CDN}/{i}.png" for i in range(8)]), tmp_path, concurrency=concurrency
+        )
+    await http.aclose()
+    assert len(files) == 8
+    assert [f.path.name for f in files] == [f"42-{i}.png" for i in range(8)]
+    assert gauge.peak == concurrency
+
+
+async def test_sync_downloads_are_bounded_too(tmp_path: Path) -> None:
+    gauge = InFlight()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        gauge.enter()
+        time.sleep(0.02)
+        gauge.leave()
+        return httpx.Response(200, content=PNG)
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    with Client(api_key=CANARY_KEY, base_url=BASE_URL, http_client=http) as client:
+        files = client.download(
+            done(*[f"{CDN}/{i}.png" for i in range(6)]), tmp_path, concurrency=2
+        )
+    assert len(files) == 6
+    assert gauge.peak == 2
+    assert not http.is_closed  # a caller's client stays open
+    http.close()
+
+
+async def test_download_accepts_a_str_folder(
+    kind: str, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    client = make_client(kind, fake_time)
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(200, content=PNG))
+        files = await client.download(done(f"{CDN}/x.png"), str(tmp_path))
+    assert files[0].path == tmp_path / "42-0.png"
+    await client.close()

@@ -1,0 +1,168 @@
+"""The SDK over a real loopback socket: a small stateful gateway served by uvicorn, and a raw
+TCP server that drops connections. The full reference gateway has its own integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import (
+    AsyncClient,
+    Client,
+    PollPolicy,
+    RetryPolicy,
+    TaskStatus,
+    UnknownOutcomeError,
+)
+
+from .conftest import CANARY_KEY, PNG
+from .loopback import dropping_server, http_json, serve_asgi
+
+pytestmark = pytest.mark.anyio
+
+FAST = {
+    "retry": RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05),
+    "poll": PollPolicy(initial_interval=0.01, max_interval=0.05),
+}
+
+
+class TinyGateway:
+    """Just enough gateway: idempotent submits (the first answer for each key is lost after the
+    task is created, by answering too late), tasks that finish on the third query, PNG results."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.by_key: dict[str, str] = {}
+        self.auth: set[str] = set()
+        self.result_auth: list[str | None] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        status, payload, content_type = await self.route(scope, headers, body)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": payload})
+
+    async def route(
+        self, scope: dict[str, Any], headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, str]:
+        path, query = scope["path"], scope["query_string"].decode()
+        if path.startswith("/files/"):
+            self.result_auth.append(headers.get("authorization"))
+            return 200, PNG, "image/png"
+        self.auth.add(headers.get("authorization", ""))
+        if scope["method"] == "POST":
+            key = headers["idempotency-key"]
+            first = key not in self.by_key
+            if first:
+                self.by_key[key] = str(len(self.tasks) + 1)
+                self.tasks[self.by_key[key]] = {"queries": 0, "body": json.loads(body)}
+                await asyncio.sleep(0.5)  # the client has given up: this answer is lost
+            task_id = self.by_key[key]
+            if path.startswith("/alpha"):
+                return (
+                    200,
+                    json.dumps({"code": 200, "msg": "ok", "data": {"taskId": task_id}}).encode(),
+                    "application/json",
+                )
+            return (
+                200,
+                json.dumps(
+                    {"code": 200, "data": [{"status": "submitted", "task_id": task_id}]}
+                ).encode(),
+                "application/json",
+            )
+        task_id = query.split("=")[1] if path.startswith("/alpha") else path.rsplit("/", 1)[1]
+        task = self.tasks[task_id]
+        task["queries"] += 1
+        done = task["queries"] >= 3
+        url = f"http://{headers['host']}/files/{task_id}.png"
+        if path.startswith("/alpha"):
+            data = {"taskId": task_id, "state": "success" if done else "generating",
+                    "resultJson": json.dumps({"resultUrls": [url]}) if done else ""}  # fmt: skip
+            return (
+                200,
+                json.dumps({"code": 200, "msg": "ok", "data": data}).encode(),
+                "application/json",
+            )
+        data = {"id": task_id, "status": "completed" if done else "processing",
+                "result": {"images": [{"url": [url]}]} if done else None}  # fmt: skip
+        return 200, json.dumps({"code": 200, "data": data}).encode(), "application/json"
+
+
+@pytest.fixture
+def tiny() -> Iterator[tuple[TinyGateway, str]]:
+    app = TinyGateway()
+    with serve_asgi(app) as url:
+        yield app, url
+
+
+@pytest.mark.parametrize("surface", ["alpha", "beta"])
+async def test_generate_and_download_over_loopback_with_a_lost_response(
+    kind: str, surface: str, tiny: tuple[TinyGateway, str], tmp_path: Path
+) -> None:
+    app, url = tiny
+    kwargs: dict[str, Any] = {"api_key": CANARY_KEY, "base_url": url, "surface": surface,
+                              "timeout": 0.2, **FAST}  # fmt: skip
+    if kind == "sync":
+        with Client(**kwargs) as client:
+            task = client.generate("a cat", aspect_ratio="16:9")
+            files = client.download(task, tmp_path)
+    else:
+        async with AsyncClient(**kwargs) as aclient:
+            task = await aclient.generate("a cat", aspect_ratio="16:9")
+            files = await aclient.download(task, tmp_path)
+    assert task.status is TaskStatus.SUCCEEDED
+    assert len(app.tasks) == 1  # the lost response did not create a second task
+    assert files[0].path.read_bytes() == PNG
+    assert files[0].sha256 == hashlib.sha256(PNG).hexdigest()
+    assert app.auth == {f"Bearer {CANARY_KEY}"}
+    assert app.result_auth == [None]
+
+
+def test_connection_dropped_after_the_request_is_retried_with_the_same_key() -> None:
+    ok = json.dumps({"code": 200, "data": [{"status": "submitted", "task_id": "9"}]}).encode()
+    with (
+        dropping_server(lambda n: None if n < 3 else http_json(200, ok)) as url,
+        Client(api_key=CANARY_KEY, base_url=url, **FAST) as client,
+    ):
+        assert client.submit("a cat").task_id == "9"
+
+
+def test_a_gateway_that_always_drops_gives_unknown_outcome_with_the_key() -> None:
+    with (
+        dropping_server(lambda n: None) as url,
+        Client(api_key=CANARY_KEY, base_url=url, **FAST) as client,
+        pytest.raises(UnknownOutcomeError) as info,
+    ):
+        client.submit("a cat")
+    assert len(info.value.idempotency_key) == 32
+
+
+async def test_nothing_listening_is_a_connection_error() -> None:
+    import socket
+
+    from imggw_client import APIConnectionError
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with AsyncClient(
+        api_key=CANARY_KEY, base_url=f"http://127.0.0.1:{port}", **FAST
+    ) as client:
+        with pytest.raises(APIConnectionError) as info:
+            await client.submit("a cat")
+    assert info.value.request_sent is False
