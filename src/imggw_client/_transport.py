@@ -41,14 +41,15 @@ def build_request(http: HttpClient, settings: Settings, send: Send) -> httpx.Req
 
 
 def to_reply(response: httpx.Response, elapsed: float) -> Reply:
-    request = response.request
-    log.debug(
-        "%s %s -> %d (%.0f ms)",
-        request.method,
-        request.url.path,
-        response.status_code,
-        elapsed * 1e3,
-    )
+    if log.isEnabledFor(logging.DEBUG):
+        request = response.request
+        log.debug(
+            "%s %s -> %d (%.0f ms)",
+            request.method,
+            request.url.path,
+            response.status_code,
+            elapsed * 1e3,
+        )
     return Reply(response.status_code, response.headers, response.content)
 
 

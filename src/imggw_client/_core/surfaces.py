@@ -135,6 +135,9 @@ def build_query(surface: Surface, task_id: str) -> WireRequest:
 # ---------------------------------------------------------------------------- replies
 
 
+_UNPARSED: Any = object()
+
+
 def _json(content: bytes) -> Any:
     try:
         return json.loads(content)
@@ -194,11 +197,16 @@ def _api_error(
 
 
 def read_error(
-    surface: Surface, reply: Reply, now: float, secrets: tuple[str, ...] = ()
+    surface: Surface,
+    reply: Reply,
+    now: float,
+    secrets: tuple[str, ...] = (),
+    parsed: Any = _UNPARSED,
 ) -> APIError | None:
     """The error a reply carries, or None. Surface A errors are seen from the body ``code`` even
-    on HTTP 200; surface B errors are read with or without a top-level ``code``."""
-    body = _json(reply.content)
+    on HTTP 200; surface B errors are read with or without a top-level ``code``. ``parsed`` is
+    the body already decoded, if the caller has it."""
+    body = _json(reply.content) if parsed is _UNPARSED else parsed
     body = body if isinstance(body, dict) else {}
     body_code = body.get("code")
     if not isinstance(body_code, int) or isinstance(body_code, bool):
@@ -268,10 +276,10 @@ def _checked_reply(
     """The reply and its ``data``-bearing body, or raises the error it means."""
     if isinstance(outcome, TransportFailure):
         raise transport_error(surface, outcome) from outcome.error
-    error = read_error(surface, outcome, now, secrets)
+    body = _json(outcome.content)
+    error = read_error(surface, outcome, now, secrets, body)
     if error is not None:
         raise error
-    body = _json(outcome.content)
     if not isinstance(body, dict):
         raise malformed(surface, outcome.status, "body is not a JSON object")
     return outcome, body

@@ -1,0 +1,82 @@
+"""Helpers shared by the benchmarks: a minimal gateway-shaped ASGI app, a uvicorn runner, and
+interleaved timing so that SDK and baseline share the same machine conditions."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+SUBMIT_BODY = json.dumps({"code": 200, "data": [{"status": "submitted", "task_id": "42"}]}).encode()
+TASK_BODY = json.dumps(
+    {"code": 200, "data": {"id": "42", "status": "processing", "progress": 40}}
+).encode()
+HEADERS = [(b"content-type", b"application/json")]
+
+
+async def fixed_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers a submit or a query of surface B with fixed JSON, as fast as ASGI allows."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = SUBMIT_BODY if scope["method"] == "POST" else TASK_BODY
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+@contextlib.contextmanager
+def serve(app: str) -> Iterator[str]:
+    """Serves ``module:attr`` (a module under bench/) with uvicorn in a child process on
+    127.0.0.1, so the server does not compete for the measuring process's GIL."""
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "_server.py"), app],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield base
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], None]], *, rounds: int, per_round: int
+) -> dict[str, float]:
+    """Median seconds per call of each contender, measured in alternating rounds."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():  # warm up connections, caches and imports
+        for _ in range(per_round // 4 + 1):
+            fn()
+    for r in range(rounds):
+        order = list(contenders.items())
+        if r % 2:
+            order.reverse()
+        for name, fn in order:
+            started = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            samples[name].append((time.perf_counter() - started) / per_round)
+    return {name: statistics.median(values) for name, values in samples.items()}
