@@ -41,6 +41,7 @@ def test_combination_rules(ratio: str, res: str) -> None:
         with pytest.raises(RequestValidationError) as info:
             ImageRequest("a cat", aspect_ratio=ratio, resolution=res)
         assert info.value.field == "resolution"
+        assert info.value.code == "unsupported_combination"
         assert ratio in info.value.rule
 
 
@@ -57,7 +58,7 @@ def test_combination_rules(ratio: str, res: str) -> None:
 def test_prompt_rules(prompt: object, fragment: str) -> None:
     with pytest.raises(RequestValidationError) as info:
         ImageRequest(prompt)  # type: ignore[arg-type]
-    assert info.value.field == "prompt"
+    assert (info.value.field, info.value.code) == ("prompt", "invalid_prompt")
     assert fragment in str(info.value)
     assert isinstance(info.value, ValueError)
 
@@ -71,14 +72,14 @@ def test_prompt_limits_count_characters_not_bytes() -> None:
 def test_unknown_aspect_ratio(ratio: object) -> None:
     with pytest.raises(RequestValidationError) as info:
         ImageRequest("a cat", aspect_ratio=ratio)  # type: ignore[arg-type]
-    assert info.value.field == "aspect_ratio"
+    assert (info.value.field, info.value.code) == ("aspect_ratio", "invalid_aspect_ratio")
 
 
 @pytest.mark.parametrize("res", ["8k", "1", "", "1k ", None, 1])
 def test_unknown_resolution(res: object) -> None:
     with pytest.raises(RequestValidationError) as info:
         ImageRequest("a cat", resolution=res)  # type: ignore[arg-type]
-    assert info.value.field == "resolution"
+    assert (info.value.field, info.value.code) == ("resolution", "invalid_resolution")
 
 
 def test_all_violations_are_listed_and_the_prompt_is_never_echoed() -> None:

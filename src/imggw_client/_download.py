@@ -150,5 +150,7 @@ def first_error(results: Sequence[T | BaseException]) -> list[T]:
 
 def check_concurrency(concurrency: object) -> int:
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-        raise RequestValidationError("concurrency", "must be an integer >= 1")
+        raise RequestValidationError(
+            "concurrency", "must be an integer >= 1", code="invalid_concurrency"
+        )
     return concurrency

@@ -116,8 +116,10 @@ class RequestValidationError(ImggwError, ValueError):
     """A request broke a rule of the gateway contract; nothing was sent.
 
     ``field`` names the offending field (``prompt``, ``aspect_ratio``, ``resolution``,
-    ``idempotency_key``, ``task_id``, ...), ``rule`` says which rule. ``errors`` lists every
-    ``(field, rule)`` found. The prompt is never echoed.
+    ``idempotency_key``, ``task_id``, ...), ``rule`` says which rule, and ``code`` is the same
+    stable reason code the reference gateway answers with (``invalid_prompt``,
+    ``unsupported_combination``, ...). ``errors`` lists every ``(field, rule)`` found. The prompt
+    is never echoed.
 
     Example::
 
@@ -127,8 +129,15 @@ class RequestValidationError(ImggwError, ValueError):
             assert err.field == "resolution"
     """
 
-    def __init__(self, field: str, rule: str, *, errors: list[tuple[str, str]] | None = None):
-        super().__init__(f"{field}: {rule}", code="invalid_request")
+    def __init__(
+        self,
+        field: str,
+        rule: str,
+        *,
+        code: str = "invalid_request",
+        errors: list[tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(f"{field}: {rule}", code=code)
         self.field = field
         self.rule = rule
         self.errors = errors if errors is not None else [(field, rule)]

@@ -23,11 +23,16 @@ __all__ = [
 ]
 
 
-def raise_violations(violations: list[tuple[str, str]]) -> None:
+def raise_violations(violations: list[rules.Violation]) -> None:
     """Raises the first violation as a RequestValidationError that lists them all."""
     if violations:
-        field, rule = violations[0]
-        raise RequestValidationError(field, rule, errors=violations)
+        first = violations[0]
+        raise RequestValidationError(
+            first.field,
+            first.rule,
+            code=first.code,
+            errors=[(v.field, v.rule) for v in violations],
+        )
 
 
 class ImageRequest(BaseModel):

@@ -142,7 +142,9 @@ class Flows:
             task_id = task
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
         if not (isinstance(timeout, (int, float)) and timeout >= 0):
-            raise_violations([("timeout", "must be a number of seconds >= 0")])
+            raise_violations(
+                [rules.Violation("timeout", "must be seconds >= 0", "invalid_timeout")]
+            )
         return self._wait(surface, task_id, float(timeout))
 
     def _wait(self, surface: Surface, task_id: str, timeout: float) -> Flow[Task]:

@@ -1,13 +1,14 @@
 """The request rules of SPEC 2.4 and 8: the one source of truth for the SDK and the gateway.
 
-Each check returns ``(field, rule)`` pairs instead of raising, so that the client can raise a
+Each check returns :class:`Violation` values instead of raising, so that the client can raise a
 :class:`RequestValidationError` and the reference gateway can answer with an error body, from the
-same facts. Rule texts name the field and the rule and never echo the prompt.
+same facts: the field, the rule (text that never echoes the prompt) and a stable reason code.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 ASPECT_RATIOS: tuple[str, ...] = (
     "auto",
@@ -39,34 +40,58 @@ _NO_4K = frozenset({"1:1"})
 _NON_BLANK = re.compile(r"\S")
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
 
-Violation = tuple[str, str]
+# Stable reason codes, shared by RequestValidationError.code and the gateway's error bodies.
+INVALID_PROMPT = "invalid_prompt"
+INVALID_ASPECT_RATIO = "invalid_aspect_ratio"
+INVALID_RESOLUTION = "invalid_resolution"
+UNSUPPORTED_COMBINATION = "unsupported_combination"
+INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+INVALID_TASK_ID = "invalid_task_id"
+
+
+class Violation(NamedTuple):
+    field: str
+    rule: str
+    code: str
 
 
 def check_prompt(prompt: object) -> list[Violation]:
     if not isinstance(prompt, str):
-        return [("prompt", "must be a string")]
+        return [Violation("prompt", "must be a string", INVALID_PROMPT)]
     if not 1 <= len(prompt) <= PROMPT_MAX_CHARS:
-        return [("prompt", f"must be 1 to {PROMPT_MAX_CHARS} characters long (got {len(prompt)})")]
+        rule = f"must be 1 to {PROMPT_MAX_CHARS} characters long (got {len(prompt)})"
+        return [Violation("prompt", rule, INVALID_PROMPT)]
     if not _NON_BLANK.search(prompt):
-        return [("prompt", "must contain a non-whitespace character")]
+        return [Violation("prompt", "must contain a non-whitespace character", INVALID_PROMPT)]
     return []
 
 
-def check_image(aspect_ratio: object, resolution: object) -> list[Violation]:
-    """Checks the enumerations and the combination rules; ``resolution`` in either case."""
+def check_image(
+    aspect_ratio: object, resolution: object, *, resolutions: tuple[str, ...] | None = None
+) -> list[Violation]:
+    """Checks the enumerations and the combination rules. ``resolution`` is accepted in either
+    case unless ``resolutions`` names the exact wire forms allowed (the gateway is strict)."""
     found: list[Violation] = []
     if not isinstance(aspect_ratio, str) or aspect_ratio not in ASPECT_RATIOS:
-        found.append(("aspect_ratio", f"must be one of {', '.join(ASPECT_RATIOS)}"))
-    if not isinstance(resolution, str) or resolution.lower() not in RESOLUTIONS:
-        found.append(("resolution", "must be one of 1k, 2k, 4k (either case)"))
+        rule = f"must be one of {', '.join(ASPECT_RATIOS)}"
+        found.append(Violation("aspect_ratio", rule, INVALID_ASPECT_RATIO))
+    if resolutions is not None:
+        if not isinstance(resolution, str) or resolution not in resolutions:
+            rule = f"must be one of {', '.join(resolutions)}"
+            found.append(Violation("resolution", rule, INVALID_RESOLUTION))
+    elif not isinstance(resolution, str) or resolution.lower() not in RESOLUTIONS:
+        rule = "must be one of 1k, 2k, 4k (either case)"
+        found.append(Violation("resolution", rule, INVALID_RESOLUTION))
     if found:
         return found
     assert isinstance(aspect_ratio, str)
     res = str(resolution).lower()
     if aspect_ratio in _ONLY_1K and res != "1k":
-        found.append(("resolution", f"aspect ratio {aspect_ratio} requires 1k"))
+        rule = f"aspect ratio {aspect_ratio} requires 1k"
+        found.append(Violation("resolution", rule, UNSUPPORTED_COMBINATION))
     elif aspect_ratio in _NO_4K and res == "4k":
-        found.append(("resolution", f"aspect ratio {aspect_ratio} does not allow 4k"))
+        rule = f"aspect ratio {aspect_ratio} does not allow 4k"
+        found.append(Violation("resolution", rule, UNSUPPORTED_COMBINATION))
     return found
 
 
@@ -77,16 +102,19 @@ def check_request(prompt: object, aspect_ratio: object, resolution: object) -> l
 
 def check_idempotency_key(key: object) -> list[Violation]:
     if not isinstance(key, str) or not key:
-        return [("idempotency_key", "must be a non-empty string")]
-    if len(key) > IDEMPOTENCY_KEY_MAX_CHARS:
-        return [("idempotency_key", f"must be at most {IDEMPOTENCY_KEY_MAX_CHARS} characters")]
+        rule = "must be a non-empty string"
+    elif len(key) > IDEMPOTENCY_KEY_MAX_CHARS:
+        rule = f"must be at most {IDEMPOTENCY_KEY_MAX_CHARS} characters"
     # Header values lose leading and trailing spaces in transit, which would change the key.
-    if not _PRINTABLE_ASCII.fullmatch(key) or key != key.strip():
-        return [("idempotency_key", "must be printable ASCII without leading or trailing spaces")]
-    return []
+    elif not _PRINTABLE_ASCII.fullmatch(key) or key != key.strip():
+        rule = "must be printable ASCII without leading or trailing spaces"
+    else:
+        return []
+    return [Violation("idempotency_key", rule, INVALID_IDEMPOTENCY_KEY)]
 
 
 def check_task_id(task_id: object) -> list[Violation]:
     if not isinstance(task_id, str) or not TASK_ID_PATTERN.fullmatch(task_id):
-        return [("task_id", "must be a positive decimal number without leading zeros")]
+        rule = "must be a positive decimal number without leading zeros"
+        return [Violation("task_id", rule, INVALID_TASK_ID)]
     return []
