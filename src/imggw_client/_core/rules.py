@@ -47,6 +47,7 @@ INVALID_RESOLUTION = "invalid_resolution"
 UNSUPPORTED_COMBINATION = "unsupported_combination"
 INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
 INVALID_TASK_ID = "invalid_task_id"
+BODY_TOO_LARGE = "body_too_large"
 
 
 class Violation(NamedTuple):

@@ -56,7 +56,6 @@ IN_PROGRESS = "idempotency_in_progress"
 INDETERMINATE = "idempotency_result_indeterminate"
 UNAVAILABLE = "idempotency_unavailable"
 MALFORMED = "malformed_response"
-BODY_TOO_LARGE = "body_too_large"
 _REASON_AT_START = re.compile(r"\s*(idempotency_[a-z_]+)")
 
 STATES: dict[str, dict[str, TaskStatus]] = {
@@ -121,7 +120,7 @@ def build_submit(
         raise RequestValidationError(
             "prompt",
             f"the request body would exceed {rules.BODY_MAX_BYTES} bytes",
-            code=BODY_TOO_LARGE,
+            code=rules.BODY_TOO_LARGE,
         )
     path = ALPHA_SUBMIT_PATH if surface == ALPHA else BETA_SUBMIT_PATH
     headers = {**_JSON_HEADERS, IDEMPOTENCY_HEADER: idempotency_key}

@@ -1,0 +1,40 @@
+"""The bundled reference gateway: a faithful, stateful imggw server for tests and demos.
+
+In-process (no sockets) or over a real socket on 127.0.0.1; with fault injection, provider
+quirks, a manual clock, and inspection at ``/_mock/stats``.
+
+Example::
+
+    from imggw_client.mock import MockGateway
+
+    gateway = MockGateway(api_keys=["test-key"], seed=0, duration_max=0.5, fault_rate=0.3)
+    with gateway.client() as client:
+        task = client.generate("a lighthouse")
+    assert gateway.stats()["tasks_created"] == 1
+
+Also: ``python -m imggw_client.mock --port 8080`` and the pytest fixtures of
+``imggw_client.mock.pytest_plugin``.
+"""
+
+from ._config import DEFAULT_API_KEY, FAULT_KINDS, QUIRKS, MockConfig
+from ._gateway import (
+    IN_PROCESS_URL,
+    ManualClock,
+    MockGateway,
+    MockRequest,
+    MockResponse,
+    fingerprint,
+)
+
+__all__ = [
+    "DEFAULT_API_KEY",
+    "FAULT_KINDS",
+    "IN_PROCESS_URL",
+    "QUIRKS",
+    "ManualClock",
+    "MockConfig",
+    "MockGateway",
+    "MockRequest",
+    "MockResponse",
+    "fingerprint",
+]

@@ -1,0 +1,88 @@
+"""The reference gateway's settings: one table that MockGateway(...), ``python -m
+imggw_client.mock`` and ``imggw mock serve`` all take (dashes on the command line)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .._exceptions import ConfigurationError
+
+FAULT_KINDS: tuple[str, ...] = (
+    "lost",  # the task is created, then the connection drops: the answer never arrives
+    "reset",  # the connection drops before anything is processed
+    "latency",  # the answer comes late (up to `latency` s); the key is in flight meanwhile
+    "429",  # rate limited, with Retry-After; nothing processed
+    "500",
+    "502",
+    "503",
+    "504",  # server errors; nothing processed
+    "malformed",  # processed, but the body is garbled (results: cut short)
+)
+QUIRKS: tuple[str, ...] = (
+    "alpha_http200",  # surface A answers every error with HTTP 200, the code only in the body
+    "extra_states",  # A says `queuing`; B says `submitted` and `in_progress`
+    "no_progress",  # records omit `progress`
+    "beta_no_code",  # surface B error bodies omit the top-level `code`
+)
+DEFAULT_API_KEY = "test-key"
+
+
+def _option(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True, kw_only=True)
+class MockConfig:
+    """Settings of a :class:`MockGateway`; every field is also a command-line option.
+
+    Example::
+
+        MockConfig(duration_min=0.1, duration_max=0.5, fault_rate=0.3, faults=("lost", "503"))
+    """
+
+    api_keys: tuple[str, ...] = _option((DEFAULT_API_KEY,), "accepted API key (repeatable)")
+    seed: int = _option(0, "seed of every random choice (durations, failures, faults)")
+    duration_min: float = _option(1.0, "shortest task duration, seconds")
+    duration_max: float = _option(5.0, "longest task duration, seconds")
+    failure_rate: float = _option(0.0, "share of tasks that end failed, 0..1")
+    fault_rate: float = _option(0.0, "share of requests that meet a fault, 0..1")
+    faults: tuple[str, ...] = _option(FAULT_KINDS, "fault kinds to draw from", choices=FAULT_KINDS)
+    quirks: tuple[str, ...] = _option((), "provider quirks to imitate", choices=QUIRKS)
+    retention: float = _option(86_400.0, "seconds a result link lives after completion")
+    manual_clock: bool = _option(False, "time moves only by POST /_mock/advance?seconds=N")
+    latency: float = _option(0.5, "longest delay of the latency fault, seconds")
+    retry_after: int = _option(1, "Retry-After of injected 429s, seconds")
+    idempotency_ttl: float = _option(86_400.0, "seconds an idempotency key is remembered")
+    image_size: int = _option(64, "long side of result PNGs, pixels")
+
+    def __post_init__(self) -> None:
+        keys = tuple(self.api_keys)
+        object.__setattr__(self, "api_keys", keys)
+        object.__setattr__(self, "faults", tuple(self.faults))
+        object.__setattr__(self, "quirks", tuple(self.quirks))
+        checks = [
+            (bool(keys) and all(isinstance(k, str) and k.strip() == k and k for k in keys),
+             "api_keys must be non-empty strings without surrounding spaces"),
+            (0 <= self.duration_min <= self.duration_max and math.isfinite(self.duration_max),
+             "need 0 <= duration_min <= duration_max"),
+            (0 <= self.failure_rate <= 1, "failure_rate must be within 0..1"),
+            (0 <= self.fault_rate <= 1, "fault_rate must be within 0..1"),
+            (bool(self.faults) and set(self.faults) <= set(FAULT_KINDS),
+             f"faults must be some of {', '.join(FAULT_KINDS)}"),
+            (set(self.quirks) <= set(QUIRKS), f"quirks must be some of {', '.join(QUIRKS)}"),
+            (self.retention >= 0, "retention must be >= 0"),
+            (self.latency >= 0, "latency must be >= 0"),
+            (self.retry_after >= 0, "retry_after must be >= 0"),
+            (self.idempotency_ttl >= 0, "idempotency_ttl must be >= 0"),
+            (1 <= self.image_size <= 8192, "image_size must be within 1..8192"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise ConfigurationError(message)
+
+
+def options() -> list[tuple[str, Any, dict[str, Any]]]:
+    """``(name, default, metadata)`` for every setting, for command-line front ends."""
+    return [(f.name, f.default, dict(f.metadata)) for f in fields(MockConfig)]

@@ -1,0 +1,554 @@
+"""The reference gateway's pure core: ``MockGateway.handle(MockRequest) -> MockResponse``.
+
+No sockets and no sleeping: time comes from an injected clock and every random choice from one
+seeded generator, so a run is repeatable. Faults are part of the answer (``delay``, ``drop``,
+``truncate``) and the adapters carry them out on the wire.
+
+HTTP statuses (error bodies per SPEC 7, reason codes in ``imggw_client._core.serving``):
+
+====  ===========================================================================
+400   ``invalid_json``, ``invalid_idempotency_key``, ``invalid_task_id``
+401   ``unauthorized``: no ``Authorization: Bearer`` header, or an unknown key
+404   ``task_not_found``: an unknown task id, or another key's task (indistinguishable);
+      ``not_found``: no such route; result links that never existed
+405   ``method_not_allowed``
+409   ``idempotency_in_progress``: the same key is still being processed (Retry-After)
+410   ``result_expired``: a result link past its retention window
+413   ``body_too_large``
+422   request rule violations; ``idempotency_key_reused`` (same key, different body)
+429   ``rate_limited`` (injected, Retry-After)
+5xx   ``internal_error`` 500, ``bad_gateway`` 502, ``service_unavailable`` 503,
+      ``gateway_timeout`` 504 (injected; nothing was processed)
+====  ===========================================================================
+
+Tasks are per surface: a task created on one surface is not found on the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+
+from .._config import Surface
+from .._core import rules, serving, surfaces
+from .._core.serving import Refusal, TaskView
+from .._models import ImageRequest, TaskError, TaskStatus
+from ._config import MockConfig
+from ._openapi import openapi_document
+from ._png import png, size_for
+
+if TYPE_CHECKING:
+    from .._async_client import AsyncClient
+    from .._base_client import BaseClient
+    from .._client import Client
+    from ._asgi import ASGIApp
+    from ._transport import MockTransport
+
+    C = TypeVar("C", bound=BaseClient[Any])
+
+__all__ = ["IN_PROCESS_URL", "ManualClock", "MockGateway", "MockRequest", "MockResponse"]
+
+IN_PROCESS_URL = "http://imggw.mock"
+
+RESULTS_PREFIX = "/results/"
+QUEUE_SHARE = 0.2  # the first fifth of a task's duration is spent pending
+FAIL_TAG = re.compile(r"#fail(?::([a-z0-9_]{1,64}))?")
+PUBLIC_FAILURES = {
+    "content_policy_violation": "The prompt was refused by the content policy.",
+    "generation_failed": "The image could not be generated.",
+    "upstream_timeout": "The generation took too long and was stopped.",
+}
+_SERVER_FAULTS = {
+    "500": Refusal(500, "internal_error", "The gateway failed."),
+    "502": Refusal(502, "bad_gateway", "The upstream provider failed."),
+    "503": Refusal(503, "service_unavailable", "The gateway is overloaded."),
+    "504": Refusal(504, "gateway_timeout", "The upstream provider timed out."),
+}
+_JSON = ("content-type", "application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class MockRequest:
+    """An HTTP request as the adapters hand it over. Header names are lower case;
+    ``base_url`` (``scheme://host[:port]``) is where the client reached the gateway."""
+
+    method: str
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    base_url: str = IN_PROCESS_URL
+
+
+@dataclass(frozen=True, slots=True)
+class MockResponse:
+    """The answer, and how to deliver it: after ``delay`` seconds; or never, the connection
+    dropped (``drop``); or with the body cut short of its Content-Length (``truncate``)."""
+
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = (_JSON,)
+    delay: float = 0.0
+    drop: bool = False
+    truncate: bool = False
+
+
+class ManualClock:
+    """A clock that moves only when told: ``advance(seconds)``.
+
+    Example::
+
+        clock = ManualClock()
+        gateway = MockGateway(clock=clock)
+        clock.advance(30)
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError("seconds must be a finite number >= 0")
+        self.now += seconds
+
+
+@dataclass
+class _Task:
+    id: str
+    surface: Surface
+    owner: str
+    request: ImageRequest
+    created: float
+    duration: float
+    failure: TaskError | None
+    token: str
+    credits: float
+    cost: float
+
+    @property
+    def finished(self) -> float:
+        return self.created + self.duration
+
+
+@dataclass
+class _KeyRecord:
+    fingerprint: bytes  # of the canonical body
+    task_id: str
+    created: float
+    ready: float  # before this, the first request is still in flight
+
+
+@dataclass
+class _Stats:
+    tasks_created: int = 0
+    replays: int = 0
+    conflicts: int = 0
+    billing: dict[str, dict[str, float]] = field(default_factory=dict)
+    requests: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+
+
+def fingerprint(api_key: str) -> str:
+    """How stats name a key: never the key itself."""
+    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+
+
+def _credits(request: ImageRequest) -> float:
+    return {"1k": 4.0, "2k": 8.0, "4k": 16.0}.get(request.resolution.lower(), 4.0)
+
+
+class MockGateway:
+    """A faithful, stateful imggw gateway for tests, demos and benchmarks.
+
+    Keywords are the fields of :class:`MockConfig` (``api_keys``, ``seed``, ``duration_min``,
+    ``duration_max``, ``failure_rate``, ``fault_rate``, ``faults``, ``quirks``, ``retention``,
+    ``manual_clock``, ...); ``clock`` injects a time source (monotonic seconds).
+
+    Example::
+
+        gateway = MockGateway(api_keys=["test-key"], seed=0, duration_max=0.5)
+        with gateway.client() as client:                  # in-process, no sockets
+            task = client.generate("a lighthouse")
+        with gateway.serve() as base_url:                 # uvicorn on 127.0.0.1
+            ...
+    """
+
+    def __init__(
+        self,
+        api_keys: list[str] | tuple[str, ...] | None = None,
+        seed: int = 0,
+        *,
+        clock: Callable[[], float] | None = None,
+        **settings: Any,
+    ) -> None:
+        if api_keys is not None:
+            settings["api_keys"] = tuple(api_keys)
+        self.config = MockConfig(seed=seed, **settings)
+        if clock is None:
+            clock = ManualClock() if self.config.manual_clock else time.monotonic
+        self.clock = clock
+        self._keys = [(k.encode(), fingerprint(k)) for k in self.config.api_keys]
+        self._quirks = frozenset(self.config.quirks)
+        self._lock = threading.Lock()
+        self._token_secret = os.urandom(16)
+        self._openapi = json.dumps(openapi_document()).encode()
+        self.reset()
+
+    # ------------------------------------------------------------------------ adapters
+
+    def transport(self) -> MockTransport:
+        """An httpx transport (sync and async) that routes requests here, with no sockets.
+
+        Example::
+
+            client = Client(api_key="test-key", base_url=IN_PROCESS_URL,
+                            http_client=httpx.Client(transport=gateway.transport()))
+        """
+        from ._transport import MockTransport
+
+        return MockTransport(self)
+
+    def asgi(self) -> ASGIApp:
+        """The gateway as an ASGI app, for any ASGI server."""
+        from ._asgi import ASGIApp
+
+        return ASGIApp(self)
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> AbstractContextManager[str]:
+        """Serves over a real socket (uvicorn, background thread); yields the base URL.
+
+        Example::
+
+            with gateway.serve() as base_url:
+                client = Client(api_key="test-key", base_url=base_url)
+        """
+        from ._asgi import serve
+
+        return serve(self, host, port)
+
+    def client(self, **kwargs: Any) -> Client:
+        """A :class:`Client` wired to this gateway in-process (the first API key)."""
+        from .._client import Client
+
+        return self._wire(Client, httpx.Client, kwargs)
+
+    def async_client(self, **kwargs: Any) -> AsyncClient:
+        """An :class:`AsyncClient` wired to this gateway in-process (the first API key)."""
+        from .._async_client import AsyncClient
+
+        return self._wire(AsyncClient, httpx.AsyncClient, kwargs)
+
+    def _wire(self, cls: type[C], http_type: type[Any], kwargs: dict[str, Any]) -> C:
+        kwargs.setdefault("api_key", self.config.api_keys[0])
+        kwargs.setdefault("base_url", IN_PROCESS_URL)
+        client = cls(http_client=http_type(transport=self.transport()), **kwargs)
+        client._owns_http = True  # closing the client closes the transport-bound httpx client
+        return client
+
+    # ------------------------------------------------------------------------ control
+
+    def reset(self) -> None:
+        """Forgets every task, key and counter; the random generator starts over."""
+        with self._lock:
+            self._rng = random.Random(self.config.seed)
+            self._tasks: dict[tuple[Surface, str], _Task] = {}
+            self._tokens: dict[str, _Task] = {}
+            self._records: dict[tuple[str, Surface, str], _KeyRecord] = {}
+            self._stats = _Stats()
+            self._next_id = 1
+
+    def advance(self, seconds: float) -> None:
+        """Moves a manual clock forward (``manual_clock=True``)."""
+        if not isinstance(self.clock, ManualClock):
+            raise RuntimeError("advance() needs manual_clock=True")
+        self.clock.advance(seconds)
+
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /_mock/stats`` returns: created tasks (each billed once), replays,
+        conflicts, billing per key fingerprint, requests per route, faults per kind."""
+        with self._lock:
+            s = self._stats
+            return {
+                "tasks_created": s.tasks_created,
+                "replays": s.replays,
+                "conflicts": s.conflicts,
+                "billing": {fp: dict(b) for fp, b in s.billing.items()},
+                "requests": dict(s.requests),
+                "faults": dict(s.faults),
+                "clock": self.clock(),
+            }
+
+    # ------------------------------------------------------------------------ the core
+
+    def handle(self, request: MockRequest) -> MockResponse:
+        """Answers one request. Thread-safe."""
+        if request.path.startswith("/_mock/") or request.path == "/openapi.json":
+            return self._control(request)  # never faulted; takes the lock where it needs it
+        with self._lock:
+            return self._handle(request)
+
+    def _handle(self, req: MockRequest) -> MockResponse:
+        surface: Surface = surfaces.ALPHA if req.path.startswith("/alpha/") else surfaces.BETA
+        route, handler = self._route(req)
+        self._stats.requests[route] += 1
+        fault = self._draw_fault()
+        delay = 0.0
+        if fault is not None:
+            self._stats.faults[fault] += 1
+            early = self._early_fault(fault, surface)
+            if early is not None:
+                return early
+            if fault == "latency":
+                delay = self._rng.uniform(0, self.config.latency)
+        if handler is None:
+            response = self._error(surface, Refusal(404, "not_found", "No such route."))
+        elif route.startswith("GET /results/"):
+            response = handler(req, surface)
+        else:
+            owner = self._authenticate(req)
+            if owner is None:
+                refusal = Refusal(401, "unauthorized", "A valid Bearer API key is required.")
+                response = self._error(surface, refusal)
+            else:
+                response = handler(req, surface, owner, delay)
+        return self._late_fault(fault, response, delay)
+
+    def _route(self, req: MockRequest) -> tuple[str, Callable[..., MockResponse] | None]:
+        path, method = req.path, req.method
+        table: dict[str, tuple[str, Callable[..., MockResponse]]] = {
+            surfaces.ALPHA_SUBMIT_PATH: ("POST", self._submit),
+            surfaces.ALPHA_QUERY_PATH: ("GET", self._query),
+            surfaces.BETA_SUBMIT_PATH: ("POST", self._submit),
+        }
+        template = path
+        if path.startswith("/beta/v1/tasks/"):
+            template = surfaces.BETA_QUERY_PATH
+            table[template] = ("GET", self._query)
+        elif path.startswith(RESULTS_PREFIX):
+            template = RESULTS_PREFIX + "{token}"
+            table[template] = ("GET", self._result)
+        if template not in table:
+            return f"{method} (unknown)", None
+        allowed, handler = table[template]
+        if method != allowed:
+            return f"{method} {template}", self._not_allowed(allowed)
+        return f"{method} {template}", handler
+
+    def _not_allowed(self, allowed: str) -> Callable[..., MockResponse]:
+        def answer(req: MockRequest, surface: Surface, *_: object) -> MockResponse:
+            refusal = Refusal(405, "method_not_allowed", f"Use {allowed}.")
+            response = self._error(surface, refusal)
+            return MockResponse(
+                response.status, response.body, (*response.headers, ("allow", allowed))
+            )
+
+        return answer
+
+    def _authenticate(self, req: MockRequest) -> str | None:
+        scheme, _, token = req.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return None
+        given = token.strip().encode()
+        owner = None
+        for key, fp in self._keys:  # compare with every key, in constant time each
+            if hmac.compare_digest(given, key):
+                owner = fp
+        return owner
+
+    # ------------------------------------------------------------------------ faults
+
+    def _draw_fault(self) -> str | None:
+        if self.config.fault_rate and self._rng.random() < self.config.fault_rate:
+            return self._rng.choice(self.config.faults)
+        return None
+
+    def _early_fault(self, fault: str, surface: Surface) -> MockResponse | None:
+        """Faults that stop a request before it is processed."""
+        if fault == "reset":
+            return MockResponse(0, drop=True)
+        if fault == "429":
+            refusal = Refusal(429, "rate_limited", "Too many requests; slow down.")
+            response = self._error(surface, refusal)
+            retry = ("retry-after", str(self.config.retry_after))
+            return MockResponse(response.status, response.body, (*response.headers, retry))
+        if fault in _SERVER_FAULTS:
+            return self._error(surface, _SERVER_FAULTS[fault])
+        return None
+
+    def _late_fault(self, fault: str | None, response: MockResponse, delay: float) -> MockResponse:
+        """Faults that strike after the request was processed."""
+        if fault == "lost":
+            return MockResponse(0, drop=True)
+        if fault == "malformed":
+            if response.headers and response.headers[0][1] == "image/png":
+                return MockResponse(response.status, response.body, response.headers, truncate=True)
+            return MockResponse(response.status, response.body[: len(response.body) // 2])
+        if delay:
+            return MockResponse(response.status, response.body, response.headers, delay=delay)
+        return response
+
+    # ------------------------------------------------------------------------ routes
+
+    def _submit(self, req: MockRequest, surface: Surface, owner: str, delay: float) -> MockResponse:
+        key = req.headers.get("idempotency-key")
+        if key is not None and rules.check_idempotency_key(key):
+            violation = rules.check_idempotency_key(key)[0]
+            refusal = Refusal(400, violation.code, f"Idempotency-Key: {violation.rule}")
+            return self._error(surface, refusal)
+        parsed = serving.read_submit_request(surface, req.body)
+        if isinstance(parsed, Refusal):
+            return self._error(surface, parsed)
+        now = self.clock()
+        body_fp = hashlib.sha256(serving.canonical(req.body)).digest()
+        record = self._records.get((owner, surface, key)) if key is not None else None
+        if record is not None and now - record.created > self.config.idempotency_ttl:
+            record = None  # the key has expired: it may be used afresh
+        if record is not None:
+            if not hmac.compare_digest(record.fingerprint, body_fp):
+                self._stats.conflicts += 1
+                refusal = Refusal(
+                    422,
+                    surfaces.KEY_REUSED,
+                    "This Idempotency-Key was used with a different request.",
+                )
+                return self._error(surface, refusal)
+            if now < record.ready:
+                self._stats.conflicts += 1
+                refusal = Refusal(
+                    409, surfaces.IN_PROGRESS, "A request with this Idempotency-Key is in progress."
+                )
+                response = self._error(surface, refusal)
+                retry = ("retry-after", str(max(1, math.ceil(record.ready - now))))
+                return MockResponse(response.status, response.body, (*response.headers, retry))
+            self._stats.replays += 1
+            body = serving.submit_response(surface, record.task_id)
+            return MockResponse(200, body, (_JSON, (surfaces.REPLAYED_HEADER.lower(), "true")))
+        task = self._create(surface, owner, parsed, now)
+        if key is not None:
+            # Under a latency fault the key stays in flight until its answer is due.
+            self._records[(owner, surface, key)] = _KeyRecord(body_fp, task.id, now, now + delay)
+        return MockResponse(200, serving.submit_response(surface, task.id))
+
+    def _create(self, surface: Surface, owner: str, request: ImageRequest, now: float) -> _Task:
+        task_id = str(self._next_id)
+        self._next_id += 1
+        config = self.config
+        duration = self._rng.uniform(config.duration_min, config.duration_max)
+        failure = None
+        tag = FAIL_TAG.search(request.prompt)
+        if tag is not None:
+            code = tag.group(1) or "generation_failed"
+            failure = TaskError(
+                code=code, message=PUBLIC_FAILURES.get(code, f"The generation failed ({code}).")
+            )
+        elif config.failure_rate and self._rng.random() < config.failure_rate:
+            code = self._rng.choice(sorted(PUBLIC_FAILURES))
+            failure = TaskError(code=code, message=PUBLIC_FAILURES[code])
+        credits = _credits(request)
+        token = hmac.new(self._token_secret, f"{surface}/{task_id}".encode(), "sha256").hexdigest()
+        task = _Task(task_id, surface, owner, request, now, duration, failure, token[:32],
+                     credits, credits * 0.0025)  # fmt: skip
+        self._tasks[(surface, task_id)] = task
+        self._tokens[task.token] = task
+        self._stats.tasks_created += 1
+        bill = self._stats.billing.setdefault(owner, {"tasks": 0, "credits": 0.0, "cost": 0.0})
+        bill["tasks"] += 1
+        bill["credits"] += task.credits
+        bill["cost"] = round(bill["cost"] + task.cost, 6)
+        return task
+
+    def _query(self, req: MockRequest, surface: Surface, owner: str, _: float) -> MockResponse:
+        if surface == surfaces.ALPHA:
+            task_id = req.query.get("taskId", "")
+        else:
+            task_id = req.path.rsplit("/", 1)[-1]
+        if rules.check_task_id(task_id):
+            return self._error(surface, Refusal(400, rules.INVALID_TASK_ID, "Invalid task id."))
+        task = self._tasks.get((surface, task_id))
+        if task is None or task.owner != owner:
+            return self._error(surface, Refusal(404, "task_not_found", "No such task."))
+        view = self._view(task, req.base_url)
+        body = serving.task_record(
+            surface,
+            view,
+            extra_states="extra_states" in self._quirks,
+            omit_progress="no_progress" in self._quirks,
+        )
+        return MockResponse(200, body)
+
+    def _view(self, task: _Task, base_url: str) -> TaskView:
+        elapsed = self.clock() - task.created
+        queue = task.duration * QUEUE_SHARE
+        urls: tuple[str, ...] = ()
+        if elapsed >= task.duration:
+            status = TaskStatus.FAILED if task.failure else TaskStatus.SUCCEEDED
+            progress, late = 100, True
+            if task.failure is None:
+                urls = (f"{base_url}{RESULTS_PREFIX}{task.token}.png",)
+        elif elapsed < queue:
+            status, progress, late = TaskStatus.PENDING, 0, elapsed >= queue / 2
+        else:
+            status = TaskStatus.RUNNING
+            progress = min(99, int(100 * (elapsed - queue) / max(task.duration - queue, 1e-9)))
+            late = progress >= 50
+        return TaskView(task.id, status, progress, urls, task.credits, task.cost,
+                        task.failure if status is TaskStatus.FAILED else None, late)  # fmt: skip
+
+    def _result(self, req: MockRequest, surface: Surface) -> MockResponse:
+        name = req.path[len(RESULTS_PREFIX) :]
+        task = self._tokens.get(name.removesuffix(".png"))
+        now = self.clock()
+        if task is None or task.failure is not None or now < task.finished:
+            return MockResponse(404, b"not found", (("content-type", "text/plain"),))
+        if now > task.finished + self.config.retention:
+            return MockResponse(410, b"expired", (("content-type", "text/plain"),))
+        width, height = size_for(task.request.aspect_ratio, self.config.image_size)
+        seed = int.from_bytes(bytes.fromhex(task.token[:6]), "big")
+        return MockResponse(200, png(width, height, seed), (("content-type", "image/png"),))
+
+    # ------------------------------------------------------------------------ helpers
+
+    def _error(self, surface: Surface, refusal: Refusal) -> MockResponse:
+        status, body = serving.error_body(
+            surface,
+            refusal,
+            http_200="alpha_http200" in self._quirks,
+            omit_code="beta_no_code" in self._quirks,
+        )
+        return MockResponse(status, body)
+
+    def _control(self, req: MockRequest) -> MockResponse:
+        route = f"{req.method} {req.path}"
+        if route == "GET /openapi.json":
+            return MockResponse(200, self._openapi)
+        if route == "GET /_mock/stats":
+            return MockResponse(200, json.dumps(self.stats()).encode())
+        if route == "POST /_mock/reset":
+            self.reset()
+            return MockResponse(200, b'{"reset":true}')
+        if route == "POST /_mock/advance":
+            try:
+                self.advance(float(req.query.get("seconds", "")))
+            except (ValueError, RuntimeError) as exc:
+                problem = {"error": {"code": "bad_advance", "message": str(exc)}}
+                return MockResponse(400, json.dumps(problem).encode())
+            return MockResponse(200, json.dumps({"clock": self.clock()}).encode())
+        missing = {"error": {"code": "not_found", "message": "No such route."}}
+        return MockResponse(404, json.dumps(missing).encode())
