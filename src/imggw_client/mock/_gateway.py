@@ -26,6 +26,7 @@ Tasks are per surface: a task created on one surface is not found on the other.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -46,6 +47,7 @@ import httpx
 from .._config import Surface
 from .._core import rules, serving, surfaces
 from .._core.serving import Refusal, TaskView
+from .._exceptions import ConfigurationError
 from .._models import ImageRequest, TaskError, TaskStatus
 from ._config import MockConfig
 from ._openapi import openapi_document
@@ -200,13 +202,11 @@ class MockGateway:
     ) -> None:
         if api_keys is not None:
             settings["api_keys"] = tuple(api_keys)
-        self.config = MockConfig(seed=seed, **settings)
+        self._lock = threading.Lock()
+        self._apply(MockConfig(seed=seed, **settings))
         if clock is None:
             clock = ManualClock() if self.config.manual_clock else time.monotonic
         self.clock = clock
-        self._keys = [(k.encode(), fingerprint(k)) for k in self.config.api_keys]
-        self._quirks = frozenset(self.config.quirks)
-        self._lock = threading.Lock()
         self._token_secret = os.urandom(16)
         self._openapi = json.dumps(openapi_document()).encode()
         self.reset()
@@ -263,6 +263,23 @@ class MockGateway:
         return client
 
     # ------------------------------------------------------------------------ control
+
+    def configure(self, **changes: Any) -> None:
+        """Changes settings on the fly (faults, quirks, rates, ...); tasks and keys stay.
+
+        Example::
+
+            gateway.configure(fault_rate=0.0)   # the rest of this test runs without faults
+        """
+        if "manual_clock" in changes:
+            raise ConfigurationError("manual_clock is fixed when the gateway is made")
+        with self._lock:
+            self._apply(dataclasses.replace(self.config, **changes))
+
+    def _apply(self, config: MockConfig) -> None:
+        self.config = config
+        self._keys = [(k.encode(), fingerprint(k)) for k in config.api_keys]
+        self._quirks = frozenset(config.quirks)
 
     def reset(self) -> None:
         """Forgets every task, key and counter; the random generator starts over."""

@@ -1,0 +1,79 @@
+"""``python -m imggw_client.mock``: serve the reference gateway on a real socket.
+
+Every MockGateway setting is an option (``--duration-max 2``, ``--faults lost,503``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .._exceptions import ConfigurationError
+from ._config import options
+
+
+def _list(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m imggw_client.mock",
+        description="Serve the imggw reference gateway (both surfaces) over HTTP.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
+    for name, default, meta in options():
+        flag = "--" + name.replace("_", "-")
+        text = meta["help"]
+        if name == "api_keys":
+            p.add_argument("--api-key", dest=name, action="append", help=text + " [test-key]")
+        elif isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=text)
+        elif isinstance(default, tuple):
+            listed = ",".join(default) or "none"
+            choices = ", ".join(meta.get("choices", ()))
+            p.add_argument(
+                flag, type=_list, default=default,
+                help=f"{text}, comma-separated: {choices} [{listed}]",
+            )  # fmt: skip
+        else:
+            p.add_argument(flag, type=type(default), default=default, help=f"{text} [{default}]")
+    return p
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The MockGateway keywords an argparse result names."""
+    chosen = {name: getattr(args, name) for name, _, _ in options()}
+    if not chosen["api_keys"]:
+        del chosen["api_keys"]
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from ._asgi import serve
+    from ._gateway import MockGateway
+
+    try:
+        gateway = MockGateway(**settings(args))
+    except ConfigurationError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 2
+    keys = len(gateway.config.api_keys)
+    with contextlib.suppress(KeyboardInterrupt), serve(gateway, args.host, args.port) as url:
+        # The keys are the caller's own; say how many, never which.
+        print(f"imggw reference gateway on {url} ({keys} API key(s)); Ctrl-C stops it",
+              file=sys.stderr, flush=True)  # fmt: skip
+        print(url, flush=True)
+        import threading
+
+        threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

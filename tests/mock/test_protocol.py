@@ -1,0 +1,231 @@
+"""The gateway's answers, case by case, through its pure core."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from imggw_client.mock import MockGateway
+
+from .helpers import (
+    ALPHA_SUBMIT,
+    BETA_SUBMIT,
+    KEY,
+    alpha_body,
+    beta_body,
+    call,
+    query,
+    record,
+    submit,
+    task_id,
+)
+
+
+@pytest.fixture
+def gw() -> MockGateway:
+    return MockGateway(api_keys=[KEY, "other-key"], seed=1, manual_clock=True,
+                       duration_min=10, duration_max=10)  # fmt: skip
+
+
+def error(response: Any) -> tuple[int, str, str]:
+    body = json.loads(response.body)
+    return response.status, body["error"]["code"], body["error"]["message"]
+
+
+def test_beta_submit_and_query(gw: MockGateway) -> None:
+    answer = submit(gw)
+    assert answer.status == 200
+    assert json.loads(answer.body) == {
+        "code": 200,
+        "data": [{"status": "submitted", "task_id": "1"}],
+    }
+    data = record(query(gw, "1"))
+    assert data["id"] == "1"
+    assert data["status"] == "pending"
+    assert data["progress"] == 0
+    assert data["cost"] == 0.02
+    assert data["credits_cost"] == 8.0
+
+
+def test_alpha_submit_and_query(gw: MockGateway) -> None:
+    answer = submit(gw, "alpha")
+    body = json.loads(answer.body)
+    assert (answer.status, body["code"], body["data"]["taskId"]) == (200, 200, "1")
+    data = record(query(gw, "1", "alpha"))
+    assert (data["taskId"], data["state"], data["creditsConsumed"]) == ("1", "waiting", "8")
+
+
+@pytest.mark.parametrize(
+    ("headers_key", "why"),
+    [(None, "missing"), ("wrong-key", "unknown"), ("test-key ", "padded is trimmed, so ok")],
+)
+def test_auth(gw: MockGateway, headers_key: str | None, why: str) -> None:
+    answer = call(gw, "POST", BETA_SUBMIT, beta_body(), key=headers_key)
+    if why.endswith("ok"):
+        assert answer.status == 200
+    else:
+        assert error(answer)[:2] == (401, "unauthorized")
+        assert gw.stats()["tasks_created"] == 0
+
+
+def test_auth_needs_the_bearer_scheme(gw: MockGateway) -> None:
+    from imggw_client.mock import MockRequest
+
+    req = MockRequest("GET", "/beta/v1/tasks/1", {}, {"authorization": f"Basic {KEY}"})
+    assert gw.handle(req).status == 401
+
+
+def test_the_key_is_never_in_stats(gw: MockGateway) -> None:
+    submit(gw)
+    assert KEY not in json.dumps(gw.stats())
+
+
+@pytest.mark.parametrize(
+    ("override", "status", "code", "field"),
+    [
+        ({"extra": 1}, 422, "unknown_field", "extra"),
+        ({"model": "imagegen-3"}, 422, "invalid_model", "model"),
+        ({"n": 2}, 422, "invalid_n", "n"),
+        ({"n": True}, 422, "invalid_n", "n"),
+        ({"n": 1.0}, 422, "invalid_n", "n"),
+        ({"prompt": ""}, 422, "invalid_prompt", "prompt"),
+        ({"prompt": "   "}, 422, "invalid_prompt", "prompt"),
+        ({"prompt": "x" * 20001}, 422, "invalid_prompt", "prompt"),
+        ({"prompt": 5}, 422, "invalid_prompt", "prompt"),
+        ({"size": "7:5"}, 422, "invalid_aspect_ratio", "size"),
+        ({"resolution": "2K"}, 422, "invalid_resolution", "resolution"),
+        ({"resolution": "8k"}, 422, "invalid_resolution", "resolution"),
+        ({"size": "auto", "resolution": "2k"}, 422, "unsupported_combination", "resolution"),
+        ({"size": "1:1", "resolution": "4k"}, 422, "unsupported_combination", "resolution"),
+        ({"size": "9:21", "resolution": "2k"}, 422, "unsupported_combination", "resolution"),
+    ],
+)
+def test_beta_validation(
+    gw: MockGateway, override: dict[str, Any], status: int, code: str, field: str
+) -> None:
+    answer = call(gw, "POST", BETA_SUBMIT, beta_body(**override))
+    got_status, got_code, message = error(answer)
+    assert (got_status, got_code) == (status, code)
+    assert message.startswith(field)
+    assert "x" * 50 not in message  # the prompt is never echoed
+    assert gw.stats()["tasks_created"] == 0
+
+
+@pytest.mark.parametrize("missing", ["model", "prompt", "size", "resolution", "n"])
+def test_beta_missing_fields(gw: MockGateway, missing: str) -> None:
+    body = beta_body()
+    del body[missing]
+    assert error(call(gw, "POST", BETA_SUBMIT, body))[:2] == (422, "missing_field")
+
+
+@pytest.mark.parametrize(
+    ("override", "code"),
+    [
+        ({"resolution": "2k"}, "invalid_resolution"),  # A's wire form is upper case
+        ({"aspect_ratio": "7:5"}, "invalid_aspect_ratio"),
+        ({"prompt": ""}, "invalid_prompt"),
+        ({"aspect_ratio": "auto", "resolution": "4K"}, "unsupported_combination"),
+        ({"seed": 3}, "unknown_field"),
+    ],
+)
+def test_alpha_validation_same_rules(gw: MockGateway, override: dict[str, Any], code: str) -> None:
+    answer = call(gw, "POST", ALPHA_SUBMIT, alpha_body(**override))
+    body = json.loads(answer.body)
+    assert answer.status == 422
+    assert body["code"] == 422
+    assert body["data"] is None
+    assert body["msg"].startswith("input.")
+    del code  # A carries no string reason: the status and message say it
+
+
+def test_alpha_shape_errors(gw: MockGateway) -> None:
+    assert call(gw, "POST", ALPHA_SUBMIT, {"model": "imagegen-2-text-to-image"}).status == 422
+    assert (
+        call(gw, "POST", ALPHA_SUBMIT, {"model": "imagegen-2-text-to-image", "input": "x"}).status
+        == 422
+    )
+    assert call(gw, "POST", ALPHA_SUBMIT, {**alpha_body(), "callBackUrl": "x"}).status == 422
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[1,2]", b'"text"', b"{", b"\xff\xfe"])
+def test_invalid_json(gw: MockGateway, raw: bytes) -> None:
+    assert error(call(gw, "POST", BETA_SUBMIT, raw=raw))[:2] == (400, "invalid_json")
+
+
+def test_body_limit(gw: MockGateway) -> None:
+    big = json.dumps(beta_body(prompt="x" * 10, pad="y" * (256 * 1024))).encode()
+    assert error(call(gw, "POST", BETA_SUBMIT, raw=big))[:2] == (413, "body_too_large")
+    assert call(gw, "POST", ALPHA_SUBMIT, raw=big).status == 413
+
+
+@pytest.mark.parametrize("idem", ["k" * 256, "tab\there", "ключ"])
+def test_invalid_idempotency_key(gw: MockGateway, idem: str) -> None:
+    answer = call(gw, "POST", BETA_SUBMIT, beta_body(), idem=idem)
+    assert error(answer)[:2] == (400, "invalid_idempotency_key")
+
+
+def test_unknown_and_foreign_tasks_look_the_same(gw: MockGateway) -> None:
+    tid = task_id(submit(gw))
+    unknown = query(gw, "999")
+    foreign = query(gw, tid, key="other-key")
+    assert unknown.status == foreign.status == 404
+    assert unknown.body == foreign.body
+    assert error(unknown)[1] == "task_not_found"
+    other_surface = query(gw, tid, "alpha")
+    assert other_surface.status == 404  # tasks are per surface
+
+
+def test_invalid_task_ids(gw: MockGateway) -> None:
+    assert error(query(gw, "0"))[:2] == (400, "invalid_task_id")
+    assert error(query(gw, "01"))[:2] == (400, "invalid_task_id")
+    assert call(gw, "GET", "/alpha/api/v1/jobs/recordInfo").status == 400
+
+
+def test_routes_and_methods(gw: MockGateway) -> None:
+    assert error(call(gw, "GET", "/beta/v2/nothing"))[:2] == (404, "not_found")
+    wrong = call(gw, "GET", BETA_SUBMIT)
+    assert error(wrong)[:2] == (405, "method_not_allowed")
+    assert ("allow", "POST") in wrong.headers
+
+
+def test_quirk_alpha_http200(gw: MockGateway) -> None:
+    quirky = MockGateway(quirks=["alpha_http200"])
+    answer = call(quirky, "POST", ALPHA_SUBMIT, alpha_body(prompt=""))
+    assert answer.status == 200
+    assert json.loads(answer.body)["code"] == 422
+    # B is unaffected
+    assert call(quirky, "POST", BETA_SUBMIT, beta_body(prompt="")).status == 422
+
+
+def test_quirk_beta_no_code() -> None:
+    quirky = MockGateway(quirks=["beta_no_code"])
+    body = json.loads(call(quirky, "POST", BETA_SUBMIT, beta_body(prompt="")).body)
+    assert "code" not in body
+    assert body["error"]["code"] == "invalid_prompt"
+
+
+def test_quirks_extra_states_and_no_progress() -> None:
+    quirky = MockGateway(quirks=["extra_states", "no_progress"], manual_clock=True,
+                         duration_min=10, duration_max=10)  # fmt: skip
+    tid_b = task_id(submit(quirky))
+    tid_a = task_id(submit(quirky, "alpha"))
+    seen_b, seen_a = set(), set()
+    for _ in range(12):
+        rec_b, rec_a = record(query(quirky, tid_b)), record(query(quirky, tid_a, "alpha"))
+        assert "progress" not in rec_b
+        assert "progress" not in rec_a
+        seen_b.add(rec_b["status"])
+        seen_a.add(rec_a["state"])
+        quirky.advance(1)
+    assert seen_b == {"submitted", "in_progress", "completed"}
+    assert seen_a == {"waiting", "queuing", "generating", "success"}
+
+
+def test_idempotency_error_reasons_on_alpha_lead_the_message(gw: MockGateway) -> None:
+    submit(gw, "alpha", idem="k1")
+    answer = submit(gw, "alpha", idem="k1", prompt="another")
+    body = json.loads(answer.body)
+    assert (answer.status, body["code"]) == (422, 422)
+    assert body["msg"].startswith("idempotency_key_reused")
