@@ -45,14 +45,15 @@ class FakeTime:
 
 
 class Driven:
-    """Either client, every method awaitable, on fake time."""
+    """Either client, every method awaitable; on fake time when given a FakeTime."""
 
-    def __init__(self, inner: Client | AsyncClient, fake: FakeTime) -> None:
+    def __init__(self, inner: Client | AsyncClient, fake: FakeTime | None = None) -> None:
         self.inner = inner
-        self.fake = fake
-        inner._sleep = fake.sleep if isinstance(inner, Client) else fake.asleep  # type: ignore[assignment]
-        inner._flows.clock = fake.clock
         inner._flows.rng = random.Random(1234)
+        if fake is not None:
+            self.fake = fake
+            inner._sleep = fake.sleep if isinstance(inner, Client) else fake.asleep  # type: ignore[assignment]
+            inner._flows.clock = fake.clock
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
