@@ -66,7 +66,8 @@ class MockConfig:
             (bool(keys) and all(isinstance(k, str) and k.strip() == k and k for k in keys),
              "api_keys must be non-empty strings without surrounding spaces"),
             (0 <= self.duration_min <= self.duration_max and math.isfinite(self.duration_max),
-             "need 0 <= duration_min <= duration_max"),
+             f"need 0 <= duration_min ({self.duration_min:g}) <= duration_max "
+             f"({self.duration_max:g}); set both"),
             (0 <= self.failure_rate <= 1, "failure_rate must be within 0..1"),
             (0 <= self.fault_rate <= 1, "fault_rate must be within 0..1"),
             (bool(self.faults) and set(self.faults) <= set(FAULT_KINDS),

@@ -1,0 +1,105 @@
+"""What users run: the pytest fixtures, and ``python -m imggw_client.mock`` as a process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from imggw_client import AsyncClient, Client, TaskStatus
+from imggw_client.mock import MockGateway
+
+pytestmark = pytest.mark.anyio
+
+
+def test_the_client_fixture(
+    imggw_client: Client, imggw_gateway: MockGateway, tmp_path: Path
+) -> None:
+    task = imggw_client.generate("a lighthouse")
+    assert task.status is TaskStatus.SUCCEEDED
+    assert imggw_client.download(task, tmp_path)[0].path.exists()
+    assert imggw_gateway.stats()["tasks_created"] == 1
+
+
+async def test_the_async_client_fixture(
+    imggw_async_client: AsyncClient, imggw_gateway: MockGateway
+) -> None:
+    task = await imggw_async_client.generate("a lighthouse", surface="alpha")
+    assert task.status is TaskStatus.SUCCEEDED
+    assert imggw_gateway.stats()["tasks_created"] == 1
+
+
+@pytest.fixture
+def imggw_gateway_options() -> dict[str, Any]:
+    return {"fault_rate": 0.3, "seed": 9}
+
+
+def test_options_can_be_overridden(imggw_client: Client, imggw_gateway: MockGateway) -> None:
+    for i in range(10):
+        imggw_client.generate(f"request {i}")
+    stats = imggw_gateway.stats()
+    assert stats["tasks_created"] == 10
+    assert sum(stats["faults"].values()) > 0
+
+
+def test_the_url_fixture(imggw_gateway_url: str) -> None:
+    assert imggw_gateway_url.startswith("http://127.0.0.1:")
+    with Client(api_key="test-key", base_url=imggw_gateway_url) as client:
+        assert client.submit("a cat").task_id == "1"
+
+
+def test_python_dash_m_serves_until_interrupted() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "imggw_client.mock", "--port", "0", "--api-key", "k-one",
+         "--api-key", "k-two", "--seed", "3", "--duration-min", "0", "--duration-max", "0.1", "--faults", "503,lost"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        for key in ("k-one", "k-two"):
+            answer = httpx.post(
+                f"{url}/beta/v1/images/generations",
+                headers={"Authorization": f"Bearer {key}"},
+                json={
+                    "model": "imagegen-2",
+                    "prompt": "x",
+                    "size": "1:1",
+                    "resolution": "1k",
+                    "n": 1,
+                },
+            )
+            assert answer.status_code == 200
+        stats = httpx.get(f"{url}/_mock/stats").json()
+        assert stats["tasks_created"] == 2
+        assert len(stats["billing"]) == 2
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=20)
+    assert child.returncode == 0
+    assert "k-one" not in err
+    assert "k-two" not in err
+    assert "2 API key(s)" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--failure-rate", "3"], "failure_rate"), (["--duration-max", "0.1"], "duration_min (1)"),
+     (["--faults", "meteor"], "faults must be some of")],
+)  # fmt: skip
+def test_python_dash_m_refuses_bad_settings(args: list[str], says: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "imggw_client.mock", "--port", "0", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert done.stdout == ""
