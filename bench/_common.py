@@ -18,7 +18,13 @@ SUBMIT_BODY = json.dumps({"code": 200, "data": [{"status": "submitted", "task_id
 TASK_BODY = json.dumps(
     {"code": 200, "data": {"id": "42", "status": "processing", "progress": 40}}
 ).encode()
-HEADERS = [(b"content-type", b"application/json")]
+
+
+def _headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+
+SUBMIT_HEADERS, TASK_HEADERS = _headers(SUBMIT_BODY), _headers(TASK_BODY)
 
 
 async def fixed_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -29,8 +35,9 @@ async def fixed_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while more:
         message = await receive()
         more = message.get("more_body", False)
-    body = SUBMIT_BODY if scope["method"] == "POST" else TASK_BODY
-    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    post = scope["method"] == "POST"
+    body, headers = (SUBMIT_BODY, SUBMIT_HEADERS) if post else (TASK_BODY, TASK_HEADERS)
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
