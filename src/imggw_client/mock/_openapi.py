@@ -71,6 +71,22 @@ def _ok(schema: str) -> dict[str, Any]:
     return {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}}}
 
 
+def _alpha_envelope(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["code", "msg", "data"],
+        "properties": {"code": {"type": "integer"}, "msg": {"type": "string"}, "data": data},
+    }
+
+
+def _beta_envelope(data: dict[str, Any], code: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["code", "data"],
+        "properties": {"code": code or {"type": "integer"}, "data": data},
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     alpha_request = {
         "type": "object",
@@ -107,115 +123,82 @@ def openapi_document() -> dict[str, Any]:
     schemas = {
         "AlphaSubmitRequest": alpha_request,
         "BetaSubmitRequest": beta_request,
-        "AlphaSubmitResponse": {
-            "type": "object",
-            "required": ["code", "msg", "data"],
-            "properties": {
-                "code": {"type": "integer"},
-                "msg": {"type": "string"},
-                "data": {
-                    "type": "object",
-                    "required": ["taskId"],
-                    "properties": {"taskId": _TASK_ID},
-                },
-            },
-        },
-        "AlphaTaskRecord": {
-            "type": "object",
-            "required": ["code", "msg", "data"],
-            "properties": {
-                "code": {"type": "integer"},
-                "msg": {"type": "string"},
-                "data": {
-                    "type": "object",
-                    "required": ["taskId", "state"],
-                    "properties": {
-                        "taskId": _TASK_ID,
-                        "state": {
-                            "type": "string",
-                            "enum": ["waiting", "queuing", "generating", "success", "fail"],
-                        },
-                        "progress": {"type": "integer", "minimum": 0, "maximum": 100},
-                        "resultJson": {
-                            "type": "string",
-                            "description": 'On success: {"resultUrls": [url, ...]}',
-                        },
-                        "creditsConsumed": {"type": "string"},
-                        "failCode": {"type": "string"},
-                        "failMsg": {"type": "string"},
+        "AlphaSubmitResponse": _alpha_envelope(
+            {"type": "object", "required": ["taskId"], "properties": {"taskId": _TASK_ID}}
+        ),
+        "AlphaTaskRecord": _alpha_envelope(
+            {
+                "type": "object",
+                "required": ["taskId", "state"],
+                "properties": {
+                    "taskId": _TASK_ID,
+                    "state": {
+                        "type": "string",
+                        "enum": ["waiting", "queuing", "generating", "success", "fail"],
                     },
-                },
-            },
-        },
-        "BetaSubmitResponse": {
-            "type": "object",
-            "required": ["code", "data"],
-            "properties": {
-                "code": {"const": 200},
-                "data": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["status", "task_id"],
-                        "properties": {"status": {"const": "submitted"}, "task_id": _TASK_ID},
+                    "progress": {"type": "integer", "minimum": 0, "maximum": 100},
+                    "resultJson": {
+                        "type": "string",
+                        "description": 'On success: {"resultUrls": [url, ...]}',
                     },
+                    "creditsConsumed": {"type": "string"},
+                    "failCode": {"type": "string"},
+                    "failMsg": {"type": "string"},
+                },
+            }
+        ),
+        "BetaSubmitResponse": _beta_envelope(
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["status", "task_id"],
+                    "properties": {"status": {"const": "submitted"}, "task_id": _TASK_ID},
                 },
             },
-        },
-        "BetaTaskRecord": {
-            "type": "object",
-            "required": ["code", "data"],
-            "properties": {
-                "code": {"type": "integer"},
-                "data": {
-                    "type": "object",
-                    "required": ["id", "status"],
-                    "properties": {
-                        "id": _TASK_ID,
-                        "status": {
-                            "type": "string",
-                            "enum": [
-                                "pending",
-                                "submitted",
-                                "processing",
-                                "in_progress",
-                                "completed",
-                                "failed",
-                            ],
-                        },
-                        "progress": {"type": "integer", "minimum": 0, "maximum": 100},
-                        "result": {
-                            "type": ["object", "null"],
-                            "properties": {
-                                "images": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            "url": {"type": "array", "items": {"type": "string"}}
-                                        },
+            code={"const": 200},
+        ),
+        "BetaTaskRecord": _beta_envelope(
+            {
+                "type": "object",
+                "required": ["id", "status"],
+                "properties": {
+                    "id": _TASK_ID,
+                    "status": {
+                        "type": "string",
+                        "enum": [
+                            "pending",
+                            "submitted",
+                            "processing",
+                            "in_progress",
+                            "completed",
+                            "failed",
+                        ],
+                    },
+                    "progress": {"type": "integer", "minimum": 0, "maximum": 100},
+                    "result": {
+                        "type": ["object", "null"],
+                        "properties": {
+                            "images": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "url": {"type": "array", "items": {"type": "string"}}
                                     },
-                                }
-                            },
+                                },
+                            }
                         },
-                        "cost": {"type": "number"},
-                        "credits_cost": {"type": "number"},
-                        "error": {"$ref": "#/components/schemas/BetaErrorDetail"},
                     },
+                    "cost": {"type": "number"},
+                    "credits_cost": {"type": "number"},
+                    "error": {"$ref": "#/components/schemas/BetaErrorDetail"},
                 },
-            },
-        },
-        "AlphaError": {
-            "type": "object",
-            "required": ["code", "msg", "data"],
-            "properties": {
-                "code": {"type": "integer"},
-                "msg": {"type": "string"},
-                "data": {"type": "null"},
-            },
-        },
+            }
+        ),
+        "AlphaError": _alpha_envelope({"type": "null"}),
         "BetaErrorDetail": {
             "type": "object",
             "required": ["code", "message"],
