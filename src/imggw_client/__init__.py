@@ -10,33 +10,38 @@ Example::
             print(f.path, f.sha256)
 """
 
-from ._async_client import AsyncClient
-from ._client import Client
-from ._config import PollPolicy, RetryPolicy
-from ._exceptions import (
-    APIConnectionError,
-    APIError,
-    APITimeoutError,
-    AuthenticationError,
-    ConfigurationError,
-    ConflictError,
-    DownloadError,
-    IdempotencyConflictError,
-    ImggwError,
-    InsufficientCreditsError,
-    InvalidRequestError,
-    NotFoundError,
-    PermissionDeniedError,
-    RateLimitError,
-    RequestValidationError,
-    ResultExpiredError,
-    ServerError,
-    TaskFailedError,
-    UnknownOutcomeError,
-    WaitTimeoutError,
-)
-from ._models import DownloadedFile, ImageRequest, Submission, Task, TaskError, TaskStatus
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
+    from ._async_client import AsyncClient
+    from ._client import Client
+    from ._config import PollPolicy, RetryPolicy
+    from ._exceptions import (
+        APIConnectionError,
+        APIError,
+        APITimeoutError,
+        AuthenticationError,
+        ConfigurationError,
+        ConflictError,
+        DownloadError,
+        IdempotencyConflictError,
+        ImggwError,
+        InsufficientCreditsError,
+        InvalidRequestError,
+        NotFoundError,
+        PermissionDeniedError,
+        RateLimitError,
+        RequestValidationError,
+        ResultExpiredError,
+        ServerError,
+        TaskFailedError,
+        UnknownOutcomeError,
+        WaitTimeoutError,
+    )
+    from ._models import DownloadedFile, ImageRequest, Submission, Task, TaskError, TaskStatus
 
 __all__ = [
     "APIConnectionError",
@@ -71,3 +76,29 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
 ]
+
+# Where each public name lives. Loading on first use (PEP 562) keeps light entry points, such
+# as ``imggw --help``, from paying for httpx and pydantic.
+_HOMES = {
+    "AsyncClient": "._async_client",
+    "Client": "._client",
+    "PollPolicy": "._config",
+    "RetryPolicy": "._config",
+    **dict.fromkeys(
+        ["DownloadedFile", "ImageRequest", "Submission", "Task", "TaskError", "TaskStatus"],
+        "._models",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(_HOMES.get(name, "._exceptions"), __name__)
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
