@@ -19,9 +19,9 @@ def _list(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m imggw_client.mock") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m imggw_client.mock",
+        prog=prog,
         description="Serve the imggw reference gateway (both surfaces) over HTTP.",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
@@ -53,8 +53,12 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return chosen
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_client.mock") -> int:
+    """Serves until interrupted. Also ``imggw mock serve``, which passes its own ``prog``."""
+    try:
+        args = parser(prog).parse_args(argv)
+    except SystemExit as done:  # --help, or a usage error (already explained on stderr)
+        return int(done.code or 0)
     from ._asgi import serve
     from ._gateway import MockGateway
 

@@ -289,7 +289,7 @@ class MockGateway:
             self._tokens: dict[str, _Task] = {}
             self._records: dict[tuple[str, Surface, str], _KeyRecord] = {}
             self._stats = _Stats()
-            self._next_id = 1
+            self._next_id = self.config.first_task_id
 
     def advance(self, seconds: float) -> None:
         """Moves a manual clock forward (``manual_clock=True``)."""
@@ -473,7 +473,7 @@ class MockGateway:
         if tag is not None:
             code = tag.group(1) or "generation_failed"
             failure = TaskError(
-                code=code, message=PUBLIC_FAILURES.get(code, f"The generation failed ({code}).")
+                code=code, message=PUBLIC_FAILURES.get(code, "The generation failed.")
             )
         elif config.failure_rate and self._rng.random() < config.failure_rate:
             code = self._rng.choice(sorted(PUBLIC_FAILURES))

@@ -1,0 +1,254 @@
+"""The ``imggw`` commands. Each is a thin shell over the SDK: options in, SDK call, output out.
+
+Heavy modules (httpx, pydantic, rich, the SDK's clients) are imported inside the commands, so
+that ``imggw --help`` and ``imggw --version`` start as fast as a bare Typer app.
+"""
+
+# No `from __future__ import annotations` here: Typer reads these annotations at run time.
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from imggw_client._core import rules
+from imggw_client._version import __version__
+
+from . import _exit
+from ._globals import current, with_globals
+from ._output import Output, submission_record, task_lines, task_record
+from ._runtime import make_client, setup_logging
+
+app = typer.Typer(
+    name="imggw",
+    help="Generate images through an imggw gateway: submit, wait, download, safely.",
+    epilog=_exit.EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+mock_app = typer.Typer(help="The bundled reference gateway.", no_args_is_help=True)
+app.add_typer(mock_app, name="mock")
+
+# Choices come from the core's rules, so --help lists exactly what the gateway accepts.
+AspectRatioChoice = Enum(  # type: ignore[misc]
+    "AspectRatioChoice", [(r, r) for r in rules.ASPECT_RATIOS], type=str
+)
+ResolutionChoice = Enum("ResolutionChoice", [(r, r) for r in rules.RESOLUTIONS], type=str)  # type: ignore[misc]
+AUTO, ONE_K = AspectRatioChoice("auto"), ResolutionChoice("1k")
+
+Prompt = Annotated[str, typer.Argument(help="What to draw (1 to 20000 characters).")]
+TaskId = Annotated[str, typer.Argument(help="A task id, as submit printed it.")]
+AspectRatio = Annotated[
+    AspectRatioChoice, typer.Option("--aspect-ratio", "-a", help="Aspect ratio.")
+]
+Resolution = Annotated[
+    ResolutionChoice,
+    typer.Option("--resolution", "-r", case_sensitive=False,
+                 help="Resolution (auto, 5:4, 4:5, 3:1, 1:3 and 9:21 need 1k; 1:1 allows no 4k)."),
+]  # fmt: skip
+Timeout = Annotated[
+    float,
+    typer.Option("--timeout", "-t", min=0, help="Seconds to wait; the task goes on after it."),
+]
+IdempotencyKey = Annotated[
+    Optional[str],  # noqa: UP045 - Typer wants this spelling on Python 3.10
+    typer.Option("--idempotency-key", help="Reuse an earlier submit's key: a safe retry."),
+]
+OutputDir = Annotated[Path, typer.Option("--output", "-o", help="Folder for the images.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace files that exist.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"imggw {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+@with_globals
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Generate images through an imggw gateway: submit, wait, download, safely.
+
+    The API key is read from IMGGW_API_KEY only. Global options may come before or after
+    the command name.
+    """
+
+
+class Tracked:
+    """The task a command works on, once known: the Ctrl-C message names it."""
+
+    def __init__(self, task_id: Optional[str] = None) -> None:  # noqa: UP045
+        self.id = task_id
+
+
+@contextmanager
+def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
+    """Output for a command, and every error turned into one line and an exit code."""
+    from imggw_client import ImggwError
+
+    options = current()
+    setup_logging(options)
+    out = Output(options)
+    try:
+        yield out
+    except ImggwError as err:
+        if options.verbose:
+            import traceback
+
+            traceback.print_exception(err, file=sys.stderr)
+        import os
+
+        base_url = options.base_url or os.environ.get("IMGGW_BASE_URL")
+        message = _exit.message_for(
+            err, surface=options.chosen_surface, mock=options.mock, base_url=base_url
+        )
+        out.error(message)
+        raise typer.Exit(_exit.code_for(err)) from None
+    except KeyboardInterrupt:
+        if tracked is not None and tracked.id is not None:
+            out.error(
+                f"interrupted; task {tracked.id} goes on. Resume with: "
+                f"imggw poll {tracked.id} --surface {options.chosen_surface}"
+            )
+        else:
+            out.error("interrupted")
+        raise typer.Exit(_exit.INTERRUPTED) from None
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def generate(
+    prompt: Prompt,
+    aspect_ratio: AspectRatio = AUTO,
+    resolution: Resolution = ONE_K,
+    timeout: Timeout = 600.0,
+    output: OutputDir = Path("."),
+    overwrite: Overwrite = False,
+    idempotency_key: IdempotencyKey = None,
+) -> None:
+    """Submit, wait with a progress bar, download; print the saved paths."""
+    tracked = Tracked()
+    with _session(tracked) as out, make_client(current()) as client:
+        sub = client.submit(
+            prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
+        tracked.id = sub.task_id
+        with out.progress(sub.task_id) as on_update:
+            task = client.wait(sub, timeout=timeout, on_update=on_update)
+        files = client.download(task, output, overwrite=overwrite)
+        out.data(task_record(task, files), [str(f.path) for f in files])
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def submit(
+    prompt: Prompt,
+    aspect_ratio: AspectRatio = AUTO,
+    resolution: Resolution = ONE_K,
+    idempotency_key: IdempotencyKey = None,
+) -> None:
+    """Submit one request; print its task id and idempotency key."""
+    with _session() as out, make_client(current()) as client:
+        sub = client.submit(
+            prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
+        record = submission_record(sub)
+        out.data(record, [f"{name}: {value}" for name, value in record.items()])
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def status(task_id: TaskId) -> None:
+    """Query a task once."""
+    with _session() as out, make_client(current()) as client:
+        task = client.get(task_id)
+        out.data(task_record(task), task_lines(task))
+
+
+def _poll(task_id: str, timeout: float) -> None:
+    with _session(Tracked(task_id)) as out, make_client(current()) as client:
+        with out.progress(task_id) as on_update:
+            task = client.wait(task_id, timeout=timeout, on_update=on_update)
+        out.data(task_record(task), task_lines(task))
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def poll(task_id: TaskId, timeout: Timeout = 600.0) -> None:
+    """Wait until the task finishes, with a progress bar. On timeout: exit 3, resume later."""
+    _poll(task_id, timeout)
+
+
+@app.command("wait", epilog=_exit.EPILOG)
+@with_globals
+def wait_(task_id: TaskId, timeout: Timeout = 600.0) -> None:
+    """The same as poll."""
+    _poll(task_id, timeout)
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def download(
+    task_ids: Annotated[list[str], typer.Argument(help="One or more task ids.")],
+    output: OutputDir = Path("."),
+    overwrite: Overwrite = False,
+) -> None:
+    """Download the results of finished tasks; print the saved paths."""
+    from imggw_client import TaskStatus, WaitTimeoutError
+
+    worst = _exit.OK
+    with make_client(current()) as client:
+        for task_id in task_ids:
+            try:
+                with _session() as out:
+                    task = client.get(task_id)
+                    if not task.is_terminal:
+                        raise WaitTimeoutError(task_id, task, timeout=0)
+                    if task.status is TaskStatus.SUCCEEDED:
+                        files = client.download(task, output, overwrite=overwrite)
+                    else:
+                        files = []
+                        out.error(
+                            f"task {task_id} failed: {task.error.message if task.error else ''}"
+                        )
+                        worst = worst or _exit.TASK_FAILED
+                    out.data(task_record(task, files), [str(f.path) for f in files])
+            except typer.Exit as failed:
+                if failed.exit_code == _exit.INTERRUPTED:
+                    raise
+                worst = worst or int(failed.exit_code)
+    if worst:
+        raise typer.Exit(worst)
+
+
+@mock_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                      "help_option_names": []},
+    add_help_option=False,
+)  # fmt: skip
+def mock_serve(ctx: typer.Context) -> None:
+    """Serve the reference gateway over HTTP (every gateway option; see --help)."""
+    from imggw_client.mock.__main__ import main as serve_main
+
+    raise typer.Exit(serve_main(ctx.args, prog="imggw mock serve"))
+
+
+def run() -> None:
+    """The entry point: Typer in standalone mode (usage errors exit 2); commands set their own
+    exit codes, Ctrl-C included."""
+    app(prog_name="imggw")

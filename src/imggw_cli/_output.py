@@ -1,0 +1,101 @@
+"""Where output goes: data on stdout (plain lines, or one JSON object per result), everything
+else on stderr (progress, notes, errors), so that ``--json`` output always parses."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ._globals import Globals
+
+if TYPE_CHECKING:
+    from imggw_client import DownloadedFile, Submission, Task
+
+
+def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[str, Any]:
+    """The pinned ``--json`` fields of a task (DESIGN 6)."""
+    record: dict[str, Any] = {
+        "task_id": task.id,
+        "status": task.status.value,
+        "progress": task.progress,
+        "image_urls": list(task.image_urls),
+        "error": task.error.model_dump() if task.error else None,
+    }
+    if files is not None:
+        record["files"] = [{"path": str(f.path), "sha256": f.sha256, "size": f.size} for f in files]
+    return record
+
+
+def submission_record(sub: Submission) -> dict[str, Any]:
+    return {"task_id": sub.task_id, "idempotency_key": sub.idempotency_key, "surface": sub.surface}
+
+
+class Output:
+    def __init__(self, options: Globals) -> None:
+        self.json = options.json
+        self.quiet = options.quiet
+
+    def data(self, record: dict[str, Any], lines: list[str]) -> None:
+        """One result: its JSON object with --json, else its human lines."""
+        if self.json:
+            print(json.dumps(record), flush=True)
+        else:
+            for line in lines:
+                print(line, flush=True)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def error(self, text: str) -> None:
+        print(f"error: {text}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def progress(self, task_id: str) -> Iterator[Callable[[Task], None]]:
+        """An ``on_update`` callback drawing the task's state: a live bar on a terminal, a
+        line per change otherwise, nothing with --quiet."""
+        started = time.monotonic()
+        if self.quiet:
+            yield lambda task: None
+            return
+        if not sys.stderr.isatty():
+
+            def line(task: Task) -> None:
+                percent = "" if task.progress is None else f" {task.progress}%"
+                elapsed = time.monotonic() - started
+                self.note(f"task {task_id}: {task.status.value}{percent} ({elapsed:.1f}s)")
+
+            yield line
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("task {task.fields[task_id]}"),
+            TextColumn("{task.fields[state]:<9}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        row = bar.add_task("", total=100, task_id=task_id, state="submitted")
+
+        def draw(task: Task) -> None:
+            bar.update(row, completed=task.progress or 0, state=task.status.value)
+
+        with bar:
+            yield draw
+
+
+def task_lines(task: Task) -> list[str]:
+    lines = [f"task_id: {task.id}", f"status: {task.status.value}"]
+    if task.progress is not None:
+        lines.append(f"progress: {task.progress}%")
+    lines += [f"image_url: {url}" for url in task.image_urls]
+    if task.error:
+        lines.append(f"error: {task.error.code}: {task.error.message}")
+    return lines

@@ -1,0 +1,64 @@
+"""Turning options into a working client, and into logging."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ._globals import Globals
+
+if TYPE_CHECKING:
+    from imggw_client import Client
+
+# --mock: tasks of a second or so, so that a demo ends in seconds, and images worth looking at.
+MOCK_SETTINGS = {"duration_min": 0.5, "duration_max": 1.5, "image_size": 512}
+
+
+def make_client(options: Globals, *, poll_fast: bool = False) -> Client:
+    """A client for the options: the in-process reference gateway with --mock, else the gateway
+    at --base-url / IMGGW_BASE_URL with the key from IMGGW_API_KEY (the only place it is read)."""
+    from imggw_client import Client, PollPolicy
+
+    surface = options.chosen_surface
+    if options.mock:
+        from imggw_client.mock import MockGateway
+
+        # Each --mock run is a fresh gateway: ids that differ between runs keep one run's
+        # files from colliding with the last one's.
+        first = time.time_ns() // 1_000_000 % 10**12
+        gateway = MockGateway(first_task_id=first, **MOCK_SETTINGS)  # type: ignore[arg-type]
+        return gateway.client(
+            surface=surface, poll=PollPolicy(initial_interval=0.2, max_interval=0.5)
+        )
+    return Client(base_url=options.base_url, surface=surface)
+
+
+class _Redact(logging.Filter):
+    """Blanks the API key in any log line, whatever logged it."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self.secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secret and self.secret in record.getMessage():
+            record.msg = record.getMessage().replace(self.secret, "[redacted]")
+            record.args = ()
+        return True
+
+
+def setup_logging(options: Globals) -> None:
+    if not options.verbose:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    key = os.environ.get("IMGGW_API_KEY", "")
+    if len(key) >= 4:
+        handler.addFilter(_Redact(key))
+    for name in ("imggw_client", "httpx"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
