@@ -50,15 +50,25 @@ class _Redact(logging.Filter):
         return True
 
 
+_LOGGERS = ("imggw_client", "httpx")
+
+
 def setup_logging(options: Globals) -> None:
+    """--verbose: debug logs on stderr, the key blanked. Idempotent, so that running several
+    commands in one process (tests, embedding) never stacks handlers."""
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if getattr(h, "imggw_cli", False)]:
+            logger.removeHandler(old)
     if not options.verbose:
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.imggw_cli = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     key = os.environ.get("IMGGW_API_KEY", "")
     if len(key) >= 4:
         handler.addFilter(_Redact(key))
-    for name in ("imggw_client", "httpx"):
+    for name in _LOGGERS:
         logger = logging.getLogger(name)
         logger.setLevel(logging.DEBUG)
         logger.addHandler(handler)

@@ -1,0 +1,257 @@
+"""The imggw command, in-process through Typer's CliRunner: every command, --json, exit codes,
+stdout and stderr kept apart, the key never printed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from imggw_cli import _runtime
+from imggw_cli._app import app
+from imggw_client.mock import MockGateway
+
+CANARY = "sk-canary-cli-7f3e2d1c0b9a"
+TASK_FIELDS = {"task_id", "status", "progress", "image_urls", "error"}
+
+
+@pytest.fixture(autouse=True)
+def quick_mock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--mock tasks of a few tens of ms, and no real sleeping between retries."""
+    monkeypatch.setitem(_runtime.MOCK_SETTINGS, "duration_min", 0.02)
+    monkeypatch.setitem(_runtime.MOCK_SETTINGS, "duration_max", 0.08)
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[MockGateway, str]]:
+    gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
+    with gw.serve() as url:
+        yield gw, url
+
+
+class Run:
+    def __init__(self, result: Any) -> None:
+        self.code: int = result.exit_code
+        self.out: str = result.stdout
+        self.err: str = result.stderr
+        assert CANARY not in self.out + self.err, "the API key was printed"
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.splitlines()]
+
+
+def imggw(*args: str, env: dict[str, str | None] | None = None) -> Run:
+    environment: dict[str, str | None] = {"IMGGW_API_KEY": CANARY, "IMGGW_BASE_URL": None}
+    environment.update(env or {})
+    return Run(CliRunner().invoke(app, list(args), env=environment))
+
+
+def test_version_and_help() -> None:
+    assert imggw("--version").out.strip().startswith("imggw 0.")
+    help_text = imggw("--help").out
+    for code in ("0 ok", "1 task failed", "2 usage", "3 wait timed out", "4 authentication",
+                 "5 other API", "130 interrupted"):  # fmt: skip
+        assert code in help_text
+    generate_help = imggw("generate", "--help").out
+    assert "auto|1:1|3:2" in generate_help
+    assert "1k|2k|4k" in generate_help
+    assert "alpha|beta" in generate_help
+
+
+def test_generate_mock_saves_a_png_and_prints_its_path(tmp_path: Path) -> None:
+    run = imggw("generate", "a lighthouse", "--mock", "-a", "16:9", "-o", str(tmp_path))
+    assert run.code == 0, run.err
+    (path,) = run.out.splitlines()
+    saved = Path(path)
+    assert saved.parent == tmp_path
+    assert saved.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "succeeded" in run.err  # progress goes to stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_global_options_before_or_after_the_command(tmp_path: Path, where: str) -> None:
+    flags = ["--mock", "--json", "--surface", "alpha", "-q"]
+    args = ["generate", "a fox", "-o", str(tmp_path)]
+    run = imggw(*(flags + args if where == "before" else args + flags))
+    assert run.code == 0, run.err
+    (record,) = run.records()
+    assert set(record) == TASK_FIELDS | {"files"}
+    assert record["status"] == "succeeded"
+    assert record["error"] is None
+    (file,) = record["files"]
+    assert set(file) == {"path", "sha256", "size"}
+    assert Path(file["path"]).stat().st_size == file["size"]
+    assert run.err == ""  # --quiet
+
+
+def test_submit_status_poll_download_over_loopback(
+    gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = gateway
+    sub = imggw("submit", "a cat", "--base-url", url, "--json", "-r", "2K", "-a", "3:2")
+    assert sub.code == 0, sub.err
+    (record,) = sub.records()
+    assert set(record) == {"task_id", "idempotency_key", "surface"}
+    task_id = record["task_id"]
+    again = imggw("submit", "a cat", "--base-url", url, "--json", "-r", "2k", "-a", "3:2",
+                  "--idempotency-key", record["idempotency_key"])  # fmt: skip
+    assert again.records()[0]["task_id"] == task_id  # a safe retry: the same task
+    assert gw.stats()["tasks_created"] == 1
+    status = imggw("status", task_id, "--base-url", url, "--json")
+    assert set(status.records()[0]) == TASK_FIELDS
+    poll = imggw("--base-url", url, "poll", task_id, "--json")
+    assert poll.code == 0
+    assert poll.records()[0]["status"] == "succeeded"
+    assert imggw("wait", task_id, "--base-url", url, "--json").records() == poll.records()
+    got = imggw("download", task_id, "-o", str(tmp_path), "--base-url", url, "--json")
+    assert got.code == 0, got.err
+    (record,) = got.records()
+    assert record["files"][0]["path"] == str(tmp_path / f"{task_id}-0.png")
+    human = imggw("status", task_id, "--base-url", url)
+    assert f"task_id: {task_id}" in human.out
+    assert "status: succeeded" in human.out
+    assert "image_url: http://127.0.0.1:" in human.out
+
+
+def test_alpha_surface_over_loopback(gateway: tuple[MockGateway, str]) -> None:
+    _, url = gateway
+    sub = imggw("submit", "a cat", "--surface", "alpha", "--base-url", url, "--json")
+    task_id = sub.records()[0]["task_id"]
+    assert sub.records()[0]["surface"] == "alpha"
+    assert imggw("poll", task_id, "--surface", "alpha", "--base-url", url, "-q").code == 0
+    assert imggw("status", task_id, "--base-url", url).code == 5  # another surface: not found
+
+
+def test_exit_1_for_a_failed_task(tmp_path: Path) -> None:
+    run = imggw(
+        "generate", "a fox #fail:content_policy_violation", "--mock", "--json", "-o", str(tmp_path)
+    )
+    assert run.code == 1
+    assert "content policy" in run.err
+    assert run.out == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["submit", "a cat", "--mock", "-a", "auto", "-r", "4k"],  # a combination rule
+        ["submit", "   ", "--mock"],  # a blank prompt
+        ["submit", "a cat", "--mock", "-a", "7:5"],  # not a choice: Typer's usage error
+        ["submit", "a cat", "--mock", "--idempotency-key", "bad key\n"],
+        ["status", "012", "--mock"],
+        ["nonsense"],
+    ],
+)
+def test_exit_2_for_usage_and_invalid_requests(args: list[str]) -> None:
+    run = imggw(*args)
+    assert run.code == 2, (run.out, run.err)
+    assert run.out == ""
+    assert run.err
+
+
+def test_exit_2_for_a_reused_key(gateway: tuple[MockGateway, str]) -> None:
+    _, url = gateway
+    imggw("submit", "a cat", "--base-url", url, "--idempotency-key", "order-1")
+    run = imggw("submit", "a dog", "--base-url", url, "--idempotency-key", "order-1")
+    assert run.code == 2
+    assert "different request" in run.err
+
+
+def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
+    slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
+    with slow.serve() as url:
+        sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
+        run = imggw("poll", sub["task_id"], "--timeout", "0.3", "--base-url", url)
+        gen = imggw("generate", "a cat", "--timeout", "0.3", "--base-url", url, "-o", str(tmp_path))
+        dl = imggw("download", sub["task_id"], "--base-url", url, "-o", str(tmp_path))
+    assert run.code == 3
+    assert f"resume with: imggw poll {sub['task_id']} --surface beta" in run.err
+    assert gen.code == 3
+    assert "resume with: imggw poll" in gen.err
+    assert dl.code == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"IMGGW_API_KEY": None}, "IMGGW_API_KEY"),
+        ({"IMGGW_API_KEY": "wrong-key"}, "refused"),
+        ({"IMGGW_BASE_URL": "gateway.example"}, "http"),
+    ],
+)
+def test_exit_4_for_authentication_and_configuration(
+    gateway: tuple[MockGateway, str], env: dict[str, str | None], says: str
+) -> None:
+    _, url = gateway
+    run = imggw("status", "1", env={"IMGGW_BASE_URL": url, **env})
+    assert run.code == 4
+    assert says in run.err
+    assert len(run.err.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_exit_4_without_a_base_url() -> None:
+    run = imggw("status", "1")
+    assert run.code == 4
+    assert "IMGGW_BASE_URL" in run.err
+
+
+def test_exit_5_for_network_and_api_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda seconds: None)  # retries without waiting
+    run = imggw("status", "1", "--base-url", "http://127.0.0.1:9")
+    assert run.code == 5
+    assert "http://127.0.0.1:9" in run.err
+    missing = imggw("status", "1", "--mock")
+    assert missing.code == 5
+    assert "imggw mock serve" in missing.err
+
+
+def test_exit_5_for_an_unknown_submit_outcome_with_the_safe_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("time.sleep", lambda seconds: None)  # retries without waiting
+    lossy = MockGateway(api_keys=[CANARY], fault_rate=1.0, faults=["lost"])
+    with lossy.serve() as url:
+        run = imggw("submit", "a private prompt", "--base-url", url, "-a", "16:9")
+    assert run.code == 5
+    assert "--idempotency-key" in run.err
+    assert "--aspect-ratio 16:9" in run.err
+    assert "private" not in run.err
+    stats = lossy.stats()
+    assert (stats["tasks_created"], stats["replays"]) == (1, 5)  # six attempts, one key, one task
+
+
+def test_verbose_logs_go_to_stderr_without_the_key(gateway: tuple[MockGateway, str]) -> None:
+    _, url = gateway
+    run = imggw("submit", "a cat", "--base-url", url, "--verbose", "--json")
+    assert run.code == 0
+    assert "POST /beta/v1/images/generations -> 200" in run.err
+    json.loads(run.out)  # stdout stays pure JSON
+    bad = imggw("status", "1", "--base-url", url, "-v", env={"IMGGW_API_KEY": "wrong-key-abcdef"})
+    assert "Traceback (most recent call last)" in bad.err  # --verbose shows the traceback
+    assert "AuthenticationError" in bad.err
+    assert "Logging error" not in bad.err
+    assert "wrong-key-abcdef" not in bad.err
+
+
+def test_download_reports_each_task_and_the_worst_exit(
+    gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = gateway
+    ok = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
+    bad = imggw("submit", "a cat #fail", "--base-url", url, "--json").records()[0]["task_id"]
+    imggw("poll", ok, "--base-url", url, "-q")
+    imggw("poll", bad, "--base-url", url, "-q")
+    run = imggw("download", ok, bad, "--base-url", url, "-o", str(tmp_path), "--json")
+    assert run.code == 1
+    records = run.records()
+    assert [r["status"] for r in records] == ["succeeded", "failed"]
+    assert records[1]["files"] == []
+    again = imggw("download", ok, "--base-url", url, "-o", str(tmp_path))
+    assert again.code == 5
+    assert "--overwrite" in again.err
+    assert imggw("download", ok, "--base-url", url, "-o", str(tmp_path), "--overwrite").code == 0

@@ -1,0 +1,131 @@
+"""The imggw command as a real process: the installed entry point, Ctrl-C mid-poll, and the
+gateway started with `imggw mock serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from imggw_client.mock import MockGateway
+
+CANARY = "sk-canary-proc-2b4d6f8a0c1e"
+IMGGW = [sys.executable, "-m", "imggw_cli"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
+    return {**base, "IMGGW_API_KEY": CANARY, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*IMGGW, *args], capture_output=True, text=True, timeout=120,
+                          env=env(**extra), check=False)  # fmt: skip
+    assert CANARY not in done.stdout + done.stderr
+    return done
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "imggw"
+    assert script.exists()
+    done = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("imggw ")
+
+
+def test_generate_mock_in_a_real_process(tmp_path: Path) -> None:
+    done = run("generate", "a lighthouse", "--mock", "--json", "-o", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    path = Path(record["files"][0]["path"])
+    assert path.read_bytes().startswith(b"\x89PNG")
+    assert "succeeded" in done.stderr  # progress lines on stderr when it is not a terminal
+
+
+@pytest.fixture
+def slow_gateway() -> Iterator[tuple[MockGateway, str]]:
+    gateway = MockGateway(api_keys=[CANARY], duration_min=60, duration_max=60)
+    with gateway.serve() as url:
+        yield gateway, url
+
+
+def test_ctrl_c_mid_poll_names_the_task_and_exits_130(
+    slow_gateway: tuple[MockGateway, str],
+) -> None:
+    _, url = slow_gateway
+    task_id = json.loads(run("submit", "a cat", "--base-url", url, "--json").stdout)["task_id"]
+    child = subprocess.Popen([*IMGGW, "poll", task_id, "--base-url", url], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    assert child.stderr is not None
+    first = child.stderr.readline()  # the first progress line: the poll is under way
+    assert f"task {task_id}: pending" in first
+    time.sleep(0.3)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130
+    assert out == ""
+    assert f"imggw poll {task_id} --surface beta" in err
+    assert "Traceback" not in err
+    assert CANARY not in out + err
+
+
+def test_ctrl_c_mid_generate_names_the_task(
+    slow_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gateway, url = slow_gateway
+    child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    assert child.stderr is not None
+    child.stderr.readline()
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 130
+    assert "imggw poll " in err
+    assert gateway.stats()["tasks_created"] == 1
+
+
+def test_mock_serve_then_commands_against_it(tmp_path: Path) -> None:
+    server = subprocess.Popen(
+        [*IMGGW, "mock", "serve", "--port", "0", "--api-key", CANARY, "--duration-min", "0",
+         "--duration-max", "0.2", "--fault-rate", "0.2", "--faults", "503,lost,latency",
+         "--latency", "0.05", "--seed", "2", "--retry-after", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        paths = []
+        for i in range(3):
+            done = run("generate", f"image {i}", "--base-url", url, "-o", str(tmp_path), "-q")
+            assert done.returncode == 0, done.stderr
+            paths.append(done.stdout.strip())
+        assert len(set(paths)) == 3
+        assert all(Path(p).exists() for p in paths)
+        stats = httpx.get(f"{url}/_mock/stats").json()
+        assert stats["tasks_created"] == 3
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0
+    assert CANARY not in err
+
+
+def test_mock_serve_help_lists_every_gateway_option() -> None:
+    done = run("mock", "serve", "--help")
+    assert done.returncode == 0
+    for option in ("--host", "--port", "--api-key", "--seed", "--duration-min", "--duration-max",
+                   "--failure-rate", "--fault-rate", "--faults", "--quirks", "--retention",
+                   "--manual-clock"):  # fmt: skip
+        assert option in done.stdout
+    assert done.stdout.startswith("usage: imggw mock serve")
