@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,8 +20,15 @@ from imggw_client._version import __version__
 
 from . import _exit
 from ._globals import current, with_globals
-from ._output import Output, submission_record, task_lines, task_record
-from ._runtime import make_client, setup_logging
+from ._output import (
+    Output,
+    batch_display,
+    batch_summary,
+    submission_record,
+    task_lines,
+    task_record,
+)
+from ._runtime import make_async_client, make_client, setup_logging
 
 app = typer.Typer(
     name="imggw",
@@ -233,6 +240,66 @@ def download(
                 worst = worst or int(failed.exit_code)
     if worst:
         raise typer.Exit(worst)
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def batch(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL (prompt, aspect_ratio, resolution, id) or text, a prompt a line."
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder for images, ledger and manifest.jsonl.")
+    ],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Submits (and downloads) at once.")
+    ] = 8,
+    timeout: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--timeout", "-t", min=0, help="Stop after this many seconds; run again to resume."
+        ),
+    ] = None,
+    skip_bad_lines: Annotated[
+        bool, typer.Option("--skip-bad-lines", help="Report bad lines and go on (default: stop).")
+    ] = False,
+) -> None:
+    """Generate every line of FILE exactly once, downloading each result as it is ready.
+
+    Re-running the same command resumes: nothing is submitted twice, unfinished tasks are
+    waited on, missing or corrupt files are downloaded again. Exit 0 if every line succeeded,
+    1 if some failed, 3 if some are unfinished.
+    """
+    import anyio
+
+    from imggw_client.batch import arun_batch
+
+    options = current()
+    with _session() as out:
+
+        async def main() -> Any:
+            async with make_async_client(options) as client:
+                with batch_display(out) as on_progress:
+                    return await arun_batch(
+                        file, output, client=client, concurrency=concurrency, timeout=timeout,
+                        skip_bad_lines=skip_bad_lines, on_progress=on_progress,
+                    )  # fmt: skip
+
+        try:
+            report = anyio.run(main)
+        except KeyboardInterrupt:
+            out.error("interrupted; every line's progress is saved: run the same command to resume")
+            raise typer.Exit(_exit.INTERRUPTED) from None
+        if options.json:
+            for line in report.manifest.read_text(encoding="utf-8").splitlines():
+                print(line, flush=True)
+        else:
+            print(report.manifest, flush=True)
+        batch_summary(out, report)
+    raise typer.Exit(report.exit_code)
 
 
 @mock_app.command(

@@ -24,9 +24,12 @@ EPILOG = (
 
 def code_for(err: ImggwError) -> int:
     import imggw_client as sdk
+    from imggw_client.batch import BatchInputError, BatchLockedError
 
     if isinstance(err, sdk.TaskFailedError):
         return TASK_FAILED
+    if isinstance(err, (BatchInputError, BatchLockedError)):
+        return USAGE
     if isinstance(err, sdk.WaitTimeoutError):
         return WAIT_TIMEOUT
     if isinstance(

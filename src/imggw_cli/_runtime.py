@@ -6,34 +6,50 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._globals import Globals
 
 if TYPE_CHECKING:
-    from imggw_client import Client
+    from imggw_client import AsyncClient, Client
+    from imggw_client.mock import MockGateway
 
 # --mock: tasks of a second or so, so that a demo ends in seconds, and images worth looking at.
-MOCK_SETTINGS = {"duration_min": 0.5, "duration_max": 1.5, "image_size": 512}
+MOCK_SETTINGS: dict[str, Any] = {"duration_min": 0.5, "duration_max": 1.5, "image_size": 512}
 
 
-def make_client(options: Globals, *, poll_fast: bool = False) -> Client:
+def make_client(options: Globals) -> Client:
     """A client for the options: the in-process reference gateway with --mock, else the gateway
     at --base-url / IMGGW_BASE_URL with the key from IMGGW_API_KEY (the only place it is read)."""
-    from imggw_client import Client, PollPolicy
+    from imggw_client import Client
 
-    surface = options.chosen_surface
     if options.mock:
-        from imggw_client.mock import MockGateway
+        return _mock_gateway().client(surface=options.chosen_surface, poll=_mock_poll())
+    return Client(base_url=options.base_url, surface=options.chosen_surface)
 
-        # Each --mock run is a fresh gateway: ids that differ between runs keep one run's
-        # files from colliding with the last one's.
-        first = time.time_ns() // 1_000_000 % 10**12
-        gateway = MockGateway(first_task_id=first, **MOCK_SETTINGS)  # type: ignore[arg-type]
-        return gateway.client(
-            surface=surface, poll=PollPolicy(initial_interval=0.2, max_interval=0.5)
-        )
-    return Client(base_url=options.base_url, surface=surface)
+
+def make_async_client(options: Globals) -> AsyncClient:
+    """The same as make_client, asynchronous (for batches)."""
+    from imggw_client import AsyncClient
+
+    if options.mock:
+        return _mock_gateway().async_client(surface=options.chosen_surface, poll=_mock_poll())
+    return AsyncClient(base_url=options.base_url, surface=options.chosen_surface)
+
+
+def _mock_gateway() -> MockGateway:
+    from imggw_client.mock import MockGateway
+
+    # Each --mock run is a fresh gateway: ids that differ between runs keep one run's files
+    # from colliding with the last one's.
+    first = time.time_ns() // 1_000_000 % 10**12
+    return MockGateway(first_task_id=first, **MOCK_SETTINGS)
+
+
+def _mock_poll() -> Any:
+    from imggw_client import PollPolicy
+
+    return PollPolicy(initial_interval=0.2, max_interval=0.5)
 
 
 class _Redact(logging.Filter):
