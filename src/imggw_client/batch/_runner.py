@@ -327,6 +327,13 @@ class _Run:
         self.save(row)
 
 
+def _sweep_partial_files(folder: Path) -> None:
+    """Temp files of downloads cut short by a kill: we hold the folder's lock, so no live run
+    owns them."""
+    for leftover in folder.glob(".*.part"):
+        leftover.unlink(missing_ok=True)
+
+
 def _verify_files(folder: Path, rows: list[Row]) -> None:
     """Lines whose files are missing or corrupt go back to be downloaded again."""
     for row in rows:
@@ -379,6 +386,7 @@ async def arun_batch(
     budget = math.inf if timeout is None else float(timeout)
     with Ledger.open(folder) as ledger:
         rows, changed = ledger.plan(lines, surface or client.surface)
+        _sweep_partial_files(folder)
         _verify_files(folder, rows)
         run = _Run(client, ledger, rows, concurrency=concurrency,
                    deadline=started + budget, on_progress=on_progress)  # fmt: skip

@@ -1,0 +1,216 @@
+"""The batch runner against the in-process reference gateway: resume, verification, changed
+lines, bad input, locks, deadlines, expiry, rate limits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import ImageRequest, PollPolicy, RetryPolicy
+from imggw_client.batch import (
+    BatchInputError,
+    BatchLockedError,
+    BatchReport,
+    read_lines,
+    run_batch,
+)
+from imggw_client.batch._ledger import Ledger
+from imggw_client.mock import MockGateway
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+
+def gateway(**kw: Any) -> MockGateway:
+    settings = {"duration_min": 0.02, "duration_max": 0.1, "retry_after": 0, "latency": 0.02}
+    return MockGateway(**{**settings, **kw})
+
+
+def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
+    return run_batch(source, out, client_factory=lambda: gw.async_client(**FAST), **kw)
+
+
+def jsonl(path: Path, records: list[dict[str, Any]], extra: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + extra)
+    return path
+
+
+def manifest(report: BatchReport) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in report.manifest.read_text().splitlines()]
+
+
+def posts(gw: MockGateway) -> int:
+    requests = gw.stats()["requests"]
+    return sum(n for route, n in requests.items() if route.startswith("POST"))
+
+
+def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -> None:
+    gw = gateway()
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}", "aspect_ratio": "16:9"} for i in range(20)],
+                   extra="\n# a comment\n   \n")  # fmt: skip
+    report = batch(gw, source, tmp_path / "out", concurrency=4)
+    assert report.exit_code == 0
+    assert report.counts == {"done": 20}
+    assert gw.stats()["tasks_created"] == 20
+    assert report.credits == 80.0
+    records = manifest(report)
+    assert [r["line"] for r in records] == list(range(1, 21))
+    for record in records:
+        assert set(record) == {"line", "id", "task_id", "status", "files", "error"}
+        assert record["status"] == "succeeded"
+        (file,) = record["files"]
+        content = (tmp_path / "out" / file["path"]).read_bytes()
+        assert hashlib.sha256(content).hexdigest() == file["sha256"]
+        assert len(content) == file["size"]
+    sent = posts(gw)
+    again = batch(gw, source, tmp_path / "out")
+    assert again.exit_code == 0
+    assert posts(gw) == sent  # nothing submitted again
+    assert manifest(again) == records
+
+
+def test_text_input_and_iterables(tmp_path: Path) -> None:
+    gw = gateway()
+    text = tmp_path / "prompts.txt"
+    text.write_text("a cat\n\n# skipped\na dog\n")
+    report = batch(gw, text, tmp_path / "out1")
+    assert [r["line"] for r in manifest(report)] == [1, 4]  # numbers from the file
+    mixed = [ImageRequest("a fox", "3:2", "2k"), {"prompt": "an owl", "id": 7}, "a bee"]
+    report = batch(gw, mixed, tmp_path / "out2")
+    assert report.counts == {"done": 3}
+    assert [r["id"] for r in manifest(report)] == [None, "7", None]
+
+
+def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
+    gw = gateway()
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"prompt": "ok"}\n'
+        "not json\n"
+        '{"prompt": "x", "aspect_ratio": "auto", "resolution": "4k"}\n'
+        '{"prompt": "y", "colour": "red"}\n'
+        '{"aspect_ratio": "1:1"}\n'
+        '{"prompt": "a", "id": "dup"}\n'
+        '{"prompt": "b", "id": "dup"}\n'
+    )
+    with pytest.raises(BatchInputError) as info:
+        batch(gw, source, tmp_path / "out")
+    assert [(b.line, b.reason.split(" ")[0]) for b in info.value.bad_lines] == [
+        (2, "not"), (3, "resolution:"), (4, "unknown"), (5, "prompt"), (7, "id"),
+    ]  # fmt: skip
+    assert "line 2" in str(info.value)
+    assert gw.stats()["requests"] == {}  # nothing was sent
+    report = batch(gw, source, tmp_path / "out", skip_bad_lines=True)
+    assert report.counts == {"done": 2}
+    assert report.exit_code == 1
+    records = {r["line"]: r for r in manifest(report)}
+    assert records[3]["error"]["code"] == "invalid_line"
+    assert records[6]["status"] == "succeeded"
+
+
+def test_a_killed_run_resumes_with_the_same_keys(tmp_path: Path) -> None:
+    # Every answer is lost: the gateway creates the tasks, the runner never learns their ids.
+    gw = gateway(fault_rate=1.0, faults=["lost"])
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
+    first = batch(gw, source, tmp_path / "out", timeout=0.5)
+    assert first.exit_code == 3
+    assert first.counts == {"pending": 10}
+    assert gw.stats()["tasks_created"] == 10  # created, unknown to the runner
+    gw.configure(fault_rate=0.0)
+    second = batch(gw, source, tmp_path / "out")
+    assert second.exit_code == 0
+    stats = gw.stats()
+    assert stats["tasks_created"] == 10  # the same keys: replays, no second task
+    assert stats["replays"] >= 10
+
+
+def test_missing_and_corrupt_files_are_downloaded_again(tmp_path: Path) -> None:
+    gw = gateway()
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
+    records = manifest(batch(gw, source, tmp_path / "out"))
+    corrupt = tmp_path / "out" / records[0]["files"][0]["path"]
+    corrupt.write_bytes(b"garbage")
+    missing = tmp_path / "out" / records[1]["files"][0]["path"]
+    missing.unlink()
+    report = batch(gw, source, tmp_path / "out")
+    assert report.exit_code == 0
+    assert gw.stats()["tasks_created"] == 3
+    assert hashlib.sha256(corrupt.read_bytes()).hexdigest() == records[0]["files"][0]["sha256"]
+    assert hashlib.sha256(missing.read_bytes()).hexdigest() == records[1]["files"][0]["sha256"]
+    assert manifest(report) == records
+
+
+def test_a_changed_line_is_a_new_request_with_a_new_key(tmp_path: Path) -> None:
+    gw = gateway()
+    source = tmp_path / "in.jsonl"
+    jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "a dog", "id": "b"}])
+    before = {r["id"]: r for r in manifest(batch(gw, source, tmp_path / "out"))}
+    # "b" changes its prompt; a new line is inserted before it (ids keep rows matched).
+    jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "new", "id": "c"},
+                   {"prompt": "a wolf", "id": "b"}])  # fmt: skip
+    report = batch(gw, source, tmp_path / "out")
+    after = {r["id"]: r for r in manifest(report)}
+    assert report.changed_lines == [3]
+    assert after["a"]["task_id"] == before["a"]["task_id"]
+    assert after["b"]["task_id"] != before["b"]["task_id"]
+    assert after["b"]["line"] == 3
+    assert gw.stats()["tasks_created"] == 4
+    with Ledger.open(tmp_path / "out") as ledger:
+        keys = {row.identity: row.idempotency_key for row in ledger.rows()}
+    assert len(set(keys.values())) == 3
+
+
+def test_a_second_process_on_the_same_folder_is_refused(tmp_path: Path) -> None:
+    gw = gateway()
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
+    with Ledger.open(tmp_path / "out"), pytest.raises(BatchLockedError, match="another batch"):
+        batch(gw, source, tmp_path / "out")
+    assert gw.stats()["requests"] == {}
+    assert batch(gw, source, tmp_path / "out").exit_code == 0  # free again
+
+
+def test_timeout_leaves_running_tasks_for_the_next_run(tmp_path: Path) -> None:
+    gw = gateway(duration_min=1.0, duration_max=1.0)
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
+    first = batch(gw, source, tmp_path / "out", timeout=0.3)
+    assert first.exit_code == 3
+    assert first.counts == {"submitted": 4}
+    assert {r["status"] for r in manifest(first)} == {"running"}
+    second = batch(gw, source, tmp_path / "out")
+    assert second.exit_code == 0
+    assert gw.stats()["tasks_created"] == 4
+
+
+def test_failed_and_expired_lines_are_reported(tmp_path: Path) -> None:
+    gw = gateway(retention=0.0)
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "ok"}, {"prompt": "bad #fail:nsfw"}])
+    report = batch(gw, source, tmp_path / "out")
+    assert report.exit_code == 1
+    records = manifest(report)
+    assert records[0]["error"]["code"] == "result_expired"
+    assert records[0]["files"] == []
+    assert records[1]["status"] == "failed"
+    assert records[1]["error"]["code"] == "nsfw"
+    again = batch(gw, source, tmp_path / "out")
+    assert gw.stats()["tasks_created"] == 2  # finished lines stay finished
+    assert again.exit_code == 1
+
+
+def test_rate_limits_slow_the_run_but_fail_no_line(tmp_path: Path) -> None:
+    gw = gateway(fault_rate=0.6, faults=["429"], retry_after=0)
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(15)])
+    report = batch(gw, source, tmp_path / "out", concurrency=8)
+    assert report.exit_code == 0
+    assert gw.stats()["faults"]["429"] > 10
+    assert gw.stats()["tasks_created"] == 15
+
+
+def test_read_lines_reports_unreadable_files(tmp_path: Path) -> None:
+    from imggw_client import RequestValidationError
+
+    with pytest.raises(RequestValidationError):
+        read_lines(tmp_path / "missing.jsonl")

@@ -1,0 +1,125 @@
+"""Crash safety for real: the gateway runs as its own process (`imggw mock serve`), `imggw
+batch` runs as a subprocess and is SIGKILLed at random moments, with lost answers among the
+faults, then run again until done. Exactly 200 tasks billed; 200 files matching the manifest
+and the bytes the gateway serves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+KEY = "sk-batch-crash-key-01"
+IMGGW = [sys.executable, "-m", "imggw_cli"]
+LINES = 200
+
+
+def env() -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
+    return {**base, "IMGGW_API_KEY": KEY, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def gateway_process() -> Iterator[str]:
+    server = subprocess.Popen(
+        [*IMGGW, "mock", "serve", "--port", "0", "--api-key", KEY, "--seed", "21",
+         "--duration-min", "0.05", "--duration-max", "0.4", "--fault-rate", "0.2",
+         "--faults", "lost,reset,latency,429,503,malformed", "--latency", "0.1",
+         "--retry-after", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    assert server.stdout is not None
+    url = server.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), server.stderr.read() if server.stderr else ""
+    try:
+        yield url
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)
+
+
+def ledger_rows(folder: Path) -> list[tuple[str | None, str, str]]:
+    with sqlite3.connect(folder / "ledger.sqlite") as db:
+        return list(db.execute("SELECT task_id, state, urls FROM lines"))
+
+
+def fetch(url: str) -> bytes:
+    """The bytes the gateway serves for a result, past its injected faults."""
+    for _ in range(50):
+        try:
+            answer = httpx.get(url, timeout=5)
+        except httpx.HTTPError:
+            continue
+        if answer.status_code == 200 and len(answer.content) == int(
+            answer.headers["content-length"]
+        ):
+            return answer.content
+    raise AssertionError(f"could not fetch {url}")
+
+
+def test_sigkill_at_random_moments_never_bills_twice_nor_loses_an_image(
+    gateway_process: str, tmp_path: Path
+) -> None:
+    url = gateway_process
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"image {i}", "aspect_ratio": "3:2", "id": f"n{i}"}) + "\n"
+                              for i in range(LINES)))  # fmt: skip
+    out = tmp_path / "out"
+    command = [*IMGGW, "batch", str(source), "-o", str(out), "--base-url", url, "-c", "8", "-q"]
+    rng = random.Random(7)
+    unknown_after_first_kill = None
+    for kill in range(4):
+        child = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env()
+        )
+        time.sleep(rng.uniform(0.8, 2.0))
+        if child.poll() is not None:
+            break  # it finished before we could kill it
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        assert child.returncode == -signal.SIGKILL
+        if kill == 0 and (out / "ledger.sqlite").exists():
+            known = sum(1 for task_id, _, _ in ledger_rows(out) if task_id)
+            created = httpx.get(f"{url}/_mock/stats").json()["tasks_created"]
+            unknown_after_first_kill = created - known  # tasks the gateway made, the ledger lacks
+    final = None
+    for _ in range(5):  # run again until every line is finished
+        final = subprocess.run([*command[:-1], "--json"], capture_output=True, text=True, timeout=300,
+                               env=env(), check=False)  # fmt: skip
+        if final.returncode != 3:
+            break
+    assert final is not None
+    assert final.returncode == 0, final.stderr[-2000:]
+    # The first kill struck mid-submit: the gateway had made tasks the ledger did not know.
+    assert unknown_after_first_kill is not None
+    assert unknown_after_first_kill > 0
+
+    stats = httpx.get(f"{url}/_mock/stats").json()
+    assert stats["tasks_created"] == LINES  # billed exactly once per line
+    assert sum(b["tasks"] for b in stats["billing"].values()) == LINES
+    records = [json.loads(line) for line in final.stdout.splitlines()]
+    assert len(records) == LINES
+    assert records == [
+        json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()
+    ]
+    assert len({r["task_id"] for r in records}) == LINES
+    urls = {task_id: json.loads(raw)[0] for task_id, _, raw in ledger_rows(out)}
+    for record in records:
+        assert record["status"] == "succeeded"
+        (file,) = record["files"]
+        content = (out / file["path"]).read_bytes()
+        assert hashlib.sha256(content).hexdigest() == file["sha256"]
+        assert hashlib.sha256(fetch(urls[record["task_id"]])).hexdigest() == file["sha256"]
+    assert len(list(out.glob("*.png"))) == LINES
+    assert list(out.glob(".*.part")) == []
