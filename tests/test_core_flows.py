@@ -97,10 +97,10 @@ def test_wait_polls_on_a_bounded_jittered_schedule_until_success() -> None:
     script = Script(finishing_at(60.0))
     result = script.run(flows(script).wait("9", surface=None, timeout=600))
     assert result.status is TaskStatus.SUCCEEDED
-    assert all(s <= 10.0 for s in script.slept)
+    assert all(s <= 30.0 for s in script.slept)
     assert script.slept[0] <= 1.0
-    assert 60.0 <= script.now <= 70.0  # found within one capped interval of finishing
-    assert len(script.sent) < 15  # far fewer than fixed 1 s polling
+    assert 60.0 <= script.now <= 60.0 * 1.15 + 1  # seen within 15% of its duration + 1 s
+    assert len(script.sent) < 25  # far fewer than fixed 2 s polling (30)
     assert script.updates[-1] == (TaskStatus.SUCCEEDED, 100)
     assert all(send.request.method == "GET" for _, send in script.sent)  # a wait never submits
 

@@ -113,15 +113,16 @@ def test_parse_retry_after_never_crashes(value: str) -> None:
 
 
 def test_poll_schedule_grows_is_jittered_and_capped() -> None:
-    policy = PollPolicy()  # 1 s, x1.5, cap 10 s
+    policy = PollPolicy()  # 1 s, x1.15, cap 30 s
+    assert (policy.initial_interval, policy.multiplier, policy.max_interval) == (1.0, 1.15, 30.0)
     rng = random.Random(3)
-    draws = [poll_interval(policy, n, rng) for n in range(40)]
+    draws = [poll_interval(policy, n, rng) for n in range(60)]
     assert 0.8 <= draws[0] <= 1.0
-    assert 1.2 <= draws[1] <= 1.5
-    assert all(d <= 10.0 for d in draws)
-    assert all(d >= 8.0 for d in draws[10:])
+    assert 0.92 <= draws[1] <= 1.15
+    assert all(d <= 30.0 for d in draws)
+    assert all(d >= 24.0 for d in draws[25:])  # 1.15**25 > 30: capped from there
     assert len(set(draws)) == len(draws)  # jitter is on
-    assert poll_interval(policy, 10**9, rng) <= 10.0
+    assert poll_interval(policy, 10**9, rng) <= 30.0
 
 
 @pytest.mark.parametrize(
