@@ -195,10 +195,20 @@ async def test_generate_timeout_never_resubmits(client: Driven, gw: respx.MockRo
     assert info.value.task_id == "42"
 
 
-@pytest.mark.parametrize("timeout", [-1, "soon", float("nan")])
+@pytest.mark.parametrize("timeout", [-1, "soon", float("nan"), True])
 async def test_bad_wait_timeout(client: Driven, gw: respx.MockRouter, timeout: object) -> None:
     from imggw_client import RequestValidationError
 
     with pytest.raises(RequestValidationError):
         await client.wait("42", timeout=timeout)
+    with pytest.raises(RequestValidationError):
+        await client.generate("a cat", timeout=timeout)  # refused before the (paid) submit
     assert len(gw.calls) == 0
+
+
+async def test_generate_waits_before_its_first_query(client: Driven, gw: respx.MockRouter) -> None:
+    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
+    query = gw.get(QUERY).mock(return_value=beta_done("42"))
+    await client.generate("a cat")
+    assert query.call_count == 1  # no query at t=0: the task was just created
+    assert 0.8 <= client.fake.slept[0] <= 1.0

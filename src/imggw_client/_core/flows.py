@@ -141,13 +141,11 @@ class Flows:
         else:
             task_id = task
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        if not (isinstance(timeout, (int, float)) and timeout >= 0):
-            raise_violations(
-                [rules.Violation("timeout", "must be seconds >= 0", "invalid_timeout")]
-            )
-        return self._wait(surface, task_id, float(timeout))
+        return self._wait(surface, task_id, _checked_timeout(timeout))
 
-    def _wait(self, surface: Surface, task_id: str, timeout: float) -> Flow[Task]:
+    def _wait(
+        self, surface: Surface, task_id: str, timeout: float, *, just_submitted: bool = False
+    ) -> Flow[Task]:
         deadline = self.clock() + timeout
         wire = surfaces.build_query(surface, task_id)
         read = self._task_reader(surface, task_id)
@@ -165,6 +163,10 @@ class Flows:
             return err
 
         polls = 0
+        if just_submitted and timeout > 0:
+            # A task submitted a moment ago is known to be pending: the first query can wait.
+            yield Sleep(min(poll_interval(self.settings.poll, 0, self.rng), timeout))
+            polls = 1
         while True:
             task = yield from self._attempts(send, read, give_up, deadline=deadline)
             if (task.status, task.progress) != seen:
@@ -193,6 +195,7 @@ class Flows:
         validate: bool = True,
     ) -> Flow[Task]:
         """Submit, then wait. A slow task is waited on, never replaced by a new submission."""
+        timeout = _checked_timeout(timeout)  # before the submit: a bad value must cost nothing
         submission = yield from self.submit(
             prompt,
             aspect_ratio=aspect_ratio,
@@ -201,7 +204,11 @@ class Flows:
             idempotency_key=idempotency_key,
             validate=validate,
         )
-        return (yield from self.wait(submission, surface=None, timeout=timeout))
+        return (
+            yield from self._wait(
+                submission.surface, submission.task_id, timeout, just_submitted=True
+            )
+        )
 
     def downloads(
         self, task: Task, dest_dir: Path, *, overwrite: bool
@@ -320,6 +327,13 @@ class Flows:
         if verdict.retry_after is not None:
             return min(honour_retry_after(verdict.retry_after, self.rng), remaining)
         return min(backoff(self.settings.retry, attempt, self.rng), remaining)
+
+
+def _checked_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise_violations([rules.Violation("timeout", "must be seconds >= 0", "invalid_timeout")])
+    assert isinstance(timeout, (int, float))
+    return float(timeout)
 
 
 def _checked_task_id(task_id: object) -> str:
