@@ -154,6 +154,29 @@ def test_results_are_real_pngs_of_the_aspect_ratio_without_auth() -> None:
     assert png_size(image.body) == (96, 54)
 
 
+def test_results_can_be_padded_to_a_size_and_stay_valid_pngs() -> None:
+    import zlib
+
+    gw = manual(result_size=100_000)
+    tid = task_id(submit(gw))
+    gw.advance(10)
+    path = record(query(gw, tid))["result"]["images"][0]["url"][0].removeprefix("http://imggw.mock")
+    first = call(gw, "GET", path, key=None).body
+    assert len(first) == 100_000
+    assert first == call(gw, "GET", path, key=None).body  # the same bytes every time
+    assert first.endswith(b"IEND\xaeB`\x82")
+    offset, kinds = 8, []
+    while offset < len(first):  # every chunk's CRC holds
+        length = int.from_bytes(first[offset : offset + 4], "big")
+        kind = first[offset + 4 : offset + 8]
+        data = first[offset + 8 : offset + 8 + length]
+        crc = int.from_bytes(first[offset + 8 + length : offset + 12 + length], "big")
+        assert zlib.crc32(kind + data) == crc
+        kinds.append(kind)
+        offset += 12 + length
+    assert kinds == [b"IHDR", b"IDAT", b"paDd", b"IEND"]
+
+
 def test_result_links_expire_after_retention() -> None:
     gw = manual(retention=100)
     tid = task_id(submit(gw, "alpha"))

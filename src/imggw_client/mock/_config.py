@@ -57,6 +57,7 @@ class MockConfig:
     idempotency_ttl: float = _option(86_400.0, "seconds an idempotency key is remembered")
     image_size: int = _option(64, "long side of result PNGs, pixels")
     first_task_id: int = _option(1, "id of the first task; ids count up from it")
+    result_size: int = _option(0, "pad result PNGs to at least this many bytes (benchmarks)")
 
     def __post_init__(self) -> None:
         keys = tuple(self.api_keys)
@@ -80,6 +81,7 @@ class MockConfig:
             (self.idempotency_ttl >= 0, "idempotency_ttl must be >= 0"),
             (1 <= self.image_size <= 8192, "image_size must be within 1..8192"),
             (self.first_task_id >= 1, "first_task_id must be >= 1"),
+            (0 <= self.result_size < 2**31, "result_size must be within 0..2**31-1"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:

@@ -538,7 +538,8 @@ class MockGateway:
             return MockResponse(410, b"expired", (("content-type", "text/plain"),))
         width, height = size_for(task.request.aspect_ratio, self.config.image_size)
         seed = int.from_bytes(bytes.fromhex(task.token[:6]), "big")
-        return MockResponse(200, png(width, height, seed), (("content-type", "image/png"),))
+        image = png(width, height, seed, min_size=self.config.result_size)
+        return MockResponse(200, image, (("content-type", "image/png"),))
 
     # ------------------------------------------------------------------------ helpers
 
