@@ -87,8 +87,8 @@ def main() -> int:
         return 0
     results = {}
     for mode in ("raw", "sdk"):
-        done = subprocess.run([sys.executable, __file__, "--child", mode, "--tasks", str(args.tasks)],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        command = [sys.executable, __file__, "--child", mode, "--tasks", str(args.tasks)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[mode] = json.loads(done.stdout)
     sdk, raw = results["sdk"], results["raw"]
     summary = {**results, "time_ratio": round(sdk["seconds"] / raw["seconds"], 3),
@@ -101,9 +101,12 @@ def main() -> int:
         r = results[mode]
         print(f"{label:<34}{r['seconds']:>7.2f} s {r['peak_rss_mib']:>7.1f} MiB peak RSS "
               f"{r['queries']:>7} queries  {r['finished']}/{args.tasks} finished")  # fmt: skip
-    print(f"ratios: time {summary['time_ratio']:.2f}x, peak RSS {summary['rss_ratio']:.2f}x; "
-          f"target: peak RSS <= 200 MiB ({'ok' if sdk['peak_rss_mib'] <= 200 else 'OVER'}), "
-          f"no task lost ({'ok' if summary['lost'] == 0 else 'LOST ' + str(summary['lost'])})")  # fmt: skip
+    rss_ok = "ok" if sdk["peak_rss_mib"] <= 200 else "OVER"
+    lost_ok = "ok" if summary["lost"] == 0 else f"LOST {summary['lost']}"
+    print(
+        f"ratios: time {summary['time_ratio']:.2f}x, peak RSS {summary['rss_ratio']:.2f}x; "
+        f"target: peak RSS <= 200 MiB ({rss_ok}), no task lost ({lost_ok})"
+    )
     return 0
 
 

@@ -272,7 +272,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                     return Fetched(response.status_code)
                 async for chunk in response.aiter_bytes():
                     sink.write(chunk)
-                return sink.finish(response.headers)
+                # fsync can take long on a busy disk: off the event loop, others keep going.
+                return await anyio.to_thread.run_sync(sink.finish, response.headers)
         except _transport.FAILURES as exc:
             return _transport.to_failure(exc)
         finally:
