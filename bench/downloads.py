@@ -142,9 +142,8 @@ def main() -> int:
         return 0
     print(f"{args.files} x {args.size_mb} MB over loopback, concurrency {args.concurrency}:")
     print(f"  raw httpx streaming (baseline) {speed['raw_mb_s']:8.1f} MB/s")
-    print(
-        f"  AsyncClient.download           {speed['sdk_mb_s']:8.1f} MB/s  ratio {speed['ratio']:.2f}x"
-    )
+    sdk_line = f"{speed['sdk_mb_s']:8.1f} MB/s  ratio {speed['ratio']:.2f}x"
+    print(f"  AsyncClient.download           {sdk_line}")
     print("  (the SDK also hashes, checks the size, fsyncs and renames atomically)")
     verdict = "ok" if rss["growth_mib"] <= 32 else "OVER"
     growth = f"{rss['before_mib']:.1f} -> {rss['after_mib']:.1f} MiB (+{rss['growth_mib']:.1f} MiB)"
