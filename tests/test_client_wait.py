@@ -212,3 +212,21 @@ async def test_generate_waits_before_its_first_query(client: Driven, gw: respx.M
     await client.generate("a cat")
     assert query.call_count == 1  # no query at t=0: the task was just created
     assert 0.8 <= client.fake.slept[0] <= 1.0
+
+
+async def test_waiting_on_a_fresh_submission_skips_the_pointless_first_query(
+    client: Driven, gw: respx.MockRouter
+) -> None:
+    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
+    query = gw.get(QUERY).mock(return_value=beta_done("42"))
+    sub = await client.submit("a cat")
+    client.fake.now += 0.3  # the caller did something else for a while
+    await client.wait(sub)
+    assert query.call_count == 1
+    assert 0.5 <= client.fake.slept[0] <= 0.7  # only the rest of the first interval
+    client.fake.slept.clear()
+    await client.wait("42")  # a bare id: the task may be old, so ask at once
+    assert client.fake.slept == []
+    client.fake.now += 5
+    await client.wait(sub)  # an old submission: ask at once too
+    assert client.fake.slept == []

@@ -6,7 +6,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ._config import Surface
 from ._core import rules
@@ -96,6 +96,8 @@ class Submission(BaseModel):
     idempotency_key: str
     surface: Surface
     replayed: bool = False
+    # When the submit returned (monotonic seconds): a wait right after it need not ask at once.
+    _accepted_at: float | None = PrivateAttr(default=None)
 
 
 class TaskStatus(str, Enum):

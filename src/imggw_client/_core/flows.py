@@ -117,7 +117,14 @@ class Flows:
                 code=err.code,
             )
 
-        return self._attempts(lambda: Send(wire, self.settings.timeout), read, give_up)
+        def stamped() -> Flow[Submission]:
+            submission = yield from self._attempts(
+                lambda: Send(wire, self.settings.timeout), read, give_up
+            )
+            submission._accepted_at = self.clock()
+            return submission
+
+        return stamped()
 
     def get(self, task_id: str, *, surface: str | None) -> Flow[Task]:
         """One query (retried on transient failures)."""
@@ -135,16 +142,22 @@ class Flows:
         timeout: float,
     ) -> Flow[Task]:
         """Polls until the task is terminal or ``timeout`` seconds pass. Never submits."""
-        if isinstance(task, (Submission, Task)):
-            task_id = task.task_id if isinstance(task, Submission) else task.id
-            surface = task.surface
+        first_sleep = 0.0
+        if isinstance(task, Submission):
+            task_id, surface = task.task_id, task.surface
+            if task._accepted_at is not None:
+                # Just submitted: it is pending, and a query now could only say so.
+                since = max(0.0, self.clock() - task._accepted_at)
+                first_sleep = poll_interval(self.settings.poll, 0, self.rng) - since
+        elif isinstance(task, Task):
+            task_id, surface = task.id, task.surface
         else:
             task_id = task
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        return self._wait(surface, task_id, _checked_timeout(timeout))
+        return self._wait(surface, task_id, _checked_timeout(timeout), first_sleep=first_sleep)
 
     def _wait(
-        self, surface: Surface, task_id: str, timeout: float, *, just_submitted: bool = False
+        self, surface: Surface, task_id: str, timeout: float, *, first_sleep: float = 0.0
     ) -> Flow[Task]:
         deadline = self.clock() + timeout
         wire = surfaces.build_query(surface, task_id)
@@ -163,9 +176,8 @@ class Flows:
             return err
 
         polls = 0
-        if just_submitted and timeout > 0:
-            # A task submitted a moment ago is known to be pending: the first query can wait.
-            yield Sleep(min(poll_interval(self.settings.poll, 0, self.rng), timeout))
+        if first_sleep > 0 and timeout > 0:
+            yield Sleep(min(first_sleep, timeout))
             polls = 1
         while True:
             task = yield from self._attempts(send, read, give_up, deadline=deadline)
@@ -204,11 +216,7 @@ class Flows:
             idempotency_key=idempotency_key,
             validate=validate,
         )
-        return (
-            yield from self._wait(
-                submission.surface, submission.task_id, timeout, just_submitted=True
-            )
-        )
+        return (yield from self.wait(submission, surface=None, timeout=timeout))
 
     def downloads(
         self, task: Task, dest_dir: Path, *, overwrite: bool
