@@ -34,8 +34,8 @@ def env() -> dict[str, str]:
 def gateway_process() -> Iterator[str]:
     server = subprocess.Popen(
         [*IMGGW, "mock", "serve", "--port", "0", "--api-key", KEY, "--seed", "21",
-         "--duration-min", "0.05", "--duration-max", "0.4", "--fault-rate", "0.2",
-         "--faults", "lost,reset,latency,429,503,malformed", "--latency", "0.1",
+         "--duration-min", "0.2", "--duration-max", "1.0", "--fault-rate", "0.2",
+         "--faults", "lost,reset,latency,429,503,malformed", "--latency", "0.3",
          "--retry-after", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip
@@ -79,20 +79,30 @@ def test_sigkill_at_random_moments_never_bills_twice_nor_loses_an_image(
     command = [*IMGGW, "batch", str(source), "-o", str(out), "--base-url", url, "-c", "8", "-q"]
     rng = random.Random(7)
     unknown_after_first_kill = None
-    for kill in range(4):
+    kills = 0
+    for attempt in range(4):
         child = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env()
         )
-        time.sleep(rng.uniform(0.8, 2.0))
-        if child.poll() is not None:
-            break  # it finished before we could kill it
+        if attempt == 0:
+            # Mid-submit for sure: as soon as the gateway has made some tasks.
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/_mock/stats").json()["tasks_created"] < 10:
+                assert time.monotonic() < deadline, "the batch never started submitting"
+                time.sleep(0.01)
+        else:
+            time.sleep(rng.uniform(0.5, 1.5))
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
+        if child.returncode == 0:
+            break  # it finished before the signal landed
         assert child.returncode == -signal.SIGKILL
-        if kill == 0 and (out / "ledger.sqlite").exists():
+        kills += 1
+        if attempt == 0:
             known = sum(1 for task_id, _, _ in ledger_rows(out) if task_id)
             created = httpx.get(f"{url}/_mock/stats").json()["tasks_created"]
-            unknown_after_first_kill = created - known  # tasks the gateway made, the ledger lacks
+            unknown_after_first_kill = created - known  # made by the gateway, not in the ledger
+    assert kills >= 2
     final = None
     for _ in range(5):  # run again until every line is finished
         final = subprocess.run([*command[:-1], "--json"], capture_output=True, text=True, timeout=300,
