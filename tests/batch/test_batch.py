@@ -214,3 +214,18 @@ def test_read_lines_reports_unreadable_files(tmp_path: Path) -> None:
 
     with pytest.raises(RequestValidationError):
         read_lines(tmp_path / "missing.jsonl")
+
+
+def test_bad_concurrency_and_unusable_folders_are_clear_errors(tmp_path: Path) -> None:
+    from imggw_client import RequestValidationError
+
+    gw = gateway()
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
+    for concurrency in (0, -2, True):
+        with pytest.raises(RequestValidationError, match="concurrency"):
+            batch(gw, source, tmp_path / "out", concurrency=concurrency)
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    with pytest.raises(RequestValidationError, match="output folder"):
+        batch(gw, source, a_file / "out")
+    assert gw.stats()["requests"] == {}

@@ -103,3 +103,19 @@ def test_python_dash_m_refuses_bad_settings(args: list[str], says: str) -> None:
     assert done.returncode == 2
     assert says in done.stderr
     assert done.stdout == ""
+
+
+def test_python_dash_m_says_when_the_port_is_taken() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "imggw_client.mock", "--port", str(port)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert "port in use" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core.flows import new_idempotency_key
-from .._exceptions import ImggwError
+from .._exceptions import ImggwError, RequestValidationError
 from ._input import InputLine
 
 LEDGER_NAME = "ledger.sqlite"
@@ -104,7 +104,12 @@ class Ledger:
     @contextmanager
     def open(cls, folder: Path) -> Iterator[Ledger]:
         """The folder's ledger, locked for this process."""
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RequestValidationError(
+                "out_dir", f"cannot use {folder} as the output folder: {exc.strerror}"
+            ) from exc
         with _lock(folder / LOCK_NAME):
             ledger = cls(folder)
             try:

@@ -33,6 +33,7 @@ from .._exceptions import (
     InsufficientCreditsError,
     PermissionDeniedError,
     RateLimitError,
+    RequestValidationError,
     ResultExpiredError,
     ServerError,
     TaskFailedError,
@@ -376,8 +377,10 @@ async def arun_batch(
         async with AsyncClient() as client:
             report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
     """
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError("concurrency must be an integer >= 1")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise RequestValidationError(
+            "concurrency", "must be an integer >= 1", code="invalid_concurrency"
+        )
     lines, bad = read_lines(source)
     if bad and not skip_bad_lines:
         raise BatchInputError(bad)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,14 +69,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_clie
         print(f"error: {err.message}", file=sys.stderr)
         return 2
     keys = len(gateway.config.api_keys)
-    with contextlib.suppress(KeyboardInterrupt), serve(gateway, args.host, args.port) as url:
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(serve(gateway, args.host, args.port))
+        except (RuntimeError, OSError) as exc:
+            print(f"error: {exc} (is the port in use?)", file=sys.stderr)
+            return 1
         # The keys are the caller's own; say how many, never which.
         print(f"imggw reference gateway on {url} ({keys} API key(s)); Ctrl-C stops it",
               file=sys.stderr, flush=True)  # fmt: skip
         print(url, flush=True)
-        import threading
-
-        threading.Event().wait()
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
     return 0
 
 
