@@ -58,7 +58,7 @@ AspectRatio = Annotated[
 Resolution = Annotated[
     ResolutionChoice,
     typer.Option("--resolution", "-r", case_sensitive=False,
-                 help="Resolution (auto, 5:4, 4:5, 3:1, 1:3 and 9:21 need 1k; 1:1 allows no 4k)."),
+                 help=f"Resolution ({rules.COMBINATIONS_TEXT})."),
 ]  # fmt: skip
 Timeout = Annotated[
     float,

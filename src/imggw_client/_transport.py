@@ -7,6 +7,7 @@ import logging
 import httpx
 
 from ._config import Settings
+from ._core import surfaces
 from ._core.wire import Reply, Send, TransportFailure
 from ._version import __version__
 
@@ -28,7 +29,7 @@ def build_request(http: HttpClient, settings: Settings, send: Send) -> httpx.Req
     headers = {
         **(wire.headers or {}),
         "User-Agent": USER_AGENT,
-        "Authorization": f"Bearer {settings.api_key}",
+        surfaces.AUTHORIZATION_HEADER: surfaces.authorization(settings.api_key),
     }
     return http.build_request(
         wire.method,

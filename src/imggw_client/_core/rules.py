@@ -34,9 +34,10 @@ BODY_MAX_BYTES = 256 * 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 255
 TASK_ID_PATTERN = re.compile(r"[1-9][0-9]*")
 
-# Combination rules (SPEC 2.4), stated per aspect ratio.
-_ONLY_1K = frozenset({"auto", "5:4", "4:5", "3:1", "1:3", "9:21"})
-_NO_4K = frozenset({"1:1"})
+# Combination rules (SPEC 2.4), stated per aspect ratio, in the order of ASPECT_RATIOS.
+ONLY_1K: tuple[str, ...] = ("auto", "5:4", "4:5", "3:1", "1:3", "9:21")
+NO_4K: tuple[str, ...] = ("1:1",)
+COMBINATIONS_TEXT = f"{', '.join(ONLY_1K)} require 1k; {', '.join(NO_4K)} allows no 4k"
 _NON_BLANK = re.compile(r"\S")
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
 
@@ -87,10 +88,10 @@ def check_image(
         return found
     assert isinstance(aspect_ratio, str)
     res = str(resolution).lower()
-    if aspect_ratio in _ONLY_1K and res != "1k":
+    if aspect_ratio in ONLY_1K and res != "1k":
         rule = f"aspect ratio {aspect_ratio} requires 1k"
         found.append(Violation("resolution", rule, UNSUPPORTED_COMBINATION))
-    elif aspect_ratio in _NO_4K and res == "4k":
+    elif aspect_ratio in NO_4K and res == "4k":
         rule = f"aspect ratio {aspect_ratio} does not allow 4k"
         found.append(Violation("resolution", rule, UNSUPPORTED_COMBINATION))
     return found

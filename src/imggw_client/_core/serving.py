@@ -23,13 +23,25 @@ code                        status  when
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._config import Surface
 from .._models import ImageRequest, TaskError, TaskStatus
 from . import rules
-from .surfaces import ALPHA, ALPHA_MODEL, BETA, BETA_MODEL, encode_json
+from .surfaces import (
+    ALPHA,
+    ALPHA_MODEL,
+    ALPHA_QUERY_PATH,
+    ALPHA_SUBMIT_PATH,
+    AUTHORIZATION_HEADER,
+    BETA,
+    BETA_MODEL,
+    BETA_QUERY_PATH,
+    BETA_SUBMIT_PATH,
+    encode_json,
+)
 
 INVALID_JSON = "invalid_json"
 UNKNOWN_FIELD = "unknown_field"
@@ -68,6 +80,55 @@ WIRE_RESOLUTIONS: dict[Surface, tuple[str, ...]] = {
     ALPHA: tuple(r.upper() for r in rules.RESOLUTIONS),
     BETA: rules.RESOLUTIONS,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A gateway endpoint: its method, path template, surface and operation."""
+
+    method: str
+    template: str
+    surface: Surface
+    operation: str  # "submit" or "query"
+
+
+ROUTES = (
+    Route("POST", ALPHA_SUBMIT_PATH, ALPHA, "submit"),
+    Route("GET", ALPHA_QUERY_PATH, ALPHA, "query"),
+    Route("POST", BETA_SUBMIT_PATH, BETA, "submit"),
+    Route("GET", BETA_QUERY_PATH, BETA, "query"),
+)
+_BETA_TASKS = BETA_QUERY_PATH.split("{id}")[0]
+_ALPHA_PREFIX = "/" + ALPHA + "/"
+
+
+def match_route(path: str) -> Route | None:
+    """The endpoint a path names, whatever the method; None for no endpoint."""
+    for route in ROUTES:
+        if path == route.template or (
+            route.template == BETA_QUERY_PATH and path.startswith(_BETA_TASKS)
+        ):
+            return route
+    return None
+
+
+def surface_of(path: str) -> Surface:
+    """The surface whose error shape a path gets (B for paths of neither)."""
+    return ALPHA if path.startswith(_ALPHA_PREFIX) else BETA
+
+
+def query_task_id(surface: Surface, path: str, query: Mapping[str, str]) -> str:
+    """The task id a query names: A's ``taskId`` parameter, B's last path segment."""
+    if surface == ALPHA:
+        return query.get("taskId", "")
+    return path[len(_BETA_TASKS) :]
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The key of an ``Authorization: Bearer`` header (lower-case header names), or None."""
+    scheme, _, token = headers.get(AUTHORIZATION_HEADER.lower(), "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
 
 
 @dataclass(frozen=True, slots=True)

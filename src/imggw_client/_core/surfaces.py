@@ -48,6 +48,7 @@ ALPHA_QUERY_PATH = "/alpha/api/v1/jobs/recordInfo"
 BETA_SUBMIT_PATH = "/beta/v1/images/generations"
 BETA_QUERY_PATH = "/beta/v1/tasks/{id}"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+AUTHORIZATION_HEADER = "Authorization"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 # Idempotency reasons (DESIGN 8): B sends them as error.code, A at the start of msg.
@@ -85,6 +86,11 @@ _MESSAGE_LIMIT = 300
 
 
 # ---------------------------------------------------------------------------- requests
+
+
+def authorization(api_key: str) -> str:
+    """The value of the Authorization header for a key."""
+    return f"Bearer {api_key}"
 
 
 def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:

@@ -9,6 +9,7 @@ downloaded again, finished lines are left alone.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -24,10 +25,9 @@ import anyio
 
 from .._async_client import AsyncClient
 from .._config import check_surface
+from .._core.retry import classify
 from .._exceptions import (
-    APIConnectionError,
     AuthenticationError,
-    ConflictError,
     DownloadError,
     ImggwError,
     InsufficientCreditsError,
@@ -35,7 +35,6 @@ from .._exceptions import (
     RateLimitError,
     RequestValidationError,
     ResultExpiredError,
-    ServerError,
     TaskFailedError,
     UnknownOutcomeError,
     WaitTimeoutError,
@@ -55,9 +54,6 @@ from ._ledger import (
 )
 
 MANIFEST_NAME = "manifest.jsonl"
-# Failures after which a line is tried again later instead of failing: the request may not have
-# been processed, or its outcome is unknown (its key makes the retry safe).
-TRANSIENT = (RateLimitError, APIConnectionError, ServerError, UnknownOutcomeError, ConflictError)
 # Failures that doom every line alike: the run stops.
 FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
@@ -164,6 +160,12 @@ def file_sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def _retry_later(err: ImggwError) -> bool:
+    """A failure after which a line is tried again later instead of failing: what the core
+    retries, and an unknown submit outcome (the line's key makes another try safe)."""
+    return isinstance(err, UnknownOutcomeError) or classify(err).retry
+
+
 class _Run:
     def __init__(
         self,
@@ -235,7 +237,7 @@ class _Run:
 
     async def submit(self, row: Row) -> None:
         request = row.request
-        for attempt in range(1_000_000):
+        for attempt in itertools.count():
             if self.fatal is not None:
                 return
             wait_for = self.pause_until - time.monotonic()
@@ -252,7 +254,12 @@ class _Run:
                         surface=row.surface,
                         idempotency_key=row.idempotency_key,
                     )
-            except TRANSIENT as err:
+            except FATAL:
+                raise
+            except ImggwError as err:
+                if not _retry_later(err):
+                    self.fail(row, err.code or "refused", err.message)
+                    return
                 hint = getattr(err, "retry_after", None)
                 if isinstance(err, RateLimitError):
                     pause = hint if hint is not None else 5.0
@@ -260,11 +267,6 @@ class _Run:
                 if not await self.pause(attempt, hint):
                     return  # out of time: the line stays pending with its key
                 continue
-            except FATAL:
-                raise
-            except ImggwError as err:
-                self.fail(row, err.code or "refused", err.message)
-                return
             row.task_id, row.state = sub.task_id, SUBMITTED
             self.save(row)
             return
@@ -299,7 +301,10 @@ class _Run:
         assert row.task_id is not None
         task = Task(id=row.task_id, surface=check_surface(row.surface),
                     status=TaskStatus.SUCCEEDED, image_urls=row.urls)  # fmt: skip
-        for attempt in range(1_000_000):
+        if not row.urls:
+            self.fail(row, "no_result", f"task {row.task_id} succeeded without result URLs")
+            return
+        for attempt in itertools.count():
             try:
                 async with self.downloads:
                     files = await self.client.download(task, self.ledger.folder, overwrite=True)
@@ -311,10 +316,9 @@ class _Run:
                 )
                 self.save(row)
                 return
-            except (DownloadError, *TRANSIENT) as err:
-                if isinstance(err, DownloadError) and "without result URLs" in err.message:
-                    self.fail(row, "no_result", err.message)
-                    return
+            except ImggwError as err:
+                if not (isinstance(err, DownloadError) or _retry_later(err)):
+                    raise
                 if not await self.pause(attempt):
                     return  # out of time: a later run downloads it
                 continue

@@ -322,7 +322,7 @@ class MockGateway:
             return self._handle(request)
 
     def _handle(self, req: MockRequest) -> MockResponse:
-        surface: Surface = surfaces.ALPHA if req.path.startswith("/alpha/") else surfaces.BETA
+        surface = serving.surface_of(req.path)
         route, handler = self._route(req)
         self._stats.requests[route] += 1
         fault = self._draw_fault()
@@ -348,25 +348,19 @@ class MockGateway:
         return self._late_fault(fault, response, delay)
 
     def _route(self, req: MockRequest) -> tuple[str, Callable[..., MockResponse] | None]:
-        path, method = req.path, req.method
-        table: dict[str, tuple[str, Callable[..., MockResponse]]] = {
-            surfaces.ALPHA_SUBMIT_PATH: ("POST", self._submit),
-            surfaces.ALPHA_QUERY_PATH: ("GET", self._query),
-            surfaces.BETA_SUBMIT_PATH: ("POST", self._submit),
-        }
-        template = path
-        if path.startswith("/beta/v1/tasks/"):
-            template = surfaces.BETA_QUERY_PATH
-            table[template] = ("GET", self._query)
-        elif path.startswith(RESULTS_PREFIX):
-            template = RESULTS_PREFIX + "{token}"
-            table[template] = ("GET", self._result)
-        if template not in table:
-            return f"{method} (unknown)", None
-        allowed, handler = table[template]
-        if method != allowed:
-            return f"{method} {template}", self._not_allowed(allowed)
-        return f"{method} {template}", handler
+        """The route's name (for stats) and its handler, or None for no route."""
+        endpoint = serving.match_route(req.path)
+        handler: Callable[..., MockResponse]
+        if endpoint is not None:
+            template, allowed = endpoint.template, endpoint.method
+            handler = self._submit if endpoint.operation == "submit" else self._query
+        elif req.path.startswith(RESULTS_PREFIX):
+            template, allowed, handler = RESULTS_PREFIX + "{token}", "GET", self._result
+        else:
+            return f"{req.method} (unknown)", None
+        if req.method != allowed:
+            return f"{req.method} {template}", self._not_allowed(allowed)
+        return f"{req.method} {template}", handler
 
     def _not_allowed(self, allowed: str) -> Callable[..., MockResponse]:
         def answer(req: MockRequest, surface: Surface, *_: object) -> MockResponse:
@@ -379,10 +373,10 @@ class MockGateway:
         return answer
 
     def _authenticate(self, req: MockRequest) -> str | None:
-        scheme, _, token = req.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = serving.bearer_token(req.headers)
+        if token is None:
             return None
-        given = token.strip().encode()
+        given = token.encode()
         owner = None
         for key, fp in self._keys:  # compare with every key, in constant time each
             if hmac.compare_digest(given, key):
@@ -424,7 +418,7 @@ class MockGateway:
     # ------------------------------------------------------------------------ routes
 
     def _submit(self, req: MockRequest, surface: Surface, owner: str, delay: float) -> MockResponse:
-        key = req.headers.get("idempotency-key")
+        key = req.headers.get(surfaces.IDEMPOTENCY_HEADER.lower())
         if key is not None and rules.check_idempotency_key(key):
             violation = rules.check_idempotency_key(key)[0]
             refusal = Refusal(400, violation.code, f"Idempotency-Key: {violation.rule}")
@@ -492,10 +486,7 @@ class MockGateway:
         return task
 
     def _query(self, req: MockRequest, surface: Surface, owner: str, _: float) -> MockResponse:
-        if surface == surfaces.ALPHA:
-            task_id = req.query.get("taskId", "")
-        else:
-            task_id = req.path.rsplit("/", 1)[-1]
+        task_id = serving.query_task_id(surface, req.path, req.query)
         if rules.check_task_id(task_id):
             return self._error(surface, Refusal(400, rules.INVALID_TASK_ID, "Invalid task id."))
         task = self._tasks.get((surface, task_id))

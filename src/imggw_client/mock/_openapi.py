@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._config import Surface
 from .._core import rules, surfaces
+from .._core.serving import EXTRA_STATES, WIRE_RESOLUTIONS, WIRE_STATES
+from .._core.surfaces import ALPHA, BETA
 
 VERSION = "1.0.0-stage3a2"
 
@@ -25,23 +28,29 @@ _IDEMPOTENCY_KEY = {
 }
 
 
-def _combination_rules(ratio_path: list[str], resolution_path: list[str], upper: bool) -> list[Any]:
-    """SPEC 2.4's combination rules as JSON Schema if/then clauses."""
+def _states(surface: Surface) -> list[str]:
+    """Every state a record of the surface may show, the quirks' extra ones included."""
+    return [*WIRE_STATES[surface].values(), *EXTRA_STATES[surface].values()]
+
+
+def _combination_rules(
+    ratio_path: list[str], resolution_path: list[str], surface: Surface
+) -> list[Any]:
+    """SPEC 2.4's combination rules as JSON Schema if/then clauses, in the surface's wire form."""
 
     def nest(path: list[str], schema: dict[str, Any]) -> dict[str, Any]:
         for name in reversed(path):
             schema = {"properties": {name: schema}, "required": [name]}
         return schema
 
-    one_k = "1K" if upper else "1k"
-    four_k = "4K" if upper else "4k"
+    one_k, _, four_k = WIRE_RESOLUTIONS[surface]
     return [
         {
-            "if": nest(ratio_path, {"enum": ["auto", "5:4", "4:5", "3:1", "1:3", "9:21"]}),
+            "if": nest(ratio_path, {"enum": list(rules.ONLY_1K)}),
             "then": nest(resolution_path, {"const": one_k}),
         },
         {
-            "if": nest(ratio_path, {"const": "1:1"}),
+            "if": nest(ratio_path, {"enum": list(rules.NO_4K)}),
             "then": nest(resolution_path, {"not": {"const": four_k}}),
         },
     ]
@@ -100,12 +109,12 @@ def openapi_document() -> dict[str, Any]:
                 "required": ["prompt", "resolution", "aspect_ratio"],
                 "properties": {
                     "prompt": _PROMPT,
-                    "resolution": {"type": "string", "enum": ["1K", "2K", "4K"]},
+                    "resolution": {"type": "string", "enum": list(WIRE_RESOLUTIONS[ALPHA])},
                     "aspect_ratio": _RATIO,
                 },
             },
         },
-        "allOf": _combination_rules(["input", "aspect_ratio"], ["input", "resolution"], True),
+        "allOf": _combination_rules(["input", "aspect_ratio"], ["input", "resolution"], ALPHA),
     }
     beta_request = {
         "type": "object",
@@ -115,10 +124,10 @@ def openapi_document() -> dict[str, Any]:
             "model": {"const": surfaces.BETA_MODEL},
             "prompt": _PROMPT,
             "size": _RATIO,
-            "resolution": {"type": "string", "enum": list(rules.RESOLUTIONS)},
+            "resolution": {"type": "string", "enum": list(WIRE_RESOLUTIONS[BETA])},
             "n": {"const": 1},
         },
-        "allOf": _combination_rules(["size"], ["resolution"], False),
+        "allOf": _combination_rules(["size"], ["resolution"], BETA),
     }
     schemas = {
         "AlphaSubmitRequest": alpha_request,
@@ -168,14 +177,7 @@ def openapi_document() -> dict[str, Any]:
                     "id": _TASK_ID,
                     "status": {
                         "type": "string",
-                        "enum": [
-                            "pending",
-                            "submitted",
-                            "processing",
-                            "in_progress",
-                            "completed",
-                            "failed",
-                        ],
+                        "enum": _states(BETA),
                     },
                     "progress": {"type": "integer", "minimum": 0, "maximum": 100},
                     "result": {
