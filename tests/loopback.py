@@ -1,35 +1,16 @@
-"""Real loopback servers for integration tests: uvicorn in a thread, and a raw TCP server."""
+"""Real loopback servers for integration tests: any ASGI app under uvicorn, and a raw TCP server."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
-import uvicorn
+from imggw_client.mock._asgi import serve_app
 
-
-@contextlib.contextmanager
-def serve_asgi(app: Callable[..., Any]) -> Iterator[str]:
-    """Serves an ASGI app on 127.0.0.1 on an ephemeral port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+# Any ASGI app on 127.0.0.1, the same way the reference gateway is served.
+serve_asgi = serve_app
 
 
 @contextlib.contextmanager

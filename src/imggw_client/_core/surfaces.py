@@ -166,23 +166,25 @@ def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:
     return text or None
 
 
+_ERRORS_BY_STATUS: dict[int, type[APIError]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    402: InsufficientCreditsError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: InvalidRequestError,
+    422: InvalidRequestError,
+    429: RateLimitError,
+}
+
+
 def _error_class(status: int, reason: str | None) -> type[APIError]:
     if reason == KEY_REUSED:
         return IdempotencyConflictError
     if reason == UNAVAILABLE or status >= 500:
         return ServerError
-    by_status: dict[int, type[APIError]] = {
-        400: InvalidRequestError,
-        401: AuthenticationError,
-        402: InsufficientCreditsError,
-        403: PermissionDeniedError,
-        404: NotFoundError,
-        409: ConflictError,
-        413: InvalidRequestError,
-        422: InvalidRequestError,
-        429: RateLimitError,
-    }
-    return by_status.get(status, APIError)
+    return _ERRORS_BY_STATUS.get(status, APIError)
 
 
 def _api_error(

@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import AbstractContextManager as ContextManager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -101,16 +102,15 @@ def quiet_injected_faults() -> None:
 
 
 @contextlib.contextmanager
-def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serves the gateway with uvicorn on a background thread; yields the base URL; stops it
+def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serves any ASGI app with uvicorn on a background thread; yields the base URL; stops it
     cleanly on exit. ``port=0`` picks a free ephemeral port."""
     import uvicorn  # only here: the SDK itself never needs a server
 
     quiet_injected_faults()
     config = uvicorn.Config(
-        ASGIApp(gateway), host=host, port=port, log_level="warning", lifespan="off",
-        access_log=False,
-    )  # fmt: skip
+        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="imggw-mock", daemon=True)
     thread.start()
@@ -118,7 +118,7 @@ def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> Itera
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"the reference gateway could not start on {host}:{port}")
+            raise RuntimeError(f"could not serve on {host}:{port}")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()
     try:
@@ -126,3 +126,8 @@ def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> Itera
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> ContextManager[str]:
+    """Serves the gateway over a real socket; see serve_app."""
+    return serve_app(ASGIApp(gateway), host, port)

@@ -345,7 +345,7 @@ class MockGateway:
                 response = self._error(surface, refusal)
             else:
                 response = handler(req, surface, owner, delay)
-        return self._late_fault(fault, response, delay)
+        return self._late_fault(fault, response, delay, result=handler == self._result)
 
     def _route(self, req: MockRequest) -> tuple[str, Callable[..., MockResponse] | None]:
         """The route's name (for stats) and its handler, or None for no route."""
@@ -403,12 +403,14 @@ class MockGateway:
             return self._error(surface, _SERVER_FAULTS[fault])
         return None
 
-    def _late_fault(self, fault: str | None, response: MockResponse, delay: float) -> MockResponse:
+    def _late_fault(
+        self, fault: str | None, response: MockResponse, delay: float, *, result: bool
+    ) -> MockResponse:
         """Faults that strike after the request was processed."""
         if fault == "lost":
             return MockResponse(0, drop=True)
         if fault == "malformed":
-            if response.headers and response.headers[0][1] == "image/png":
+            if result:  # an image cut short of its Content-Length
                 return MockResponse(response.status, response.body, response.headers, truncate=True)
             return MockResponse(response.status, response.body[: len(response.body) // 2])
         if delay:
