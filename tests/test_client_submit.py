@@ -145,6 +145,21 @@ async def test_validate_false_sends_what_it_is_given(client: Driven, gw: respx.M
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"aspect_ratio": 16}, "aspect_ratio"), ({"resolution": None}, "resolution"),
+     ({"prompt": b"bytes"}, "prompt")],
+)  # fmt: skip
+async def test_validate_false_still_needs_text(
+    client: Driven, gw: respx.MockRouter, kwargs: dict[str, object], field: str
+) -> None:
+    arguments: dict[str, object] = {"prompt": "a cat", **kwargs}
+    with pytest.raises(RequestValidationError) as info:
+        await client.submit(arguments.pop("prompt"), validate=False, **arguments)
+    assert info.value.field == field
+    assert len(gw.calls) == 0
+
+
+@pytest.mark.parametrize(
     "fault",
     [
         httpx.ConnectError("refused"),

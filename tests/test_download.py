@@ -192,6 +192,15 @@ async def test_one_failure_does_not_lose_the_others(client: Driven, tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["42-0.png", "42-2.png", "42-3.png"]
 
 
+async def test_a_task_id_instead_of_a_task_is_a_clear_error(client: Driven, tmp_path: Path) -> None:
+    from imggw_client import RequestValidationError
+
+    with pytest.raises(RequestValidationError) as info:
+        await client.download("42", tmp_path)  # type: ignore[arg-type]
+    assert info.value.field == "task"
+    assert "get(task_id)" in info.value.rule
+
+
 @pytest.mark.parametrize("concurrency", [0, -1, 1.5, True])
 async def test_bad_concurrency(client: Driven, tmp_path: Path, concurrency: Any) -> None:
     from imggw_client import RequestValidationError

@@ -222,6 +222,9 @@ class Flows:
         self, task: Task, dest_dir: Path, *, overwrite: bool
     ) -> list[Flow[DownloadedFile]]:
         """One flow per result URL of a succeeded task, to run one after another or at once."""
+        if not isinstance(task, Task):
+            rule = "must be a Task (for a task id, call get(task_id) and download that)"
+            raise_violations([rules.Violation("task", rule, "invalid_task")])
         if task.status is TaskStatus.FAILED:
             raise TaskFailedError(task)
         if task.status is not TaskStatus.SUCCEEDED:
