@@ -68,7 +68,6 @@ async def test_no_credentials_after_a_redirect_either(client: Driven, tmp_path: 
         final = cdn.get("http://other.test/final.png").mock(
             return_value=httpx.Response(200, content=PNG)
         )
-        # A redirect to the gateway's own host must not pick up the key either.
         files = await client.download(done(f"{CDN}/r/1"), tmp_path)
     assert files[0].path.read_bytes() == PNG
     for route in (hop, final):

@@ -150,13 +150,15 @@ async def test_the_sdk_copes_with_every_quirk(
 
 async def test_expired_results_raise_result_expired(kind: str, tmp_path: Path) -> None:
     gateway = MockGateway(manual_clock=True, duration_min=1, duration_max=1, retention=60)
-    with gateway.client(**FAST) as client:
-        sub = client.submit("a cat")
-        gateway.advance(1)
-        task = client.get(sub.task_id)
-        gateway.advance(61)
-        with pytest.raises(ResultExpiredError):
-            client.download(task, tmp_path)
+    inner = gateway.client(**FAST) if kind == "sync" else gateway.async_client(**FAST)
+    client = Driven(inner)
+    sub = await client.submit("a cat")
+    gateway.advance(1)
+    task = await client.get(sub.task_id)
+    gateway.advance(61)
+    with pytest.raises(ResultExpiredError):
+        await client.download(task, tmp_path)
+    await client.close()
     assert list(tmp_path.iterdir()) == []
 
 
