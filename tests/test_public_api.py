@@ -20,6 +20,7 @@ PINNED = {
     "DownloadedFile",
     "PollPolicy",
     "RetryPolicy",
+    "RateLimit",
     "ImggwError",
     "ConfigurationError",
     "RequestValidationError",
@@ -124,6 +125,7 @@ def test_client_signature_matches_the_design() -> None:
         "max_retries",
         "retry",
         "poll",
+        "rate_limit",
         "http_client",
     ]
     defaults = {k: p.default for k, p in sig.parameters.items()}
@@ -132,6 +134,7 @@ def test_client_signature_matches_the_design() -> None:
     assert defaults["max_retries"] == 5
     assert defaults["retry"] is None
     assert defaults["poll"] == imggw_client.PollPolicy()
+    assert defaults["rate_limit"] is None
     submit = inspect.signature(Client.submit).parameters
     assert submit["aspect_ratio"].default == "auto"
     assert submit["resolution"].default == "1k"

@@ -18,7 +18,7 @@ from ._version import __version__
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
     from ._async_client import AsyncClient
     from ._client import Client
-    from ._config import PollPolicy, RetryPolicy
+    from ._config import PollPolicy, RateLimit, RetryPolicy
     from ._exceptions import (
         APIConnectionError,
         APIError,
@@ -62,6 +62,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "PollPolicy",
+    "RateLimit",
     "RateLimitError",
     "RequestValidationError",
     "ResultExpiredError",
@@ -83,6 +84,7 @@ _HOMES = {
     "AsyncClient": "._async_client",
     "Client": "._client",
     "PollPolicy": "._config",
+    "RateLimit": "._config",
     "RetryPolicy": "._config",
     **dict.fromkeys(
         ["DownloadedFile", "ImageRequest", "Submission", "Task", "TaskError", "TaskStatus"],

@@ -22,7 +22,7 @@ from ._base_client import (
     DEFAULT_WAIT_TIMEOUT,
     BaseClient,
 )
-from ._config import PollPolicy, RetryPolicy
+from ._config import PollPolicy, RateLimit, RetryPolicy
 from ._core.flows import Flow
 from ._core.wire import Action, Fetch, Fetched, Notify, Send, Sleep, TransportFailure
 from ._download import Sink, check_concurrency, first_error
@@ -61,6 +61,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry: RetryPolicy | None = None,
         poll: PollPolicy = DEFAULT_POLL,
+        rate_limit: RateLimit | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         super().__init__(
@@ -71,6 +72,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             max_retries=max_retries,
             retry=retry,
             poll=poll,
+            rate_limit=rate_limit,
             http_client=http_client,
         )
         self._sleep: Callable[[float], Awaitable[None]] = anyio.sleep

@@ -7,7 +7,7 @@ from typing import Generic, TypeVar
 
 import httpx
 
-from ._config import PollPolicy, RetryPolicy, Settings, resolve_settings
+from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings
 from ._core.flows import Flows
 from ._exceptions import ConfigurationError
 
@@ -33,6 +33,7 @@ class BaseClient(Generic[H]):
         max_retries: int,
         retry: RetryPolicy | None,
         poll: PollPolicy | None,
+        rate_limit: RateLimit | None,
         http_client: H | None,
     ) -> None:
         self._settings: Settings = resolve_settings(
@@ -43,6 +44,7 @@ class BaseClient(Generic[H]):
             max_retries=max_retries,
             retry=retry,
             poll=poll,
+            rate_limit=rate_limit,
         )
         self._flows = Flows(self._settings)
         if http_client is not None and not isinstance(http_client, self._http_type):

@@ -20,7 +20,7 @@ from ._base_client import (
     DEFAULT_WAIT_TIMEOUT,
     BaseClient,
 )
-from ._config import PollPolicy, RetryPolicy
+from ._config import PollPolicy, RateLimit, RetryPolicy
 from ._core.flows import Flow
 from ._core.wire import Action, Fetch, Fetched, Notify, Send, Sleep, TransportFailure
 from ._download import Sink, check_concurrency, first_error
@@ -58,6 +58,7 @@ class Client(BaseClient[httpx.Client]):
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry: RetryPolicy | None = None,
         poll: PollPolicy = DEFAULT_POLL,
+        rate_limit: RateLimit | None = None,
         http_client: httpx.Client | None = None,
     ) -> None:
         super().__init__(
@@ -68,6 +69,7 @@ class Client(BaseClient[httpx.Client]):
             max_retries=max_retries,
             retry=retry,
             poll=poll,
+            rate_limit=rate_limit,
             http_client=http_client,
         )
         self._sleep: Callable[[float], None] = time.sleep

@@ -9,7 +9,7 @@ from typing import Literal, cast
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["PollPolicy", "RetryPolicy", "Settings", "resolve_settings"]
+__all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings"]
 
 ENV_API_KEY = "IMGGW_API_KEY"
 ENV_BASE_URL = "IMGGW_BASE_URL"
@@ -94,6 +94,44 @@ class PollPolicy:
         )
 
 
+def _rate(value: object) -> bool:
+    return value is None or (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimit:
+    """A client-wide request budget: at most so many submits and queries per second.
+
+    ``None`` means no fixed ceiling for that kind. One budget is shared by every operation of a
+    client (all threads of a :class:`Client`, all tasks of an :class:`AsyncClient`); submits and
+    queries are counted apart; every attempt counts, retries included; result downloads do not
+    (they go to other hosts). Requests of a kind are spaced evenly, so in any window of *w*
+    seconds at most ``rate * w + 1`` go out, and a budget set at a gateway's published limit
+    meets no 429. With or without a ceiling, a 429 pauses that kind of request for the whole
+    client and lowers its pace, which then recovers step by step.
+
+    Example::
+
+        # the provider behind surface A: 20 submits per 10 s, 10 queries per second
+        client = Client(rate_limit=RateLimit(submits_per_second=2, queries_per_second=10))
+    """
+
+    submits_per_second: float | None = None
+    queries_per_second: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("submits_per_second", "queries_per_second"):
+            _require(
+                _rate(getattr(self, name)),
+                f"RateLimit.{name} must be a positive number of requests per second, or None",
+            )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a client needs, resolved once. ``api_key`` never appears in the repr."""
@@ -104,11 +142,13 @@ class Settings:
     timeout: float
     retry: RetryPolicy
     poll: PollPolicy
+    rate_limit: RateLimit = RateLimit()
 
     def __repr__(self) -> str:
         return (
             f"Settings(base_url={self.base_url!r}, surface={self.surface!r}, "
-            f"timeout={self.timeout!r}, retry={self.retry!r}, poll={self.poll!r})"
+            f"timeout={self.timeout!r}, retry={self.retry!r}, poll={self.poll!r}, "
+            f"rate_limit={self.rate_limit!r})"
         )
 
 
@@ -126,6 +166,7 @@ def resolve_settings(
     max_retries: int,
     retry: RetryPolicy | None,
     poll: PollPolicy | None,
+    rate_limit: RateLimit | None = None,
 ) -> Settings:
     """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``; raises ConfigurationError."""
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
@@ -154,6 +195,9 @@ def resolve_settings(
     if poll is None:
         poll = PollPolicy()
     _require(isinstance(poll, PollPolicy), "poll must be a PollPolicy")
+    if rate_limit is None:
+        rate_limit = RateLimit()
+    _require(isinstance(rate_limit, RateLimit), "rate_limit must be a RateLimit")
     return Settings(
         api_key=key,
         base_url=url.rstrip("/"),
@@ -161,4 +205,5 @@ def resolve_settings(
         timeout=float(timeout),
         retry=retry,
         poll=poll,
+        rate_limit=rate_limit,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,10 @@ class Task(BaseModel):
     """A task as last seen, normalised across surfaces.
 
     ``raw`` keeps the record exactly as received (left out of the repr); every other field is
-    decoded leniently and, for ``error``, made safe to show.
+    decoded leniently and, for ``error``, made safe to show. ``expires_at`` (an aware UTC
+    ``datetime``, or None when nothing tells) is the earliest moment one of the result links is
+    known to stop working: from the record where the gateway states it, else from the links'
+    own signed expiry.
 
     Example::
 
@@ -156,6 +160,7 @@ class Task(BaseModel):
     cost: float | None = None
     credits: float | None = None
     error: TaskError | None = None
+    expires_at: datetime | None = None
     raw: dict[str, Any] = Field(default_factory=dict, repr=False)
 
     @property

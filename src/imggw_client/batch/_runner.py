@@ -18,13 +18,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .._async_client import AsyncClient
-from .._config import check_surface
+from .._config import RateLimit, check_surface
 from .._core.retry import classify
 from .._exceptions import (
     AuthenticationError,
@@ -61,7 +62,14 @@ RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tri
 
 @dataclass(frozen=True)
 class BatchProgress:
-    """A snapshot for progress displays: counts per state, money, speed.
+    """A snapshot for progress displays: counts per state, money, speed, the request budget and
+    the results waiting for download.
+
+    ``rate_limit`` is the client's budget; ``least_time_left`` the fewest seconds it allows for
+    the lines not yet submitted (None without a submit ceiling). ``awaiting_download`` counts
+    finished results waiting for a download slot, ``soonest_expiry`` is the earliest link
+    expiry among them, and ``at_risk`` how many of them will, at the current pace, expire
+    before their turn.
 
     Example::
 
@@ -74,6 +82,11 @@ class BatchProgress:
     cost: float
     elapsed: float
     finished_this_run: int
+    rate_limit: RateLimit | None = None
+    least_time_left: float | None = None
+    awaiting_download: int = 0
+    soonest_expiry: datetime | None = None
+    at_risk: int = 0
 
     @property
     def finished(self) -> int:
@@ -431,16 +444,27 @@ def run_batch(
     surface: str | None = None,
     skip_bad_lines: bool = False,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> BatchReport:
     """The blocking form of :func:`arun_batch`. ``client_factory`` makes the AsyncClient to use
-    (default: ``AsyncClient()`` from ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``).
+    (default: ``AsyncClient(rate_limit=rate_limit)`` from ``IMGGW_API_KEY`` /
+    ``IMGGW_BASE_URL``); ``rate_limit`` is the request budget of that default client (give
+    your factory's client its own).
 
     Example::
 
         report = run_batch("prompts.jsonl", "out/", concurrency=16, timeout=3600)
         sys.exit(report.exit_code)
     """
-    make = client_factory or AsyncClient
+    if client_factory is not None and rate_limit is not None:
+        raise RequestValidationError(
+            "rate_limit", "give it to the client your client_factory makes", code="invalid_option"
+        )
+
+    def make() -> AsyncClient:
+        if client_factory is not None:
+            return client_factory()
+        return AsyncClient(rate_limit=rate_limit)
 
     async def main() -> BatchReport:
         async with make() as client:
