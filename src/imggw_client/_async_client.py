@@ -244,7 +244,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             started = time.perf_counter()
             try:
                 response = await self._http.send(
-                    _transport.build_request(self._http, self._settings, action)
+                    _transport.build_request(self._http, self._settings, action, self._agent)
                 )
             except _transport.FAILURES as exc:
                 return _transport.to_failure(exc)
@@ -266,7 +266,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             async with self._http.stream(
                 "GET",
                 fetch.url,
-                headers=_transport.download_headers(),
+                headers=_transport.download_headers(self._agent),
                 follow_redirects=True,
                 timeout=fetch.timeout,
             ) as response:

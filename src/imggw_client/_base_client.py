@@ -10,6 +10,7 @@ import httpx
 from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings
 from ._core.flows import Flows
 from ._exceptions import ConfigurationError
+from ._transport import user_agent
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
@@ -53,6 +54,7 @@ class BaseClient(Generic[H]):
             )
         self._owns_http = http_client is None
         self._http: H = http_client if http_client is not None else self._http_type()
+        self._agent = user_agent(self._http)
 
     @property
     def base_url(self) -> str:

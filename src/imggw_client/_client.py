@@ -231,7 +231,7 @@ class Client(BaseClient[httpx.Client]):
             started = time.perf_counter()
             try:
                 response = self._http.send(
-                    _transport.build_request(self._http, self._settings, action)
+                    _transport.build_request(self._http, self._settings, action, self._agent)
                 )
             except _transport.FAILURES as exc:
                 return _transport.to_failure(exc)
@@ -251,7 +251,7 @@ class Client(BaseClient[httpx.Client]):
             with self._http.stream(
                 "GET",
                 fetch.url,
-                headers=_transport.download_headers(),
+                headers=_transport.download_headers(self._agent),
                 follow_redirects=True,
                 timeout=fetch.timeout,
             ) as response:

@@ -22,13 +22,24 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 FAILURES = (httpx.TransportError, httpx.DecodingError, httpx.TooManyRedirects)
 
 
-def build_request(http: HttpClient, settings: Settings, send: Send) -> httpx.Request:
+def user_agent(http: HttpClient) -> str:
+    """Ours, after the caller's own when their httpx client sets one (httpx's default aside):
+    a caller who names their application keeps that name in every request."""
+    theirs = http.headers.get("user-agent", "").strip()
+    if not theirs or theirs.startswith("python-httpx/"):
+        return USER_AGENT
+    return f"{theirs} {USER_AGENT}"
+
+
+def build_request(
+    http: HttpClient, settings: Settings, send: Send, agent: str = USER_AGENT
+) -> httpx.Request:
     wire = send.request
     # The key goes on each request, never on the httpx client, so a caller's client is not
     # altered and result downloads (which use the same client) never carry it.
     headers = {
         **(wire.headers or {}),
-        "User-Agent": USER_AGENT,
+        "User-Agent": agent,
         surfaces.AUTHORIZATION_HEADER: surfaces.authorization(settings.api_key),
     }
     return http.build_request(
@@ -63,5 +74,5 @@ def to_failure(exc: Exception) -> TransportFailure:
     )
 
 
-def download_headers() -> dict[str, str]:
-    return {"User-Agent": USER_AGENT}
+def download_headers(agent: str = USER_AGENT) -> dict[str, str]:
+    return {"User-Agent": agent}
