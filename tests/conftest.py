@@ -17,7 +17,8 @@ from imggw_client import AsyncClient, Client, PollPolicy, RetryPolicy
 CANARY_KEY = "sk-canary-5e1f0c2b9a8d7e6f4a3b"
 BASE_URL = "http://gateway.test"
 CDN = "http://cdn.test"
-PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
+# Signature, some bytes, and the IEND chunk a whole PNG ends with (downloads check for it).
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8 + b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
 @pytest.fixture

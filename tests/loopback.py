@@ -66,3 +66,64 @@ def http_json(status: int, body: bytes) -> bytes:
         f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
+
+
+Handler = Callable[[socket.socket, int, bytes], None]
+
+
+@contextlib.contextmanager
+def raw_server(handle: Handler) -> Iterator[str]:
+    """A hostile HTTP/1.1 server on 127.0.0.1: each connection gets its own thread, which reads
+    one request head and calls ``handle(conn, n, head)`` for the n-th request; ``handle``
+    writes whatever it likes (slowly, cut short, endlessly) and the connection is then closed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    count = iter(range(1, 1 << 30))
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                handle(conn, next(count), data.partition(b"\r\n\r\n")[0])
+            except OSError:
+                pass  # the client gave up on us: that is the point of most of these tests
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def drip(
+    conn: socket.socket, data: bytes, every: float, stop: threading.Event | None = None
+) -> None:
+    """Sends ``data`` a byte at a time, ``every`` seconds apart: each read sees a byte well
+    within any read timeout, so only a deadline on the whole request ends it."""
+    import time
+
+    for byte in data:
+        if stop is not None and stop.is_set():
+            return
+        conn.sendall(bytes([byte]))
+        time.sleep(every)

@@ -128,15 +128,30 @@ def test_wait_deadline_raises_wait_timeout_with_the_last_task_and_checks_once_mo
     assert err.task_id == "9"
     assert err.last_task is not None
     assert err.last_task.status is TaskStatus.RUNNING
-    assert script.now == pytest.approx(120.0)  # never sleeps past the deadline...
-    assert script.sent[-1][0] == pytest.approx(120.0)  # ...and queries once at it
+    assert script.now == pytest.approx(120.0)  # ends exactly at the deadline...
+    assert script.sent[-1][0] == pytest.approx(119.0)  # ...after a last query 1 s before it
+    # Every query is bounded by what is left of the wait: none can run past the deadline.
+    assert all(at + send.timeout <= 120.0 + 1e-9 for at, send in script.sent)
+    assert script.sent[-1][1].timeout == pytest.approx(1.0)
+
+
+def test_a_short_wait_polls_until_just_before_its_deadline() -> None:
+    script = Script(finishing_at(10_000.0))
+    fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
+    with pytest.raises(WaitTimeoutError):
+        script.run(flows(script, poll=fast).wait("9", surface=None, timeout=0.5))
+    assert script.now == pytest.approx(0.5)
+    assert len(script.sent) >= 5
+    assert all(at + send.timeout <= 0.5 + 1e-9 for at, send in script.sent)
 
 
 def test_wait_with_zero_timeout_queries_once() -> None:
     script = Script(task("processing", 5))
     with pytest.raises(WaitTimeoutError):
         script.run(flows(script).wait("9", surface=None, timeout=0))
-    assert len(script.sent) == 1
+    assert len(script.sent) == 1  # "check once": bounded by the client's own timeout
+    assert script.sent[0][1].timeout == 30.0
+    assert script.now == 0.0
 
 
 def test_unknown_states_count_as_active_and_the_deadline_still_bounds_them() -> None:

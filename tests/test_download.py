@@ -28,7 +28,7 @@ from .conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, make_cli
 
 pytestmark = pytest.mark.anyio
 
-JPEG = b"\xff\xd8\xff\xe0" + b"j" * 500
+JPEG = b"\xff\xd8\xff\xe0" + b"j" * 500 + b"\xff\xd9"  # SOI ... EOI
 
 
 def done(*urls: str, task_id: str = "42") -> Task:

@@ -43,7 +43,13 @@ API_ERRORS = {
     "PermissionDeniedError",
 }
 PINNED |= API_ERRORS
-ADDED = {"APIConnectionError", "APITimeoutError", "ConflictError", "__version__"}
+ADDED = {
+    "APIConnectionError",
+    "APITimeoutError",
+    "ClientClosedError",
+    "ConflictError",
+    "__version__",
+}
 
 
 def test_exported_names_are_exactly_the_pinned_set_plus_documented_additions() -> None:

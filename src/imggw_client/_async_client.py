@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -24,9 +26,9 @@ from ._base_client import (
 )
 from ._config import PollPolicy, RateLimit, RetryPolicy
 from ._core.flows import Flow
-from ._core.wire import Action, Fetch, Fetched, Notify, Send, Sleep, TransportFailure
-from ._download import Sink, check_concurrency, first_error
-from ._exceptions import DownloadError
+from ._core.wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
+from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
+from ._exceptions import ConfigurationError, DownloadError, ImggwError
 from ._models import DownloadedFile, Submission, Task
 
 T = TypeVar("T")
@@ -41,6 +43,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     ``api_key`` and ``base_url`` fall back to ``IMGGW_API_KEY`` and ``IMGGW_BASE_URL``. Pass
     ``http_client=`` to use your own ``httpx.Client`` (proxies, custom transports); it is not
     closed by :meth:`close`. Share one client between tasks.
+
+    An ``AsyncClient`` may be used under one event loop after another (several
+    ``asyncio.run()`` calls): the HTTP client it made is replaced on the new loop. A caller's
+    own ``http_client`` belongs to its loop: using it under another raises
+    :class:`ConfigurationError` before anything is sent.
 
     Example::
 
@@ -177,21 +184,28 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         *,
         overwrite: bool = False,
         concurrency: int = DEFAULT_DOWNLOAD_CONCURRENCY,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
     ) -> list[DownloadedFile]:
         """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
 
-        Each file is streamed to a temp file, checked against Content-Length, hashed (sha256)
-        and renamed into place atomically. The API key is never sent to result URLs. Existing
-        files are kept unless ``overwrite=True``. A link past retention raises
-        :class:`ResultExpiredError`. Up to ``concurrency`` files download at once; if one
-        fails, the others still finish and the first error is raised.
+        Each file is streamed to a temp file, checked against Content-Length and, for PNG, JPEG,
+        GIF and WebP, checked to end where its format says; hashed (sha256) and renamed into
+        place atomically. The API key is never sent to result URLs. Existing files are kept
+        unless ``overwrite=True``. A link past retention raises :class:`ResultExpiredError`.
+        A file larger than ``max_bytes`` (default 128 MiB) is refused; ``timeout`` (default:
+        the client's) bounds each attempt at a file, however slowly its bytes come. Up to
+        ``concurrency`` files download at once; if one fails, the others still finish and the
+        first error is raised.
 
         Example::
 
             for f in await client.download(task, "out/"):
                 print(f.path, f.sha256)
         """
-        flows = self._flows.downloads(task, Path(dest_dir), overwrite=overwrite)
+        flows = self._flows.downloads(
+            task, Path(dest_dir), overwrite=overwrite, max_bytes=max_bytes, timeout=timeout
+        )
         limiter = anyio.CapacityLimiter(check_concurrency(concurrency))
         results: list[DownloadedFile | BaseException] = [
             DownloadError("not started") for _ in flows
@@ -207,9 +221,13 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         return first_error(results)
 
     async def close(self) -> None:
-        """Closes the HTTP client if this client created it."""
-        if self._owns_http:
+        """Closes the HTTP client if this client created it. Calls made after it, or cut short
+        by it, raise :class:`ClientClosedError` (a submit whose outcome is unknown:
+        :class:`UnknownOutcomeError` with its key)."""
+        self._closed = True
+        if self._owns_http and self._conn.loop in (None, _current_loop()):
             await self._http.aclose()
+        # Else its connections belong to an event loop that is gone: nothing can close them.
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -241,14 +259,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
     async def _perform(self, action: Action, on_update: OnUpdate | None) -> Any:
         if isinstance(action, Send):
-            started = time.perf_counter()
-            try:
-                response = await self._http.send(
-                    _transport.build_request(self._http, self._settings, action, self._agent)
-                )
-            except _transport.FAILURES as exc:
-                return _transport.to_failure(exc)
-            return _transport.to_reply(response, time.perf_counter() - started)
+            return await self._send(action)
         if isinstance(action, Sleep):
             await self._sleep(action.seconds)
         elif isinstance(action, Notify):
@@ -260,23 +271,80 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             return await self._fetch(action)
         return None
 
+    def _on_this_loop(self) -> None:
+        """Connections belong to the event loop that opened them; one used from a later loop
+        fails after the request was written (a task billed, the answer lost). So on a new
+        loop our own HTTP client is replaced before anything is sent, and a caller's is
+        refused."""
+        loop = _current_loop()
+        conn = self._conn
+        if conn.loop is None or conn.loop is loop:
+            conn.loop = loop
+            return
+        if conn.factory is None:
+            raise ConfigurationError(
+                "this AsyncClient's http_client was used under another event loop; make the "
+                "client (and its http_client) inside the event loop that uses it"
+            )
+        conn.http, conn.loop = conn.factory(), loop  # the old loop is gone, and its sockets
+
+    async def _send(self, send: Send) -> Reply | TransportFailure:
+        closed = self._closed_failure()
+        if closed is not None:
+            return closed
+        self._on_this_loop()
+        request = _transport.build_request(self._http, self._settings, send, self._agent)
+        started = time.perf_counter()
+        body = _transport.Body()
+        try:
+            with anyio.fail_after(send.timeout):
+                response = await self._http.send(request, stream=True)
+                try:
+                    async for chunk in response.aiter_bytes():
+                        body.add(chunk)
+                finally:
+                    await response.aclose()
+        except (*_transport.FAILURES, TimeoutError) as exc:
+            return _transport.to_failure(exc)
+        except Exception as exc:
+            return self._failure(exc)
+        return _transport.to_reply(response, body.content, time.perf_counter() - started)
+
     async def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:
+        closed = self._closed_failure()
+        if closed is not None:
+            return closed
+        self._on_this_loop()
         sink = Sink(fetch)
         try:
-            async with self._http.stream(
-                "GET",
-                fetch.url,
-                headers=_transport.download_headers(self._agent),
-                follow_redirects=True,
-                timeout=fetch.timeout,
-            ) as response:
-                if response.status_code != 200:
-                    return Fetched(response.status_code)
-                async for chunk in response.aiter_bytes():
-                    sink.write(chunk)
-                # fsync can take long on a busy disk: off the event loop, others keep going.
-                return await anyio.to_thread.run_sync(sink.finish, response.headers)
-        except _transport.FAILURES as exc:
+            with anyio.fail_after(fetch.timeout):
+                async with self._http.stream(
+                    "GET",
+                    fetch.url,
+                    headers=_transport.download_headers(self._agent),
+                    follow_redirects=True,
+                    timeout=fetch.timeout,
+                ) as response:
+                    if response.status_code != 200:
+                        return Fetched(response.status_code)
+                    async for chunk in response.aiter_bytes():
+                        sink.write(chunk)
+                        if sink.too_large:
+                            return Fetched(200, too_large=True)
+                    # fsync can take long on a busy disk: off the event loop, others go on.
+                    return await anyio.to_thread.run_sync(sink.finish, response.headers)
+        except (*_transport.FAILURES, TimeoutError) as exc:
             return _transport.to_failure(exc)
+        except ImggwError:
+            raise  # the disk, not the network: never retried as a fault of the link
+        except Exception as exc:
+            return self._failure(exc)
         finally:
             sink.discard()
+
+
+def _current_loop() -> object:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio: anyio's other backend
+        return importlib.import_module("trio").lowlevel.current_trio_token()

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from . import _transport
+from . import _deadline, _transport
 from ._base_client import (
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
@@ -22,8 +22,9 @@ from ._base_client import (
 )
 from ._config import PollPolicy, RateLimit, RetryPolicy
 from ._core.flows import Flow
-from ._core.wire import Action, Fetch, Fetched, Notify, Send, Sleep, TransportFailure
-from ._download import Sink, check_concurrency, first_error
+from ._core.wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
+from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
+from ._exceptions import ImggwError
 from ._models import DownloadedFile, Submission, Task
 
 T = TypeVar("T")
@@ -47,6 +48,9 @@ class Client(BaseClient[httpx.Client]):
     """
 
     _http_type = httpx.Client
+
+    def _new_http(self) -> httpx.Client:
+        return _deadline.bounded_client()
 
     def __init__(
         self,
@@ -174,27 +178,37 @@ class Client(BaseClient[httpx.Client]):
         *,
         overwrite: bool = False,
         concurrency: int = DEFAULT_DOWNLOAD_CONCURRENCY,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
     ) -> list[DownloadedFile]:
         """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
 
-        Each file is streamed to a temp file, checked against Content-Length, hashed (sha256)
-        and renamed into place atomically. The API key is never sent to result URLs. Existing
-        files are kept unless ``overwrite=True``. A link past retention raises
-        :class:`ResultExpiredError`. Up to ``concurrency`` files download at once; if one
-        fails, the others still finish and the first error is raised.
+        Each file is streamed to a temp file, checked against Content-Length and, for PNG, JPEG,
+        GIF and WebP, checked to end where its format says; hashed (sha256) and renamed into
+        place atomically. The API key is never sent to result URLs. Existing files are kept
+        unless ``overwrite=True``. A link past retention raises :class:`ResultExpiredError`.
+        A file larger than ``max_bytes`` (default 128 MiB) is refused; ``timeout`` (default:
+        the client's) bounds each attempt at a file, however slowly its bytes come. Up to
+        ``concurrency`` files download at once; if one fails, the others still finish and the
+        first error is raised.
 
         Example::
 
             for f in client.download(task, "out/"):
                 print(f.path, f.sha256)
         """
-        flows = self._flows.downloads(task, Path(dest_dir), overwrite=overwrite)
+        flows = self._flows.downloads(
+            task, Path(dest_dir), overwrite=overwrite, max_bytes=max_bytes, timeout=timeout
+        )
         workers = min(check_concurrency(concurrency), len(flows))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return first_error(list(pool.map(self._run_catching, flows)))
 
     def close(self) -> None:
-        """Closes the HTTP client if this client created it."""
+        """Closes the HTTP client if this client created it. Calls made after it, or cut short
+        by it from another thread, raise :class:`ClientClosedError` (a submit whose outcome
+        is unknown: :class:`UnknownOutcomeError` with its key)."""
+        self._closed = True
         if self._owns_http:
             self._http.close()
 
@@ -228,14 +242,7 @@ class Client(BaseClient[httpx.Client]):
 
     def _perform(self, action: Action, on_update: OnUpdate | None) -> Any:
         if isinstance(action, Send):
-            started = time.perf_counter()
-            try:
-                response = self._http.send(
-                    _transport.build_request(self._http, self._settings, action, self._agent)
-                )
-            except _transport.FAILURES as exc:
-                return _transport.to_failure(exc)
-            return _transport.to_reply(response, time.perf_counter() - started)
+            return self._send(action)
         if isinstance(action, Sleep):
             self._sleep(action.seconds)
         elif isinstance(action, Notify):
@@ -245,22 +252,57 @@ class Client(BaseClient[httpx.Client]):
             return self._fetch(action)
         return None
 
+    def _send(self, send: Send) -> Reply | TransportFailure:
+        closed = self._closed_failure()
+        if closed is not None:
+            return closed
+        request = _transport.build_request(self._http, self._settings, send, self._agent)
+        started = time.perf_counter()
+        body = _transport.Body()
+        try:
+            with _deadline.bounded(send.timeout) as deadline:
+                response = self._http.send(request, stream=True)
+                try:
+                    for chunk in response.iter_bytes():
+                        body.add(chunk)
+                        _transport.check_deadline(deadline)
+                finally:
+                    response.close()
+        except _transport.FAILURES as exc:
+            return _transport.to_failure(exc)
+        except Exception as exc:
+            return self._failure(exc)
+        return _transport.to_reply(response, body.content, time.perf_counter() - started)
+
     def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:
+        closed = self._closed_failure()
+        if closed is not None:
+            return closed
         sink = Sink(fetch)
         try:
-            with self._http.stream(
-                "GET",
-                fetch.url,
-                headers=_transport.download_headers(self._agent),
-                follow_redirects=True,
-                timeout=fetch.timeout,
-            ) as response:
+            with (
+                _deadline.bounded(fetch.timeout) as deadline,
+                self._http.stream(
+                    "GET",
+                    fetch.url,
+                    headers=_transport.download_headers(self._agent),
+                    follow_redirects=True,
+                    timeout=fetch.timeout,
+                ) as response,
+            ):
                 if response.status_code != 200:
                     return Fetched(response.status_code)
                 for chunk in response.iter_bytes():
                     sink.write(chunk)
+                    if sink.too_large:
+                        return Fetched(200, too_large=True)
+                    _transport.check_deadline(deadline)
                 return sink.finish(response.headers)
         except _transport.FAILURES as exc:
             return _transport.to_failure(exc)
+        except ImggwError:
+            raise  # the disk, not the network: never retried as a fault of the link
+        except Exception as exc:
+            return self._failure(exc)
         finally:
             sink.discard()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, cast
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings"]
+__all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings", "updated"]
 
 ENV_API_KEY = "IMGGW_API_KEY"
 ENV_BASE_URL = "IMGGW_BASE_URL"
@@ -183,18 +183,7 @@ def resolve_settings(
     _require(
         url.startswith(("http://", "https://")), "base_url must start with http:// or https://"
     )
-    _require(_positive(timeout), "timeout must be a positive number of seconds")
-    if retry is None:
-        _require(
-            isinstance(max_retries, int) and max_retries >= 0, "max_retries must be an int >= 0"
-        )
-        retry = RetryPolicy(max_attempts=max_retries + 1)
-    else:
-        _require(isinstance(retry, RetryPolicy), "retry must be a RetryPolicy")
-        _require(max_retries == 5, "pass either retry= or max_retries=, not both")
-    if poll is None:
-        poll = PollPolicy()
-    _require(isinstance(poll, PollPolicy), "poll must be a PollPolicy")
+    timeout, retry, poll = _policies(timeout, max_retries, retry, poll)
     if rate_limit is None:
         rate_limit = RateLimit()
     _require(isinstance(rate_limit, RateLimit), "rate_limit must be a RateLimit")
@@ -207,3 +196,51 @@ def resolve_settings(
         poll=poll,
         rate_limit=rate_limit,
     )
+
+
+def _policies(
+    timeout: float, max_retries: int | None, retry: RetryPolicy | None, poll: PollPolicy | None
+) -> tuple[float, RetryPolicy, PollPolicy]:
+    _require(
+        not isinstance(timeout, bool) and _positive(timeout),
+        "timeout must be a positive number of seconds",
+    )
+    if retry is None:
+        retry = RetryPolicy(max_attempts=_retries(5 if max_retries is None else max_retries) + 1)
+    else:
+        _require(isinstance(retry, RetryPolicy), "retry must be a RetryPolicy")
+        _require(max_retries in (None, 5), "pass either retry= or max_retries=, not both")
+    if poll is None:
+        poll = PollPolicy()
+    _require(isinstance(poll, PollPolicy), "poll must be a PollPolicy")
+    return float(timeout), retry, poll
+
+
+def updated(
+    settings: Settings,
+    *,
+    timeout: float | None = None,
+    max_retries: int | None = None,
+    retry: RetryPolicy | None = None,
+    poll: PollPolicy | None = None,
+) -> Settings:
+    """``settings`` with the given values replaced, checked as the constructor checks them."""
+    _require(retry is None or max_retries is None, "pass either retry= or max_retries=, not both")
+    if max_retries is not None:
+        retry = replace(settings.retry, max_attempts=_retries(max_retries) + 1)
+    new_timeout, new_retry, new_poll = _policies(
+        settings.timeout if timeout is None else timeout,
+        None,
+        settings.retry if retry is None else retry,
+        settings.poll if poll is None else poll,
+    )
+    return replace(settings, timeout=new_timeout, retry=new_retry, poll=new_poll)
+
+
+def _retries(max_retries: object) -> int:
+    _require(
+        isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0,
+        "max_retries must be an int >= 0",
+    )
+    assert isinstance(max_retries, int)
+    return max_retries

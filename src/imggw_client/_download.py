@@ -1,12 +1,14 @@
 """Verified, atomic saving of one result: bytes stream into a hidden temp file beside the
-target while size and sha256 are computed; only a complete body is renamed into place."""
+target while size and sha256 are computed; only a complete body, and a whole image, is renamed
+into place."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
-import tempfile
+import secrets
+import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -30,17 +32,41 @@ _CONTENT_TYPES = {
     "image/gif": ".gif",
 }
 _PART_SUFFIX = ".part"
+DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # a 4K image is at most ~33 MB even as raw RGBA
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
+_TAIL = 32
 
 
-def extension(head: bytes, content_type: str | None) -> str:
-    """The file extension, from the bytes first (servers mislabel), then the Content-Type."""
+def is_whole(head: bytes, tail: bytes, size: int) -> bool:
+    """Whether an image whose bytes show its format ends where that format says it ends: a
+    body cut by a dropped connection (close-delimited, so no length to check) is caught here.
+    Bytes that show no known format cannot be told and count as whole."""
+    ext = sniff(head)
+    if ext == ".png":
+        return tail.endswith(_PNG_END)
+    if ext == ".jpg":
+        return b"\xff\xd9" in tail[-4:]  # the EOI marker, allowing a little padding
+    if ext == ".gif":
+        return tail.endswith(b"\x3b")
+    if ext == ".webp":  # RIFF: the length after the first 8 bytes is the file's
+        return len(head) >= 8 and struct.unpack("<I", head[4:8])[0] + 8 == size
+    return True
+
+
+def sniff(head: bytes) -> str | None:
+    """The image format the first bytes show, as an extension; None if they show none."""
     for magic, ext in _MAGIC:
         if head.startswith(magic):
             return ext
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return ".webp"
+    return None
+
+
+def extension(head: bytes, content_type: str | None) -> str:
+    """The file extension, from the bytes first (servers mislabel), then the Content-Type."""
     media = (content_type or "").split(";")[0].strip().lower()
-    return _CONTENT_TYPES.get(media, ".bin")
+    return sniff(head) or _CONTENT_TYPES.get(media, ".bin")
 
 
 def _existing(dest_dir: Path, stem: str) -> Path | None:
@@ -63,24 +89,32 @@ class Sink:
         existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
         if existing is not None:
             raise DownloadError(f"{existing} exists; pass overwrite=True to replace it")
+        self._tmp = fetch.dest_dir / f".{fetch.stem}.{secrets.token_hex(4)}{_PART_SUFFIX}"
         try:
-            fd, name = tempfile.mkstemp(
-                dir=fetch.dest_dir, prefix=f".{fetch.stem}.", suffix=_PART_SUFFIX
-            )
+            # Mode 0666 less the umask, like any file the user makes (mkstemp would give 0600).
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise DownloadError(f"cannot write in {fetch.dest_dir}: {exc.strerror}") from exc
-        self._tmp = Path(name)
         self._file = os.fdopen(fd, "wb")
         self._hash = hashlib.sha256()
         self._size = 0
         self._head = b""
+        self._tail = b""
         self._done = False
 
+    @property
+    def too_large(self) -> bool:
+        return self._size > self.fetch.max_bytes
+
     def write(self, chunk: bytes) -> None:
+        """Adds a chunk; past ``max_bytes`` nothing more is written (see ``too_large``)."""
         if len(self._head) < 16:
             self._head += chunk[: 16 - len(self._head)]
+        self._tail = (self._tail + chunk)[-_TAIL:]
         self._hash.update(chunk)
         self._size += len(chunk)
+        if self.too_large:
+            return
         try:
             self._file.write(chunk)
         except OSError as exc:
@@ -90,13 +124,14 @@ class Sink:
         expected = _expected_size(headers)
         if expected is not None and expected != self._size:
             return Fetched(200, incomplete=True)
+        if not is_whole(self._head, self._tail, self._size):
+            return Fetched(200, incomplete=True)
+        ext = extension(self._head, headers.get("content-type"))
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-            target = self.fetch.dest_dir / (
-                self.fetch.stem + extension(self._head, headers.get("content-type"))
-            )
+            target = self.fetch.dest_dir / (self.fetch.stem + ext)
             self._place(target)
         except OSError as exc:
             raise DownloadError(f"cannot save {self.fetch.stem}: {exc.strerror}") from exc

@@ -4,6 +4,7 @@ Every error the SDK raises is an :class:`ImggwError`::
 
     ImggwError                          status_code, code, message, surface on every error
     ├── ConfigurationError              missing key or base URL, bad option values
+    ├── ClientClosedError               the client was closed (before or during the call)
     ├── RequestValidationError          (a ValueError too) a request broke a rule; names the field
     ├── APIConnectionError              the gateway could not be reached (retries exhausted)
     │   └── APITimeoutError             ... because requests timed out
@@ -49,6 +50,7 @@ __all__ = [
     "APIError",
     "APITimeoutError",
     "AuthenticationError",
+    "ClientClosedError",
     "ConfigurationError",
     "ConflictError",
     "DownloadError",
@@ -110,6 +112,22 @@ class ConfigurationError(ImggwError):
 
         Client(api_key=None)  # with IMGGW_API_KEY unset -> ConfigurationError
     """
+
+
+class ClientClosedError(ImggwError):
+    """The client was closed, before the call or while it ran (``close()`` from another thread
+    or task). ``request_sent`` tells whether the interrupted request may have reached the
+    gateway; a *submit* that may have raises :class:`UnknownOutcomeError` instead.
+
+    Example::
+
+        client.close()
+        client.get("12345")   # ClientClosedError: make a new client
+    """
+
+    def __init__(self, message: str, *, request_sent: bool = False) -> None:
+        super().__init__(message, code="client_closed")
+        self.request_sent = request_sent
 
 
 class RequestValidationError(ImggwError, ValueError):

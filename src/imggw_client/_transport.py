@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 
 from ._config import Settings
 from ._core import surfaces
-from ._core.wire import Reply, Send, TransportFailure
+from ._core.wire import Reply, ReplyTooLarge, Send, TransportFailure
 from ._version import __version__
 
 log = logging.getLogger("imggw_client")
@@ -19,7 +20,7 @@ HttpClient = httpx.Client | httpx.AsyncClient
 # Errors after which the request surely never reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # Errors that mean "no complete response": retried by the core, never leaked raw.
-FAILURES = (httpx.TransportError, httpx.DecodingError, httpx.TooManyRedirects)
+FAILURES = (httpx.TransportError, httpx.DecodingError, httpx.TooManyRedirects, ReplyTooLarge)
 
 
 def user_agent(http: HttpClient) -> str:
@@ -52,7 +53,33 @@ def build_request(
     )
 
 
-def to_reply(response: httpx.Response, elapsed: float) -> Reply:
+class Body:
+    """A reply's body, read chunk by chunk (decoded, so a compressed bomb is caught too), up to
+    :data:`surfaces.MAX_REPLY_BYTES`: a hostile reply is never buffered whole."""
+
+    def __init__(self, limit: int = surfaces.MAX_REPLY_BYTES) -> None:
+        self.limit = limit
+        self.size = 0
+        self.parts: list[bytes] = []
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise ReplyTooLarge(self.limit)
+        self.parts.append(chunk)
+
+    @property
+    def content(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def check_deadline(deadline: float) -> None:
+    """Between chunks: a body that keeps trickling in must still end by the deadline."""
+    if time.monotonic() > deadline:
+        raise httpx.ReadTimeout("the request's deadline passed")
+
+
+def to_reply(response: httpx.Response, content: bytes, elapsed: float) -> Reply:
     if log.isEnabledFor(logging.DEBUG):
         request = response.request
         log.debug(
@@ -62,14 +89,14 @@ def to_reply(response: httpx.Response, elapsed: float) -> Reply:
             response.status_code,
             elapsed * 1e3,
         )
-    return Reply(response.status_code, response.headers, response.content)
+    return Reply(response.status_code, response.headers, content)
 
 
 def to_failure(exc: Exception) -> TransportFailure:
     log.debug("request failed: %s", type(exc).__name__)
     return TransportFailure(
         sent=not isinstance(exc, _NOT_SENT),
-        timeout=isinstance(exc, httpx.TimeoutException),
+        timeout=isinstance(exc, (httpx.TimeoutException, TimeoutError)),
         error=exc,
     )
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from .._config import Settings, Surface, check_surface
 from .._exceptions import (
+    APITimeoutError,
     DownloadError,
     ImggwError,
     RateLimitError,
@@ -31,6 +32,7 @@ from .._exceptions import (
 )
 from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from . import rules, surfaces
+from .budget import QUERY, SUBMIT, Budget, Ticket
 from .poll import poll_interval
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
 from .wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
@@ -41,7 +43,7 @@ Flow = Generator[Action, Any, T]
 log = logging.getLogger("imggw_client")
 
 EXPIRED_STATUSES = frozenset({403, 404, 410})
-MIN_FINAL_QUERY_TIMEOUT = 2.0
+FINAL_QUERY_LEAD = 1.0  # the last query of a wait goes out this long before its deadline (at most)
 
 
 def new_idempotency_key() -> str:
@@ -56,7 +58,8 @@ def file_stem(task_id: str, index: int) -> str:
 
 class Flows:
     """Builds the flows of one client. ``clock`` is monotonic seconds, ``wall`` epoch seconds
-    (for ``Retry-After`` dates), ``rng`` draws every jitter."""
+    (for ``Retry-After`` dates), ``rng`` draws every jitter. ``budget`` is the request budget,
+    shared with the client's ``with_options`` copies (a new one from the settings if None)."""
 
     def __init__(
         self,
@@ -65,11 +68,13 @@ class Flows:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.wall = wall
         self.rng = rng if rng is not None else random.Random()
+        self.budget = budget if budget is not None else Budget(settings.rate_limit)
         self._secrets = (settings.api_key,)
 
     def surface(self, surface: str | None) -> Surface:
@@ -119,7 +124,7 @@ class Flows:
 
         def stamped() -> Flow[Submission]:
             submission = yield from self._attempts(
-                lambda: Send(wire, self.settings.timeout), read, give_up
+                lambda: Send(wire, self.settings.timeout), read, give_up, kind=SUBMIT
             )
             submission._accepted_at = self.clock()
             return submission
@@ -131,7 +136,9 @@ class Flows:
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
         wire = surfaces.build_query(surface, task_id)
         return self._attempts(
-            lambda: Send(wire, self.settings.timeout), self._task_reader(surface, task_id)
+            lambda: Send(wire, self.settings.timeout),
+            self._task_reader(surface, task_id),
+            kind=QUERY,
         )
 
     def wait(
@@ -159,15 +166,21 @@ class Flows:
     def _wait(
         self, surface: Surface, task_id: str, timeout: float, *, first_sleep: float = 0.0
     ) -> Flow[Task]:
+        """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
+        before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once."""
         deadline = self.clock() + timeout
+        bounded = timeout > 0
+        # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
+        lead = min(FINAL_QUERY_LEAD, self.settings.timeout, self.settings.poll.initial_interval)
         wire = surfaces.build_query(surface, task_id)
         read = self._task_reader(surface, task_id)
         last: Task | None = None
         seen: tuple[TaskStatus, int | None] | None = None
 
         def send() -> Send:
-            remaining = deadline - self.clock()
-            return Send(wire, min(self.settings.timeout, max(remaining, MIN_FINAL_QUERY_TIMEOUT)))
+            if not bounded:
+                return Send(wire, self.settings.timeout)
+            return Send(wire, min(self.settings.timeout, deadline - self.clock()))
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             # Out of time while the gateway was unreachable: still not a failure of the task.
@@ -176,11 +189,14 @@ class Flows:
             return err
 
         polls = 0
-        if first_sleep > 0 and timeout > 0:
-            yield Sleep(min(first_sleep, timeout))
+        if first_sleep > 0 and bounded:
+            if min(first_sleep, timeout - lead) > 0:
+                yield Sleep(min(first_sleep, timeout - lead))
             polls = 1
         while True:
-            task = yield from self._attempts(send, read, give_up, deadline=deadline)
+            task = yield from self._attempts(
+                send, read, give_up, kind=QUERY, deadline=deadline if bounded else None
+            )
             if (task.status, task.progress) != seen:
                 seen = (task.status, task.progress)
                 yield Notify(task)
@@ -190,9 +206,13 @@ class Flows:
             if task.status is TaskStatus.FAILED:
                 raise TaskFailedError(task)
             remaining = deadline - self.clock()
-            if remaining <= 0:
+            if not bounded or remaining <= lead:
+                if bounded and remaining > 0:
+                    yield Sleep(remaining)  # a wait that times out takes its whole timeout
                 raise WaitTimeoutError(task_id, last, timeout=timeout)
-            yield Sleep(min(poll_interval(self.settings.poll, polls, self.rng), remaining))
+            # A poll the budget delayed was sent late: its interval counts from then.
+            interval = poll_interval(self.settings.poll, polls, self.rng)
+            yield Sleep(min(interval, remaining - lead))
             polls += 1
 
     def generate(
@@ -219,9 +239,17 @@ class Flows:
         return (yield from self.wait(submission, surface=None, timeout=timeout))
 
     def downloads(
-        self, task: Task, dest_dir: Path, *, overwrite: bool
+        self,
+        task: Task,
+        dest_dir: Path,
+        *,
+        overwrite: bool,
+        max_bytes: int,
+        timeout: float | None = None,
     ) -> list[Flow[DownloadedFile]]:
-        """One flow per result URL of a succeeded task, to run one after another or at once."""
+        """One flow per result URL of a succeeded task, to run one after another or at once.
+        ``timeout`` bounds each attempt at a file, from the request to the last byte (default:
+        the client's timeout)."""
         if not isinstance(task, Task):
             rule = "must be a Task (for a task id, call get(task_id) and download that)"
             raise_violations([rules.Violation("task", rule, "invalid_task")])
@@ -236,21 +264,37 @@ class Flows:
             raise DownloadError(
                 f"task {task.id} succeeded without result URLs", surface=task.surface
             )
+        fetch = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
         return [
-            self._download(task, url, dest_dir, file_stem(task.id, index), overwrite)
+            self._download(task, url, dest_dir, file_stem(task.id, index), overwrite, fetch)
             for index, url in enumerate(task.image_urls)
         ]
 
     def _download(
-        self, task: Task, url: str, dest_dir: Path, stem: str, overwrite: bool
+        self,
+        task: Task,
+        url: str,
+        dest_dir: Path,
+        stem: str,
+        overwrite: bool,
+        limits: tuple[int, float],
     ) -> Flow[DownloadedFile]:
+        max_bytes, timeout = limits
+
         def read(outcome: Fetched | TransportFailure) -> DownloadedFile:
             if isinstance(outcome, TransportFailure):
                 raise surfaces.transport_error(task.surface, outcome) from outcome.error
             if outcome.file is not None:
                 return outcome.file
+            if outcome.too_large:
+                raise DownloadError(
+                    f"result {stem} of task {task.id} is larger than max_bytes={max_bytes}; "
+                    "nothing was saved (pass a larger max_bytes to accept it)",
+                    code="result_too_large",
+                    surface=task.surface,
+                )
             if outcome.incomplete:
-                raise surfaces.malformed(task.surface, outcome.status, "the body ended early")
+                raise surfaces.malformed(task.surface, outcome.status, "the file was cut short")
             if outcome.status in EXPIRED_STATUSES:
                 raise ResultExpiredError(
                     f"result {stem} of task {task.id} is no longer available "
@@ -280,7 +324,7 @@ class Flows:
             )
 
         return self._attempts(
-            lambda: Fetch(url, dest_dir, stem, overwrite, self.settings.timeout), read, give_up
+            lambda: Fetch(url, dest_dir, stem, overwrite, timeout, max_bytes), read, give_up
         )
 
     # ------------------------------------------------------------------------ machinery
@@ -299,21 +343,42 @@ class Flows:
         read: Callable[[Any], T],
         give_up: Callable[[ImggwError, bool], ImggwError] | None = None,
         *,
+        kind: str | None = None,
         deadline: float | None = None,
     ) -> Flow[T]:
         """Performs an action until ``read`` accepts its outcome, retrying what ``classify``
-        calls retryable: up to ``max_attempts``, or, with a ``deadline``, until it passes."""
+        calls retryable: up to ``max_attempts``, or, with a ``deadline``, until it passes.
+        Requests of a ``kind`` (submit, query) each wait for a slot of the client's budget."""
         attempt, unknown = 0, False
         while True:
             attempt += 1
+            ticket = None
+            if kind is not None:
+                ticket = yield from self._slot(kind, deadline)
+                if ticket is None:
+                    err = APITimeoutError(
+                        "the request budget left no slot before the deadline", request_sent=False
+                    )
+                    raise (give_up(err, unknown) if give_up else err) from None
             action = make_action()
             outcome = yield action
             try:
-                return read(outcome)
+                result = read(outcome)
             except ImggwError as err:
                 verdict = classify(err)
                 unknown = unknown or verdict.unknown
-                delay = self._delay(verdict, attempt, deadline)
+                limited = isinstance(err, RateLimitError) and ticket is not None
+                if ticket is not None:
+                    hint = err.retry_after if isinstance(err, RateLimitError) else None
+                    retry = self.settings.retry
+                    self.budget.finished(
+                        ticket,
+                        self.clock(),
+                        limited=limited,
+                        retry_after=hint,
+                        backoff=(retry.initial_backoff, retry.max_backoff),
+                    )
+                delay = self._delay(verdict, attempt, deadline, budgeted=limited)
                 if delay is None:
                     final = give_up(err, unknown) if give_up else err
                     if final is err:
@@ -326,18 +391,58 @@ class Flows:
                     attempt,
                     err.message,
                 )
-            yield Sleep(delay)
+            else:
+                if ticket is not None:
+                    self.budget.finished(ticket, self.clock())
+                return result
+            if delay > 0:
+                yield Sleep(delay)
 
-    def _delay(self, verdict: Verdict, attempt: int, deadline: float | None) -> float | None:
+    def _slot(self, kind: str, deadline: float | None) -> Flow[Ticket | None]:
+        """Waits for the budget's slot of one request; None if it comes only past ``deadline``
+        (the wait then sleeps to the deadline: it ends there, not sooner)."""
+        ticket = self.budget.reserve(kind, self.clock())
+        while True:
+            now = self.clock()
+            wait = self.budget.wait_time(ticket, now)
+            if wait <= 0:
+                return ticket
+            if deadline is not None and now + wait >= deadline:
+                self.budget.release(ticket)
+                if deadline > now:
+                    yield Sleep(deadline - now)
+                return None
+            yield Sleep(wait)
+
+    def _delay(
+        self, verdict: Verdict, attempt: int, deadline: float | None, *, budgeted: bool = False
+    ) -> float | None:
+        """Seconds before the next attempt, or None to give up. A 429 the budget has seen is
+        paced by the budget (a pause for the whole client), so it adds no sleep of its own."""
         if deadline is None:
-            return next_delay(self.settings.retry, attempt, verdict, self.rng)
+            delay = next_delay(self.settings.retry, attempt, verdict, self.rng)
+            return None if delay is None else (0.0 if budgeted else delay)
         # Inside a wait only the deadline bounds retries: a flaky query must not end a wait.
         remaining = deadline - self.clock()
         if not verdict.retry or remaining <= 0:
             return None
+        if budgeted:
+            return 0.0
         if verdict.retry_after is not None:
-            return min(honour_retry_after(verdict.retry_after, self.rng), remaining)
+            return min(honour_retry_after(verdict.retry_after, self.settings.retry, attempt,
+                                          self.rng), remaining)  # fmt: skip
         return min(backoff(self.settings.retry, attempt, self.rng), remaining)
+
+
+def _fetch_settings(max_bytes: object, timeout: object) -> tuple[int, float]:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        rule = rules.Violation("max_bytes", "must be an integer >= 1", "invalid_max_bytes")
+        raise_violations([rule])
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise_violations([rules.Violation("timeout", "must be seconds > 0", "invalid_timeout")])
+    assert isinstance(max_bytes, int)
+    assert isinstance(timeout, (int, float))
+    return max_bytes, float(timeout)
 
 
 def _checked_timeout(timeout: object) -> float:

@@ -17,6 +17,7 @@ from .._config import RetryPolicy
 from .._exceptions import (
     APIConnectionError,
     APIError,
+    ClientClosedError,
     ConflictError,
     IdempotencyConflictError,
     ImggwError,
@@ -38,6 +39,8 @@ class Verdict:
 def classify(err: ImggwError) -> Verdict:
     if isinstance(err, APIConnectionError):
         return Verdict(retry=True, unknown=err.request_sent)
+    if isinstance(err, ClientClosedError):
+        return Verdict(retry=False, unknown=err.request_sent)
     if not isinstance(err, APIError):
         return Verdict(retry=False, unknown=False)
     if err.code == INDETERMINATE:
@@ -64,9 +67,14 @@ def backoff(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
     return rng.uniform(0.0, min(policy.max_backoff, policy.initial_backoff * 2.0**exponent))
 
 
-def honour_retry_after(retry_after: float, rng: random.Random) -> float:
-    """At least the server's hint, plus up to 10% (at most 1 s) so that clients spread out."""
-    return retry_after + rng.uniform(0.0, min(1.0, retry_after * 0.1))
+def honour_retry_after(
+    retry_after: float, policy: RetryPolicy, attempt: int, rng: random.Random
+) -> float:
+    """At least the server's hint, plus up to 10% (at most 1 s) so that clients spread out;
+    never less than the policy's own backoff (a hint of 0, a negative one or a date in the
+    past must not make a client spin)."""
+    hinted = retry_after + rng.uniform(0.0, min(1.0, retry_after * 0.1))
+    return max(hinted, backoff(policy, attempt, rng))
 
 
 def next_delay(
@@ -78,7 +86,7 @@ def next_delay(
     if verdict.retry_after is not None:
         if verdict.retry_after > policy.max_retry_after:
             return None
-        return honour_retry_after(verdict.retry_after, rng)
+        return honour_retry_after(verdict.retry_after, policy, attempt, rng)
     return backoff(policy, attempt, rng)
 
 

@@ -22,6 +22,7 @@ from .._exceptions import (
     APIError,
     APITimeoutError,
     AuthenticationError,
+    ClientClosedError,
     ConflictError,
     IdempotencyConflictError,
     InsufficientCreditsError,
@@ -33,9 +34,10 @@ from .._exceptions import (
     ServerError,
 )
 from .._models import ImageRequest, Submission, Task, TaskError, TaskStatus
-from . import rules
+from . import jsonio, rules
 from .retry import parse_retry_after
-from .wire import Reply, TransportFailure, WireRequest
+from .text import printable
+from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
 
 log = logging.getLogger("imggw_client")
 
@@ -57,6 +59,8 @@ IN_PROGRESS = "idempotency_in_progress"
 INDETERMINATE = "idempotency_result_indeterminate"
 UNAVAILABLE = "idempotency_unavailable"
 MALFORMED = "malformed_response"
+RESPONSE_TOO_LARGE = "response_too_large"
+MAX_REPLY_BYTES = 4 * 1024 * 1024  # a task record is a few KB; a reply past this is hostile
 _REASON_AT_START = re.compile(r"\s*(idempotency_[a-z_]+)")
 
 STATES: dict[str, dict[str, TaskStatus]] = {
@@ -83,6 +87,8 @@ _unknown_states_logged: set[str] = set()
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _MESSAGE_LIMIT = 300
+MAX_RESULT_URLS = 64  # a task makes one image; a record listing thousands is not to be trusted
+MAX_URL_CHARS = 8192
 
 
 # ---------------------------------------------------------------------------- requests
@@ -118,10 +124,19 @@ def encode_json(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _encoded_submit(body: Any) -> bytes:
+    try:
+        return encode_json(body)
+    except UnicodeEncodeError:  # a lone surrogate: not text that can be sent (validate=False)
+        raise RequestValidationError(
+            "prompt", "must be valid Unicode text (no lone surrogates)", code=rules.INVALID_PROMPT
+        ) from None
+
+
 def build_submit(
     surface: Surface, request: ImageRequest, idempotency_key: str, *, validate: bool = True
 ) -> WireRequest:
-    body = encode_json(submit_body(surface, request))
+    body = _encoded_submit(submit_body(surface, request))
     if validate and len(body) > rules.BODY_MAX_BYTES:
         raise RequestValidationError(
             "prompt",
@@ -146,9 +161,9 @@ def build_query(surface: Surface, task_id: str) -> WireRequest:
 _UNPARSED: Any = object()
 
 
-def _json(content: bytes) -> Any:
+def _json(content: bytes | str) -> Any:
     try:
-        return json.loads(content)
+        return jsonio.loads(content)
     except ValueError:
         return None
 
@@ -267,7 +282,17 @@ def malformed(surface: Surface, status: int, what: str) -> ServerError:
     )
 
 
-def transport_error(surface: Surface, failure: TransportFailure) -> APIConnectionError:
+def transport_error(
+    surface: Surface, failure: TransportFailure
+) -> APIConnectionError | ClientClosedError | ServerError:
+    if isinstance(failure.error, ClientClosed):
+        return ClientClosedError("the client was closed; make a new one", request_sent=failure.sent)
+    if isinstance(failure.error, ReplyTooLarge):
+        return ServerError(
+            f"the gateway's reply was larger than {failure.error.limit} bytes; reading stopped",
+            code=RESPONSE_TOO_LARGE,
+            surface=surface,
+        )
     kind = type(failure.error).__name__
     if failure.timeout:
         return APITimeoutError(
@@ -373,10 +398,11 @@ def task_status(surface: Surface, state: object) -> TaskStatus:
             return known
         if state.lower() in _CANCELLED:
             return TaskStatus.FAILED
-    label = f"{surface}:{state!r:.40}"
+    shown = printable(state if isinstance(state, str) else repr(state), 40)
+    label = f"{surface}:{shown}"
     if label not in _unknown_states_logged and len(_unknown_states_logged) < 100:
         _unknown_states_logged.add(label)
-        log.warning("unknown task state %s on surface %s; treating it as active", state, surface)
+        log.warning("unknown task state %r on surface %s; treating it as active", shown, surface)
     return TaskStatus.RUNNING
 
 
@@ -417,9 +443,11 @@ def number(value: object) -> float | None:
 
 def result_urls(value: object) -> list[str]:
     """Result URLs from a lenient reading of ``resultJson`` (A, a JSON string) or ``result``
-    (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings)."""
+    (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings). Only
+    http(s) URLs without spaces or control characters count; repeats count once; past
+    :data:`MAX_RESULT_URLS` the rest are left out (and logged)."""
     if isinstance(value, (str, bytes)):
-        value = _json(value.encode() if isinstance(value, str) else value)
+        value = _json(value)
     if not isinstance(value, Mapping):
         return []
     found: list[Any] = []
@@ -430,11 +458,29 @@ def result_urls(value: object) -> list[str]:
             found.extend(_as_list(image.get("url")))
         else:
             found.append(image)
-    urls: list[str] = []
+    urls: dict[str, None] = {}  # ordered, and a repeat costs O(1)
     for url in found:
-        if isinstance(url, str) and url.startswith(("http://", "https://")) and url not in urls:
-            urls.append(url)
-    return urls
+        if _usable_url(url):
+            urls[url] = None
+        elif isinstance(url, str) and url.startswith(("http://", "https://")):
+            # Control characters or spaces: not a URL anyone can fetch, and a hazard on a
+            # terminal. Left out, and said (escaped); the record keeps it in Task.raw.
+            log.warning("a result URL is not usable and was left out: %s", printable(url, 120))
+            if len(urls) > MAX_RESULT_URLS:
+                log.warning("a task record lists over %d result URLs; using the first %d",
+                            MAX_RESULT_URLS, MAX_RESULT_URLS)  # fmt: skip
+                break
+    return list(urls)[:MAX_RESULT_URLS]
+
+
+def _usable_url(url: object) -> bool:
+    return (
+        isinstance(url, str)
+        and url.startswith(("http://", "https://"))
+        and len(url) <= MAX_URL_CHARS
+        and url.isprintable()
+        and not any(c.isspace() for c in url)
+    )
 
 
 def _as_list(value: object) -> list[Any]:

@@ -33,27 +33,43 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class TransportFailure:
-    """No complete response. ``sent`` is False only when the request surely never left."""
+    """No complete response. ``sent`` is False only when the request surely never left.
+    ``error`` is what the driver caught: an httpx error, or one of the two below."""
 
     sent: bool
     timeout: bool
     error: BaseException
 
 
+class ClientClosed(Exception):
+    """The client was closed before or while the request was made."""
+
+
+class ReplyTooLarge(Exception):
+    """The reply's body passed the SDK's limit; reading stopped there."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the reply was larger than {limit} bytes")
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class Fetched:
     """A streamed result download. ``file`` is set when a 200 body was saved and verified;
-    ``incomplete`` when the body ended short of its Content-Length."""
+    ``incomplete`` when the body ended short of its Content-Length or the image is cut short;
+    ``too_large`` when it passed ``max_bytes`` (nothing was kept)."""
 
     status: int
     file: DownloadedFile | None = None
     incomplete: bool = False
+    too_large: bool = False
 
 
 # Actions a flow yields; the driver performs each and sends back the result shown.
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Perform the request (with the API key) -> ``Reply | TransportFailure``."""
+    """Perform the request (with the API key) -> ``Reply | TransportFailure``. ``timeout``
+    bounds the whole exchange, from sending to the last byte of the reply."""
 
     request: WireRequest
     timeout: float
@@ -76,13 +92,15 @@ class Notify:
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Stream a result URL, without credentials, to ``dest_dir/stem.<ext>`` -> ``Fetched |
-    TransportFailure``. Never overwrites unless ``overwrite``."""
+    TransportFailure``. Never overwrites unless ``overwrite``; ``timeout`` bounds the whole
+    download; a body past ``max_bytes`` is abandoned."""
 
     url: str
     dest_dir: Path
     stem: str
     overwrite: bool
     timeout: float
+    max_bytes: int
 
 
 Action = Send | Sleep | Notify | Fetch

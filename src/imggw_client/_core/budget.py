@@ -1,0 +1,273 @@
+"""The client-wide request budget (DESIGN 9): how fast submits and queries may go out.
+
+Pure: every call takes ``now`` (monotonic seconds) and nothing sleeps; the flows turn a wait
+into a ``Sleep`` action. One lock makes a budget safe to share by the threads of a ``Client``
+and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
+
+Each kind of request (submits, queries) has its own lane. A request **reserves** a slot, asks
+when its slot comes whether it may go (:meth:`Budget.wait_time`), and reports how it ended
+(:meth:`Budget.finished`). Slots are handed out in request order, so no waiting request starves.
+
+- With a **ceiling** (``RateLimit``), requests are spaced evenly at it: a request goes only once
+  the last one of its kind went at least one interval ago, so in any window of *w* seconds at
+  most ``rate * w + 1`` go out, even when some wake late or the pace was lowered meanwhile.
+- With **no ceiling**, nothing is known of the gateway's limits, and a storm is what must not
+  happen: up to :data:`START_WINDOW` requests in flight go at once (one-at-a-time use is never
+  slowed); past that they are paced from :data:`START_RATE`, doubling each second that requests
+  queue, and left unpaced past :data:`FREE_RATE`.
+- A **429** pauses the lane for the whole client: ``Retry-After`` when given, but never less
+  than the retry policy's own backoff, which grows with each 429 in a row (so a hint of 0 never
+  makes a client spin). When 429s are a real share of the lane's recent answers (a gateway over
+  its limit, not one 429 by chance), the pace is lowered too (from what the gateway accepted
+  lately, when no pace was set); it then recovers a step at a time while requests queue for
+  it, up to the ceiling.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from .._config import RateLimit
+
+SUBMIT = "submit"
+QUERY = "query"
+
+START_WINDOW = 16  # requests in flight that go unpaced while a lane knows nothing
+START_RATE = 10.0  # requests/s past that window, at first
+FREE_RATE = 1024.0  # past this, a lane that never met a 429 is left unpaced
+MIN_RATE = 1 / 60  # the pace never falls below one request a minute
+FIRST_DECREASE = 0.5  # the first overload halves a pace that was a guess
+DECREASE = 0.8  # later ones, and one at a configured ceiling, lower it gently
+RECOVERY_STEP = 0.1  # the pace grows by a tenth ...
+RECOVERY_PERIOD = 5.0  # ... every 5 s in which requests queued for it and it was not lowered
+# A gateway over its limit answers most requests with 429; one that throws a few at random
+# does not, and slowing down would not help: the pace is lowered only when 429s make up
+# DECREASE_SHARE of the lane's last RECENT answers.
+RECENT = 50
+DECREASE_SHARE = 0.06
+MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
+# Every paced interval is this much longer than the pace says: a gateway that counts N requests
+# in any S-second window sees our N+1st at least N ms past S, so the network's jitter on the way
+# cannot push one request into the window of another.
+GUARD = 0.001
+
+# Lane modes.
+FIXED = "fixed"  # at the configured ceiling
+STARTING = "starting"  # no ceiling, no 429 yet: a window in flight, then growing from START_RATE
+FREE = "free"  # no ceiling, no 429, grown past FREE_RATE: unpaced
+RECOVERING = "recovering"  # after a 429: below the ceiling (if any), growing back
+_NEVER = -math.inf
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One request's place in its lane."""
+
+    kind: str
+    slot: float
+    shift: float  # the lane's accumulated pause shift when the slot was reserved
+    paced: bool  # False for a request let through unpaced (free lane, or the start window)
+    sent_at: float | None = None
+    counted: bool = False  # counted in the lane's requests in flight
+
+
+@dataclass(slots=True)
+class _Lane:
+    ceiling: float | None
+    rate: float | None  # None: unpaced
+    mode: str
+    in_flight: int = 0
+    next_slot: float = _NEVER
+    last_sent: float = _NEVER
+    paused_at: float = _NEVER
+    paused_until: float = _NEVER
+    shift: float = 0.0
+    strikes: int = 0
+    decreased_at: float = _NEVER
+    grow_at: float = _NEVER
+    queued: bool = False  # a request had to wait for its slot since the last growth check
+    second: int = 0  # accepted answers, counted per whole second: this one and the last
+    accepted: int = 0
+    accepted_before: int = 0
+    answers: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # True: a 429
+
+    @property
+    def interval(self) -> float:
+        return 0.0 if self.rate is None else 1.0 / self.rate + GUARD
+
+
+def _lane(ceiling: float | None) -> _Lane:
+    if ceiling is not None:
+        return _Lane(ceiling=float(ceiling), rate=float(ceiling), mode=FIXED)
+    return _Lane(ceiling=None, rate=START_RATE, mode=STARTING)
+
+
+class Budget:
+    """The request budget of one client (and of every ``with_options`` copy of it).
+
+    Example::
+
+        budget = Budget(RateLimit(submits_per_second=2))
+        first, second = budget.reserve(SUBMIT, 0.0), budget.reserve(SUBMIT, 0.0)
+        assert budget.wait_time(first, 0.0) == 0.0      # the first goes at once
+        assert budget.wait_time(second, 0.0) == 0.5     # the next, half a second later
+    """
+
+    def __init__(self, limit: RateLimit) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._lanes = {
+            SUBMIT: _lane(limit.submits_per_second),
+            QUERY: _lane(limit.queries_per_second),
+        }
+
+    def reserve(self, kind: str, now: float) -> Ticket:
+        """The next free slot of ``kind``, in request order."""
+        with self._lock:
+            lane = self._lanes[kind]
+            self._grow(lane, now)
+            idle = lane.next_slot <= now and lane.paused_until <= now
+            if lane.mode == FREE or (
+                lane.mode == STARTING and idle and lane.in_flight < START_WINDOW
+            ):
+                lane.in_flight += 1  # the window counts it from now: a storm fills it at once
+                ticket = Ticket(kind, max(now, lane.paused_until), lane.shift, paced=False)
+                ticket.counted = True
+                return ticket
+            slot = max(now, lane.next_slot, lane.paused_until)
+            lane.next_slot = slot + lane.interval
+            lane.queued = lane.queued or slot > now
+            return Ticket(kind, slot, lane.shift, paced=True)
+
+    def wait_time(self, ticket: Ticket, now: float) -> float:
+        """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
+        with self._lock:
+            lane = self._lanes[ticket.kind]
+            due = max(ticket.slot + lane.shift - ticket.shift, lane.paused_until)
+            if ticket.paced:
+                due = max(due, lane.last_sent + lane.interval)
+            if due > now:
+                return due - now
+            ticket.sent_at = now
+            if ticket.paced:
+                lane.last_sent = now
+            if not ticket.counted:
+                ticket.counted = True
+                lane.in_flight += 1
+            return 0.0
+
+    def release(self, ticket: Ticket) -> None:
+        """Gives back a slot that will not be used (its request's deadline came first)."""
+        with self._lock:
+            lane = self._lanes[ticket.kind]
+            self._uncount(lane, ticket)
+            unsent = ticket.paced and ticket.sent_at is None and ticket.shift == lane.shift
+            if unsent and lane.next_slot == ticket.slot + lane.interval:  # the last: no hole
+                lane.next_slot = ticket.slot
+
+    def finished(
+        self,
+        ticket: Ticket,
+        now: float,
+        *,
+        limited: bool = False,
+        retry_after: float | None = None,
+        backoff: tuple[float, float] = (0.5, 8.0),
+    ) -> None:
+        """The request of ``ticket`` ended: answered, failed, or (``limited``) met a 429 with the
+        hint ``retry_after``; ``backoff`` is the retry policy's first and longest backoff."""
+        with self._lock:
+            lane = self._lanes[ticket.kind]
+            sent = ticket.sent_at if ticket.sent_at is not None else now
+            self._uncount(lane, ticket)
+            lane.answers.append(limited)
+            if limited:
+                self._limited(lane, sent, now, retry_after, backoff)
+                return
+            if sent >= lane.paused_at:
+                lane.strikes = 0
+            second = int(now)
+            if second != lane.second:
+                lane.accepted_before = lane.accepted if second == lane.second + 1 else 0
+                lane.second, lane.accepted = second, 0
+            lane.accepted += 1
+
+    def pace(self, kind: str) -> float | None:
+        """The lane's current pace in requests per second (None: unpaced)."""
+        with self._lock:
+            lane = self._lanes[kind]
+            return None if lane.mode == STARTING and lane.in_flight < START_WINDOW else lane.rate
+
+    @staticmethod
+    def _uncount(lane: _Lane, ticket: Ticket) -> None:
+        if ticket.counted:
+            ticket.counted = False
+            lane.in_flight -= 1
+
+    # ------------------------------------------------------------------------ pace changes
+
+    def _limited(
+        self,
+        lane: _Lane,
+        sent: float,
+        now: float,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        if sent >= lane.paused_at:  # a new episode, not an echo of one already met
+            lane.strikes += 1
+        first, longest = backoff
+        pause = min(longest, first * 2.0 ** min(lane.strikes - 1, 30))
+        if retry_after is not None:
+            pause = max(pause, min(retry_after, MAX_PAUSE))
+        until = now + pause
+        if until > lane.paused_until:
+            # Every reserved slot moves by the same amount: order and spacing are kept.
+            delta = until - max(now, lane.paused_until)
+            lane.shift += delta
+            lane.next_slot = max(lane.next_slot + delta, until)
+            lane.paused_until, lane.paused_at = until, now
+        overloaded = sum(lane.answers) >= DECREASE_SHARE * max(len(lane.answers), 1)
+        if sent > lane.decreased_at and overloaded:  # sent at this pace, which is too fast
+            self._decrease(lane, now)
+            lane.answers.clear()
+            lane.grow_at = now + RECOVERY_PERIOD
+
+    def _decrease(self, lane: _Lane, now: float) -> None:
+        if lane.mode in (RECOVERING, FIXED):  # a pace that was close: lowered gently
+            assert lane.rate is not None
+            rate = lane.rate * DECREASE
+        else:  # a guess so far: start again from what the gateway accepted lately
+            rate = max(lane.rate or 0.0, _accepted_per_second(lane, now)) * FIRST_DECREASE
+        rate = max(MIN_RATE, rate)
+        if lane.ceiling is not None:
+            rate = min(rate, lane.ceiling)
+        lane.rate, lane.mode, lane.decreased_at = rate, RECOVERING, now
+
+    def _grow(self, lane: _Lane, now: float) -> None:
+        if now < lane.grow_at:
+            return
+        if lane.queued and lane.rate is not None:
+            if lane.mode == STARTING:
+                lane.rate *= 2.0
+                if lane.rate > FREE_RATE:
+                    lane.rate, lane.mode = None, FREE
+            elif lane.mode == RECOVERING:
+                lane.rate *= 1.0 + RECOVERY_STEP
+                if lane.ceiling is not None and lane.rate >= lane.ceiling:
+                    lane.rate, lane.mode = lane.ceiling, FIXED
+        lane.queued = False
+        lane.grow_at = now + (1.0 if lane.mode == STARTING else RECOVERY_PERIOD)
+
+
+def _accepted_per_second(lane: _Lane, now: float) -> float:
+    """Answers accepted in the last whole second (or in this one, if more)."""
+    second = int(now)
+    if second == lane.second:
+        return float(max(lane.accepted, lane.accepted_before))
+    if second == lane.second + 1:
+        return float(lane.accepted)
+    return 0.0

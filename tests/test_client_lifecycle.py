@@ -1,0 +1,167 @@
+"""A client's life: per-call settings, closing it (also from elsewhere, mid-call), and an
+AsyncClient used under one event loop after another. Against the reference gateway over a real
+loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from imggw_client import (
+    AsyncClient,
+    Client,
+    ClientClosedError,
+    ConfigurationError,
+    PollPolicy,
+    RateLimit,
+    RetryPolicy,
+    UnknownOutcomeError,
+)
+from imggw_client.mock import MockGateway
+
+from .loopback import raw_server
+
+FAST = PollPolicy(initial_interval=0.02, max_interval=0.05)
+
+
+@pytest.fixture
+def gateway() -> MockGateway:
+    return MockGateway(duration_min=30, duration_max=30)  # tasks that stay running
+
+
+@pytest.fixture
+def url(gateway: MockGateway) -> Iterator[str]:
+    with gateway.serve() as base_url:
+        yield base_url
+
+
+# ---------------------------------------------------------------------------- with_options
+
+
+def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(url: str) -> None:
+    client = Client(api_key="test-key", base_url=url, timeout=30, poll=FAST,
+                    rate_limit=RateLimit(queries_per_second=50))  # fmt: skip
+    quick = client.with_options(timeout=5, max_retries=1, poll=PollPolicy(initial_interval=2.0))
+    assert quick._settings.timeout == 5.0
+    assert quick._settings.retry.max_attempts == 2
+    assert quick._settings.poll.initial_interval == 2.0
+    assert client._settings.timeout == 30.0  # the original is unchanged
+    assert client._settings.retry.max_attempts == 6
+    assert client._settings.poll == FAST
+    assert quick._http is client._http  # one connection pool
+    assert quick._flows.budget is client._flows.budget  # one budget
+    assert quick.rate_limit == client.rate_limit
+    retry = RetryPolicy(max_attempts=9)
+    assert client.with_options(retry=retry)._settings.retry is retry
+    sub = quick.submit("a lighthouse")
+    assert client.get(sub.task_id).id == sub.task_id
+    quick.close()  # closing the copy leaves the original working
+    assert client.get(sub.task_id).id == sub.task_id
+    with pytest.raises(ClientClosedError):
+        quick.get(sub.task_id)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"timeout": 0}, {"timeout": -1}, {"max_retries": -1}, {"max_retries": 1.5},
+     {"retry": "x"}, {"poll": 3}, {"retry": RetryPolicy(), "max_retries": 2}],
+)  # fmt: skip
+def test_with_options_checks_what_it_is_given(changes: dict[str, object]) -> None:
+    client = Client(api_key="test-key", base_url="http://127.0.0.1:9")
+    with pytest.raises(ConfigurationError):
+        client.with_options(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_async_with_options_shares_the_budget(url: str) -> None:
+    async with AsyncClient(api_key="test-key", base_url=url) as client:
+        copy = client.with_options(timeout=3)
+        assert copy._flows.budget is client._flows.budget
+        assert copy._http is client._http
+        sub = await copy.submit("a fox")
+        assert (await client.get(sub.task_id)).id == sub.task_id
+
+
+# ---------------------------------------------------------------------------- closing
+
+
+def test_a_closed_client_says_so_and_sends_nothing(gateway: MockGateway, url: str) -> None:
+    client = Client(api_key="test-key", base_url=url)
+    client.close()
+    before = gateway.stats()["requests"]
+    with pytest.raises(ClientClosedError):
+        client.get("1")
+    with pytest.raises(ClientClosedError):
+        client.submit("a lighthouse")  # nothing was sent: not an unknown outcome
+    assert gateway.stats()["requests"] == before
+
+
+def test_close_from_another_thread_ends_a_wait_with_an_imggw_error(url: str) -> None:
+    client = Client(api_key="test-key", base_url=url, poll=FAST)
+    sub = client.submit("a lighthouse")
+    threading.Timer(0.3, client.close).start()
+    started = time.monotonic()
+    with pytest.raises(ClientClosedError):
+        client.wait(sub, timeout=30)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.anyio
+async def test_close_from_another_task_ends_an_async_wait_with_an_imggw_error(url: str) -> None:
+    client = AsyncClient(api_key="test-key", base_url=url, poll=FAST)
+    sub = await client.submit("a lighthouse")
+
+    async def close_soon() -> None:
+        await asyncio.sleep(0.3)
+        await client.close()
+
+    closer = asyncio.ensure_future(close_soon())
+    with pytest.raises(ClientClosedError):
+        await client.wait(sub, timeout=30)
+    await closer
+
+
+def test_a_submit_cut_short_by_close_keeps_its_key() -> None:
+    # A gateway that takes the submit and never answers: close() lands while it is in flight.
+    with raw_server(lambda conn, n, request: time.sleep(3)) as base_url:
+        client = Client(api_key="test-key", base_url=base_url, timeout=1.0,
+                        retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02))  # fmt: skip
+        threading.Timer(0.3, client.close).start()
+        started = time.monotonic()
+        with pytest.raises(UnknownOutcomeError) as info:
+            client.submit("a lighthouse", idempotency_key="key-cut-short-by-close")
+    assert info.value.idempotency_key == "key-cut-short-by-close"
+    assert time.monotonic() - started < 2.5  # the attempt in flight, then no more
+
+
+# ---------------------------------------------------------------------------- event loops
+
+
+# The first loop's connections died with it: nothing can close them on a closed loop, so the
+# interpreter reports their sockets when it collects them. That is the loop's owner's doing.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_async_client_works_under_a_second_event_loop(gateway: MockGateway, url: str) -> None:
+    client = AsyncClient(api_key="test-key", base_url=url)
+    first = asyncio.run(client.submit("a lighthouse"))
+    second = asyncio.run(client.submit("a red fox"))  # the first loop, and its sockets, are gone
+    assert first.task_id != second.task_id
+    assert gateway.stats()["tasks_created"] == 2
+    asyncio.run(client.close())
+
+
+def test_a_callers_http_client_on_another_loop_is_refused_before_sending(
+    gateway: MockGateway, url: str
+) -> None:
+    http = httpx.AsyncClient()
+    client = AsyncClient(api_key="test-key", base_url=url, http_client=http)
+    asyncio.run(client.submit("a lighthouse"))
+    with pytest.raises(ConfigurationError, match="event loop"):
+        asyncio.run(client.submit("a red fox"))
+    assert gateway.stats()["tasks_created"] == 1  # nothing sent, nothing billed

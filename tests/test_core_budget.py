@@ -1,0 +1,249 @@
+"""The request budget, pure, on a fake clock: nothing here sleeps."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from imggw_client import ConfigurationError, RateLimit
+from imggw_client._core import budget as B
+from imggw_client._core.budget import QUERY, SUBMIT, Budget, Ticket
+
+GUARD = B.GUARD
+
+
+def drive(budget: Budget, arrivals: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """Each arrival reserves at its time, sleeps as told, and sends: (send time, kind) in the
+    order they went. An event heap on a virtual clock stands in for the sleeping drivers."""
+    heap: list[tuple[float, int, str, Ticket | None]] = []
+    order = itertools.count()
+    for at, kind in arrivals:
+        heapq.heappush(heap, (at, next(order), kind, None))
+    sent: list[tuple[float, str]] = []
+    while heap:
+        now, n, kind, ticket = heapq.heappop(heap)
+        if ticket is None:
+            ticket = budget.reserve(kind, now)
+        wait = budget.wait_time(ticket, now)
+        if wait > 0:
+            heapq.heappush(heap, (now + wait, n, kind, ticket))
+            continue
+        sent.append((now, kind))
+        budget.finished(ticket, now)
+    return sent
+
+
+def most_in_window(times: list[float], width: float) -> int:
+    times = sorted(times)
+    best, start = 0, 0
+    for end, t in enumerate(times):
+        while t - times[start] > width:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+def test_n_requests_at_r_per_second_take_n_minus_one_intervals() -> None:
+    budget = Budget(RateLimit(submits_per_second=4))
+    sent = drive(budget, [(0.0, SUBMIT)] * 9)
+    times = [t for t, _ in sent]
+    assert times[0] == 0.0
+    assert times[-1] == pytest.approx(8 * (0.25 + GUARD))  # (N-1)/R, plus 1 ms a step
+    gaps = {round(b - a, 9) for a, b in itertools.pairwise(times)}
+    assert gaps == {round(0.25 + GUARD, 9)}  # evenly spaced: no burst, ever
+
+
+def test_submits_and_queries_are_counted_apart() -> None:
+    budget = Budget(RateLimit(submits_per_second=1, queries_per_second=10))
+    sent = drive(budget, [(0.0, SUBMIT)] * 3 + [(0.0, QUERY)] * 3)
+    submits = [t for t, k in sent if k == SUBMIT]
+    queries = [t for t, k in sent if k == QUERY]
+    assert submits == pytest.approx([0.0, 1.001, 2.002])
+    assert queries == pytest.approx([0.0, 0.101, 0.202])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(min_value=0.5, max_value=50),
+    gaps=st.lists(st.floats(min_value=0, max_value=2), min_size=1, max_size=60),
+    width=st.floats(min_value=0.1, max_value=10),
+)
+def test_in_any_window_at_most_rate_times_width_plus_one_go_out(
+    rate: float, gaps: list[float], width: float
+) -> None:
+    budget = Budget(RateLimit(queries_per_second=rate))
+    arrivals = list(zip(itertools.accumulate(gaps), itertools.repeat(QUERY), strict=False))
+    sent = [t for t, _ in drive(budget, arrivals)]
+    assert len(sent) == len(arrivals)
+    assert most_in_window(sent, width) <= rate * width + 1
+
+
+def test_slots_go_out_in_request_order_so_no_waiter_starves() -> None:
+    budget = Budget(RateLimit(queries_per_second=2))
+    early = [budget.reserve(QUERY, 0.0) for _ in range(5)]
+    late = budget.reserve(QUERY, 0.1)  # asked after the five: goes after them all
+    slots = [t.slot for t in early]
+    assert slots == sorted(slots)
+    assert late.slot > slots[-1]
+    # A latecomer that wakes first still cannot jump the queue: the spacing holds it back.
+    assert budget.wait_time(early[0], 0.0) == 0.0
+    assert budget.wait_time(late, late.slot) == 0.0
+    assert budget.wait_time(early[1], early[1].slot) > 0
+
+
+def test_a_429_pauses_the_lane_for_every_waiting_request_and_lowers_the_pace() -> None:
+    budget = Budget(RateLimit(queries_per_second=10))
+    first = budget.reserve(QUERY, 0.0)
+    assert budget.wait_time(first, 0.0) == 0.0
+    waiting = [budget.reserve(QUERY, 0.0) for _ in range(3)]
+    for _ in range(20):  # the lane has been answered fine ...
+        t = budget.reserve(QUERY, 0.0)
+        t.sent_at = 0.0
+        budget.finished(t, 0.0)
+    for _ in range(3):  # ... then 429s make a real share of its answers
+        budget.finished(first, 0.05, limited=True, retry_after=2.0)
+    assert budget.pace(QUERY) == pytest.approx(10 * B.DECREASE)  # once, however many 429s
+    for ticket in waiting:  # reserved before the 429: pushed past the pause, in order
+        assert budget.wait_time(ticket, 0.5) >= 2.05 - 0.5 - 1e-9
+    fresh = budget.reserve(QUERY, 0.5)
+    assert fresh.slot >= 2.05
+    other = budget.reserve(SUBMIT, 0.5)  # the other kind is not paused
+    assert budget.wait_time(other, 0.5) == 0.0
+
+
+def test_a_lone_429_pauses_but_does_not_lower_the_pace() -> None:
+    budget = Budget(RateLimit(queries_per_second=10))
+    for _ in range(40):
+        t = budget.reserve(QUERY, 0.0)
+        t.sent_at = 0.0
+        budget.finished(t, 0.0)
+    t = budget.reserve(QUERY, 0.0)
+    t.sent_at = 0.0
+    budget.finished(t, 0.0, limited=True, retry_after=None)
+    assert budget.pace(QUERY) == 10  # one 429 among many answers: chance, not overload
+    assert budget.reserve(QUERY, 0.0).slot >= 0.5  # but the whole lane still pauses
+
+
+@pytest.mark.parametrize("hint", [None, 0.0, -5.0, 0.1])
+def test_a_useless_hint_never_shortens_the_policy_backoff(hint: float | None) -> None:
+    budget = Budget(RateLimit())
+    pauses = []
+    for attempt in range(4):  # 429s in a row: the pause grows from the policy's first backoff
+        now = 100.0 * attempt
+        t = budget.reserve(SUBMIT, now)
+        assert budget.wait_time(t, max(now, t.slot)) == 0.0
+        budget.finished(t, t.sent_at or now, limited=True, retry_after=hint, backoff=(0.5, 8.0))
+        pauses.append(budget.reserve(SUBMIT, t.sent_at or now).slot - (t.sent_at or now))
+    # Each retry goes once the pause is over (and one slot of the lowered pace has passed).
+    for pause, expected in zip(pauses, [0.5, 1.0, 2.0, 4.0], strict=True):
+        assert expected <= pause <= expected + 0.25
+
+
+def test_a_retry_after_longer_than_the_backoff_is_honoured_up_to_a_minute() -> None:
+    budget = Budget(RateLimit())
+    t = budget.reserve(SUBMIT, 0.0)
+    budget.wait_time(t, 0.0)
+    budget.finished(t, 0.0, limited=True, retry_after=7.0)
+    assert 7.0 <= budget.reserve(SUBMIT, 0.0).slot <= 7.25
+    budget.finished(t, 1.0, limited=True, retry_after=10_000.0)
+    assert 1.0 + B.MAX_PAUSE <= budget.reserve(SUBMIT, 1.0).slot <= 1.0 + B.MAX_PAUSE + 0.5
+
+
+def test_the_pace_recovers_step_by_step_up_to_the_ceiling() -> None:
+    budget = Budget(RateLimit(queries_per_second=10))
+    t = budget.reserve(QUERY, 0.0)
+    budget.wait_time(t, 0.0)
+    for _ in range(5):
+        budget.finished(t, 0.0, limited=True, retry_after=1.0)
+    assert budget.pace(QUERY) == pytest.approx(8.0)
+    paces = []
+    now = 1.0
+    while budget.pace(QUERY) != 10 and now < 600:  # requests keep queueing for the lane
+        for _ in range(3):
+            budget.reserve(QUERY, now)
+        now += B.RECOVERY_PERIOD
+        budget.reserve(QUERY, now)
+        paces.append(budget.pace(QUERY))
+    assert budget.pace(QUERY) == 10  # back at the ceiling, never above it
+    steps = [p for p in paces if p is not None]
+    assert steps == sorted(steps)
+    assert all(b / a <= 1 + B.RECOVERY_STEP + 1e-9 for a, b in itertools.pairwise(steps))
+
+
+def test_without_a_ceiling_one_at_a_time_use_is_never_slowed() -> None:
+    budget = Budget(RateLimit())
+    now = 0.0
+    for _ in range(500):  # 500 requests in 0.5 s, each answered before the next
+        t = budget.reserve(QUERY, now)
+        assert budget.wait_time(t, now) == 0.0
+        budget.finished(t, now + 0.0005)
+        now += 0.001
+    assert budget.pace(QUERY) is None
+
+
+def test_without_a_ceiling_a_storm_is_started_slowly() -> None:
+    budget = Budget(RateLimit())
+    tickets = [budget.reserve(SUBMIT, 0.0) for _ in range(100)]
+    went = [t for t in tickets if budget.wait_time(t, 0.0) == 0.0]
+    assert len(went) == B.START_WINDOW + 1  # the window goes at once, and the first paced ...
+    paced = [t.slot for t in tickets if t.paced]
+    assert paced[1] - paced[0] == pytest.approx(1 / B.START_RATE + GUARD)  # ... then 10/s
+
+
+def test_without_a_ceiling_a_429_ends_the_start_from_what_was_accepted() -> None:
+    budget = Budget(RateLimit())
+    sent = []
+    for i in range(30):  # 30 accepted within a second
+        t = budget.reserve(SUBMIT, i / 40)
+        budget.wait_time(t, max(t.slot, i / 40))
+        sent.append(t)
+        budget.finished(t, i / 40 + 0.001)
+    t = budget.reserve(SUBMIT, 0.8)
+    budget.wait_time(t, max(t.slot, 0.8))
+    budget.finished(t, 0.9, limited=True, retry_after=1.0)
+    budget.finished(t, 0.9, limited=True, retry_after=1.0)
+    assert budget.pace(SUBMIT) == pytest.approx(30 * B.FIRST_DECREASE)
+
+
+def test_a_released_last_slot_leaves_no_hole() -> None:
+    budget = Budget(RateLimit(queries_per_second=1))
+    budget.wait_time(budget.reserve(QUERY, 0.0), 0.0)
+    unused = budget.reserve(QUERY, 0.0)
+    budget.release(unused)
+    assert budget.reserve(QUERY, 0.0).slot == unused.slot
+
+
+def test_threads_share_one_budget_without_losing_a_slot() -> None:
+    budget = Budget(RateLimit(submits_per_second=100))
+    slots: list[float] = []
+    lock = threading.Lock()
+
+    def grab() -> None:
+        for _ in range(250):
+            t = budget.reserve(SUBMIT, 0.0)
+            with lock:
+                slots.append(t.slot)
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    slots.sort()
+    assert len(set(slots)) == 2000  # every reservation a slot of its own
+    assert slots[-1] == pytest.approx(1999 * (0.01 + GUARD))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"submits_per_second": 0}, {"queries_per_second": -1}, {"submits_per_second": float("inf")},
+     {"queries_per_second": float("nan")}, {"submits_per_second": True}, {"queries_per_second": "5"}],
+)  # fmt: skip
+def test_rate_limit_refuses_what_is_not_a_positive_rate(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError, match="RateLimit"):
+        RateLimit(**kwargs)  # type: ignore[arg-type]

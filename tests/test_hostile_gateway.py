@@ -1,0 +1,268 @@
+"""A hostile gateway over a real loopback socket: slow drips, endless and cut bodies, hostile
+JSON, useless Retry-After hints. Every failure must be one ImggwError, on time, with nothing
+half-saved and nothing billed twice."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from imggw_client import (
+    AsyncClient,
+    Client,
+    DownloadError,
+    ImggwError,
+    PollPolicy,
+    RequestValidationError,
+    RetryPolicy,
+    ServerError,
+    Task,
+    TaskStatus,
+    WaitTimeoutError,
+)
+from imggw_client._core.surfaces import MAX_REPLY_BYTES, MAX_RESULT_URLS
+
+from .conftest import PNG
+from .loopback import drip, http_json, raw_server
+
+pytestmark = pytest.mark.anyio
+
+KEY = "test-key-0123456789"
+QUICK_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)
+RUNNING = json.dumps({"code": 200, "data": {"id": "1", "status": "processing"}}).encode()
+
+
+def head(status: int = 200, **headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status} X"] + [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def call(kind: str, base_url: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    """One call on a fresh client of ``kind``; options for the client come as ``client_*``."""
+    options = {k[7:]: kwargs.pop(k) for k in list(kwargs) if k.startswith("client_")}
+    options.setdefault("retry", QUICK_RETRY)
+    if kind == "sync":
+        with Client(api_key=KEY, base_url=base_url, **options) as client:
+            return await anyio.to_thread.run_sync(lambda: getattr(client, method)(*args, **kwargs))
+    async with AsyncClient(api_key=KEY, base_url=base_url, **options) as aclient:
+        return await getattr(aclient, method)(*args, **kwargs)
+
+
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# ---------------------------------------------------------------------------- deadlines
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+async def test_a_slow_drip_cannot_hold_a_wait_past_its_deadline(kind: str, where: str) -> None:
+    stop = threading.Event()
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        if where == "body":
+            conn.sendall(head(content_type="application/json", content_length=str(len(RUNNING))))
+            drip(conn, RUNNING, 0.3, stop)
+        else:
+            drip(conn, head(content_type="application/json") + RUNNING, 0.3, stop)
+
+    with raw_server(answer) as url:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeoutError):
+            await call(kind, url, "wait", "1", timeout=3, client_timeout=2)
+        took = time.monotonic() - started
+        stop.set()
+    assert 2.9 <= took <= 3.6  # the wait's 3 s, however slowly each byte comes
+
+
+async def test_a_slow_drip_download_is_bounded_by_its_timeout(kind: str, tmp_path: Path) -> None:
+    stop = threading.Event()
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(head(content_type="image/png", content_length=str(len(PNG))))
+        drip(conn, PNG, 0.2, stop)
+
+    with raw_server(answer) as url:
+        task = Task(id="1", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[f"{url}/r"])
+        twice = RetryPolicy(max_attempts=2, initial_backoff=0.01)
+        started = time.monotonic()
+        with pytest.raises(DownloadError):
+            await call(kind, url, "download", task, tmp_path, client_timeout=2, client_retry=twice)
+        took = time.monotonic() - started
+        stop.set()
+    assert took <= 2 * 2 + 0.6  # each of the two attempts within its 2 s, however slow the drip
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- sizes
+
+
+async def test_an_endless_reply_is_cut_at_the_limit(kind: str) -> None:
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(head(content_type="application/json", connection="close"))
+        junk = b"[" * 65536
+        for _ in range(MAX_REPLY_BYTES // len(junk) + 64):  # a little past the limit, then close
+            conn.sendall(junk)
+
+    with raw_server(answer) as url, pytest.raises(ServerError) as info:
+        await call(kind, url, "get", "1")
+    assert info.value.code == "response_too_large"
+
+
+async def test_an_endless_result_is_refused_past_max_bytes(kind: str, tmp_path: Path) -> None:
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(head(content_type="image/png", connection="close") + PNG[:8])
+        for _ in range(64):  # 4 MiB, more than max_bytes below
+            conn.sendall(b"\0" * 65536)
+
+    with raw_server(answer) as url:
+        task = Task(id="7", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[f"{url}/r"])
+        with pytest.raises(DownloadError) as info:
+            await call(kind, url, "download", task, tmp_path, max_bytes=1 << 20)
+    assert info.value.code == "result_too_large"
+    assert list(tmp_path.iterdir()) == []  # nothing half-saved
+
+
+async def test_a_result_cut_by_a_dropped_connection_is_never_saved(
+    kind: str, tmp_path: Path
+) -> None:
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        # Close-delimited (no Content-Length): only the image's own end can tell it is whole.
+        cut = PNG if n == 3 else PNG[: len(PNG) // 2]
+        conn.sendall(head(content_type="image/png", connection="close") + cut)
+
+    with raw_server(answer) as url:
+        task = Task(id="8", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[f"{url}/r"])
+        files = await call(kind, url, "download", task, tmp_path)
+    assert files[0].path.read_bytes() == PNG  # two cut bodies refused, the third saved
+    assert [p.name for p in tmp_path.iterdir()] == ["8-0.png"]
+
+
+async def test_fifty_thousand_result_urls_are_read_fast_and_capped(kind: str) -> None:
+    urls = [f"http://cdn.test/{i % 1000}.png" for i in range(50_000)]
+    body = json.dumps(
+        {
+            "code": 200,
+            "data": {"id": "1", "status": "completed", "result": {"images": [{"url": urls}]}},
+        }
+    ).encode()
+    with raw_server(lambda conn, n, req: conn.sendall(http_json(200, body))) as url:
+        started = time.monotonic()
+        task = await call(kind, url, "get", "1")
+    assert time.monotonic() - started < 2
+    assert len(task.image_urls) == MAX_RESULT_URLS
+    assert task.image_urls[:2] == ["http://cdn.test/0.png", "http://cdn.test/1.png"]
+
+
+# ---------------------------------------------------------------------------- hostile JSON
+
+
+NESTED_RESULT = {"id": "1", "status": "completed", "resultJson": "[" * 100_000}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000, b'{"code": 200, "data": {"id": "1", "status": "processing", "id": "2"}}'],
+)
+async def test_deeply_nested_or_repeated_json_is_a_clean_imggw_error(
+    kind: str, body: bytes
+) -> None:
+    # Never a RecursionError that slips past every `except ImggwError`, nor a guess between
+    # two values of one key: a malformed reply, retried, then a ServerError.
+    with (
+        raw_server(lambda conn, n, req: conn.sendall(http_json(200, body))) as url,
+        pytest.raises(ImggwError) as info,
+    ):
+        await call(kind, url, "get", "1")
+    assert isinstance(info.value, ServerError)
+    assert info.value.code == "malformed_response"
+
+
+async def test_nested_garbage_inside_a_record_gives_no_urls(kind: str) -> None:
+    body = json.dumps({"code": 200, "data": NESTED_RESULT}).encode()
+    with raw_server(lambda conn, n, req: conn.sendall(http_json(200, body))) as url:
+        task = await call(kind, url, "get", "1")
+    assert task.status is TaskStatus.SUCCEEDED
+    assert task.image_urls == []
+
+
+async def test_alpha_result_json_nested_too_deep_gives_no_urls(kind: str) -> None:
+    record = {"taskId": "1", "state": "success", "resultJson": "[" * 100_000}
+    body = json.dumps({"code": 200, "msg": "ok", "data": record}).encode()
+    with raw_server(lambda conn, n, req: conn.sendall(http_json(200, body))) as url:
+        task = await call(kind, url, "get", "1", client_surface="alpha")
+    assert task.status is TaskStatus.SUCCEEDED
+    assert task.image_urls == []
+
+
+# ---------------------------------------------------------------------------- Retry-After
+
+
+@pytest.mark.parametrize("hint", ["0", "-5", "Wed, 21 Oct 2015 07:28:00 GMT"])
+async def test_a_useless_retry_after_never_makes_a_wait_spin(kind: str, hint: str) -> None:
+    body = json.dumps({"code": 503, "error": {"code": "busy", "message": "busy"}}).encode()
+    busy = head(503, content_type="application/json", content_length=str(len(body)),
+                retry_after=hint) + body  # fmt: skip
+    queries: list[float] = []
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        queries.append(time.monotonic())
+        conn.sendall(busy)
+
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0)
+    with raw_server(answer) as url, pytest.raises(WaitTimeoutError):
+        await call(kind, url, "wait", "1", timeout=3, client_retry=policy)
+    # Backoff from 0.5 s doubling to 2 s: a handful of queries, never the 100+ of a spin.
+    assert 2 <= len(queries) <= 12
+
+
+# ---------------------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+async def test_downloads_honour_the_umask(kind: str, tmp_path: Path, umask: int, mode: int) -> None:
+    import os
+
+    with raw_server(lambda conn, n, req: conn.sendall(
+        head(content_type="image/png", content_length=str(len(PNG))) + PNG)
+    ) as url:  # fmt: skip
+        task = Task(id="9", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[f"{url}/r"])
+        old = os.umask(umask)
+        try:
+            files = await call(kind, url, "download", task, tmp_path)
+        finally:
+            os.umask(old)
+    assert stat.S_IMODE(files[0].path.stat().st_mode) == mode
+
+
+async def test_a_lone_surrogate_is_refused_before_sending_even_unvalidated(kind: str) -> None:
+    hits: list[int] = []
+    with (
+        raw_server(lambda conn, n, req: hits.append(n)) as url,
+        pytest.raises(RequestValidationError) as info,
+    ):
+        await call(kind, url, "submit", "a \ud800 cat", validate=False)
+    assert info.value.field == "prompt"
+    assert hits == []
+
+
+async def test_a_poll_policy_is_respected_under_hostile_states(kind: str) -> None:
+    # An unknown state full of escape codes is active, and is logged printable.
+    body = json.dumps({"code": 200, "data": {"id": "1", "status": "\x1b]0;pwned\x07"}}).encode()
+    poll = PollPolicy(initial_interval=0.05, max_interval=0.1)
+    with (
+        raw_server(lambda conn, n, req: conn.sendall(http_json(200, body))) as url,
+        pytest.raises(WaitTimeoutError) as info,
+    ):
+        await call(kind, url, "wait", "1", timeout=0.5, client_poll=poll)
+    assert info.value.last_task is not None
+    assert info.value.last_task.status is TaskStatus.RUNNING
