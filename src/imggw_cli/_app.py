@@ -20,15 +20,9 @@ from imggw_client._version import __version__
 
 from . import _exit
 from ._globals import current, with_globals
-from ._output import (
-    Output,
-    batch_display,
-    batch_summary,
-    submission_record,
-    task_lines,
-    task_record,
-)
+from ._output import Output, submission_record, task_lines, task_record
 from ._runtime import make_async_client, make_client, setup_logging
+from ._when import links_expire
 
 app = typer.Typer(
     name="imggw",
@@ -50,7 +44,9 @@ AspectRatioChoice = Enum(  # type: ignore[misc]
 ResolutionChoice = Enum("ResolutionChoice", [(r, r) for r in rules.RESOLUTIONS], type=str)  # type: ignore[misc]
 AUTO, ONE_K = AspectRatioChoice("auto"), ResolutionChoice("1k")
 
-Prompt = Annotated[str, typer.Argument(help="What to draw (1 to 20000 characters).")]
+Prompt = Annotated[
+    str, typer.Argument(help="What to draw (1 to 20000 characters); - reads it from stdin.")
+]
 TaskId = Annotated[str, typer.Argument(help="A task id, as submit printed it.")]
 AspectRatio = Annotated[
     AspectRatioChoice, typer.Option("--aspect-ratio", "-a", help="Aspect ratio.")
@@ -134,6 +130,25 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
         raise typer.Exit(_exit.INTERRUPTED) from None
 
 
+STDIN = "-"
+
+
+def _resolve_prompt(prompt: str, out: Output) -> str:
+    """The prompt; with ``-``, all of standard input less one trailing newline (so that
+    ``echo "a cat" | imggw submit -`` submits ``a cat``). A prompt read there that breaks a
+    rule stops the command before anything is sent."""
+    if prompt != STDIN:
+        return prompt
+    if sys.stdin.isatty():
+        out.note("reading the prompt from standard input; end it with Ctrl-D")
+    text = sys.stdin.read()
+    text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+    for violation in rules.check_prompt(text):
+        out.error(f"the prompt read from standard input {violation.rule}")
+        raise typer.Exit(_exit.USAGE)
+    return text
+
+
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def generate(
@@ -147,15 +162,19 @@ def generate(
 ) -> None:
     """Submit, wait with a progress bar, download; print the saved paths."""
     tracked = Tracked()
-    with _session(tracked) as out, make_client(current()) as client:
-        sub = client.submit(
-            prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
-            idempotency_key=idempotency_key,
-        )  # fmt: skip
-        tracked.id = sub.task_id
-        with out.progress(sub.task_id) as on_update:
-            task = client.wait(sub, timeout=timeout, on_update=on_update)
-        files = client.download(task, output, overwrite=overwrite)
+    with _session(tracked) as out:
+        prompt = _resolve_prompt(prompt, out)
+        with make_client(current()) as client:
+            sub = client.submit(
+                prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
+                idempotency_key=idempotency_key,
+            )  # fmt: skip
+            tracked.id = sub.task_id
+            with out.progress(sub.task_id) as on_update:
+                task = client.wait(sub, timeout=timeout, on_update=on_update)
+            files = client.download(task, output, overwrite=overwrite)
+        if task.expires_at is not None:
+            out.note(links_expire(task.expires_at))
         out.data(task_record(task, files), [str(f.path) for f in files])
 
 
@@ -168,11 +187,13 @@ def submit(
     idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Submit one request; print its task id and idempotency key."""
-    with _session() as out, make_client(current()) as client:
-        sub = client.submit(
-            prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
-            idempotency_key=idempotency_key,
-        )  # fmt: skip
+    with _session() as out:
+        prompt = _resolve_prompt(prompt, out)
+        with make_client(current()) as client:
+            sub = client.submit(
+                prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
+                idempotency_key=idempotency_key,
+            )  # fmt: skip
         record = submission_record(sub)
         out.data(record, [f"{name}: {value}" for name, value in record.items()])
 
@@ -216,9 +237,10 @@ def download(
 ) -> None:
     """Download the results of finished tasks; print the saved paths."""
     from imggw_client import TaskStatus, WaitTimeoutError
+    from imggw_client._core.text import printable
 
     worst = _exit.OK
-    with make_client(current()) as client:
+    with _session(), make_client(current()) as client:
         for task_id in task_ids:
             try:
                 with _session() as out:
@@ -229,9 +251,8 @@ def download(
                         files = client.download(task, output, overwrite=overwrite)
                     else:
                         files = []
-                        out.error(
-                            f"task {task_id} failed: {task.error.message if task.error else ''}"
-                        )
+                        reason = printable(task.error.message) if task.error else ""
+                        out.error(f"task {task_id} failed: {reason}")
                         worst = worst or _exit.TASK_FAILED
                     out.data(task_record(task, files), [str(f.path) for f in files])
             except typer.Exit as failed:
@@ -276,6 +297,8 @@ def batch(
     import anyio
 
     from imggw_client.batch import arun_batch
+
+    from ._batch_display import batch_display, batch_summary
 
     options = current()
     with _session() as out:

@@ -44,10 +44,12 @@ def code_for(err: ImggwError) -> int:
 
 
 def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | None = None) -> str:
-    """One actionable line; never the key, never the prompt."""
+    """One actionable line; never the key, never the prompt. What the gateway wrote (its
+    message, its reason code) is made printable here, so that it cannot break the line."""
     import imggw_client as sdk
+    from imggw_client._core.text import printable
 
-    text = err.message
+    text = printable(err.message)
     flag = f" --surface {surface}"
     if isinstance(err, sdk.WaitTimeoutError):
         return f"{text}\n  resume with: imggw poll {err.task_id}{flag}"
@@ -70,6 +72,7 @@ def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | No
     if isinstance(err, sdk.TaskFailedError):
         return text
     text = text.replace("pass overwrite=True", "pass --overwrite")
-    if err.code and err.code not in text:
-        return f"{text} ({err.code})"
+    code = printable(err.code) if err.code else None
+    if code and code not in text:
+        return f"{text} ({code})"
     return text

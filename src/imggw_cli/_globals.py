@@ -1,17 +1,28 @@
 """Options that every command takes, before or after its name (``imggw --json status 1`` and
-``imggw status 1 --json``): declared once, added to each command's signature."""
+``imggw status 1 --json``): declared once, added to each command's signature.
+
+Both the root and the command declare each option, so a value may arrive twice: which one wins
+is decided by where it came from (Click's parameter source), never by the order the two
+callbacks run in. A value typed on the command line beats one from the environment wherever it
+was typed, and one typed after the command name beats one typed before it.
+"""
 
 from __future__ import annotations
 
 import contextvars
 import functools
 import inspect
+import math
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from imggw_client import RateLimit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,10 +40,28 @@ class Globals:
     quiet: bool = False
     verbose: bool = False
     mock: bool = False
+    rate: float | None = None
+    query_rate: float | None = None
+    # Where each value came from (see _STRENGTH), so that a weaker source never replaces it.
+    sources: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def chosen_surface(self) -> str:
         return self.surface or "beta"
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The request budget of --rate / --query-rate, or None when neither was given."""
+        if self.rate is None and self.query_rate is None:
+            return None
+        from imggw_client import RateLimit
+
+        return RateLimit(submits_per_second=self.rate, queries_per_second=self.query_rate)
+
+
+# Click's ParameterSource, by name: Typer vendors its own Click, so the enum is not importable
+# from one stable place. Typed on the command line > environment > a default.
+_STRENGTH = {"COMMANDLINE": 3, "PROMPT": 3, "ENVIRONMENT": 2, "DEFAULT_MAP": 1, "DEFAULT": 0}
 
 
 def _keyword(
@@ -42,15 +71,18 @@ def _keyword(
                              annotation=annotation)  # fmt: skip
 
 
+def _rate_option(flag: str, help_text: str) -> Any:
+    # Taken as text and checked by _per_second, so that every bad value gets the same one line
+    # (Click's own "not a valid float" comes with a usage block).
+    return Annotated[str | None, typer.Option(flag, metavar="N", help=help_text)]
+
+
 _CONTEXT = _keyword("g_ctx", typer.Context)
 _OPTIONS = [
     _keyword(
         "g_base_url",
         Annotated[
-            str | None,
-            typer.Option(
-                "--base-url", envvar="IMGGW_BASE_URL", help="Gateway base URL [env: IMGGW_BASE_URL]"
-            ),
+            str | None, typer.Option("--base-url", envvar="IMGGW_BASE_URL", help="Gateway base URL")
         ],
         None,
     ),
@@ -86,8 +118,43 @@ _OPTIONS = [
         ],
         False,
     ),
+    _keyword(
+        "g_rate", _rate_option("--rate", "At most N submits per second [default: no cap]"), None
+    ),
+    _keyword(
+        "g_query_rate",
+        _rate_option("--query-rate", "At most N task queries per second [default: no cap]"),
+        None,
+    ),
 ]
 _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_globals")
+
+
+def _per_second(flag: str, text: str) -> float:
+    """A request rate from the command line: a finite number above zero, else exit 2 with
+    one line saying so."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        from imggw_client._core.text import printable
+
+        print(
+            f"error: {flag} must be a positive number of requests per second "
+            f"(got {printable(text, 40)!r})",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise typer.Exit(2)
+    return value
+
+
+_PARSE: dict[str, Callable[[Any], Any]] = {
+    "g_surface": lambda value: value.value,
+    "g_rate": functools.partial(_per_second, "--rate"),
+    "g_query_rate": functools.partial(_per_second, "--query-rate"),
+}
 
 
 def with_globals(command: F) -> F:
@@ -96,14 +163,24 @@ def with_globals(command: F) -> F:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        root = kwargs.pop(_CONTEXT.name).find_root()
+        ctx = kwargs.pop(_CONTEXT.name)
+        root = ctx.find_root()
         if not isinstance(root.obj, Globals):
             root.obj = Globals()
         chosen: Globals = root.obj
+        # The root's callback runs first, then the command's: a value here replaces the one
+        # from before the command name unless it came from a weaker source.
         for param in _OPTIONS:
             value = kwargs.pop(param.name)
-            if value not in (None, False):  # given here: wins over the same option given before
-                setattr(chosen, param.name.removeprefix("g_"), getattr(value, "value", value))
+            source = ctx.get_parameter_source(param.name)
+            strength = _STRENGTH.get(source.name if source else "DEFAULT", 0)
+            name = param.name.removeprefix("g_")
+            if strength < chosen.sources.get(name, 0):
+                continue
+            if value is not None and param.name in _PARSE:
+                value = _PARSE[param.name](value)
+            setattr(chosen, name, value)
+            chosen.sources[name] = strength
         _current.set(chosen)
         return command(*args, **kwargs)
 

@@ -1,5 +1,11 @@
 """Where output goes: data on stdout (plain lines, or one JSON object per result), everything
-else on stderr (progress, notes, errors), so that ``--json`` output always parses."""
+else on stderr (progress, notes, warnings, errors), so that ``--json`` output always parses.
+
+A task's id, state, URLs, error and paths are chosen by whoever runs the gateway: every human
+line passes the terminal sanitizer on its way out, so that none can carry an escape sequence
+to the user's terminal. ``--json`` needs no such step: ``json.dumps`` escapes every control
+character (and, with ``ensure_ascii``, every non-ASCII one).
+"""
 
 from __future__ import annotations
 
@@ -10,21 +16,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from imggw_client._core.text import printable
+
 from ._globals import Globals
+from ._when import iso_utc, links_expire
 
 if TYPE_CHECKING:
     from imggw_client import DownloadedFile, Submission, Task
-    from imggw_client.batch import BatchProgress, BatchReport
 
 
 def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[str, Any]:
-    """The pinned ``--json`` fields of a task (DESIGN 6)."""
+    """The ``--json`` fields of a task: the pinned ones (DESIGN 6), then money and expiry."""
     record: dict[str, Any] = {
         "task_id": task.id,
         "status": task.status.value,
         "progress": task.progress,
         "image_urls": list(task.image_urls),
         "error": task.error.model_dump() if task.error else None,
+        "cost": task.cost,
+        "credits": task.credits,
+        "expires_at": iso_utc(task.expires_at) if task.expires_at else None,
     }
     if files is not None:
         record["files"] = [{"path": str(f.path), "sha256": f.sha256, "size": f.size} for f in files]
@@ -33,6 +44,28 @@ def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[s
 
 def submission_record(sub: Submission) -> dict[str, Any]:
     return {"task_id": sub.task_id, "idempotency_key": sub.idempotency_key, "surface": sub.surface}
+
+
+def task_lines(task: Task) -> list[str]:
+    """A task for people, a fact a line."""
+    lines = [f"task_id: {task.id}", f"status: {task.status.value}"]
+    if task.progress is not None:
+        lines.append(f"progress: {task.progress}%")
+    lines += [f"image_url: {url}" for url in task.image_urls]
+    if task.expires_at is not None:
+        lines.append(links_expire(task.expires_at))
+    if task.cost is not None:
+        lines.append(f"cost: {task.cost:g}")
+    if task.credits is not None:
+        lines.append(f"credits: {task.credits:g}")
+    if task.error:
+        lines.append(f"error: {task.error.code}: {task.error.message}")
+    return lines
+
+
+def safe(text: str) -> str:
+    """``text`` fit for a terminal: the line breaks we write kept, every other control escaped."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 class Output:
@@ -46,14 +79,19 @@ class Output:
             print(json.dumps(record), flush=True)
         else:
             for line in lines:
-                print(line, flush=True)
+                print(printable(line), flush=True)
 
     def note(self, text: str) -> None:
+        """Progress and hints: not with --quiet."""
         if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
+            _say(text)
+
+    def warn(self, text: str) -> None:
+        """Something the user should act on: shown even with --quiet."""
+        _say(f"warning: {text}")
 
     def error(self, text: str) -> None:
-        print(f"error: {text}", file=sys.stderr, flush=True)
+        _say(f"error: {text}")
 
     @contextmanager
     def progress(self, task_id: str) -> Iterator[Callable[[Task], None]]:
@@ -76,14 +114,14 @@ class Output:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         bar = Progress(
-            TextColumn("task {task.fields[task_id]}"),
-            TextColumn("{task.fields[state]:<9}"),
+            TextColumn("task {task.fields[task_id]}", markup=False),
+            TextColumn("{task.fields[state]:<9}", markup=False),
             BarColumn(),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),
             console=Console(stderr=True),
         )
-        row = bar.add_task("", total=100, task_id=task_id, state="submitted")
+        row = bar.add_task("", total=100, task_id=printable(task_id, 40), state="submitted")
 
         def draw(task: Task) -> None:
             bar.update(row, completed=task.progress or 0, state=task.status.value)
@@ -92,97 +130,5 @@ class Output:
             yield draw
 
 
-@contextmanager
-def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
-    """An ``on_progress`` for batches: a live table on a terminal, a line every few seconds
-    otherwise, nothing with --quiet."""
-    if out.quiet:
-        yield lambda progress: None
-        return
-    if not sys.stderr.isatty():
-        last = [0.0]
-
-        def line(progress: BatchProgress) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 2.0 or progress.finished == progress.total:
-                last[0] = now
-                out.note(_progress_text(progress))
-
-        yield line
-        return
-    from rich.console import Console
-    from rich.live import Live
-
-    with Live(console=Console(stderr=True), refresh_per_second=4, transient=True) as live:
-        yield lambda progress: live.update(_progress_table(progress))
-
-
-def _progress_text(p: BatchProgress) -> str:
-    counts = ", ".join(f"{state} {n}" for state, n in sorted(p.counts.items()))
-    eta = "" if p.eta is None else f", eta {p.eta:.0f}s"
-    return (
-        f"batch: {p.finished}/{p.total} finished ({counts}); {p.throughput:.1f}/s{eta}; "
-        f"credits {p.credits:g}, cost {p.cost:g}"
-    )
-
-
-def _progress_table(p: BatchProgress) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"batch: {p.finished}/{p.total} finished", title_justify="left")
-    for column in ("pending", "submitted", "succeeded", "done", "failed", "expired"):
-        table.add_column(column, justify="right")
-    states = ("pending", "submitted", "succeeded", "done", "failed", "expired")
-    table.add_row(*(str(p.counts.get(state, 0)) for state in states))
-    eta = "-" if p.eta is None else f"{p.eta:.0f}s"
-    table.caption = (
-        f"{p.throughput:.1f} lines/s, eta {eta}, elapsed {p.elapsed:.0f}s, "
-        f"credits {p.credits:g}, cost {p.cost:g}"
-    )
-    return table
-
-
-def batch_summary(out: Output, report: BatchReport) -> None:
-    if out.quiet:
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="batch summary", title_justify="left", show_header=False)
-    labels = {
-        "done": "succeeded, saved",
-        "failed": "failed",
-        "expired": "expired before download",
-        "pending": "not yet submitted",
-        "submitted": "still running",
-        "succeeded": "not yet downloaded",
-    }
-    for state, label in labels.items():
-        if report.counts.get(state):
-            table.add_row(label, str(report.counts[state]))
-    if report.bad_lines:
-        table.add_row("bad input lines (skipped)", str(len(report.bad_lines)))
-    if report.changed_lines:
-        table.add_row("changed lines (new requests)", str(len(report.changed_lines)))
-    table.add_row("credits", f"{report.credits:g}")
-    table.add_row("cost", f"{report.cost:g}")
-    table.add_row("elapsed", f"{report.elapsed:.1f}s")
-    table.add_row("manifest", str(report.manifest))
-    Console(stderr=True).print(table)
-    for bad in report.bad_lines:
-        out.note(f"line {bad.line}: {bad.reason} (skipped)")
-    if report.changed_lines:
-        shown = ", ".join(str(n) for n in report.changed_lines[:10])
-        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
-    if report.exit_code == 3:
-        out.note("some lines are unfinished: run the same command again to resume them")
-
-
-def task_lines(task: Task) -> list[str]:
-    lines = [f"task_id: {task.id}", f"status: {task.status.value}"]
-    if task.progress is not None:
-        lines.append(f"progress: {task.progress}%")
-    lines += [f"image_url: {url}" for url in task.image_urls]
-    if task.error:
-        lines.append(f"error: {task.error.code}: {task.error.message}")
-    return lines
+def _say(text: str) -> None:
+    print(safe(text), file=sys.stderr, flush=True)

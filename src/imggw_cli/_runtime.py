@@ -6,50 +6,77 @@ import logging
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
+
+from imggw_client._version import __version__
 
 from ._globals import Globals
 
 if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client
-    from imggw_client.mock import MockGateway
+
+# Every request the CLI makes names it; the SDK appends its own name after ours.
+USER_AGENT = f"imggw-cli/{__version__}"
 
 # --mock: tasks of a second or so, so that a demo ends in seconds, and images worth looking at.
 MOCK_SETTINGS: dict[str, Any] = {"duration_min": 0.5, "duration_max": 1.5, "image_size": 512}
 
 
-def make_client(options: Globals) -> Client:
-    """A client for the options: the in-process reference gateway with --mock, else the gateway
-    at --base-url / IMGGW_BASE_URL with the key from IMGGW_API_KEY (the only place it is read)."""
+@contextmanager
+def make_client(options: Globals) -> Iterator[Client]:
+    """A client for the options, closed with its HTTP connections when the command ends: the
+    in-process reference gateway with --mock, else the gateway at --base-url / IMGGW_BASE_URL
+    with the key from IMGGW_API_KEY (the only place it is read)."""
+    import httpx
+
     from imggw_client import Client
+    from imggw_client._deadline import bounded_client
 
-    if options.mock:
-        return _mock_gateway().client(surface=options.chosen_surface, poll=_mock_poll())
-    return Client(base_url=options.base_url, surface=options.chosen_surface)
+    settings, http_options = _target(options)
+    # The SDK's own bounded client when there are real sockets: a whole request, headers
+    # included, then ends within its timeout however slowly a gateway answers.
+    make = httpx.Client if "transport" in http_options else bounded_client
+    with make(**http_options) as http, Client(http_client=http, **settings) as client:
+        yield client
 
 
-def make_async_client(options: Globals) -> AsyncClient:
+@asynccontextmanager
+async def make_async_client(options: Globals) -> AsyncIterator[AsyncClient]:
     """The same as make_client, asynchronous (for batches)."""
+    import httpx
+
     from imggw_client import AsyncClient
 
+    settings, http_options = _target(options)
+    async with (
+        httpx.AsyncClient(**http_options) as http,
+        AsyncClient(http_client=http, **settings) as client,
+    ):
+        yield client
+
+
+def _target(options: Globals) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The client's settings and its httpx client's, for the options."""
+    settings: dict[str, Any] = {
+        "surface": options.chosen_surface,
+        "rate_limit": options.rate_limit,
+        "base_url": options.base_url,
+    }
+    http: dict[str, Any] = {"headers": {"User-Agent": USER_AGENT}}
     if options.mock:
-        return _mock_gateway().async_client(surface=options.chosen_surface, poll=_mock_poll())
-    return AsyncClient(base_url=options.base_url, surface=options.chosen_surface)
+        from imggw_client import PollPolicy
+        from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
-
-def _mock_gateway() -> MockGateway:
-    from imggw_client.mock import MockGateway
-
-    # Each --mock run is a fresh gateway: ids that differ between runs keep one run's files
-    # from colliding with the last one's.
-    first = time.time_ns() // 1_000_000 % 10**12
-    return MockGateway(first_task_id=first, **MOCK_SETTINGS)
-
-
-def _mock_poll() -> Any:
-    from imggw_client import PollPolicy
-
-    return PollPolicy(initial_interval=0.2, max_interval=0.5)
+        # Each --mock run is a fresh gateway: ids that differ between runs keep one run's
+        # files from colliding with the last one's.
+        first = time.time_ns() // 1_000_000 % 10**12
+        gateway = MockGateway(first_task_id=first, **MOCK_SETTINGS)
+        settings.update(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
+                        poll=PollPolicy(initial_interval=0.2, max_interval=0.5))  # fmt: skip
+        http["transport"] = gateway.transport()
+    return settings, http
 
 
 class _Redact(logging.Filter):
@@ -66,25 +93,49 @@ class _Redact(logging.Filter):
         return True
 
 
+class _Printable(logging.Formatter):
+    """Log lines quote what a gateway sent (an unknown task state, an error reason): each line
+    passes the terminal sanitizer, so none can carry an escape sequence to the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from imggw_client._core.text import printable
+
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+
+
+class _Stderr(logging.Handler):
+    """Writes to whatever sys.stderr is when a line is logged, so that a handler left from an
+    earlier command in the same process (tests, embedding) never writes to a closed stream."""
+
+    imggw_cli = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:
+            self.handleError(record)
+
+
 _LOGGERS = ("imggw_client", "httpx")
 
 
 def setup_logging(options: Globals) -> None:
-    """--verbose: debug logs on stderr, the key blanked. Idempotent, so that running several
-    commands in one process (tests, embedding) never stacks handlers."""
-    for name in _LOGGERS:
-        logger = logging.getLogger(name)
-        for old in [h for h in logger.handlers if getattr(h, "imggw_cli", False)]:
-            logger.removeHandler(old)
-    if not options.verbose:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.imggw_cli = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    """Warnings from the SDK on stderr, sanitized; with --verbose, debug logs too, the key
+    blanked. Idempotent, so that running several commands in one process (tests, embedding)
+    never stacks handlers."""
+    handler = _Stderr(logging.DEBUG if options.verbose else logging.WARNING)
+    if options.verbose:
+        handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(_Printable("warning: %(message)s"))
     key = os.environ.get("IMGGW_API_KEY", "")
     if len(key) >= 4:
         handler.addFilter(_Redact(key))
     for name in _LOGGERS:
         logger = logging.getLogger(name)
-        logger.setLevel(logging.DEBUG)
+        for old in [h for h in logger.handlers if getattr(h, "imggw_cli", False)]:
+            logger.removeHandler(old)
+        # Without --verbose the level is left to the root logger (WARNING unless the host
+        # program says otherwise).
+        logger.setLevel(logging.DEBUG if options.verbose else logging.NOTSET)
         logger.addHandler(handler)

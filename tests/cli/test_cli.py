@@ -4,50 +4,17 @@ stdout and stderr kept apart, the key never printed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from imggw_cli import _runtime
-from imggw_cli._app import app
 from imggw_client.mock import MockGateway
 
-CANARY = "sk-canary-cli-7f3e2d1c0b9a"
-TASK_FIELDS = {"task_id", "status", "progress", "image_urls", "error"}
+from .helpers import CANARY, imggw
 
-
-@pytest.fixture(autouse=True)
-def quick_mock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--mock tasks of a few tens of ms, and no real sleeping between retries."""
-    monkeypatch.setitem(_runtime.MOCK_SETTINGS, "duration_min", 0.02)
-    monkeypatch.setitem(_runtime.MOCK_SETTINGS, "duration_max", 0.08)
-
-
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
-    with gw.serve() as url:
-        yield gw, url
-
-
-class Run:
-    def __init__(self, result: Any) -> None:
-        self.code: int = result.exit_code
-        self.out: str = result.stdout
-        self.err: str = result.stderr
-        assert CANARY not in self.out + self.err, "the API key was printed"
-
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.out.splitlines()]
-
-
-def imggw(*args: str, env: dict[str, str | None] | None = None) -> Run:
-    environment: dict[str, str | None] = {"IMGGW_API_KEY": CANARY, "IMGGW_BASE_URL": None}
-    environment.update(env or {})
-    return Run(CliRunner().invoke(app, list(args), env=environment))
+# The pinned fields of DESIGN 6, then money and link expiry.
+TASK_FIELDS = {"task_id", "status", "progress", "image_urls", "error", "cost", "credits",
+               "expires_at"}  # fmt: skip
 
 
 def test_version_and_help() -> None:
@@ -192,6 +159,14 @@ def test_exit_4_for_authentication_and_configuration(
     assert run.code == 4
     assert says in run.err
     assert len(run.err.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_download_without_a_key_exits_4_in_one_line() -> None:
+    run = imggw("download", "1", "--base-url", "http://127.0.0.1:9", env={"IMGGW_API_KEY": None})
+    assert run.code == 4
+    assert run.err.startswith("error: no API key")
+    assert "IMGGW_API_KEY" in run.err
+    assert len(run.err.splitlines()) == 1  # no traceback
 
 
 def test_exit_4_without_a_base_url() -> None:

@@ -1,0 +1,167 @@
+"""How a batch shows itself on stderr: a live bar and table on a terminal, a parseable line
+every few seconds otherwise, and the summary at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from imggw_client._core.text import printable
+
+from ._output import Output
+from ._when import span, until
+
+if TYPE_CHECKING:
+    from imggw_client.batch import BatchProgress, BatchReport
+
+STATES = ("pending", "submitted", "succeeded", "done", "failed", "expired")
+
+
+@contextmanager
+def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
+    """An ``on_progress`` for batches: a live bar and table on a terminal, a line every few
+    seconds otherwise, no progress with --quiet. Results about to expire unseen are warned
+    about once, --quiet or not."""
+    warned = False
+
+    def warn_at_risk(progress: BatchProgress) -> None:
+        nonlocal warned
+        if progress.at_risk > 0 and not warned:
+            warned = True
+            out.warn(
+                f"{progress.at_risk} results will expire before their download turn at the "
+                "current pace; raise --concurrency"
+            )
+
+    if out.quiet:
+        yield warn_at_risk
+        return
+    if not sys.stderr.isatty():
+        last = [0.0]
+
+        def line(progress: BatchProgress) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 2.0 or progress.finished == progress.total:
+                last[0] = now
+                out.note(progress_text(progress))
+            warn_at_risk(progress)
+
+        yield line
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    with Live(console=Console(stderr=True), refresh_per_second=4, transient=True) as live:
+
+        def draw(progress: BatchProgress) -> None:
+            live.update(progress_view(progress))
+            warn_at_risk(progress)
+
+        yield draw
+
+
+def _budget(p: BatchProgress) -> str | None:
+    """``budget 2 submits/s, 10 queries/s; the 40 lines left need at least 20 s``."""
+    limit = p.rate_limit
+    if limit is None:
+        return None
+    kinds = {"submits": limit.submits_per_second, "queries": limit.queries_per_second}
+    rates = [f"{rate:g} {kind}/s" for kind, rate in kinds.items() if rate is not None]
+    if not rates:
+        return None
+    text = "budget " + ", ".join(rates)
+    if p.least_time_left is not None:
+        left = p.counts.get("pending", 0)
+        text += f"; the {left} lines left need at least {span(p.least_time_left)}"
+    return text
+
+
+def _downloads(p: BatchProgress) -> str | None:
+    """``awaiting download 3, soonest expiry in 23 h 59 min``."""
+    if not p.awaiting_download and p.soonest_expiry is None:
+        return None
+    text = f"awaiting download {p.awaiting_download}"
+    if p.soonest_expiry is not None:
+        text += f", soonest expiry {until(p.soonest_expiry)}"
+    return text
+
+
+def _money(p: BatchProgress) -> str:
+    return f"credits {p.credits:g}, cost {p.cost:g}"
+
+
+def progress_text(p: BatchProgress) -> str:
+    """One line, ``; ``-separated parts, the first three always there: for logs and scripts."""
+    counts = ", ".join(f"{state} {n}" for state, n in sorted(p.counts.items()))
+    eta = "" if p.eta is None else f", eta {p.eta:.0f}s"
+    parts = [
+        f"batch: {p.finished}/{p.total} finished ({counts})",
+        f"{p.throughput:.1f}/s{eta}",
+        _money(p),
+        _budget(p),
+        _downloads(p),
+    ]
+    return "; ".join(part for part in parts if part)
+
+
+def progress_view(p: BatchProgress) -> Any:
+    """The live view: one bar for the whole batch, the counts per state under it, then the
+    budget and the downloads waiting."""
+    from rich import box
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    eta = "-" if p.eta is None else span(p.eta)
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(
+        "batch",
+        ProgressBar(total=max(p.total, 1), completed=p.finished, width=40),
+        f"{p.finished}/{p.total}  {p.throughput:.1f} lines/s  eta {eta}  {_money(p)}",
+    )
+    counts = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for state in STATES:
+        counts.add_column(state, justify="right")
+    counts.add_row(*(str(p.counts.get(state, 0)) for state in STATES))
+    notes = [f"elapsed {span(p.elapsed)}", _budget(p), _downloads(p)]
+    return Group(bar, counts, *(note for note in notes if note))
+
+
+def batch_summary(out: Output, report: BatchReport) -> None:
+    if out.quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="batch summary", title_justify="left", show_header=False)
+    labels = {
+        "done": "succeeded, saved",
+        "failed": "failed",
+        "expired": "expired before download",
+        "pending": "not yet submitted",
+        "submitted": "still running",
+        "succeeded": "not yet downloaded",
+    }
+    for state, label in labels.items():
+        if report.counts.get(state):
+            table.add_row(label, str(report.counts[state]))
+    if report.bad_lines:
+        table.add_row("bad input lines (skipped)", str(len(report.bad_lines)))
+    if report.changed_lines:
+        table.add_row("changed lines (new requests)", str(len(report.changed_lines)))
+    table.add_row("credits", f"{report.credits:g}")
+    table.add_row("cost", f"{report.cost:g}")
+    table.add_row("elapsed", f"{report.elapsed:.1f}s")
+    table.add_row("manifest", Text(printable(report.manifest)))  # a path: no markup
+    Console(stderr=True).print(table)
+    for bad in report.bad_lines:
+        out.note(f"line {bad.line}: {bad.reason} (skipped)")
+    if report.changed_lines:
+        shown = ", ".join(str(n) for n in report.changed_lines[:10])
+        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+    if report.exit_code == 3:
+        out.note("some lines are unfinished: run the same command again to resume them")
