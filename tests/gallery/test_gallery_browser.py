@@ -1,0 +1,372 @@
+"""The gallery in a real browser: Debian's headless Chromium opens index.html from disk.
+
+A real batch against the reference gateway (one line fails, one prompt is hostile, one input
+line is bad) and a 10,000-line gallery: images decode, data shows as text and never runs, the
+header counts are right, filters and pages change the cards, and a screenshot has content.
+Chromium missing is a failure, not a skip: `.ci/run` installs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from imggw_client import PollPolicy
+from imggw_client.batch import run_batch
+from imggw_client.batch._gallery import PAGE_SIZE, iter_manifest, write_gallery
+from imggw_client.mock import MockGateway
+from imggw_client.mock._png import png
+
+from .helpers import record
+
+CHROMIUM = os.environ.get("IMGGW_CHROMIUM", "/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+FAST_POLL = PollPolicy(initial_interval=0.02, max_interval=0.1)
+VIEWPORT = {"width": 1366, "height": 900}
+ON_SCREEN = (
+    "i => { const r = i.getBoundingClientRect(); return r.bottom > 0 && r.top < innerHeight; }"
+)
+
+HOSTILE = "<script>alert(1)</script>"
+HOSTILE_2 = '</script><img src=x onerror="window.pwned=2"> \u2028 & \'single\' "double"'
+HOSTILE_ID = '"><img src=x onerror="window.pwned=3">'
+INPUT = [
+    json.dumps({"prompt": "a red fox in fresh snow at dawn", "aspect_ratio": "16:9", "id": "fox"}),
+    json.dumps({"prompt": HOSTILE, "aspect_ratio": "1:1", "id": HOSTILE_ID}),
+    json.dumps({"prompt": "a lighthouse on a cliff #fail", "aspect_ratio": "3:2"}),
+    "not json at all",
+    json.dumps({"prompt": HOSTILE_2, "aspect_ratio": "9:16"}),
+    json.dumps(
+        {"prompt": "a quiet harbour, watercolour", "aspect_ratio": "4:3", "resolution": "2k"}
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
+            "(.ci/run does), or point IMGGW_CHROMIUM at a Chromium binary",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        # launch() gives every run a fresh, temporary user-data-dir.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, timeout=30_000)
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Opened:
+    """A page of the gallery, with what the browser reported while it was open."""
+
+    page: Page
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def shown(self, state: str) -> None:
+        self.page.wait_for_selector(f'body[data-shown="{state}"]', timeout=10_000)
+
+    def wait_for(self, expression: str, timeout: float = 10.0) -> None:
+        """Polls from here: the page's Content-Security-Policy refuses the eval that
+        Playwright's wait_for_function uses, and it stays on in these tests."""
+        deadline = time.monotonic() + timeout
+        while not self.page.evaluate(expression):
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            self.page.wait_for_timeout(50)
+
+    def images_loaded(self) -> None:
+        """Waits for the images on screen (lazy ones further down are not fetched yet)."""
+        self.wait_for(f"Array.from(document.images).filter({ON_SCREEN}).every(i => i.complete)")
+
+    def cards(self) -> list[dict[str, str]]:
+        result: list[dict[str, str]] = self.page.eval_on_selector_all(
+            ".card", "cards => cards.map(c => ({line: c.dataset.line, status: c.dataset.status}))"
+        )
+        return result
+
+
+def open_gallery(browser: Browser, folder: Path, hash: str = "") -> Opened:
+    page = browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+    opened = Opened(page)
+
+    def dialog(d: Any) -> None:
+        opened.dialogs.append(d.message)
+        d.dismiss()
+
+    page.on("dialog", dialog)
+    page.on("pageerror", lambda err: opened.errors.append(str(err)))
+    page.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
+    page.on("request", lambda r: opened.requests.append(r.url))
+    page.goto((folder / "index.html").as_uri() + hash)
+    return opened
+
+
+# ---------------------------------------------------------------------------- a real batch
+
+
+@dataclass
+class Batch:
+    folder: Path
+    credits: float
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
+    folder = tmp_path_factory.mktemp("gallery")
+    source = folder / "in.jsonl"
+    source.write_text("\n".join(INPUT) + "\n")
+    gateway = MockGateway(duration_min=0.02, duration_max=0.05, image_size=128)
+    out = folder / "out"
+    # In a thread of its own: Playwright's sync API keeps an event loop running in this one.
+    with ThreadPoolExecutor(1) as pool:
+        report = pool.submit(run_batch, source, out, skip_bad_lines=True,
+                             client_factory=lambda: gateway.async_client(poll=FAST_POLL)).result()  # fmt: skip
+    assert report.counts == {"done": 4, "failed": 1}
+    # The manifest's request and billing fields, where it has none yet, from the input and
+    # the ledger; the manifest's own values win.
+    inputs = {n: json.loads(text) for n, text in enumerate(INPUT, 1) if text.startswith("{")}
+    billed = {row.line: {"credits": row.credits, "cost": row.cost} for row in report.rows}
+    records = (
+        {**inputs.get(r["line"], {}), **billed.get(r["line"], {}), **r}
+        for r in iter_manifest(out / "manifest.jsonl")
+    )
+    write_gallery(out, records, title="Spring set")
+    return Batch(out, sum(row.credits or 0 for row in report.rows))
+
+
+@pytest.fixture
+def batch_folder(batch: Batch) -> Path:
+    return batch.folder
+
+
+def test_every_visible_image_decodes(browser: Browser, batch_folder: Path) -> None:
+    opened = open_gallery(browser, batch_folder)
+    opened.shown("all/1")
+    opened.images_loaded()
+    images = opened.page.eval_on_selector_all(
+        ".grid img",
+        f"""imgs => imgs.map(i => ({{w: i.naturalWidth, visible: ({ON_SCREEN})(i),
+                                    href: i.closest("a").getAttribute("href")}}))""",
+    )
+    assert len(images) == 4  # one per succeeded line
+    visible = [image for image in images if image["visible"]]
+    assert visible
+    assert all(image["w"] > 0 for image in visible)
+    assert all((batch_folder / image["href"]).is_file() for image in images)
+    assert opened.errors == []
+    opened.page.close()
+
+
+def test_hostile_prompts_show_as_text_and_never_run(browser: Browser, batch_folder: Path) -> None:
+    opened = open_gallery(browser, batch_folder)
+    opened.shown("all/1")
+    page = opened.page
+    prompts = page.eval_on_selector_all(".prompt", "ps => ps.map(p => p.textContent)")
+    assert HOSTILE in prompts
+    assert HOSTILE_2 in prompts
+    assert HOSTILE in page.inner_text("#grid")
+    ids = page.eval_on_selector_all(".meta dd", "dds => dds.map(d => d.textContent)")
+    assert HOSTILE_ID in ids
+    page.wait_for_timeout(200)  # time for an injected handler to fire, if there were one
+    assert opened.dialogs == []
+    assert page.evaluate("window.pwned") is None
+    # Our two script elements only (page files remove theirs once run), and every image
+    # is one of the batch's files.
+    assert page.evaluate("document.scripts.length") == 2
+    srcs = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.getAttribute('src'))")
+    assert all((batch_folder / src).is_file() for src in srcs)
+    assert opened.errors == []  # no script error, no Content-Security-Policy refusal
+    page.close()
+
+
+def test_header_counts_and_totals(browser: Browser, batch: Batch) -> None:
+    opened = open_gallery(browser, batch.folder)
+    opened.shown("all/1")
+    counts = {
+        name: opened.page.inner_text(f'[data-filter="{name}"] .count')
+        for name in ("all", "succeeded", "failed", "expired", "unfinished")
+    }
+    assert counts == {
+        "all": "6",
+        "succeeded": "4",
+        "failed": "2",
+        "expired": "0",
+        "unfinished": "0",
+    }
+    assert opened.page.inner_text("h1") == "Spring set"
+    assert opened.page.title() == "Spring set"
+    totals = opened.page.inner_text("#totals")
+    assert batch.credits > 0
+    assert totals.startswith(f"6 lines · {batch.credits:g} credits ·")
+    opened.page.close()
+
+
+def test_filters_change_the_cards(browser: Browser, batch_folder: Path) -> None:
+    opened = open_gallery(browser, batch_folder)
+    page = opened.page
+    opened.shown("all/1")
+    assert [c["line"] for c in opened.cards()] == ["1", "2", "3", "4", "5", "6"]
+    page.click('[data-filter="failed"]')
+    opened.shown("failed/1")
+    assert opened.cards() == [{"line": "3", "status": "failed"}, {"line": "4", "status": "failed"}]
+    notes = page.eval_on_selector_all(".note .code", "codes => codes.map(c => c.textContent)")
+    assert notes == ["generation_failed", "invalid_line"]
+    assert page.get_attribute('[data-filter="failed"]', "aria-pressed") == "true"
+    page.click('[data-filter="succeeded"]')
+    opened.shown("succeeded/1")
+    assert [c["line"] for c in opened.cards()] == ["1", "2", "5", "6"]
+    page.click('[data-filter="expired"]')
+    opened.shown("expired/1")
+    assert opened.cards() == []
+    assert page.is_visible("#empty")
+    page.go_back()  # filters are in the address: Back returns to the previous one
+    opened.shown("succeeded/1")
+    page.close()
+
+
+def colours(browser: Browser, shot: bytes) -> tuple[int, float]:
+    """Distinct colours of a PNG and the share of pixels unlike its most common colour,
+    decoded by the browser's own PNG decoder on a canvas."""
+    page = browser.new_page()
+    result: list[float] = page.evaluate(
+        """async (b64) => {
+             const img = new Image();
+             img.src = "data:image/png;base64," + b64;
+             await img.decode();
+             const canvas = document.createElement("canvas");
+             canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+             const ctx = canvas.getContext("2d");
+             ctx.drawImage(img, 0, 0);
+             const px = new Uint32Array(ctx.getImageData(0, 0, canvas.width, canvas.height).data.buffer);
+             const seen = new Map();
+             for (const p of px) seen.set(p, (seen.get(p) || 0) + 1);
+             const top = Math.max(...seen.values());
+             return [seen.size, 1 - top / px.length];
+           }""",
+        base64.b64encode(shot).decode("ascii"),
+    )
+    page.close()
+    return int(result[0]), result[1]
+
+
+def test_screenshot_has_content(browser: Browser, batch_folder: Path) -> None:
+    opened = open_gallery(browser, batch_folder)
+    opened.shown("all/1")
+    opened.images_loaded()
+    # IMGGW_GALLERY_SCREENSHOT=path keeps a copy to look at (pytest's own folders rotate).
+    keep = os.environ.get("IMGGW_GALLERY_SCREENSHOT") or batch_folder / "gallery-screenshot.png"
+    shot = opened.page.screenshot(path=str(keep))
+    opened.page.close()
+    blank = browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+    blank_shot = blank.screenshot()
+    blank.close()
+    assert colours(browser, blank_shot)[0] == 1  # the measure sees a blank page as blank
+    distinct, busy = colours(browser, shot)
+    assert distinct > 500  # text, badges and the gradient images
+    assert busy > 0.2  # not a white page with a few marks
+
+
+# ---------------------------------------------------------------------------- 10,000 lines
+
+
+@pytest.fixture(scope="module")
+def big_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gallery-10k")
+    ratios = ["16:9", "1:1", "9:16", "4:3"]
+    for n, ratio in enumerate(ratios):
+        w, h = (int(x) for x in ratio.split(":"))
+        size = (96, round(96 * h / w)) if w >= h else (round(96 * w / h), 96)
+        (folder / f"{n}.png").write_bytes(png(*size, seed=0x3A7F21 * (n + 1)))
+
+    def records() -> Iterator[dict[str, Any]]:
+        for line in range(1, 10_001):
+            if line % 50 == 0:
+                yield record(line, status="failed", files=[],
+                             error={"code": "content_policy", "message": "refused"})  # fmt: skip
+            else:
+                n = line % len(ratios)
+                yield record(line, aspect_ratio=ratios[n],
+                             files=[{"path": f"{n}.png", "sha256": "0" * 64, "size": 1}])  # fmt: skip
+
+    write_gallery(folder, records())
+    return folder
+
+
+def test_ten_thousand_lines_open_with_one_page_of_cards(browser: Browser, big_folder: Path) -> None:
+    started = time.monotonic()
+    opened = open_gallery(browser, big_folder)
+    opened.shown("all/1")
+    elapsed = time.monotonic() - started
+    assert elapsed < 10  # about 0.5 s here
+    assert len(opened.cards()) == PAGE_SIZE
+    assert opened.page.inner_text('[data-filter="all"] .count') == "10,000"
+    opened.images_loaded()
+    # Lazy loading: only the images near the screen are fetched, not the page's 196.
+    fetched = [url for url in opened.requests if url.endswith(".png")]
+    assert 0 < len(fetched) < 100
+    # Page files: this page and the next one (fetched ahead), nothing else.
+    assert sorted(url.rsplit("/", 2)[-2:][1] for url in opened.requests if url.endswith(".js")) == [
+        "1.js",
+        "2.js",
+    ]
+    opened.page.close()
+
+
+def test_paging_through_ten_thousand_lines(browser: Browser, big_folder: Path) -> None:
+    opened = open_gallery(browser, big_folder)
+    page = opened.page
+    opened.shown("all/1")
+    assert page.is_disabled("#pager-top .prev")
+    page.click("#pager-top .next")
+    opened.shown("all/2")
+    assert opened.cards()[0]["line"] == "201"
+    assert page.inner_text("#pager-top .range") == "cards 201\u2013400"
+    assert page.input_value("#pager-top input") == "2"
+    page.fill("#pager-top input", "50")
+    page.press("#pager-top input", "Enter")
+    opened.shown("all/50")
+    assert [c["line"] for c in opened.cards()][-1] == "10000"
+    assert page.is_disabled("#pager-bottom .next")
+    page.keyboard.press("ArrowLeft")
+    opened.shown("all/49")
+    page.click('[data-filter="failed"]')
+    opened.shown("failed/1")
+    cards = opened.cards()
+    assert len(cards) == PAGE_SIZE
+    assert {c["status"] for c in cards} == {"failed"}
+    assert cards[0]["line"] == "50"
+    assert not page.is_visible("#pager-top .next")  # a single page needs no pager
+    assert opened.errors == []
+    page.close()
+
+
+def test_a_page_open_across_two_rewrites_offers_a_reload(browser: Browser, tmp_path: Path) -> None:
+    three_pages = [record(line, files=[]) for line in range(1, 2 * PAGE_SIZE + 2)]
+    write_gallery(tmp_path, three_pages)
+    opened = open_gallery(browser, tmp_path)
+    page = opened.page
+    opened.shown("all/1")
+    write_gallery(tmp_path, three_pages)
+    write_gallery(tmp_path, three_pages)  # the generation the page was opened on is gone now
+    page.fill("#pager-top input", "3")
+    page.press("#pager-top input", "Enter")
+    opened.shown("stale")
+    assert "rewritten" in page.inner_text("#notice")
+    page.click("#notice button")
+    opened.shown("all/3")  # the reloaded page, on the page that was asked for
+    assert [c["line"] for c in opened.cards()] == [str(2 * PAGE_SIZE + 1)]
+    page.close()
