@@ -24,7 +24,7 @@ from imggw_client import (
     TaskStatus,
 )
 
-from .conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, make_client
+from .conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, beta_done, make_client
 
 pytestmark = pytest.mark.anyio
 
@@ -87,16 +87,73 @@ async def test_redirect_to_the_gateway_host_carries_no_key(client: Driven, tmp_p
 
 
 @pytest.mark.parametrize("status", [403, 404, 410])
-async def test_expired_links_raise_result_expired_without_retry(
+async def test_a_dead_link_that_stays_dead_ends_after_one_more_query(
     client: Driven, tmp_path: Path, status: int
 ) -> None:
     with respx.mock() as cdn:
         route = cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(status))
+        query = cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(
+            return_value=beta_done(urls=[f"{CDN}/x.png"])
+        )
         with pytest.raises(ResultExpiredError) as info:
             await client.download(done(f"{CDN}/x.png"), tmp_path)
-    assert route.call_count == 1
+    assert route.call_count == 1  # the dead link is not retried ...
+    assert query.call_count == 1  # ... the task is asked once for a fresh one: the same: done
     assert info.value.status_code == status
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("status", [403, 404, 410])
+async def test_a_dead_link_is_replaced_by_the_fresh_one_the_gateway_signs(
+    client: Driven, tmp_path: Path, status: int
+) -> None:
+    with respx.mock() as cdn:
+        dead = cdn.get(f"{CDN}/x.png?Expires=1").mock(return_value=httpx.Response(status))
+        fresh = cdn.get(f"{CDN}/x.png?Expires=2").mock(
+            return_value=httpx.Response(200, content=PNG)
+        )
+        query = cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(
+            return_value=beta_done(urls=[f"{CDN}/x.png?Expires=2"])
+        )
+        files = await client.download(done(f"{CDN}/x.png?Expires=1"), tmp_path)
+    assert (dead.call_count, query.call_count, fresh.call_count) == (1, 1, 1)
+    assert files[0].path.read_bytes() == PNG
+    assert files[0].url == f"{CDN}/x.png?Expires=2"
+    assert "authorization" in query.calls.last.request.headers  # the query is the gateway's
+    assert "authorization" not in fresh.calls.last.request.headers
+
+
+async def test_a_link_past_its_expiry_is_not_even_tried(client: Driven, tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    stale = done(f"{CDN}/x.png?old").model_copy(
+        update={"expires_at": datetime(2020, 1, 1, tzinfo=timezone.utc)}
+    )
+    with respx.mock(assert_all_called=False) as cdn:
+        old = cdn.get(f"{CDN}/x.png?old").mock(return_value=httpx.Response(200, content=PNG))
+        new = cdn.get(f"{CDN}/x.png?new").mock(return_value=httpx.Response(200, content=PNG))
+        query = cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(
+            return_value=beta_done(urls=[f"{CDN}/x.png?new"])
+        )
+        files = await client.download(stale, tmp_path)
+    assert (old.call_count, query.call_count, new.call_count) == (0, 1, 1)
+    assert files[0].url == f"{CDN}/x.png?new"
+
+
+async def test_a_task_gone_from_the_gateway_means_its_results_expired(
+    client: Driven, tmp_path: Path
+) -> None:
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(410))
+        cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(
+            return_value=httpx.Response(
+                404,
+                json={"code": 404, "error": {"code": "task_not_found", "message": "No such task."}},
+            )
+        )
+        with pytest.raises(ResultExpiredError) as info:
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert info.value.status_code == 410
 
 
 async def test_refuses_to_overwrite_without_sending_anything(
@@ -186,6 +243,7 @@ async def test_one_failure_does_not_lose_the_others(client: Driven, tmp_path: Pa
     with respx.mock() as cdn:
         for i, url in enumerate(urls):
             cdn.get(url).mock(return_value=httpx.Response(410 if i == 1 else 200, content=PNG))
+        cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(return_value=beta_done(urls=urls))
         with pytest.raises(ResultExpiredError):
             await client.download(done(*urls), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["42-0.png", "42-2.png", "42-3.png"]

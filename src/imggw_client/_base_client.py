@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
-from ._core.flows import Flows
+from ._core.flows import Flows, log
 from ._core.wire import ClientClosed, TransportFailure
 from ._exceptions import ConfigurationError
 from ._transport import user_agent
@@ -159,6 +159,7 @@ class BaseClient(Generic[H]):
         billed twice."""
         if self.is_closed:
             return TransportFailure(sent=True, timeout=False, error=ClientClosed())
+        log.warning("a request failed (%s); treated as a lost answer", type(exc).__name__)
         return TransportFailure(sent=True, timeout=False, error=exc)
 
     def __repr__(self) -> str:

@@ -264,11 +264,42 @@ class Flows:
             raise DownloadError(
                 f"task {task.id} succeeded without result URLs", surface=task.surface
             )
-        fetch = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
+        limits = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
+        fresh = _Refresh(self, task)
         return [
-            self._download(task, url, dest_dir, file_stem(task.id, index), overwrite, fetch)
-            for index, url in enumerate(task.image_urls)
+            self._download_or_refresh(task, index, dest_dir, overwrite, limits, fresh)
+            for index in range(len(task.image_urls))
         ]
+
+    def _download_or_refresh(
+        self,
+        task: Task,
+        index: int,
+        dest_dir: Path,
+        overwrite: bool,
+        limits: tuple[int, float],
+        fresh: _Refresh,
+    ) -> Flow[DownloadedFile]:
+        """A dead link (403/404/410, or past ``expires_at``) is not proof the result is gone:
+        many gateways sign a new link on every query. So the task is queried once more (once
+        for all its files) and the link it hands out now is tried; ``ResultExpiredError`` only
+        when that fails too, or is the very link that died."""
+        url, stem = task.image_urls[index], file_stem(task.id, index)
+        dead: ResultExpiredError | None = None
+        if task.expires_at is None or task.expires_at.timestamp() > self.wall():
+            try:
+                return (yield from self._download(task, url, dest_dir, stem, overwrite, limits))
+            except ResultExpiredError as err:
+                dead = err
+        try:
+            refreshed = yield from fresh.task()
+        except ResultExpiredError as gone:  # no fresh link to be had: the dead one says why
+            raise (dead or gone) from gone
+        new = refreshed.image_urls[index] if index < len(refreshed.image_urls) else None
+        if new is None or (new == url and dead is not None):
+            raise dead or _expired(task, stem, "the gateway lists no link for it any more")
+        log.info("result %s of task %s: its link died; trying the one it has now", stem, task.id)
+        return (yield from self._download(refreshed, new, dest_dir, stem, overwrite, limits))
 
     def _download(
         self,
@@ -296,13 +327,8 @@ class Flows:
             if outcome.incomplete:
                 raise surfaces.malformed(task.surface, outcome.status, "the file was cut short")
             if outcome.status in EXPIRED_STATUSES:
-                raise ResultExpiredError(
-                    f"result {stem} of task {task.id} is no longer available "
-                    f"(HTTP {outcome.status}): its retention window has passed",
-                    status_code=outcome.status,
-                    code="result_expired",
-                    surface=task.surface,
-                )
+                raise _expired(task, stem, f"its link answered HTTP {outcome.status}",
+                               outcome.status)  # fmt: skip
             status = outcome.status
             if status == 429:
                 raise RateLimitError(f"result link answered HTTP {status}", surface=task.surface)
@@ -432,6 +458,37 @@ class Flows:
             return min(honour_retry_after(verdict.retry_after, self.settings.retry, attempt,
                                           self.rng), remaining)  # fmt: skip
         return min(backoff(self.settings.retry, attempt, self.rng), remaining)
+
+
+class _Refresh:
+    """One more query of a task whose links died, shared by the flows of its files."""
+
+    def __init__(self, flows: Flows, task: Task) -> None:
+        self.flows = flows
+        self.original = task
+        self.refreshed: Task | None = None
+
+    def task(self) -> Flow[Task]:
+        if self.refreshed is None:
+            task = self.original
+            try:
+                latest = yield from self.flows.get(task.id, surface=task.surface)
+            except ImggwError as err:
+                raise _expired(task, "", f"asking for fresh links failed: {err.message}") from err
+            if latest.status is not TaskStatus.SUCCEEDED:
+                raise _expired(task, "", f"the task is now {latest.status.value}")
+            self.refreshed = latest
+        return self.refreshed
+
+
+def _expired(task: Task, stem: str, why: str, status: int | None = None) -> ResultExpiredError:
+    what = f"result {stem} of task {task.id}" if stem else f"the results of task {task.id}"
+    return ResultExpiredError(
+        f"{what} can no longer be downloaded ({why}); its retention window has passed",
+        status_code=status,
+        code="result_expired",
+        surface=task.surface,
+    )
 
 
 def _fetch_settings(max_bytes: object, timeout: object) -> tuple[int, float]:

@@ -34,7 +34,7 @@ from .._exceptions import (
     ServerError,
 )
 from .._models import ImageRequest, Submission, Task, TaskError, TaskStatus
-from . import jsonio, rules
+from . import expiry, jsonio, rules
 from .retry import parse_retry_after
 from .text import printable
 from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
@@ -362,17 +362,17 @@ def read_task(
         raise malformed(surface, reply.status, "the record is for another task")
     if surface == ALPHA:
         state = data.get("state")
-        urls = result_urls(data.get("resultJson"))
+        result = data.get("resultJson")
+        if isinstance(result, (str, bytes)):
+            result = _json(result)
         cost, credits = None, number(data.get("creditsConsumed"))
         fail_code, fail_message = data.get("failCode"), data.get("failMsg")
     else:
         state = data.get("status")
         result = data.get("result")
-        urls = result_urls(result) if isinstance(result, dict) else []
         cost, credits = number(data.get("cost")), number(data.get("credits_cost"))
-        error = data.get("error")
-        error = error if isinstance(error, dict) else {}
-        fail_code, fail_message = error.get("code"), error.get("message")
+        fail_code, fail_message = _beta_error(data)
+    urls = result_urls(result)
     status = task_status(surface, state)
     task_error = None
     if status is TaskStatus.FAILED:
@@ -386,8 +386,15 @@ def read_task(
         cost=cost,
         credits=credits,
         error=task_error,
+        expires_at=expiry.earliest(expiry.stated(result), urls) if urls else None,
         raw=body,
     )
+
+
+def _beta_error(data: Mapping[str, Any]) -> tuple[object, object]:
+    error = data.get("error")
+    error = error if isinstance(error, dict) else {}
+    return error.get("code"), error.get("message")
 
 
 def task_status(surface: Surface, state: object) -> TaskStatus:
