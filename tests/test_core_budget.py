@@ -247,3 +247,43 @@ def test_threads_share_one_budget_without_losing_a_slot() -> None:
 def test_rate_limit_refuses_what_is_not_a_positive_rate(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError, match="RateLimit"):
         RateLimit(**kwargs)  # type: ignore[arg-type]
+
+
+def _answer(budget: Budget, now: float, *, limited: bool = False) -> None:
+    t = budget.reserve(QUERY, now)
+    t.sent_at = now
+    budget.finished(t, now, limited=limited, retry_after=1.0 if limited else None)
+
+
+def test_the_pace_is_lowered_at_most_once_a_recovery_period() -> None:
+    budget = Budget(RateLimit(queries_per_second=10))
+    for _ in range(5):  # the second 429 makes 2 of at least 20 answers: an overload
+        _answer(budget, 1.0, limited=True)
+    assert budget.pace(QUERY) == pytest.approx(10 * B.DECREASE)  # a known pace, gently
+    for _ in range(20):  # more overload a moment later: the first change has not shown yet
+        _answer(budget, 2.0, limited=True)
+    assert budget.pace(QUERY) == pytest.approx(8.0)
+    for _ in range(20):  # a period on, still nothing but 429s: to what got through, at most half
+        _answer(budget, 1.0 + B.RECOVERY_PERIOD + 0.1, limited=True)
+    pace = budget.pace(QUERY)
+    assert pace is not None
+    assert pace <= 8.0 * (1 + B.RECOVERY_STEP) * B.FIRST_DECREASE  # (a step of growth first)
+
+
+def test_past_the_pace_that_met_the_overload_the_pace_grows_fast_again() -> None:
+    budget = Budget(RateLimit())
+    for n in range(30):  # unpaced at first; then a real share of 429s
+        _answer(budget, 0.01 * n)
+    for _ in range(10):
+        _answer(budget, 0.5, limited=True)
+    start = budget.pace(QUERY)
+    assert start is not None
+    now, paces = 1.0, []
+    for _ in range(80):  # requests keep queueing, no more 429s
+        for _ in range(3):
+            budget.reserve(QUERY, now)
+        now += 1.0
+        paces.append(budget.pace(QUERY))
+    grown = [p for p in paces if p is not None]
+    assert grown == sorted(grown)
+    assert grown[-1] > 64 * start  # careful up to the old pace, then doubling past it

@@ -18,9 +18,13 @@ when its slot comes whether it may go (:meth:`Budget.wait_time`), and reports ho
 - A **429** pauses the lane for the whole client: ``Retry-After`` when given, but never less
   than the retry policy's own backoff, which grows with each 429 in a row (so a hint of 0 never
   makes a client spin). When 429s are a real share of the lane's recent answers (a gateway over
-  its limit, not one 429 by chance), the pace is lowered too (from what the gateway accepted
-  lately, when no pace was set); it then recovers a step at a time while requests queue for
-  it, up to the ceiling.
+  its limit, not one 429 by chance), the pace is lowered too, at most once a recovery period:
+  a guessed pace by half (from what the gateway accepted lately, if more), a known one to the
+  share that got through. It then recovers a step at a time while requests queue for it, up to
+  where the overload came, and (that pace having held) faster past it, up to the ceiling.
+
+The constants were chosen with a discrete-event simulation of many waits against sliding-window
+limits and against random 429s (BENCHMARKS.md has the figures).
 """
 
 from __future__ import annotations
@@ -40,14 +44,17 @@ START_RATE = 10.0  # requests/s past that window, at first
 FREE_RATE = 1024.0  # past this, a lane that never met a 429 is left unpaced
 MIN_RATE = 1 / 60  # the pace never falls below one request a minute
 FIRST_DECREASE = 0.5  # the first overload halves a pace that was a guess
-DECREASE = 0.8  # later ones, and one at a configured ceiling, lower it gently
-RECOVERY_STEP = 0.1  # the pace grows by a tenth ...
-RECOVERY_PERIOD = 5.0  # ... every 5 s in which requests queued for it and it was not lowered
+DECREASE = 0.8  # later ones, and one at a ceiling, lower it to the share that got through
+# (at most to this, at least by half), and no more than once a recovery period
+RECOVERY_STEP = 0.1  # the pace grows by a tenth every 5 s in which requests queued for it
+RECOVERY_PERIOD = 5.0  # and it was not lowered, up to where the last overload came; past that
+# (the pace held, so the limit was elsewhere) it doubles each such second, as at the start
 # A gateway over its limit answers most requests with 429; one that throws a few at random
 # does not, and slowing down would not help: the pace is lowered only when 429s make up
-# DECREASE_SHARE of the lane's last RECENT answers.
+# DECREASE_SHARE of the lane's last RECENT answers (counted out of at least MIN_ANSWERS).
 RECENT = 50
 DECREASE_SHARE = 0.06
+MIN_ANSWERS = 20
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
 # Every paced interval is this much longer than the pace says: a gateway that counts N requests
 # in any S-second window sees our N+1st at least N ms past S, so the network's jitter on the way
@@ -87,6 +94,7 @@ class _Lane:
     shift: float = 0.0
     strikes: int = 0
     decreased_at: float = _NEVER
+    overloaded_at: float = 0.0  # the pace at which the last overload came
     grow_at: float = _NEVER
     queued: bool = False  # a request had to wait for its slot since the last growth check
     second: int = 0  # accepted answers, counted per whole second: this one and the last
@@ -139,7 +147,8 @@ class Budget:
                 return ticket
             slot = max(now, lane.next_slot, lane.paused_until)
             lane.next_slot = slot + lane.interval
-            lane.queued = lane.queued or slot > now
+            # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
+            lane.queued = lane.queued or slot > max(now, lane.paused_until)
             return Ticket(kind, slot, lane.shift, paced=True)
 
     def wait_time(self, ticket: Ticket, now: float) -> float:
@@ -230,21 +239,23 @@ class Budget:
             lane.shift += delta
             lane.next_slot = max(lane.next_slot + delta, until)
             lane.paused_until, lane.paused_at = until, now
-        overloaded = sum(lane.answers) >= DECREASE_SHARE * max(len(lane.answers), 1)
-        if sent > lane.decreased_at and overloaded:  # sent at this pace, which is too fast
-            self._decrease(lane, now)
+        share = sum(lane.answers) / max(len(lane.answers), MIN_ANSWERS)
+        settled = now - lane.decreased_at >= RECOVERY_PERIOD  # the last change had its effect
+        if sent > lane.decreased_at and share >= DECREASE_SHARE and settled:
+            self._decrease(lane, now, share)
             lane.answers.clear()
             lane.grow_at = now + RECOVERY_PERIOD
 
-    def _decrease(self, lane: _Lane, now: float) -> None:
-        if lane.mode in (RECOVERING, FIXED):  # a pace that was close: lowered gently
+    def _decrease(self, lane: _Lane, now: float, share: float) -> None:
+        if lane.mode in (RECOVERING, FIXED):  # a pace that was close: to what got through
             assert lane.rate is not None
-            rate = lane.rate * DECREASE
+            rate = lane.rate * max(FIRST_DECREASE, min(DECREASE, 1.0 - share))
         else:  # a guess so far: start again from what the gateway accepted lately
             rate = max(lane.rate or 0.0, _accepted_per_second(lane, now)) * FIRST_DECREASE
         rate = max(MIN_RATE, rate)
         if lane.ceiling is not None:
             rate = min(rate, lane.ceiling)
+        lane.overloaded_at = lane.rate or rate / FIRST_DECREASE
         lane.rate, lane.mode, lane.decreased_at = rate, RECOVERING, now
 
     def _grow(self, lane: _Lane, now: float) -> None:
@@ -256,11 +267,13 @@ class Budget:
                 if lane.rate > FREE_RATE:
                     lane.rate, lane.mode = None, FREE
             elif lane.mode == RECOVERING:
-                lane.rate *= 1.0 + RECOVERY_STEP
+                careful = lane.rate < lane.overloaded_at
+                lane.rate *= 1.0 + RECOVERY_STEP if careful else 2.0
                 if lane.ceiling is not None and lane.rate >= lane.ceiling:
                     lane.rate, lane.mode = lane.ceiling, FIXED
         lane.queued = False
-        lane.grow_at = now + (1.0 if lane.mode == STARTING else RECOVERY_PERIOD)
+        careful = lane.mode == RECOVERING and (lane.rate or 0) < lane.overloaded_at
+        lane.grow_at = now + (RECOVERY_PERIOD if careful or lane.mode == FIXED else 1.0)
 
 
 def _accepted_per_second(lane: _Lane, now: float) -> float:
