@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import unicodedata
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,6 +15,14 @@ from imggw_client._core import rules
 
 RATIOS = list(rules.ASPECT_RATIOS)
 ONLY_1K = ["auto", "5:4", "4:5", "3:1", "1:3", "9:21"]
+# ECMA-262 WhiteSpace and LineTerminator, from the standard's own list: what \S does not match.
+ECMA_SPACE = {"\t", "\v", "\f", " ", "\u00a0", "\ufeff", "\n", "\r", "\u2028", "\u2029"} | {
+    chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Zs"
+}
+
+
+def ecma_blank(text: str) -> bool:
+    return all(c in ECMA_SPACE for c in text)
 
 
 def allowed(ratio: str, res: str) -> bool:
@@ -137,7 +149,7 @@ def test_image_request_accepts_exactly_the_valid_requests(
 ) -> None:
     valid = (
         len(prompt) >= 1
-        and any(not c.isspace() for c in prompt)
+        and not ecma_blank(prompt)
         and ratio in RATIOS
         and res.lower() in ("1k", "2k", "4k")
         and allowed(ratio, res)
@@ -153,3 +165,67 @@ def test_image_request_accepts_exactly_the_valid_requests(
 def test_unchecked_skips_validation() -> None:
     req = ImageRequest.unchecked("", "7:5", "8K")
     assert (req.prompt, req.aspect_ratio, req.resolution) == ("", "7:5", "8K")
+
+
+# Every ECMA-262 WhiteSpace and LineTerminator character, and characters Python calls
+# whitespace (or not) where ECMA-262 disagrees.
+BLANK = ["\t", "\v", "\f", " ", "\u00a0", "\ufeff", "\n", "\r", "\u2028", "\u2029", "\u1680",
+         "\u2000", "\u2005", "\u200a", "\u202f", "\u205f", "\u3000", "\v\f\t\r\n \ufeff"]  # fmt: skip
+NOT_BLANK = ["\u001c", "\u001d", "\u001e", "\u001f", "\u0085", "\u180e", "\u200b", "\ufeffx\ufeff"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "ok"), [(c, False) for c in BLANK] + [(c, True) for c in NOT_BLANK]
+)
+def test_the_non_whitespace_rule_is_ecma_262s_backslash_s(prompt: str, ok: bool) -> None:
+    """The contract's \\S is a JSON Schema pattern: ECMA-262 decides, not Python's str.isspace."""
+    assert (rules.check_prompt(prompt) == []) is ok
+    if ok:
+        assert ImageRequest(prompt).prompt == prompt
+    else:
+        with pytest.raises(RequestValidationError) as info:
+            ImageRequest(prompt)
+        assert (info.value.field, info.value.code) == ("prompt", "invalid_prompt")
+        assert "non-whitespace" in info.value.rule
+
+
+def test_whitespace_is_exactly_ecma_262s_for_every_code_point() -> None:
+    pattern = re.compile(rules.NON_BLANK_PATTERN)
+    blank = {chr(c) for c in range(sys.maxunicode + 1) if not pattern.match(chr(c))}
+    assert blank == ECMA_SPACE
+
+
+@pytest.mark.parametrize("prompt", ["\ud800", "a cat \udfff", "\udc00\ud83d", "x" * 100 + "\ud83d"])
+def test_text_with_surrogate_code_points_is_refused(prompt: str) -> None:
+    assert [v.code for v in rules.check_prompt(prompt)] == ["invalid_prompt"]
+    with pytest.raises(RequestValidationError) as info:
+        ImageRequest(prompt)
+    assert "surrogate" in info.value.rule
+    assert "x" * 50 not in str(info.value)  # never echoed
+    assert ImageRequest("a fox \U0001f98a").prompt  # characters beyond the BMP are fine
+
+
+@given(
+    st.one_of(
+        st.text(max_size=8),
+        st.text(alphabet=st.characters(max_codepoint=127)),
+        st.sampled_from(["a\n", " a", "a ", "a b", "~", "\x7f", "a" * 255, "a" * 256]),
+    )
+)
+def test_the_idempotency_key_pattern_states_the_rule(key: str) -> None:
+    """The OpenAPI document's pattern says what the rule says, read as ECMA-262 reads it (where
+    ``$`` is the end of the text; Python's ``$`` also matches before a final newline)."""
+    ecma = rules.IDEMPOTENCY_KEY_PATTERN.replace("$", r"\Z")
+    by_pattern = 1 <= len(key) <= 255 and re.search(ecma, key) is not None
+    assert by_pattern is (rules.check_idempotency_key(key) == [])
+
+
+def test_task_ids_are_digits_without_a_leading_zero_and_at_most_64_of_them() -> None:
+    from imggw_client._core.rules import TASK_ID_MAX_DIGITS, check_task_id
+
+    assert check_task_id("1") == []
+    assert check_task_id("9" * TASK_ID_MAX_DIGITS) == []
+    for bad in ("0", "0123", "", "12a", " 1", "1" * (TASK_ID_MAX_DIGITS + 1), "1" * 5000):
+        (violation,) = check_task_id(bad)
+        assert violation.field == "task_id"
+        assert violation.code == "invalid_task_id"

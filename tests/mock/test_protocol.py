@@ -9,6 +9,7 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
+from ..test_rules import BLANK, NOT_BLANK
 from .helpers import (
     ALPHA_SUBMIT,
     BETA_SUBMIT,
@@ -233,3 +234,92 @@ def test_idempotency_error_reasons_on_alpha_lead_the_message(gw: MockGateway) ->
     body = json.loads(answer.body)
     assert (answer.status, body["code"]) == (422, 422)
     assert body["msg"].startswith("idempotency_key_reused")
+
+
+# ---------------------------------------------------------------------------- hostile bodies
+
+
+@pytest.mark.parametrize("surface", ["alpha", "beta"])
+@pytest.mark.parametrize(
+    ("prompt", "accepted"), [(c, False) for c in BLANK] + [(c, True) for c in NOT_BLANK]
+)
+def test_blank_prompts_are_judged_as_ecma_262_judges_them(
+    gw: MockGateway, surface: str, prompt: str, accepted: bool
+) -> None:
+    answer = submit(gw, surface, prompt=prompt)
+    if accepted:
+        assert answer.status == 200
+    else:
+        body = json.loads(answer.body)
+        assert answer.status == 422
+        assert (body.get("error") or {}).get("code", "invalid_prompt") == "invalid_prompt"
+        assert "must contain a non-whitespace character" in json.dumps(body)
+    assert gw.stats()["tasks_created"] == int(accepted)
+
+
+@pytest.mark.parametrize("surface", ["alpha", "beta"])
+@pytest.mark.parametrize("escaped", [r"\ud800", r"a cat \udfff", r"\ude00\ud83d"])
+def test_prompts_with_lone_surrogates_are_refused_and_not_billed(
+    gw: MockGateway, surface: str, escaped: str
+) -> None:
+    path, body = (ALPHA_SUBMIT, alpha_body()) if surface == "alpha" else (BETA_SUBMIT, beta_body())
+    raw = json.dumps(body).replace('"a cat"', f'"{escaped}"').encode()
+    answer = call(gw, "POST", path, raw=raw)
+    assert answer.status == 422
+    assert "surrogate" in answer.body.decode()
+    assert gw.stats()["tasks_created"] == 0
+    paired = json.dumps(body).replace('"a cat"', r'"a fox \ud83e\udd8a"').encode()
+    assert call(gw, "POST", path, raw=paired).status == 200  # a proper pair is one character
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"model":"imagegen-2","prompt":"x","prompt":"y","size":"1:1","resolution":"1k","n":1}',
+     b'{"model":"imagegen-2","prompt":"x","size":"1:1","resolution":"1k","n":1,"n":1}'],
+)  # fmt: skip
+def test_repeated_keys_are_invalid_json(gw: MockGateway, raw: bytes) -> None:
+    assert error(call(gw, "POST", BETA_SUBMIT, raw=raw))[:2] == (400, "invalid_json")
+    assert gw.stats()["tasks_created"] == 0
+
+
+def test_repeated_keys_inside_alpha_input_are_invalid_json(gw: MockGateway) -> None:
+    raw = (b'{"model":"imagegen-2-text-to-image","input":{"prompt":"x","prompt":"y",'
+           b'"resolution":"1K","aspect_ratio":"1:1"}}')  # fmt: skip
+    body = json.loads(call(gw, "POST", ALPHA_SUBMIT, raw=raw).body)
+    assert (body["code"], body["data"]) == (400, None)
+    assert gw.stats()["tasks_created"] == 0
+
+
+@pytest.mark.parametrize("path", [ALPHA_SUBMIT, BETA_SUBMIT])
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 100_000 + b"]" * 100_000,  # 200 KB, under the 256 KiB limit
+     b"[" * 100_000,
+     b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+     b'{"a": ' * 30_000 + b"1" + b"}" * 30_000],
+)  # fmt: skip
+def test_deeply_nested_bodies_are_400_never_500(gw: MockGateway, path: str, raw: bytes) -> None:
+    assert len(raw) < 256 * 1024
+    answer = call(gw, "POST", path, raw=raw, idem="nested")
+    assert answer.status == 400
+    assert json.loads(answer.body)["code"] == 400
+
+
+def test_canonical_never_raises() -> None:
+    from imggw_client._core import serving
+
+    for raw in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000, b"\xff", b'{"a":1,"a":2}'):
+        assert isinstance(serving.canonical(raw), bytes)
+    assert serving.canonical(b'{"b": 1, "a": [2]}') == b'{"a":[2],"b":1}'
+
+
+def test_invented_methods_share_one_stats_bucket(gw: MockGateway) -> None:
+    for i in range(50):
+        call(gw, f"BREW{i}", "/beta/v1/tasks/1")
+        call(gw, f"X-{i}", f"/nowhere/{i}")
+    call(gw, "DELETE", "/beta/v1/tasks/1")
+    assert gw.stats()["requests"] == {
+        "OTHER /beta/v1/tasks/{id}": 50,
+        "OTHER (unknown)": 50,
+        "DELETE /beta/v1/tasks/{id}": 1,
+    }

@@ -32,14 +32,32 @@ RESOLUTIONS: tuple[str, ...] = ("1k", "2k", "4k")
 PROMPT_MAX_CHARS = 20_000
 BODY_MAX_BYTES = 256 * 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 255
-TASK_ID_PATTERN = re.compile(r"[1-9][0-9]*")
+# The contract says digits without a leading zero; a file name must hold one too (the result
+# files are named after it), so an id of more than 64 digits, which no gateway hands out, is not
+# one.
+TASK_ID_MAX_DIGITS = 64
+TASK_ID_REGEX = f"[1-9][0-9]{{0,{TASK_ID_MAX_DIGITS - 1}}}"
+TASK_ID_PATTERN = re.compile(TASK_ID_REGEX)
 
 # Combination rules (SPEC 2.4), stated per aspect ratio, in the order of ASPECT_RATIOS.
 ONLY_1K: tuple[str, ...] = ("auto", "5:4", "4:5", "3:1", "1:3", "9:21")
 NO_4K: tuple[str, ...] = ("1:1",)
 COMBINATIONS_TEXT = f"{', '.join(ONLY_1K)} require 1k; {', '.join(NO_4K)} allows no 4k"
-_NON_BLANK = re.compile(r"\S")
+
+# The contract's prompt pattern ``\S`` is a JSON Schema pattern, so ECMA-262 decides what is
+# whitespace: WhiteSpace (TAB, VT, FF, SP, NBSP, ZWNBSP U+FEFF, category Zs) and LineTerminator
+# (LF, CR, U+2028, U+2029). Python's own ``\s`` differs (it counts U+001C..U+001F and U+0085,
+# not U+FEFF), so the class is spelled out; the same text is the OpenAPI document's pattern,
+# read alike by ECMA-262 and Python engines.
+ECMA_WHITESPACE = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NON_BLANK_PATTERN = f"[^{ECMA_WHITESPACE}]"
+_NON_BLANK = re.compile(NON_BLANK_PATTERN)
+# Surrogate code points are not Unicode scalar values: a JSON escape such as "\ud800" can carry
+# one, but no UTF-8 encoder can send it on, so such text is refused, never billed.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
+# The Idempotency-Key rule as a JSON Schema (ECMA-262) pattern, for the OpenAPI document.
+IDEMPOTENCY_KEY_PATTERN = "^[!-~](?:[ -~]*[!-~])?$"
 
 # Stable reason codes, shared by RequestValidationError.code and the gateway's error bodies.
 INVALID_PROMPT = "invalid_prompt"
@@ -58,10 +76,21 @@ class Violation(NamedTuple):
 
 
 def check_prompt(prompt: object) -> list[Violation]:
+    """Checks a prompt: text of 1 to 20,000 code points, valid Unicode, with a character
+    outside ECMA-262 whitespace (the contract's ``\\S``).
+
+    Example::
+
+        check_prompt("\\ufeff")   # [Violation('prompt', 'must contain a non-whitespace ...', ...)]
+        check_prompt("\\x1c")     # [] : not whitespace in ECMA-262
+    """
     if not isinstance(prompt, str):
         return [Violation("prompt", "must be a string", INVALID_PROMPT)]
     if not 1 <= len(prompt) <= PROMPT_MAX_CHARS:
         rule = f"must be 1 to {PROMPT_MAX_CHARS} characters long (got {len(prompt)})"
+        return [Violation("prompt", rule, INVALID_PROMPT)]
+    if _SURROGATE.search(prompt):
+        rule = "must be valid Unicode text (no surrogate code points)"
         return [Violation("prompt", rule, INVALID_PROMPT)]
     if not _NON_BLANK.search(prompt):
         return [Violation("prompt", "must contain a non-whitespace character", INVALID_PROMPT)]
@@ -117,6 +146,9 @@ def check_idempotency_key(key: object) -> list[Violation]:
 
 def check_task_id(task_id: object) -> list[Violation]:
     if not isinstance(task_id, str) or not TASK_ID_PATTERN.fullmatch(task_id):
-        rule = "must be a positive decimal number without leading zeros"
+        rule = (
+            f"must be a positive decimal number without leading zeros, at most "
+            f"{TASK_ID_MAX_DIGITS} digits"
+        )
         return [Violation("task_id", rule, INVALID_TASK_ID)]
     return []

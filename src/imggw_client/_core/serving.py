@@ -7,21 +7,26 @@ Reason codes (``error.code`` on B; the numeric ``code`` and ``msg`` on A):
 ==========================  ======  ==============================================
 code                        status  when
 ==========================  ======  ==============================================
-``invalid_json``            400     the body is not a JSON object
+``invalid_json``            400     the body is not one well-formed JSON object (bad
+                                    syntax or encoding, nesting too deep to parse, a
+                                    repeated key)
 ``body_too_large``          413     the body exceeds 256 KiB
 ``unknown_field``           422     a field the schema does not define
 ``missing_field``           422     a required field is absent
 ``invalid_model``           422     the ``model`` constant is wrong
 ``invalid_n``               422     ``n`` is not the integer 1 (B)
-``invalid_prompt``          422     prompt length, type or blankness
+``invalid_prompt``          422     prompt length, type, blankness (ECMA-262 ``\\S``)
+                                    or surrogate code points
 ``invalid_aspect_ratio``    422     ``size`` / ``input.aspect_ratio`` outside the 16
 ``invalid_resolution``      422     not the surface's exact wire form
 ``unsupported_combination`` 422     a resolution the aspect ratio does not allow
+``rate_limited``            429     over the key's request limit (Retry-After)
 ==========================  ======  ==============================================
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ from typing import Any
 
 from .._config import Surface
 from .._models import ImageRequest, TaskError, TaskStatus
-from . import rules
+from . import jsonio, rules
 from .surfaces import (
     ALPHA,
     ALPHA_MODEL,
@@ -48,6 +53,7 @@ UNKNOWN_FIELD = "unknown_field"
 MISSING_FIELD = "missing_field"
 INVALID_MODEL = "invalid_model"
 INVALID_N = "invalid_n"
+RATE_LIMITED = "rate_limited"
 
 WIRE_STATES: dict[Surface, dict[TaskStatus, str]] = {
     ALPHA: {
@@ -151,11 +157,12 @@ def read_submit_request(surface: Surface, body: bytes) -> ImageRequest | Refusal
     if len(body) > rules.BODY_MAX_BYTES:
         return Refusal(413, rules.BODY_TOO_LARGE, f"the body exceeds {rules.BODY_MAX_BYTES} bytes")
     try:
-        data = json.loads(body)
+        # Repeated keys are refused: what a proxy checked must be what is billed.
+        data = jsonio.loads(body, unique_keys=True)
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        return Refusal(400, INVALID_JSON, "the body must be a JSON object")
+        return Refusal(400, INVALID_JSON, "the body must be one JSON object without repeated keys")
     if surface == ALPHA:
         shape = _check_fields(data, {"model", "input"}, "")
         if shape is None:
@@ -195,11 +202,29 @@ def _check_fields(data: dict[str, Any], allowed: set[str], prefix: str) -> Refus
 
 
 def canonical(body: bytes) -> bytes:
-    """The body in one canonical JSON form: idempotency compares requests, not whitespace."""
+    """The body in one canonical JSON form: idempotency compares requests, not whitespace.
+    A body that is not sound JSON is its own canonical form.
+
+    Example::
+
+        canonical(b'{"b": 1, "a": 2}')   # b'{"a":2,"b":1}'
+    """
     try:
-        return json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
-    except ValueError:
+        return json.dumps(jsonio.loads(body), sort_keys=True, separators=(",", ":")).encode()
+    except (ValueError, RecursionError):
         return body
+
+
+def request_fingerprint(surface: Surface, body: bytes) -> bytes:
+    """What an ``Idempotency-Key`` is bound to: the surface and the canonical body. Keys
+    belong to the API key, not to a surface, so the same key on the other surface is another
+    wire request (a conflict), while an identical retry on the same surface replays.
+
+    Example::
+
+        request_fingerprint("beta", body) != request_fingerprint("alpha", body)
+    """
+    return hashlib.sha256(surface.encode() + b"\n" + canonical(body)).digest()
 
 
 def submit_response(surface: Surface, task_id: str) -> bytes:
@@ -220,6 +245,7 @@ class TaskView:
     cost: float
     error: TaskError | None
     late: bool = False  # in the second half of its phase (for the extra-states quirk)
+    expires_at: int | None = None  # Unix seconds at which the links stop working
 
 
 def task_record(
@@ -244,7 +270,7 @@ def task_record(
         data = {
             "id": view.id,
             "status": state,
-            "result": {"images": [{"url": list(view.urls)}]} if done else None,
+            "result": {"images": [_image(view)]} if done else None,
             "cost": view.cost,
             "credits_cost": view.credits,
         }
@@ -254,6 +280,13 @@ def task_record(
     if not omit_progress:
         data["progress"] = view.progress
     return encode_json(body)
+
+
+def _image(view: TaskView) -> dict[str, Any]:
+    image: dict[str, Any] = {"url": list(view.urls)}
+    if view.expires_at is not None:
+        image["expires_at"] = view.expires_at
+    return image
 
 
 def error_body(

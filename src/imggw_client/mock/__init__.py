@@ -1,7 +1,9 @@
 """The bundled reference gateway: a faithful, stateful imggw server for tests and demos.
 
 In-process (no sockets) or over a real socket on 127.0.0.1; with fault injection, provider
-quirks, a manual clock, and inspection at ``/_mock/stats``.
+quirks, request limits per key (``submit_limit="20/10"``), signed result links that expire
+(``link_ttl``), a manual clock, inspection at ``/_mock/stats`` and its OpenAPI document at
+``/openapi.json``.
 
 Example::
 

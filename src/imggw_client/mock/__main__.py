@@ -1,6 +1,11 @@
 """``python -m imggw_client.mock``: serve the reference gateway on a real socket.
 
-Every MockGateway setting is an option (``--duration-max 2``, ``--faults lost,503``, ...).
+Every MockGateway setting is an option (``--duration-max 2``, ``--faults lost,503``,
+``--submit-limit 20/10``, ``--link-ttl 3600``, ...). Serving needs uvicorn, which the ``mock``
+extra installs (``pip install 'imggw[mock]'``); without it the command says so and exits 4.
+
+Exit codes: 0 stopped by Ctrl-C; 1 could not serve (port in use); 2 bad option; 4 uvicorn
+missing.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def parser(prog: str = "python -m imggw_client.mock") -> argparse.ArgumentParser
                 flag, type=_list, default=default,
                 help=f"{text}, comma-separated: {choices} [{listed}]",
             )  # fmt: skip
+        elif default is None:  # the help text says what no value means
+            p.add_argument(flag, type=meta["type"], default=None, help=text)
         else:
             p.add_argument(flag, type=type(default), default=default, help=f"{text} [{default}]")
     return p
@@ -68,6 +75,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_clie
     except ConfigurationError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
+    try:
+        import uvicorn  # noqa: F401  (imported again where it serves; here only to ask)
+    except ImportError:
+        print("error: serving the reference gateway needs uvicorn: pip install 'imggw[mock]'",
+              file=sys.stderr)  # fmt: skip
+        return 4
     keys = len(gateway.config.api_keys)
     with contextlib.ExitStack() as stack:
         try:

@@ -1,7 +1,14 @@
-"""The real-socket adapter: an ASGI app over a MockGateway, and uvicorn to serve it."""
+"""The real-socket adapter: an ASGI app over a MockGateway, and uvicorn to serve it.
+
+Result links name the address the server answered on (the socket's own), never a ``Host``
+header the client sent. Slow clients are cut off: a whole request (head and body) must arrive
+within ``request_timeout`` seconds of connecting or of the previous answer, idle keep-alive
+connections close after 5 s, and a request head still incomplete past 16 KiB is refused.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -59,15 +66,13 @@ class ASGIApp:
             if len(body) > rules.BODY_MAX_BYTES or not message.get("more_body"):
                 break  # past the limit, the rest is not worth reading: the answer is 413
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        server = scope.get("server") or ("127.0.0.1", 80)
-        host = headers.get("host") or f"{server[0]}:{server[1]}"
         request = MockRequest(
             method=scope["method"],
             path=scope["path"],
             query=dict(urllib.parse.parse_qsl(scope["query_string"].decode("latin-1"))),
             headers=headers,
             body=bytes(body),
-            base_url=f"{scope.get('scheme', 'http')}://{host}",
+            base_url=origin(scope),
         )
         answer = self.gateway.handle(request)
         if answer.delay:
@@ -88,6 +93,15 @@ class ASGIApp:
         await send({"type": "http.response.body", "body": answer.body})
 
 
+def origin(scope: Scope) -> str:
+    """``scheme://host:port`` of the socket that took the connection. A ``Host`` header is the
+    client's to choose; reflected into result links, it would send downloads anywhere."""
+    host, port = scope.get("server") or ("127.0.0.1", None)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scope.get('scheme', 'http')}://{host}" + (f":{port}" if port else "")
+
+
 class _QuietDrops(logging.Filter):
     """Keeps the server's log free of the faults we inject on purpose."""
 
@@ -101,15 +115,84 @@ def quiet_injected_faults() -> None:
         logger.addFilter(_QuietDrops())
 
 
+KEEP_ALIVE_SECONDS = 5
+MAX_REQUEST_HEAD_BYTES = 16 * 1024
+
+
+def timed_protocol(request_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline on reading each request.
+
+    uvicorn times out only idle keep-alive connections, and forgets that timer at the first
+    byte: a client that trickles its headers a byte at a time would hold a connection for
+    ever. Here a whole request must arrive within ``request_timeout`` seconds of the
+    connection opening or of the previous answer, or the connection is closed."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.DONE:  # the whole request is in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is not h11.DONE:  # waiting for the next request
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
 @contextlib.contextmanager
-def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def serve_app(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, request_timeout: float = 10.0
+) -> Iterator[str]:
     """Serves any ASGI app with uvicorn on a background thread; yields the base URL; stops it
-    cleanly on exit. ``port=0`` picks a free ephemeral port."""
+    cleanly on exit. ``port=0`` picks a free ephemeral port; a client that takes longer than
+    ``request_timeout`` seconds to send a request is cut off.
+
+    Example::
+
+        with serve_app(gateway.asgi()) as base_url:
+            httpx.get(base_url + "/openapi.json")
+    """
     import uvicorn  # only here: the SDK itself never needs a server
 
     quiet_injected_faults()
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        http=timed_protocol(request_timeout),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="imggw-mock", daemon=True)
@@ -130,4 +213,5 @@ def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]
 
 def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> ContextManager[str]:
     """Serves the gateway over a real socket; see serve_app."""
-    return serve_app(ASGIApp(gateway), host, port)
+    timeout = gateway.config.request_timeout
+    return serve_app(ASGIApp(gateway), host, port, request_timeout=timeout)

@@ -1,5 +1,10 @@
 """The reference gateway's settings: one table that MockGateway(...), ``python -m
-imggw_client.mock`` and ``imggw mock serve`` all take (dashes on the command line)."""
+imggw_client.mock`` and ``imggw mock serve`` all take (dashes on the command line).
+
+Request limits are written ``N/S``: at most N requests of that kind per API key in any
+S-second window (``--submit-limit 20/10 --query-limit 10/1``, as the provider behind surface A
+documents).
+"""
 
 from __future__ import annotations
 
@@ -25,12 +30,36 @@ QUIRKS: tuple[str, ...] = (
     "extra_states",  # A says `queuing`; B says `submitted` and `in_progress`
     "no_progress",  # records omit `progress`
     "beta_no_code",  # surface B error bodies omit the top-level `code`
+    "no_retry_after",  # 429 answers carry no Retry-After (as the provider behind surface A)
 )
 DEFAULT_API_KEY = "test-key"
 
 
 def _option(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
+
+
+def parse_limit(value: str | None, name: str = "limit") -> tuple[int, float] | None:
+    """``"N/S"`` as ``(N, S)``: at most N requests in any S seconds; None stays None.
+
+    Example::
+
+        parse_limit("20/10")    # (20, 10.0)
+        parse_limit("10/0.5")   # (10, 0.5)
+    """
+    if value is None:
+        return None
+    count, slash, seconds = str(value).partition("/")
+    try:
+        limit = (int(count), float(seconds)) if slash else None
+    except ValueError:
+        limit = None
+    if limit is None or limit[0] < 1 or not (math.isfinite(limit[1]) and limit[1] > 0):
+        raise ConfigurationError(
+            f"{name} must be N/S: at most N requests (a whole number >= 1) in any S seconds "
+            "(a number > 0), such as 20/10"
+        )
+    return limit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +79,13 @@ class MockConfig:
     fault_rate: float = _option(0.0, "share of requests that meet a fault, 0..1")
     faults: tuple[str, ...] = _option(FAULT_KINDS, "fault kinds to draw from", choices=FAULT_KINDS)
     quirks: tuple[str, ...] = _option((), "provider quirks to imitate", choices=QUIRKS)
-    retention: float = _option(86_400.0, "seconds a result link lives after completion")
+    retention: float = _option(86_400.0, "seconds a result file is kept after completion")
+    link_ttl: float | None = _option(
+        None,
+        "seconds a result link handed out by a query stays valid (never past the retention) "
+        "[the retention]",
+        type=float,
+    )
     manual_clock: bool = _option(False, "time moves only by POST /_mock/advance?seconds=N")
     latency: float = _option(0.5, "longest delay of the latency fault, seconds")
     retry_after: int = _option(1, "Retry-After of injected 429s, seconds")
@@ -58,6 +93,17 @@ class MockConfig:
     image_size: int = _option(64, "long side of result PNGs, pixels")
     first_task_id: int = _option(1, "id of the first task; ids count up from it")
     result_size: int = _option(0, "pad result PNGs to at least this many bytes (benchmarks)")
+    submit_limit: str | None = _option(
+        None, "at most N submits per API key in any S seconds, both surfaces: N/S [no limit]",
+        type=str,
+    )  # fmt: skip
+    query_limit: str | None = _option(
+        None, "at most N queries per API key in any S seconds, both surfaces: N/S [no limit]",
+        type=str,
+    )  # fmt: skip
+    request_timeout: float = _option(
+        10.0, "seconds a client has to send a whole request over a socket before it is cut off"
+    )
 
     def __post_init__(self) -> None:
         keys = tuple(self.api_keys)
@@ -75,7 +121,10 @@ class MockConfig:
             (bool(self.faults) and set(self.faults) <= set(FAULT_KINDS),
              f"faults must be some of {', '.join(FAULT_KINDS)}"),
             (set(self.quirks) <= set(QUIRKS), f"quirks must be some of {', '.join(QUIRKS)}"),
-            (self.retention >= 0, "retention must be >= 0"),
+            (0 <= self.retention < math.inf, "retention must be a finite number >= 0"),
+            (self.link_ttl is None or self.link_ttl > 0, "link_ttl must be > 0 seconds"),
+            (math.isfinite(self.request_timeout) and self.request_timeout > 0,
+             "request_timeout must be > 0 seconds"),
             (self.latency >= 0, "latency must be >= 0"),
             (self.retry_after >= 0, "retry_after must be >= 0"),
             (self.idempotency_ttl >= 0, "idempotency_ttl must be >= 0"),
@@ -86,6 +135,8 @@ class MockConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigurationError(message)
+        parse_limit(self.submit_limit, "submit_limit")
+        parse_limit(self.query_limit, "query_limit")
 
 
 def options() -> list[tuple[str, Any, dict[str, Any]]]:

@@ -7,21 +7,42 @@ seeded generator, so a run is repeatable. Faults are part of the answer (``delay
 HTTP statuses (error bodies per SPEC 7, reason codes in ``imggw_client._core.serving``):
 
 ====  ===========================================================================
-400   ``invalid_json``, ``invalid_idempotency_key``, ``invalid_task_id``
+400   ``invalid_json`` (also nesting too deep to parse, or a repeated key),
+      ``invalid_idempotency_key``, ``invalid_task_id``
 401   ``unauthorized``: no ``Authorization: Bearer`` header, or an unknown key
+403   a result link past its ``Expires``, or unsigned, or whose signature does not match
 404   ``task_not_found``: an unknown task id, or another key's task (indistinguishable);
       ``not_found``: no such route; result links that never existed
 405   ``method_not_allowed``
 409   ``idempotency_in_progress``: the same key is still being processed (Retry-After)
 410   ``result_expired``: a result link past its retention window
 413   ``body_too_large``
-422   request rule violations; ``idempotency_key_reused`` (same key, different body)
-429   ``rate_limited`` (injected, Retry-After)
+422   request rule violations; ``idempotency_key_reused`` (same key, another request)
+429   ``rate_limited``: over ``submit_limit`` / ``query_limit``, or injected (Retry-After)
 5xx   ``internal_error`` 500, ``bad_gateway`` 502, ``service_unavailable`` 503,
       ``gateway_timeout`` 504 (injected; nothing was processed)
 ====  ===========================================================================
 
-Tasks are per surface: a task created on one surface is not found on the other.
+Tasks are per surface: a task created on one surface is not found on the other. Idempotency
+keys belong to the API key, not to a surface: a key is bound to its first request (surface and
+body), so the same key on the other surface is a conflict (422), even for the same prompt,
+because it is another wire request.
+
+Request limits (``submit_limit="N/S"``, ``query_limit="N/S"``): at most N requests of that kind
+per API key in any S seconds (a sliding window), both surfaces counted together. The excess
+gets 429 ``rate_limited`` with ``Retry-After`` (whole seconds until a slot frees; none under
+the ``no_retry_after`` quirk; HTTP 200 with code 429 on surface A under ``alpha_http200``),
+changes nothing and is counted in ``/_mock/stats`` as ``rate_limited``.
+
+Result links are signed, as an object store's are:
+``<origin>/results/<token>.png?Expires=<Unix seconds>&Signature=<hex>``. Each query of a
+succeeded task hands out a link valid for ``link_ttl`` seconds (never past the retention;
+default: the retention), while the file is kept for ``retention`` seconds after completion;
+surface B's image objects carry the same ``expires_at``. Unix time is the clock mapped once to
+the wall clock, so ``/_mock/advance`` moves link expiry too.
+
+Memory is bounded by the live window: a task (and its link) is forgotten a minute after its
+retention ends (then 404), an idempotency key after ``idempotency_ttl``.
 """
 
 from __future__ import annotations
@@ -36,7 +57,8 @@ import random
 import re
 import threading
 import time
-from collections import Counter
+import urllib.parse
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -49,7 +71,7 @@ from .._core import rules, serving, surfaces
 from .._core.serving import Refusal, TaskView
 from .._exceptions import ConfigurationError
 from .._models import ImageRequest, TaskError, TaskStatus
-from ._config import MockConfig
+from ._config import MockConfig, parse_limit
 from ._openapi import openapi_document
 from ._png import png, size_for
 
@@ -68,6 +90,13 @@ IN_PROCESS_URL = "http://imggw.mock"
 
 RESULTS_PREFIX = "/results/"
 QUEUE_SHARE = 0.2  # the first fifth of a task's duration is spent pending
+# Past its retention a task still answers (its links 410) for this long, then it is forgotten.
+FORGET_MARGIN = 60.0
+# Stats name the standard methods; any other is counted as OTHER, so a client inventing
+# methods cannot grow the stats without bound.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE",
+                      "CONNECT"})  # fmt: skip
+_LINK_QUERY = re.compile(r"[0-9]{1,20}")
 FAIL_TAG = re.compile(r"#fail(?::([a-z0-9_]{1,64}))?")
 PUBLIC_FAILURES = {
     "content_policy_violation": "The prompt was refused by the content policy.",
@@ -81,12 +110,20 @@ _SERVER_FAULTS = {
     "504": Refusal(504, "gateway_timeout", "The upstream provider timed out."),
 }
 _JSON = ("content-type", "application/json")
+_TEXT = ("content-type", "text/plain; charset=utf-8")
 
 
 @dataclass(frozen=True, slots=True)
 class MockRequest:
-    """An HTTP request as the adapters hand it over. Header names are lower case;
-    ``base_url`` (``scheme://host[:port]``) is where the client reached the gateway."""
+    """An HTTP request as the adapters hand it over. Header names are lower case; a ``path``
+    may carry its query (``/results/x.png?Expires=...``). ``base_url`` (``scheme://host[:port]``)
+    is the origin result links name: the in-process URL, or the socket the server answered on,
+    never a header the client chose.
+
+    Example::
+
+        gateway.handle(MockRequest("GET", "/beta/v1/tasks/1", headers={"authorization": ...}))
+    """
 
     method: str
     path: str
@@ -151,7 +188,7 @@ class _Task:
 
 @dataclass
 class _KeyRecord:
-    fingerprint: bytes  # of the canonical body
+    fingerprint: bytes  # of the surface and canonical body
     task_id: str
     created: float
     ready: float  # before this, the first request is still in flight
@@ -162,6 +199,7 @@ class _Stats:
     tasks_created: int = 0
     replays: int = 0
     conflicts: int = 0
+    rate_limited: int = 0
     billing: dict[str, dict[str, float]] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
@@ -181,7 +219,8 @@ class MockGateway:
 
     Keywords are the fields of :class:`MockConfig` (``api_keys``, ``seed``, ``duration_min``,
     ``duration_max``, ``failure_rate``, ``fault_rate``, ``faults``, ``quirks``, ``retention``,
-    ``manual_clock``, ...); ``clock`` injects a time source (monotonic seconds).
+    ``link_ttl``, ``submit_limit``, ``query_limit``, ``manual_clock``, ...); ``clock`` injects
+    a time source (monotonic seconds).
 
     Example::
 
@@ -190,6 +229,7 @@ class MockGateway:
             task = client.generate("a lighthouse")
         with gateway.serve() as base_url:                 # uvicorn on 127.0.0.1
             ...
+        MockGateway(submit_limit="20/10", query_limit="10/1")   # the provider's own limits
     """
 
     def __init__(
@@ -203,11 +243,16 @@ class MockGateway:
         if api_keys is not None:
             settings["api_keys"] = tuple(api_keys)
         self._lock = threading.Lock()
+        self._windows: dict[tuple[str, str], deque[float]] = {}
         self._apply(MockConfig(seed=seed, **settings))
         if clock is None:
             clock = ManualClock() if self.config.manual_clock else time.monotonic
         self.clock = clock
+        # Links carry Unix seconds: the clock mapped to the wall clock once, so that a manual
+        # clock (and /_mock/advance) moves link expiry as it moves everything else.
+        self._epoch = time.time() - clock()
         self._token_secret = os.urandom(16)
+        self._link_secret = os.urandom(32)
         self._openapi = json.dumps(openapi_document()).encode()
         self.reset()
 
@@ -258,14 +303,20 @@ class MockGateway:
     def _wire(self, cls: type[C], http_type: type[Any], kwargs: dict[str, Any]) -> C:
         kwargs.setdefault("api_key", self.config.api_keys[0])
         kwargs.setdefault("base_url", IN_PROCESS_URL)
-        client = cls(http_client=http_type(transport=self.transport()), **kwargs)
-        client._owns_http = True  # closing the client closes the transport-bound httpx client
+
+        def make() -> Any:
+            return http_type(transport=self.transport())
+
+        client = cls(http_client=make(), **kwargs)
+        # The client owns this httpx client (closing one closes the other) and may make another
+        # one like it, as it does for its own: under a new event loop, for instance.
+        client._conn.owned, client._conn.factory = True, make
         return client
 
     # ------------------------------------------------------------------------ control
 
     def configure(self, **changes: Any) -> None:
-        """Changes settings on the fly (faults, quirks, rates, ...); tasks and keys stay.
+        """Changes settings on the fly (faults, quirks, rates, limits, ...); tasks and keys stay.
 
         Example::
 
@@ -280,14 +331,26 @@ class MockGateway:
         self.config = config
         self._keys = [(k.encode(), fingerprint(k)) for k in config.api_keys]
         self._quirks = frozenset(config.quirks)
+        self._limits = {
+            "submit": parse_limit(config.submit_limit),
+            "query": parse_limit(config.query_limit),
+        }
+        for (owner, kind), window in self._windows.items():
+            limit = self._limits[kind]
+            if limit is not None and window.maxlen != limit[0]:  # keeps the newest N
+                self._windows[(owner, kind)] = deque(window, maxlen=limit[0])
 
     def reset(self) -> None:
-        """Forgets every task, key and counter; the random generator starts over."""
+        """Forgets every task, key, window and counter; the random generator starts over."""
         with self._lock:
             self._rng = random.Random(self.config.seed)
             self._tasks: dict[tuple[Surface, str], _Task] = {}
             self._tokens: dict[str, _Task] = {}
-            self._records: dict[tuple[str, Surface, str], _KeyRecord] = {}
+            self._records: dict[tuple[str, str], _KeyRecord] = {}
+            # Creation order, for purging the oldest first in O(1) each.
+            self._task_queue: deque[_Task] = deque()
+            self._record_queue: deque[tuple[tuple[str, str], _KeyRecord]] = deque()
+            self._windows.clear()
             self._stats = _Stats()
             self._next_id = self.config.first_task_id
 
@@ -299,16 +362,26 @@ class MockGateway:
 
     def stats(self) -> dict[str, Any]:
         """What ``GET /_mock/stats`` returns: created tasks (each billed once), replays,
-        conflicts, billing per key fingerprint, requests per route, faults per kind."""
+        conflicts, requests refused by a limit (``rate_limited``), billing per key
+        fingerprint, requests per route, faults per kind, and what is held in memory
+        (``live``: tasks and idempotency keys not yet forgotten).
+
+        Example::
+
+            assert gateway.stats()["tasks_created"] == 1
+        """
         with self._lock:
+            self._purge(self.clock())
             s = self._stats
             return {
                 "tasks_created": s.tasks_created,
                 "replays": s.replays,
                 "conflicts": s.conflicts,
+                "rate_limited": s.rate_limited,
                 "billing": {fp: dict(b) for fp, b in s.billing.items()},
                 "requests": dict(s.requests),
                 "faults": dict(s.faults),
+                "live": {"tasks": len(self._tasks), "idempotency_keys": len(self._records)},
                 "clock": self.clock(),
             }
 
@@ -316,14 +389,20 @@ class MockGateway:
 
     def handle(self, request: MockRequest) -> MockResponse:
         """Answers one request. Thread-safe."""
+        if "?" in request.path:  # a path with its query, as a result link names it
+            path, _, query = request.path.partition("?")
+            params = {**dict(urllib.parse.parse_qsl(query)), **request.query}
+            request = dataclasses.replace(request, path=path, query=params)
         if request.path.startswith("/_mock/") or request.path == "/openapi.json":
             return self._control(request)  # never faulted; takes the lock where it needs it
         with self._lock:
             return self._handle(request)
 
     def _handle(self, req: MockRequest) -> MockResponse:
+        now = self.clock()
+        self._purge(now)
         surface = serving.surface_of(req.path)
-        route, handler = self._route(req)
+        route, handler, kind = self._route(req)
         self._stats.requests[route] += 1
         fault = self._draw_fault()
         delay = 0.0
@@ -336,7 +415,7 @@ class MockGateway:
                 delay = self._rng.uniform(0, self.config.latency)
         if handler is None:
             response = self._error(surface, Refusal(404, "not_found", "No such route."))
-        elif route.startswith("GET /results/"):
+        elif not kind:  # public: result links (the link is the credential) and wrong methods
             response = handler(req, surface)
         else:
             owner = self._authenticate(req)
@@ -344,23 +423,31 @@ class MockGateway:
                 refusal = Refusal(401, "unauthorized", "A valid Bearer API key is required.")
                 response = self._error(surface, refusal)
             else:
-                response = handler(req, surface, owner, delay)
+                wait = self._admit(owner, kind, now)
+                if wait is not None:
+                    response = self._rate_limited(surface, kind, wait)
+                else:
+                    response = handler(req, surface, owner, delay)
         return self._late_fault(fault, response, delay, result=handler == self._result)
 
-    def _route(self, req: MockRequest) -> tuple[str, Callable[..., MockResponse] | None]:
-        """The route's name (for stats) and its handler, or None for no route."""
+    def _route(self, req: MockRequest) -> tuple[str, Callable[..., MockResponse] | None, str]:
+        """The route's name (for stats), its handler (None for no route) and its kind:
+        ``submit`` or ``query`` (authenticated, counted against a limit), or empty for the
+        public answers (result links, and 405 for a wrong method on any route)."""
+        method = req.method if req.method in _METHODS else "OTHER"
         endpoint = serving.match_route(req.path)
         handler: Callable[..., MockResponse]
+        kind = ""
         if endpoint is not None:
-            template, allowed = endpoint.template, endpoint.method
+            template, allowed, kind = endpoint.template, endpoint.method, endpoint.operation
             handler = self._submit if endpoint.operation == "submit" else self._query
         elif req.path.startswith(RESULTS_PREFIX):
             template, allowed, handler = RESULTS_PREFIX + "{token}", "GET", self._result
         else:
-            return f"{req.method} (unknown)", None
+            return f"{method} (unknown)", None, ""
         if req.method != allowed:
-            return f"{req.method} {template}", self._not_allowed(allowed)
-        return f"{req.method} {template}", handler
+            return f"{method} {template}", self._not_allowed(allowed), ""
+        return f"{method} {template}", handler, kind
 
     def _not_allowed(self, allowed: str) -> Callable[..., MockResponse]:
         def answer(req: MockRequest, surface: Surface, *_: object) -> MockResponse:
@@ -383,6 +470,40 @@ class MockGateway:
                 owner = fp
         return owner
 
+    # ------------------------------------------------------------------------ limits
+
+    def _admit(self, owner: str, kind: str, now: float) -> float | None:
+        """Counts a request against its key's sliding window: None when admitted, else the
+        seconds until a slot frees. A refused request is not counted."""
+        limit = self._limits[kind]
+        if limit is None:
+            return None
+        count, seconds = limit
+        window = self._windows.get((owner, kind))
+        if window is None:
+            window = self._windows[(owner, kind)] = deque(maxlen=count)
+        while window and window[0] <= now - seconds:  # admitted in (now - S, now] still count
+            window.popleft()
+        if len(window) < count:
+            window.append(now)
+            return None
+        return window[0] + seconds - now
+
+    def _rate_limited(self, surface: Surface, kind: str, wait: float) -> MockResponse:
+        self._stats.rate_limited += 1
+        limit = self._limits[kind]
+        assert limit is not None
+        count, seconds = limit
+        message = f"Too many {kind} requests for this API key: at most {count} in {seconds:g} s."
+        return self._too_many(surface, message, max(1, math.ceil(wait)))
+
+    def _too_many(self, surface: Surface, message: str, retry_after: int) -> MockResponse:
+        response = self._error(surface, Refusal(429, serving.RATE_LIMITED, message))
+        if "no_retry_after" in self._quirks:
+            return response
+        retry = ("retry-after", str(retry_after))
+        return MockResponse(response.status, response.body, (*response.headers, retry))
+
     # ------------------------------------------------------------------------ faults
 
     def _draw_fault(self) -> str | None:
@@ -395,10 +516,7 @@ class MockGateway:
         if fault == "reset":
             return MockResponse(0, drop=True)
         if fault == "429":
-            refusal = Refusal(429, "rate_limited", "Too many requests; slow down.")
-            response = self._error(surface, refusal)
-            retry = ("retry-after", str(self.config.retry_after))
-            return MockResponse(response.status, response.body, (*response.headers, retry))
+            return self._too_many(surface, "Too many requests; slow down.", self.config.retry_after)
         if fault in _SERVER_FAULTS:
             return self._error(surface, _SERVER_FAULTS[fault])
         return None
@@ -429,12 +547,11 @@ class MockGateway:
         if isinstance(parsed, Refusal):
             return self._error(surface, parsed)
         now = self.clock()
-        body_fp = hashlib.sha256(serving.canonical(req.body)).digest()
-        record = self._records.get((owner, surface, key)) if key is not None else None
-        if record is not None and now - record.created > self.config.idempotency_ttl:
-            record = None  # the key has expired: it may be used afresh
+        request_fp = serving.request_fingerprint(surface, req.body)
+        # Expired keys were purged: a record found here is live.
+        record = self._records.get((owner, key)) if key is not None else None
         if record is not None:
-            if not hmac.compare_digest(record.fingerprint, body_fp):
+            if not hmac.compare_digest(record.fingerprint, request_fp):
                 self._stats.conflicts += 1
                 refusal = Refusal(
                     422,
@@ -456,7 +573,9 @@ class MockGateway:
         task = self._create(surface, owner, parsed, now)
         if key is not None:
             # Under a latency fault the key stays in flight until its answer is due.
-            self._records[(owner, surface, key)] = _KeyRecord(body_fp, task.id, now, now + delay)
+            record = _KeyRecord(request_fp, task.id, now, now + delay)
+            self._records[(owner, key)] = record
+            self._record_queue.append(((owner, key), record))
         return MockResponse(200, serving.submit_response(surface, task.id))
 
     def _create(self, surface: Surface, owner: str, request: ImageRequest, now: float) -> _Task:
@@ -480,12 +599,28 @@ class MockGateway:
                      credits, credits * 0.0025)  # fmt: skip
         self._tasks[(surface, task_id)] = task
         self._tokens[task.token] = task
+        self._task_queue.append(task)
         self._stats.tasks_created += 1
         bill = self._stats.billing.setdefault(owner, {"tasks": 0, "credits": 0.0, "cost": 0.0})
         bill["tasks"] += 1
         bill["credits"] += task.credits
         bill["cost"] = round(bill["cost"] + task.cost, 6)
         return task
+
+    def _purge(self, now: float) -> None:
+        """Forgets tasks a minute past their retention and keys past ``idempotency_ttl``.
+        Both were created in time order, so the oldest go first, each in O(1); a task that
+        finished early waits behind older ones at most the spread of durations."""
+        tasks, forget = self._task_queue, self.config.retention + FORGET_MARGIN
+        while tasks and now > tasks[0].finished + forget:
+            task = tasks.popleft()
+            del self._tasks[(task.surface, task.id)]
+            del self._tokens[task.token]
+        records, ttl = self._record_queue, self.config.idempotency_ttl
+        while records and now - records[0][1].created > ttl:
+            key, record = records.popleft()
+            if self._records.get(key) is record:
+                del self._records[key]
 
     def _query(self, req: MockRequest, surface: Surface, owner: str, _: float) -> MockResponse:
         task_id = serving.query_task_id(surface, req.path, req.query)
@@ -504,14 +639,17 @@ class MockGateway:
         return MockResponse(200, body)
 
     def _view(self, task: _Task, base_url: str) -> TaskView:
-        elapsed = self.clock() - task.created
+        now = self.clock()
+        elapsed = now - task.created
         queue = task.duration * QUEUE_SHARE
         urls: tuple[str, ...] = ()
+        expires_at = None
         if elapsed >= task.duration:
             status = TaskStatus.FAILED if task.failure else TaskStatus.SUCCEEDED
             progress, late = 100, True
             if task.failure is None:
-                urls = (f"{base_url}{RESULTS_PREFIX}{task.token}.png",)
+                url, expires_at = self._link(task, base_url, now)
+                urls = (url,)
         elif elapsed < queue:
             status, progress, late = TaskStatus.PENDING, 0, elapsed >= queue / 2
         else:
@@ -519,16 +657,45 @@ class MockGateway:
             progress = min(99, int(100 * (elapsed - queue) / max(task.duration - queue, 1e-9)))
             late = progress >= 50
         return TaskView(task.id, status, progress, urls, task.credits, task.cost,
-                        task.failure if status is TaskStatus.FAILED else None, late)  # fmt: skip
+                        task.failure if status is TaskStatus.FAILED else None, late,
+                        expires_at)  # fmt: skip
+
+    # ------------------------------------------------------------------------ result links
+
+    def _link(self, task: _Task, base_url: str, now: float) -> tuple[str, int]:
+        """A fresh signed link to the task's image and its ``Expires`` (Unix seconds): valid
+        for ``link_ttl`` from now, never past the retention."""
+        config = self.config
+        ttl = config.retention if config.link_ttl is None else config.link_ttl
+        end = min(now + ttl, task.finished + config.retention)
+        expires = math.ceil(end + self._epoch)
+        query = urllib.parse.urlencode(
+            {"Expires": expires, "Signature": self._sign(task.token, expires)}
+        )
+        return f"{base_url}{RESULTS_PREFIX}{task.token}.png?{query}", expires
+
+    def _sign(self, token: str, expires: int | str) -> str:
+        message = f"{RESULTS_PREFIX}{token}.png\n{expires}".encode()
+        return hmac.new(self._link_secret, message, "sha256").hexdigest()
 
     def _result(self, req: MockRequest, surface: Surface) -> MockResponse:
-        name = req.path[len(RESULTS_PREFIX) :]
-        task = self._tokens.get(name.removesuffix(".png"))
+        token = req.path[len(RESULTS_PREFIX) :].removesuffix(".png")
+        expires, signature = req.query.get("Expires", ""), req.query.get("Signature", "")
+        # As an object store: the signature is checked before anything is looked up.
+        signed = _LINK_QUERY.fullmatch(expires) is not None and hmac.compare_digest(
+            self._sign(token, expires).encode(), signature.encode("utf-8", "replace")
+        )
+        if not signed:
+            refusal = b"forbidden: the link is unsigned or its signature does not match"
+            return MockResponse(403, refusal, (_TEXT,))
+        task = self._tokens.get(token)
         now = self.clock()
         if task is None or task.failure is not None or now < task.finished:
-            return MockResponse(404, b"not found", (("content-type", "text/plain"),))
+            return MockResponse(404, b"not found", (_TEXT,))
         if now > task.finished + self.config.retention:
-            return MockResponse(410, b"expired", (("content-type", "text/plain"),))
+            return MockResponse(410, b"expired: the result is no longer kept", (_TEXT,))
+        if now + self._epoch >= int(expires):
+            return MockResponse(403, b"forbidden: the link has expired", (_TEXT,))
         width, height = size_for(task.request.aspect_ratio, self.config.image_size)
         seed = int.from_bytes(bytes.fromhex(task.token[:6]), "big")
         image = png(width, height, seed, min_size=self.config.result_size)

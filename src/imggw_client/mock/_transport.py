@@ -1,4 +1,8 @@
-"""The in-process adapter: an httpx transport (sync and async) over a MockGateway."""
+"""The in-process adapter: an httpx transport (sync and async) over a MockGateway.
+
+Result links always name ``IN_PROCESS_URL``: the transport answers whatever host a request
+names, so that origin reaches this gateway from any client built on the transport.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +52,6 @@ def _to_mock(request: httpx.Request) -> MockRequest:
         query=dict(url.params),
         headers={k.lower(): v for k, v in request.headers.items()},
         body=request.content,
-        base_url=f"{url.scheme}://{url.netloc.decode('ascii')}",
     )
 
 
