@@ -32,6 +32,7 @@ _CONTENT_TYPES = {
     "image/gif": ".gif",
 }
 _PART_SUFFIX = ".part"
+WRITE_FAILED = "write_failed"  # the disk, not the link: retrying the download will not help
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # a 4K image is at most ~33 MB even as raw RGBA
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
 _TAIL = 32
@@ -85,7 +86,9 @@ class Sink:
         try:
             fetch.dest_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise DownloadError(f"cannot create {fetch.dest_dir}: {exc.strerror}") from exc
+            raise DownloadError(
+                f"cannot create {fetch.dest_dir}: {exc.strerror}", code=WRITE_FAILED
+            ) from exc
         existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
         if existing is not None:
             raise DownloadError(f"{existing} exists; pass overwrite=True to replace it")
@@ -94,7 +97,9 @@ class Sink:
             # Mode 0666 less the umask, like any file the user makes (mkstemp would give 0600).
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
-            raise DownloadError(f"cannot write in {fetch.dest_dir}: {exc.strerror}") from exc
+            raise DownloadError(
+                f"cannot write in {fetch.dest_dir}: {exc.strerror}", code=WRITE_FAILED
+            ) from exc
         self._file = os.fdopen(fd, "wb")
         self._hash = hashlib.sha256()
         self._size = 0
@@ -118,7 +123,9 @@ class Sink:
         try:
             self._file.write(chunk)
         except OSError as exc:
-            raise DownloadError(f"cannot write {self._tmp}: {exc.strerror}") from exc
+            raise DownloadError(
+                f"cannot write {self._tmp}: {exc.strerror}", code=WRITE_FAILED
+            ) from exc
 
     def finish(self, headers: Mapping[str, str]) -> Fetched:
         expected = _expected_size(headers)
@@ -134,7 +141,9 @@ class Sink:
             target = self.fetch.dest_dir / (self.fetch.stem + ext)
             self._place(target)
         except OSError as exc:
-            raise DownloadError(f"cannot save {self.fetch.stem}: {exc.strerror}") from exc
+            raise DownloadError(
+                f"cannot save {self.fetch.stem}: {exc.strerror}", code=WRITE_FAILED
+            ) from exc
         self._done = True
         return Fetched(
             200,

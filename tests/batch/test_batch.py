@@ -15,6 +15,7 @@ from imggw_client.batch import (
     BatchInputError,
     BatchLockedError,
     BatchReport,
+    InputChangedError,
     read_lines,
     run_batch,
 )
@@ -60,8 +61,15 @@ def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -
     records = manifest(report)
     assert [r["line"] for r in records] == list(range(1, 21))
     for record in records:
-        assert set(record) == {"line", "id", "task_id", "status", "files", "error"}
+        pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7
+        added = {"id", "surface", "prompt", "aspect_ratio", "resolution", "cost", "credits",
+                 "expires_at"}  # fmt: skip
+        assert set(record) == pinned | added
         assert record["status"] == "succeeded"
+        assert record["prompt"] == f"p{record['line'] - 1}"
+        assert (record["aspect_ratio"], record["resolution"]) == ("16:9", "1k")
+        assert (record["credits"], record["cost"]) == (4.0, 0.01)
+        assert record["expires_at"].endswith("Z")
         (file,) = record["files"]
         content = (tmp_path / "out" / file["path"]).read_bytes()
         assert hashlib.sha256(content).hexdigest() == file["sha256"]
@@ -144,7 +152,9 @@ def test_missing_and_corrupt_files_are_downloaded_again(tmp_path: Path) -> None:
     assert manifest(report) == records
 
 
-def test_a_changed_line_is_a_new_request_with_a_new_key(tmp_path: Path) -> None:
+def test_a_changed_input_is_refused_unless_allowed_then_changed_lines_are_new_requests(
+    tmp_path: Path,
+) -> None:
     gw = gateway()
     source = tmp_path / "in.jsonl"
     jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "a dog", "id": "b"}])
@@ -152,16 +162,23 @@ def test_a_changed_line_is_a_new_request_with_a_new_key(tmp_path: Path) -> None:
     # "b" changes its prompt; a new line is inserted before it (ids keep rows matched).
     jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "new", "id": "c"},
                    {"prompt": "a wolf", "id": "b"}])  # fmt: skip
-    report = batch(gw, source, tmp_path / "out")
+    sent = gw.stats()["requests"]
+    with pytest.raises(InputChangedError) as info:  # nothing is paid for without consent
+        batch(gw, source, tmp_path / "out")
+    assert info.value.lines == [2, 3]  # 2 added, 3 edited
+    assert "--allow-changes" in info.value.message
+    assert gw.stats()["requests"] == sent
+    report = batch(gw, source, tmp_path / "out", allow_changes=True)
     after = {r["id"]: r for r in manifest(report)}
-    assert report.changed_lines == [3]
+    assert report.changed_lines == [2, 3]
     assert after["a"]["task_id"] == before["a"]["task_id"]
     assert after["b"]["task_id"] != before["b"]["task_id"]
     assert after["b"]["line"] == 3
     assert gw.stats()["tasks_created"] == 4
     with Ledger.open(tmp_path / "out") as ledger:
-        keys = {row.identity: row.idempotency_key for row in ledger.rows()}
+        keys = {row.identity: row.idempotency_key for row in ledger.iter_rows()}
     assert len(set(keys.values())) == 3
+    assert batch(gw, source, tmp_path / "out").exit_code == 0  # the new input is the run's now
 
 
 def test_a_second_process_on_the_same_folder_is_refused(tmp_path: Path) -> None:

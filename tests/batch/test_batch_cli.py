@@ -42,7 +42,11 @@ def test_batch_json_writes_the_manifest_records_on_stdout(
         assert code == 0, err
         records = [json.loads(line) for line in out.splitlines()]
         assert [r["line"] for r in records] == [1, 2, 4]
-        assert all(set(r) == {"line", "id", "task_id", "status", "files", "error"} for r in records)
+        pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7, then ours
+        added = {"id", "surface", "prompt", "aspect_ratio", "resolution", "cost", "credits",
+                 "expires_at"}  # fmt: skip
+        assert all(set(r) == pinned | added for r in records)
+        assert [r["prompt"] for r in records] == ["a cat", "a dog", "a fox"]
         assert "batch summary" in err  # the summary goes to stderr
         code, out, _ = invoke("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url)
         assert code == 0

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -50,7 +51,8 @@ def gateway_process() -> Iterator[str]:
 
 
 def ledger_rows(folder: Path) -> list[tuple[str | None, str, str]]:
-    with sqlite3.connect(folder / "ledger.sqlite") as db:
+    # closing(): a connection's own `with` only commits; it never closes (Python 3.13 warns).
+    with closing(sqlite3.connect(folder / "ledger.sqlite")) as db:
         return list(db.execute("SELECT task_id, state, urls FROM lines"))
 
 

@@ -1,9 +1,13 @@
-"""Durable batch generation: thousands of requests, each billed once, every result saved.
+"""Durable batch generation: thousands to millions of requests, each billed once, every result
+saved.
 
-A SQLite ledger in the output folder records each line's idempotency key (before the first
-send), task id, state and files, so re-running the same batch after a crash, a kill or Ctrl-C
-resumes it without ever creating a second task for a line. Results are downloaded as soon as
-each task succeeds, verified by sha256, and listed in ``manifest.jsonl``.
+Each output folder belongs to one run: its identity (``run.json``) is written before anything
+is sent, and every line's idempotency key follows from it, so any re-run of a line, after a
+crash, a kill, Ctrl-C or a lost ledger, sends the same key and the gateway replays the task. A
+SQLite ledger records each line's task id, state and files; results are downloaded as soon as
+each task succeeds (the soonest-expiring first), verified by sha256, and listed in
+``manifest.jsonl``; ``index.html`` shows them. Lines with ``task_id`` collect tasks made
+elsewhere.
 
 Example::
 
@@ -13,8 +17,10 @@ Example::
     print(report.counts, report.credits, report.cost)   # then see out/manifest.jsonl
 """
 
-from ._input import BadLine, BatchInputError, InputLine, read_lines
-from ._ledger import LEDGER_NAME, BatchLockedError
+from ._gallery import GALLERY_NAME, iter_manifest, write_gallery
+from ._identity import InputChangedError
+from ._input import BadLine, BatchInputError, InputLine, iter_lines, read_lines
+from ._ledger import LEDGER_NAME, BatchLockedError, StorageError
 from ._runner import (
     MANIFEST_NAME,
     BatchProgress,
@@ -22,9 +28,11 @@ from ._runner import (
     arun_batch,
     manifest_record,
     run_batch,
+    write_manifest,
 )
 
 __all__ = [
+    "GALLERY_NAME",
     "LEDGER_NAME",
     "MANIFEST_NAME",
     "BadLine",
@@ -32,9 +40,15 @@ __all__ = [
     "BatchLockedError",
     "BatchProgress",
     "BatchReport",
+    "InputChangedError",
     "InputLine",
+    "StorageError",
     "arun_batch",
+    "iter_lines",
+    "iter_manifest",
     "manifest_record",
     "read_lines",
     "run_batch",
+    "write_gallery",
+    "write_manifest",
 ]

@@ -1,34 +1,81 @@
-"""Reading a batch's input: JSONL (``prompt``, ``aspect_ratio``, ``resolution``, optional
-``id``) or plain text (one prompt a line). Blank lines and lines starting with ``#`` are
-skipped; every other line becomes a request or a reported bad line."""
+"""Reading a batch's input, one line at a time (a file of a million lines never sits in memory).
+
+A line is either a request to generate (``prompt``, optional ``aspect_ratio``, ``resolution``,
+``id``) or, with ``task_id`` (and an optional ``surface``), a task made elsewhere to collect: it
+is never submitted, only waited on and downloaded, and its other fields are kept for the
+manifest. Files ending in ``.jsonl``/``.ndjson`` hold one JSON object a line; any other file
+holds one prompt a line. Blank lines and lines starting with ``#`` are skipped. ``collect=True``
+reads a list of tasks instead: bare task ids or JSON objects with ``task_id``, so what ``imggw
+--json submit`` prints, and a batch's ``manifest.jsonl``, pipe straight in.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from .._config import SURFACES
+from .._core import jsonio, rules
+from .._core.text import printable
 from .._exceptions import ImggwError, RequestValidationError
 from .._models import ImageRequest
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-_FIELDS = {"prompt", "aspect_ratio", "resolution", "id"}
+GENERATE, COLLECT = "generate", "collect"
+_REQUEST_FIELDS = {"prompt", "aspect_ratio", "resolution", "id"}
+# What a collect line may carry besides task_id: what submit/status/poll print, a manifest's
+# fields, and the request it came from (kept for the manifest and the gallery).
+_COLLECT_FIELDS = {
+    "task_id", "surface", "id", "prompt", "aspect_ratio", "resolution", "idempotency_key",
+    "line", "status", "progress", "image_urls", "error", "files", "cost", "credits",
+    "expires_at",
+}  # fmt: skip
+_KEPT = ("prompt", "aspect_ratio", "resolution")
+MAX_LINE_CHARS = 1 << 20  # a prompt is at most 20,000 characters; a longer line is not input
 
 
 @dataclass(frozen=True, slots=True)
 class InputLine:
-    """One logical request: its 1-based line number, the caller's id if any, the request."""
+    """One line of work: its 1-based line number, the caller's id if any, and either the
+    request to generate or the task to collect (``task_id``, with its ``surface`` if the line
+    names one). ``fields`` keeps the request's text for the manifest and the gallery."""
 
     line: int
-    request: ImageRequest
+    request: ImageRequest | None = None
     caller_id: str | None = None
+    task_id: str | None = None
+    surface: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return COLLECT if self.task_id is not None else GENERATE
 
     @property
     def identity(self) -> str:
-        """What ties this line to its ledger row across runs: the caller's id, else the line."""
-        return f"id:{self.caller_id}" if self.caller_id is not None else f"line:{self.line}"
+        """What ties this line to its ledger row across runs: the caller's id, else the task a
+        collect line names (so naming it twice is caught), else the line number."""
+        if self.caller_id is not None:
+            return f"id:{self.caller_id}"
+        if self.task_id is not None:
+            return f"task:{self.surface or '-'}:{self.task_id}"
+        return f"line:{self.line}"
+
+    def fingerprint(self, surface: str) -> str:
+        """What the line asks for, on the surface it runs on: a new fingerprint is a new
+        request (and a new idempotency key)."""
+        if self.request is not None:
+            r = self.request
+            what: list[str] = [GENERATE, r.prompt, r.aspect_ratio, r.resolution.lower(), surface]
+        else:
+            what = [COLLECT, self.task_id or "", self.surface or surface]
+        return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +87,8 @@ class BadLine:
 class BatchInputError(ImggwError):
     """The input has bad lines and the batch was told to stop on them; nothing was sent.
 
+    ``bad_lines`` holds the first ones found (up to 1,000); ``count`` how many there are.
+
     Example::
 
         except BatchInputError as err:
@@ -47,94 +96,168 @@ class BatchInputError(ImggwError):
                 print(f"line {bad.line}: {bad.reason}")
     """
 
-    def __init__(self, bad_lines: list[BadLine]) -> None:
+    def __init__(self, bad_lines: list[BadLine], count: int | None = None) -> None:
         first = bad_lines[0]
-        more = f" (and {len(bad_lines) - 1} more)" if len(bad_lines) > 1 else ""
+        total = len(bad_lines) if count is None else count
+        more = f" (and {total - 1} more)" if total > 1 else ""
         super().__init__(
             f"line {first.line}: {first.reason}{more}; nothing was sent", code="invalid_input"
         )
         self.bad_lines = bad_lines
+        self.count = total
 
 
-def read_lines(source: str | Path | Iterable[Any]) -> tuple[list[InputLine], list[BadLine]]:
-    """The requests and the bad lines of a file path, or of an iterable of ``ImageRequest``,
-    dicts (the JSONL fields) or prompt strings (position = line number)."""
+def read_lines(
+    source: str | Path | Iterable[Any], *, collect: bool = False
+) -> tuple[list[InputLine], list[BadLine]]:
+    """Every line of ``source`` at once: the good ones and the bad ones (for small inputs and
+    tests; the runner streams with :func:`iter_lines`).
+
+    Example::
+
+        lines, bad = read_lines("prompts.jsonl")
+    """
+    lines: list[InputLine] = []
+    bad: list[BadLine] = []
+    for item in iter_lines(source, collect=collect):
+        if isinstance(item, InputLine):
+            lines.append(item)
+        else:
+            bad.append(item)
+    return lines, bad
+
+
+def iter_lines(
+    source: str | Path | Iterable[Any] | TextIO, *, collect: bool = False
+) -> Iterator[InputLine | BadLine]:
+    """Each line of ``source`` in order, parsed: a file path (``-`` or a text stream for
+    standard input), or an iterable of ``ImageRequest``, dicts or strings (position = line
+    number). Repeated caller ids are not checked here: the ledger refuses them."""
+    for number, item in _raw_items(source, collect):
+        try:
+            yield _parse_collect(number, item) if collect else _parse(number, item)
+        except _Bad as problem:
+            yield BadLine(number, str(problem))
+
+
+def _raw_items(source: Any, collect: bool) -> Iterator[tuple[int, Any]]:
+    if isinstance(source, (str, Path)) and str(source) == "-":
+        source = sys.stdin
+    if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
+        yield from _text_items(source, jsonl=True)
+        return
     if isinstance(source, (str, Path)):
         path = Path(source)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RequestValidationError("source", f"cannot read {path}: {exc}") from exc
-        jsonl = path.suffix.lower() in JSONL_SUFFIXES
-        items: list[tuple[int, Any]] = []
-        for number, raw in enumerate(text.splitlines(), start=1):
-            stripped = raw.strip()
-            if not stripped or stripped.startswith("#"):
-                continue
-            if not jsonl:
-                items.append((number, raw))
-                continue
+            handle = path.open(encoding="utf-8", newline="")
+        except OSError as exc:
+            raise RequestValidationError("source", f"cannot read {path}: {exc.strerror}") from exc
+        with handle:
+            jsonl = collect or path.suffix.lower() in JSONL_SUFFIXES
             try:
-                items.append((number, json.loads(stripped)))
+                yield from _text_items(handle, jsonl=jsonl)
+            except UnicodeDecodeError as exc:
+                raise RequestValidationError(
+                    "source", f"cannot read {path}: not UTF-8 text ({exc.reason})"
+                ) from exc
+        return
+    yield from enumerate(source, start=1)
+
+
+def _text_items(handle: Any, *, jsonl: bool) -> Iterator[tuple[int, Any]]:
+    for number, raw in enumerate(handle, start=1):
+        raw = raw.rstrip("\r\n")
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(raw) > MAX_LINE_CHARS:
+            yield number, _Unreadable(f"longer than {MAX_LINE_CHARS} characters")
+        elif not jsonl:
+            yield number, raw
+        elif stripped[0] in '{["':
+            try:
+                yield number, jsonio.loads(stripped, unique_keys=True)
             except ValueError:
-                items.append((number, _Unreadable()))
-    else:
-        items = list(enumerate(source, start=1))
-    return _parse(items)
+                yield number, _Unreadable("not a JSON object")
+        else:
+            yield number, _Bare(stripped)
 
 
 class _Unreadable:
-    pass
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-def _parse(items: list[tuple[int, Any]]) -> tuple[list[InputLine], list[BadLine]]:
-    lines: list[InputLine] = []
-    bad: list[BadLine] = []
-    seen_ids: dict[str, int] = {}
-    for number, item in items:
-        try:
-            parsed = _one(number, item)
-        except _Bad as problem:
-            bad.append(BadLine(number, str(problem)))
-            continue
-        if parsed.caller_id is not None:
-            if parsed.caller_id in seen_ids:
-                bad.append(
-                    BadLine(
-                        number, f"id {parsed.caller_id!r} repeats line {seen_ids[parsed.caller_id]}"
-                    )
-                )
-                continue
-            seen_ids[parsed.caller_id] = number
-        lines.append(parsed)
-    return lines, bad
+class _Bare(str):
+    """A line that is not JSON: a prompt in a batch of prompts, a task id in a collect list."""
 
 
 class _Bad(Exception):
     pass
 
 
-def _one(number: int, item: Any) -> InputLine:
+def _caller_id(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _Bad("id must be a string or an integer")
+    text = str(value)
+    if not text or len(text) > 255 or not text.isprintable():
+        raise _Bad("id must be 1 to 255 printable characters")
+    return text
+
+
+def _parse(number: int, item: Any) -> InputLine:
     if isinstance(item, ImageRequest):
-        return InputLine(number, item)
+        return InputLine(number, item, fields=_fields(item))
+    if isinstance(item, _Unreadable):
+        raise _Bad(item.why)
+    if isinstance(item, _Bare):  # a JSONL batch: a line that is not JSON is a mistake
+        raise _Bad("not a JSON object")
     if isinstance(item, str):
         item = {"prompt": item}
-    if isinstance(item, _Unreadable) or not isinstance(item, dict):
+    if not isinstance(item, dict):
         raise _Bad("not a JSON object")
-    unknown = sorted(set(item) - _FIELDS)
+    if "task_id" in item:
+        return _parse_collect(number, item)
+    unknown = sorted(set(item) - _REQUEST_FIELDS)
     if unknown:
-        raise _Bad(f"unknown field {unknown[0][:40]!r}")
+        raise _Bad(f"unknown field {printable(unknown[0], 40)!r}")
     if "prompt" not in item:
-        raise _Bad("prompt is required")
-    caller_id = item.get("id")
-    if caller_id is not None and (
-        isinstance(caller_id, bool) or not isinstance(caller_id, (str, int))
-    ):
-        raise _Bad("id must be a string or an integer")
+        raise _Bad("prompt is required (or task_id, to collect a task made elsewhere)")
+    caller_id = _caller_id(item.get("id"))
     try:
         request = ImageRequest(
             item["prompt"], item.get("aspect_ratio", "auto"), item.get("resolution", "1k")
         )
     except RequestValidationError as err:
         raise _Bad(err.message) from None
-    return InputLine(number, request, None if caller_id is None else str(caller_id))
+    return InputLine(number, request, caller_id, fields=_fields(request))
+
+
+def _parse_collect(number: int, item: Any) -> InputLine:
+    if isinstance(item, _Unreadable):
+        raise _Bad(item.why)
+    if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
+        item = {"task_id": str(item)}  # a bare id, or a JSON string or number
+    if not isinstance(item, dict):
+        raise _Bad("not a task id, nor a JSON object with task_id")
+    unknown = sorted(set(item) - _COLLECT_FIELDS)
+    if unknown:
+        raise _Bad(f"unknown field {printable(unknown[0], 40)!r}")
+    task_id = item.get("task_id")
+    if isinstance(task_id, int) and not isinstance(task_id, bool):
+        task_id = str(task_id)
+    if not isinstance(task_id, str) or rules.check_task_id(task_id):
+        shown = printable(task_id, 40) if isinstance(task_id, str) else type(task_id).__name__
+        raise _Bad(f"task_id {shown!r} is not a task id (digits, no leading zero)")
+    surface = item.get("surface")
+    if surface is not None and surface not in SURFACES:
+        raise _Bad(f"surface must be one of {', '.join(SURFACES)}")
+    kept = {k: item[k] for k in _KEPT if isinstance(item.get(k), str)}
+    return InputLine(number, None, _caller_id(item.get("id")), task_id, surface, kept)
+
+
+def _fields(request: ImageRequest) -> dict[str, str]:
+    return {"prompt": request.prompt, "aspect_ratio": request.aspect_ratio,
+            "resolution": request.resolution}  # fmt: skip

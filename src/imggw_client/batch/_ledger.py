@@ -1,58 +1,84 @@
-"""The batch ledger: one SQLite database (WAL) in the output folder, one row per logical line,
-every state change committed before the work that depends on it. A lock file keeps a second
-process out; the kernel releases it even if the holder is killed."""
+"""The batch ledger: one SQLite database (WAL) per run or shard, one row per input line.
+
+Rows are read in line order, a chunk at a time, so a million-line run never holds them all;
+counts and money are summed by SQLite once, then kept up to date as lines change state. Saves
+go to one writer thread that commits them in groups (the keys need no sync of their own: they
+follow from the run's identity), so the event loop never waits on the disk; a failing disk
+becomes one :class:`StorageError` that says the same command resumes. A lock file (``filelock``:
+released by the system even if its holder is killed, on Windows too) keeps a second process out.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
-import os
+import queue
 import sqlite3
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core.flows import new_idempotency_key
+import filelock
+
 from .._exceptions import ImggwError, RequestValidationError
-from ._input import InputLine
 
 LEDGER_NAME = "ledger.sqlite"
 LOCK_NAME = ".imggw-batch.lock"
+SCHEMA_VERSION = 2  # PRAGMA user_version; 0 or 1 is the first ledger format
 
 # Row states. A line only moves forward; `done` may fall back to `succeeded` if its files are
-# missing or corrupt, which means "download again".
-PENDING = "pending"  # key written, no task id known
+# missing or damaged, which means "download again".
+PENDING = "pending"  # not submitted yet (or the answer was lost: its key replays it)
 SUBMITTED = "submitted"  # task id known, not finished
 SUCCEEDED = "succeeded"  # task succeeded, results not (all) saved
 DONE = "done"  # results saved and verified
-FAILED = "failed"  # the task failed, or the gateway refused the request
-EXPIRED = "expired"  # results expired before they could be saved
+FAILED = "failed"  # the task failed, the gateway refused the request, or the line is bad
+EXPIRED = "expired"  # results gone before they could be saved (fresh links failed too)
 FINAL = frozenset({DONE, FAILED, EXPIRED})
+STATES = (PENDING, SUBMITTED, SUCCEEDED, DONE, FAILED, EXPIRED)
+INVALID_LINE = "invalid_line"
 
+_COLUMNS = (
+    "identity", "line", "caller_id", "kind", "fingerprint", "fields", "surface",
+    "idempotency_key", "task_id", "state", "urls", "expires_at", "error_code", "error_message",
+    "files", "credits", "cost", "finished_at",
+)  # fmt: skip
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (
     identity        TEXT PRIMARY KEY,
     line            INTEGER NOT NULL,
     caller_id       TEXT,
+    kind            TEXT NOT NULL DEFAULT 'generate',
     fingerprint     TEXT NOT NULL,
-    request         TEXT NOT NULL,
+    fields          TEXT NOT NULL DEFAULT '{}',
     surface         TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
+    idempotency_key TEXT,
     task_id         TEXT,
     state           TEXT NOT NULL,
     urls            TEXT NOT NULL DEFAULT '[]',
+    expires_at      REAL,
     error_code      TEXT,
     error_message   TEXT,
     files           TEXT NOT NULL DEFAULT '[]',
     credits         REAL,
     cost            REAL,
+    finished_at     REAL,
+    planned         INTEGER NOT NULL DEFAULT 0,
     created_at      REAL NOT NULL,
     updated_at      REAL NOT NULL
-)
+);
+CREATE INDEX IF NOT EXISTS lines_by_line ON lines (planned, line);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# The first format (user_version 0): a lines table without these columns.
+_ADDED_IN_2 = {
+    "kind": "TEXT NOT NULL DEFAULT 'generate'", "fields": "TEXT NOT NULL DEFAULT '{}'",
+    "expires_at": "REAL", "finished_at": "REAL", "planned": "INTEGER NOT NULL DEFAULT 0",
+}  # fmt: skip
 
 
 class BatchLockedError(ImggwError):
@@ -65,157 +91,307 @@ class BatchLockedError(ImggwError):
     """
 
 
-@dataclass
+class StorageError(ImggwError):
+    """The output folder or its ledger could not be written (a full disk, a read-only folder):
+    the run stopped, with everything it learned so far saved; the same command resumes it.
+
+    Example::
+
+        except StorageError as err:
+            print(err.message)   # names the path and what the system said
+    """
+
+
+def storage_error(path: Path | str, exc: BaseException) -> StorageError:
+    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return StorageError(
+        f"cannot write {path} ({why}); fix that, then run the same command to resume",
+        code="storage_failed",
+    )
+
+
+@dataclass(slots=True)
 class Row:
     identity: str
     line: int
     caller_id: str | None
+    kind: str
     fingerprint: str
-    request: dict[str, str]
+    fields: dict[str, Any]
     surface: str
-    idempotency_key: str
+    idempotency_key: str | None
     task_id: str | None
     state: str
     urls: list[str] = field(default_factory=list)
+    expires_at: float | None = None
     error_code: str | None = None
     error_message: str | None = None
     files: list[dict[str, Any]] = field(default_factory=list)
     credits: float | None = None
     cost: float | None = None
+    finished_at: float | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        return (
+            self.identity, self.line, self.caller_id, self.kind, self.fingerprint,
+            json.dumps(self.fields, ensure_ascii=False), self.surface, self.idempotency_key,
+            self.task_id, self.state, json.dumps(self.urls), self.expires_at, self.error_code,
+            self.error_message, json.dumps(self.files), self.credits, self.cost,
+            self.finished_at,
+        )  # fmt: skip
+
+    @classmethod
+    def from_values(cls, values: tuple[Any, ...]) -> Row:
+        named = dict(zip(_COLUMNS, values, strict=True))
+        for name in ("fields", "urls", "files"):
+            named[name] = json.loads(named[name])
+        return cls(**named)
 
 
-def fingerprint(line: InputLine, surface: str) -> str:
-    r = line.request
-    canonical = json.dumps(
-        [r.prompt, r.aspect_ratio, r.resolution.lower(), surface], ensure_ascii=False
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+@dataclass
+class Totals:
+    """Lines per state, and the money they cost, for one plan."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    credits: float = 0.0
+    cost: float = 0.0
+
+
+def _connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA busy_timeout=10000")
+    return db
 
 
 class Ledger:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._db = sqlite3.connect(folder / LEDGER_NAME, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+    """A run's (or shard's) ledger. Open it with :meth:`open`; rows change through
+    :meth:`save`, which a writer thread commits in groups."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._db = _connect(path, check_same_thread=False)
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise storage_error(path, exc) from exc
+        last = self._db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+        self._plan = int(last[0]) if last else 0  # the last plan committed: what a reader sees
+        self._read_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._failure: StorageError | None = None
 
     @classmethod
-    @contextmanager
-    def open(cls, folder: Path) -> Iterator[Ledger]:
-        """The folder's ledger, locked for this process."""
+    @contextlib.contextmanager
+    def open(cls, folder: Path, name: str = LEDGER_NAME) -> Iterator[Ledger]:
+        """The ledger in ``folder``, locked for this process, closed (and flushed) on exit."""
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RequestValidationError(
                 "out_dir", f"cannot use {folder} as the output folder: {exc.strerror}"
             ) from exc
-        with _lock(folder / LOCK_NAME):
-            ledger = cls(folder)
-            try:
-                yield ledger
-            finally:
-                ledger._db.close()
-
-    def plan(self, lines: list[InputLine], surface: str) -> tuple[list[Row], list[InputLine]]:
-        """A row for every line: known ones as they were, new ones with a fresh key, changed
-        ones (same identity, another request) with a fresh key as a new logical request.
-        Every key is committed durably before this returns, hence before any send."""
-        existing = {row.identity: row for row in self.rows()}
-        changed: list[InputLine] = []
-        now = time.time()
-        rows: list[Row] = []
-        with self._transaction(durable=True):
-            for line in lines:
-                fp = fingerprint(line, surface)
-                row = existing.get(line.identity)
-                if row is not None and row.fingerprint == fp:
-                    if row.line != line.line:
-                        row.line = line.line
-                        self._save(row, now)
-                    rows.append(row)
-                    continue
-                if row is not None:
-                    changed.append(line)
-                row = Row(
-                    identity=line.identity,
-                    line=line.line,
-                    caller_id=line.caller_id,
-                    fingerprint=fp,
-                    request=line.request.model_dump(),
-                    surface=surface,
-                    idempotency_key=new_idempotency_key(),
-                    task_id=None,
-                    state=PENDING,
-                )
-                self._db.execute(
-                    "INSERT OR REPLACE INTO lines (identity, line, caller_id, fingerprint, "
-                    "request, surface, idempotency_key, state, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row.identity, row.line, row.caller_id, fp, json.dumps(row.request),
-                     surface, row.idempotency_key, PENDING, now, now),
-                )  # fmt: skip
-                rows.append(row)
-        return rows, changed
-
-    def save(self, row: Row) -> None:
-        with self._transaction():
-            self._save(row, time.time())
-
-    def _save(self, row: Row, now: float) -> None:
-        self._db.execute(
-            "UPDATE lines SET line=?, task_id=?, state=?, urls=?, error_code=?, error_message=?, "
-            "files=?, credits=?, cost=?, updated_at=? WHERE identity=?",
-            (row.line, row.task_id, row.state, json.dumps(row.urls), row.error_code,
-             row.error_message, json.dumps(row.files), row.credits, row.cost, now, row.identity),
-        )  # fmt: skip
-
-    def rows(self) -> list[Row]:
-        cursor = self._db.execute(
-            "SELECT identity, line, caller_id, fingerprint, request, surface, idempotency_key, "
-            "task_id, state, urls, error_code, error_message, files, credits, cost FROM lines"
-        )
-        return [
-            Row(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8],
-                json.loads(r[9]), r[10], r[11], json.loads(r[12]), r[13], r[14])
-            for r in cursor.fetchall()
-        ]  # fmt: skip
-
-    @contextmanager
-    def _transaction(self, *, durable: bool = False) -> Iterator[None]:
-        # Keys must survive even a power cut before their first send: that commit is synced.
-        # Later changes can be re-learned from the gateway with the key, so NORMAL is enough.
-        if durable:
-            self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("BEGIN IMMEDIATE")
+        lock = filelock.FileLock(str(folder / LOCK_NAME), blocking=False)
         try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        else:
-            self._db.execute("COMMIT")
-        finally:
-            if durable:
-                self._db.execute("PRAGMA synchronous=NORMAL")
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            lock.acquire()
+        except filelock.Timeout:
             raise BatchLockedError(
-                f"another batch is running in {path.parent} (lock {path.name}); wait for it to "
+                f"another batch is running in {folder} (lock {LOCK_NAME}); wait for it to "
                 "finish, or use another output folder",
                 code="batch_locked",
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock; the kernel does it too if we are killed
+        except OSError as exc:
+            raise storage_error(folder / LOCK_NAME, exc) from exc
+        try:
+            ledger = cls(folder / name)
+            try:
+                yield ledger
+            finally:
+                ledger.close()
+        finally:
+            lock.release()
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"{self.path} was written by a newer imggw (ledger format {version}, this one "
+                f"reads up to {SCHEMA_VERSION}): upgrade imggw to resume this run",
+                code="ledger_too_new",
+            )
+        exists = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='lines'"
+        ).fetchone()
+        if exists and version < SCHEMA_VERSION:
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(lines)")}
+            for name, kind in _ADDED_IN_2.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
+            if "request" in have:  # the first format kept the request under this name
+                self._db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # ------------------------------------------------------------------------ planning
+
+    def begin_plan(self) -> int:
+        """Starts a plan (one pass over the input), in one transaction: it commits whole or
+        not at all. Returns the plan's number."""
+        self._plan += 1
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._plan
+
+    def plan_line(self, row: Row) -> tuple[Row, bool] | None:
+        """Puts a line of the input into the plan: its row as it was if the line is known and
+        unchanged, else a new row. Returns (row, new), or None if another line of this plan
+        has the same identity."""
+        found = self._db.execute(
+            f"SELECT planned, {', '.join(_COLUMNS)} FROM lines WHERE identity=?", (row.identity,)
+        ).fetchone()
+        now = time.time()
+        if found is not None and found[0] == self._plan:
+            return None
+        if found is not None:
+            old = Row.from_values(found[1:])
+            if old.fingerprint == row.fingerprint:
+                old.line, old.fields = row.line, row.fields or old.fields
+                self._db.execute(
+                    "UPDATE lines SET line=?, fields=?, planned=? WHERE identity=?",
+                    (old.line, json.dumps(old.fields, ensure_ascii=False), self._plan,
+                     old.identity),
+                )  # fmt: skip
+                return old, False
+        self._db.execute(
+            f"INSERT OR REPLACE INTO lines ({', '.join(_COLUMNS)}, planned, created_at, "
+            f"updated_at) VALUES ({', '.join('?' * (len(_COLUMNS) + 3))})",
+            (*row.values(), self._plan, now, now),
+        )
+        return row, True
+
+    def end_plan(self, *, commit: bool) -> None:
+        if commit:
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('plan', ?)", (str(self._plan),)
+            )
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")
+            self._plan -= 1
+
+    @property
+    def plan(self) -> int:
+        return self._plan
+
+    # ------------------------------------------------------------------------ reading
+
+    def totals(self) -> Totals:
+        """Lines per state and their money, bad input lines left out (they are not work)."""
+        totals = Totals()
+        with self._read_lock:
+            for state, n, credits, cost in self._db.execute(
+                "SELECT state, COUNT(*), TOTAL(credits), TOTAL(cost) FROM lines "
+                "WHERE planned=? AND kind!='bad' GROUP BY state",
+                (self._plan,),
+            ):
+                totals.counts[state] = n
+                totals.credits += credits
+                totals.cost += cost
+        return totals
+
+    def rows(self, *, after: int = 0, limit: int = 1000, states: tuple[str, ...] = ()) -> list[Row]:
+        """The plan's rows in line order, past line ``after``: one chunk of a stream."""
+        where = "planned=? AND line>?"
+        args: list[Any] = [self._plan, after]
+        if states:
+            where += f" AND state IN ({', '.join('?' * len(states))})"
+            args += states
+        try:
+            with self._read_lock:
+                cursor = self._db.execute(
+                    f"SELECT {', '.join(_COLUMNS)} FROM lines WHERE {where} ORDER BY line LIMIT ?",
+                    (*args, limit),
+                )
+                return [Row.from_values(values) for values in cursor.fetchall()]
+        except sqlite3.Error as exc:
+            raise storage_error(self.path, exc) from exc
+
+    def next_rows(self, after: int) -> list[Row]:
+        """The next chunk of the plan's rows past line ``after`` (for a streaming reader)."""
+        return self.rows(after=after, limit=500)
+
+    def iter_rows(self, states: tuple[str, ...] = (), chunk: int = 1000) -> Iterator[Row]:
+        """Every row of the plan in line order, read a chunk at a time."""
+        after = 0
+        while batch := self.rows(after=after, limit=chunk, states=states):
+            yield from batch
+            after = batch[-1].line
+
+    # ------------------------------------------------------------------------ writing
+
+    def save(self, row: Row) -> None:
+        """Queues the row's new state for the writer thread; raises the writer's failure."""
+        if self._failure is not None:
+            raise self._failure
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="imggw-ledger", daemon=True)
+            self._writer.start()
+        self._queue.put((*row.values(), time.time(), row.identity))
+
+    def save_now(self, row: Row) -> None:
+        """Writes one row at once, in the caller's thread (outside a run's event loop)."""
+        try:
+            self._update([(*row.values(), time.time(), row.identity)])
+        except sqlite3.Error as exc:
+            raise storage_error(self.path, exc) from exc
+
+    def flush(self) -> None:
+        """Waits until every queued save is committed; raises the writer's failure."""
+        if self._writer is not None:
+            self._queue.join()
+        if self._failure is not None:
+            raise self._failure
+
+    def _update(self, values: list[tuple[Any, ...]]) -> None:
+        assignments = ", ".join(f"{name}=?" for name in _COLUMNS)
+        with self._read_lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    f"UPDATE lines SET {assignments}, updated_at=? WHERE identity=?", values
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            # Group commit: whatever queued up while the last commit ran goes in this one.
+            while len(batch) < 5000:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            values = [v for v in batch if v is not None]
+            try:
+                if values and self._failure is None:
+                    self._update(values)
+            except sqlite3.Error as exc:
+                self._failure = storage_error(self.path, exc)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if None in batch:
+                return
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = None
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()

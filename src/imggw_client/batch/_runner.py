@@ -1,39 +1,54 @@
-"""The batch runner: every line through submit -> wait -> download, bounded, resumable.
+"""The batch runner: every line through submit -> wait -> download, bounded, resumable, with
+memory that does not grow with the number of lines.
 
-Each line's progress is in the ledger before the next step depends on it, so a run killed at any
-moment resumes where it was: a line with a key and no task id is submitted again with that key
-(the gateway replays the task), known task ids are waited on, missing or corrupt files are
-downloaded again, finished lines are left alone.
+Before anything is sent, one pass over the input plans the run: bad lines, repeated ids and
+(against the folder's record of its input) changed lines stop it, unless told otherwise; every
+line gets its ledger row and its idempotency key, a pure function of the run's identity. Then
+rows stream from the ledger in line order into a bounded window of lines in flight: a line with
+no task id is submitted with its key (after a crash the gateway replays the task), known task
+ids are waited on (never resubmitted: a key older than the gateway's memory must not be resent
+blindly), and finished tasks queue for download slots, the soonest-expiring first. A dead link
+is queried again for a fresh one before a result is declared expired.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import heapq
 import itertools
 import json
 import math
 import os
-import random
+import secrets
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    wait_random_exponential,
+)
 
 from .._async_client import AsyncClient
 from .._config import RateLimit, check_surface
 from .._core.retry import classify
+from .._download import WRITE_FAILED
 from .._exceptions import (
     AuthenticationError,
     DownloadError,
     ImggwError,
     InsufficientCreditsError,
+    NotFoundError,
     PermissionDeniedError,
-    RateLimitError,
     RequestValidationError,
     ResultExpiredError,
     TaskFailedError,
@@ -41,23 +56,34 @@ from .._exceptions import (
     WaitTimeoutError,
 )
 from .._models import Task, TaskStatus
-from ._input import BadLine, BatchInputError, read_lines
+from . import _identity
+from ._gallery import write_gallery
+from ._input import COLLECT, BadLine, BatchInputError, InputLine, iter_lines
 from ._ledger import (
     DONE,
     EXPIRED,
     FAILED,
     FINAL,
+    INVALID_LINE,
     PENDING,
     SUBMITTED,
     SUCCEEDED,
     Ledger,
     Row,
+    StorageError,
+    Totals,
+    storage_error,
 )
 
 MANIFEST_NAME = "manifest.jsonl"
 # Failures that doom every line alike: the run stops.
-FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError)
+FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError, StorageError)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
+MIN_IN_FLIGHT = 1024  # lines in flight (submitted, waiting, queued for download) at most ...
+IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
+PROGRESS_EVERY = 0.25  # seconds between progress snapshots
+GALLERY_EVERY = 30.0  # seconds between gallery rewrites during a run (and at least 20x its cost)
+BAD_LINES_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -107,7 +133,10 @@ class BatchProgress:
 @dataclass
 class BatchReport:
     """What a run did. ``exit_code``: 0 all succeeded, 3 some still unfinished (run again to
-    resume), 1 some failed or expired.
+    resume), 1 some failed, expired or were bad input.
+
+    ``bad_lines`` and ``changed_lines`` hold the first ones (up to 1,000); ``bad_count`` and
+    ``changed_count`` count them all.
 
     Example::
 
@@ -115,50 +144,64 @@ class BatchReport:
         print(report.counts, report.credits, report.manifest)
     """
 
-    rows: list[Row]
+    counts: dict[str, int]
     bad_lines: list[BadLine]
     changed_lines: list[int]
     manifest: Path
     elapsed: float
-    counts: dict[str, int] = field(default_factory=dict)
     credits: float = 0.0
     cost: float = 0.0
+    bad_count: int = 0
+    changed_count: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
     @property
     def exit_code(self) -> int:
-        if any(row.state not in FINAL for row in self.rows):
+        if any(n for state, n in self.counts.items() if state not in FINAL):
             return 3
-        if self.bad_lines or any(row.state != DONE for row in self.rows):
+        if self.bad_count or any(n for state, n in self.counts.items() if state != DONE):
             return 1
         return 0
 
 
+_STATUS = {
+    PENDING: TaskStatus.PENDING,
+    SUBMITTED: TaskStatus.RUNNING,
+    SUCCEEDED: TaskStatus.SUCCEEDED,
+    DONE: TaskStatus.SUCCEEDED,
+    EXPIRED: TaskStatus.SUCCEEDED,
+    FAILED: TaskStatus.FAILED,
+}
+
+
 def manifest_record(row: Row) -> dict[str, Any]:
-    """One manifest line (DESIGN 7's pinned fields, plus the caller's ``id``)."""
-    status = {
-        PENDING: TaskStatus.PENDING,
-        SUBMITTED: TaskStatus.RUNNING,
-        SUCCEEDED: TaskStatus.SUCCEEDED,
-        DONE: TaskStatus.SUCCEEDED,
-        EXPIRED: TaskStatus.SUCCEEDED,
-        FAILED: TaskStatus.FAILED,
-    }[row.state]
+    """One manifest line: DESIGN 7's pinned fields (``line``, ``task_id``, ``status``,
+    ``files``, ``error``), then the caller's ``id``, the request, money and link expiry."""
     error = None
     if row.error_code is not None:
         error = {"code": row.error_code, "message": row.error_message or ""}
+    expires = None
+    if row.expires_at is not None:
+        moment = datetime.fromtimestamp(row.expires_at, tz=timezone.utc)
+        expires = moment.isoformat().replace("+00:00", "Z")
     return {
         "line": row.line,
-        "id": row.caller_id,
         "task_id": row.task_id,
-        "status": status.value,
+        "status": _STATUS[row.state].value,
         "files": row.files,
         "error": error,
+        "id": row.caller_id,
+        "surface": row.surface,
+        "prompt": row.fields.get("prompt"),
+        "aspect_ratio": row.fields.get("aspect_ratio"),
+        "resolution": row.fields.get("resolution"),
+        "cost": row.cost,
+        "credits": row.credits,
+        "expires_at": expires,
     }
-
-
-def _bad_record(bad: BadLine) -> dict[str, Any]:
-    return {"line": bad.line, "id": None, "task_id": None, "status": "failed", "files": [],
-            "error": {"code": "invalid_line", "message": bad.reason}}  # fmt: skip
 
 
 def file_sha256(path: Path) -> str | None:
@@ -173,10 +216,121 @@ def file_sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _retry_later(err: ImggwError) -> bool:
+def _retry_later(err: BaseException) -> bool:
     """A failure after which a line is tried again later instead of failing: what the core
     retries, and an unknown submit outcome (the line's key makes another try safe)."""
-    return isinstance(err, UnknownOutcomeError) or classify(err).retry
+    if not isinstance(err, ImggwError) or isinstance(err, FATAL):
+        return False
+    if isinstance(err, DownloadError) and err.code in ("result_too_large", WRITE_FAILED):
+        return False
+    return isinstance(err, (UnknownOutcomeError, DownloadError)) or classify(err).retry
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class _Plan:
+    ledger: Ledger
+    bad: list[BadLine] = field(default_factory=list)
+    bad_count: int = 0
+    changed: list[int] = field(default_factory=list)
+    changed_count: int = 0
+
+
+def _plan(
+    source: Any,
+    folder: Path,
+    ledger: Ledger,
+    *,
+    surface: str,
+    collect: bool,
+    skip_bad_lines: bool,
+    allow_changes: bool,
+) -> _Plan:
+    """One pass over the input, in one ledger transaction that commits only if the run may go:
+    no bad line (unless skipped) and no changed line (unless allowed). Blocking: run it in a
+    worker thread."""
+    run = _identity.load(folder)
+    digests = _identity.LineDigests(folder)
+    run_id = run.run_id if run is not None else secrets.token_hex(16)
+    plan = _Plan(ledger)
+    ledger.begin_plan()
+    ok = False
+    try:
+        for item in iter_lines(source, collect=collect):
+            if isinstance(item, InputLine):
+                row = _new_row(item, surface, run_id)
+                if ledger.plan_line(row) is None:
+                    item = BadLine(item.line, f"{item.identity.split(':', 1)[0]} repeats an "
+                                   f"earlier line")  # fmt: skip
+                else:
+                    digests.add(item.line, _identity.line_digest(row.identity, row.fingerprint))
+                    continue
+            plan.bad_count += 1
+            if len(plan.bad) < BAD_LINES_KEPT:
+                plan.bad.append(item)
+            ledger.plan_line(_bad_row(item, surface))
+        fingerprint = digests.finish()
+        plan.changed, plan.changed_count = digests.changed, digests.changed_count
+        if plan.bad_count and not skip_bad_lines:
+            raise BatchInputError(plan.bad, plan.bad_count)
+        if plan.changed_count and not allow_changes:
+            raise _identity.InputChangedError(plan.changed, plan.changed_count)
+        if run is None or run.input_fingerprint != fingerprint:
+            # Before anything is sent: the keys of every line follow from this run id.
+            _identity.save(folder, _identity.RunIdentity(run_id, fingerprint))
+            digests.commit()
+        ok = True
+    except OSError as exc:
+        raise storage_error(folder, exc) from exc
+    finally:
+        ledger.end_plan(commit=ok)
+        digests.discard()
+    return plan
+
+
+def _new_row(item: InputLine, default_surface: str, run_id: str) -> Row:
+    surface = check_surface(item.surface or default_surface)
+    fingerprint = item.fingerprint(default_surface)
+    key = None
+    if item.kind != COLLECT:
+        key = _identity.idempotency_key(run_id, item.identity, fingerprint)
+    return Row(
+        identity=item.identity,
+        line=item.line,
+        caller_id=item.caller_id,
+        kind=item.kind,
+        fingerprint=fingerprint,
+        fields=item.fields,
+        surface=surface,
+        idempotency_key=key,
+        task_id=item.task_id,
+        state=SUBMITTED if item.kind == COLLECT else PENDING,
+    )
+
+
+def _bad_row(bad: BadLine, surface: str) -> Row:
+    return Row(
+        identity=f"bad:{bad.line}", line=bad.line, caller_id=None, kind="bad",
+        fingerprint=hashlib.sha256(bad.reason.encode()).hexdigest(), fields={}, surface=surface,
+        idempotency_key=None, task_id=None, state=FAILED, error_code=INVALID_LINE,
+        error_message=bad.reason,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass(order=True)
+class _Queued:
+    """A finished task waiting for a download slot: soonest expiry first, then (unknown
+    expiry) in the order they finished."""
+
+    expires: float
+    seq: int
+    row: Row = field(compare=False)
+    done: anyio.Event = field(compare=False)
 
 
 class _Run:
@@ -184,58 +338,140 @@ class _Run:
         self,
         client: AsyncClient,
         ledger: Ledger,
-        rows: list[Row],
+        folder: Path,
+        totals: Totals,
         *,
         concurrency: int,
         deadline: float,
+        wait: bool,
         on_progress: Callable[[BatchProgress], None] | None,
+        gallery_title: str | None,
     ) -> None:
         self.client = client
         self.ledger = ledger
-        self.rows = rows
+        self.folder = folder
+        self.counts = totals.counts
+        self.credits, self.cost = totals.credits, totals.cost
+        self.total = sum(self.counts.values())
         self.deadline = deadline
+        self.wait_for_tasks = wait
         self.on_progress = on_progress
+        self.gallery_title = gallery_title
+        self.concurrency = concurrency
         self.submits = anyio.CapacityLimiter(concurrency)
-        self.downloads = anyio.CapacityLimiter(concurrency)
-        self.pause_until = 0.0
+        self.in_flight = anyio.Semaphore(max(MIN_IN_FLIGHT, concurrency * IN_FLIGHT_PER_SLOT))
+        self.active = 0
+        self.idle = anyio.Event()
+        self.queue: list[_Queued] = []
+        self.queued = anyio.Semaphore(0)
+        self.order = itertools.count()
         self.fatal: ImggwError | None = None
         self.started = time.monotonic()
         self.finished_here = 0
-        self.rng = random.Random()
+        self.downloaded: deque[float] = deque(maxlen=64)  # when recent downloads ended
+        self.last_progress = 0.0
+        self.last_gallery = time.monotonic()
+        self.gallery_cost = 0.0
+        self.cancel = anyio.CancelScope()
 
     # ------------------------------------------------------------------------ progress
-
-    def progress(self) -> BatchProgress:
-        counts = Counter(row.state for row in self.rows)
-        return BatchProgress(
-            total=len(self.rows),
-            counts=dict(counts),
-            credits=sum(row.credits or 0 for row in self.rows),
-            cost=round(sum(row.cost or 0 for row in self.rows), 6),
-            elapsed=time.monotonic() - self.started,
-            finished_this_run=self.finished_here,
-        )
-
-    def save(self, row: Row) -> None:
-        self.ledger.save(row)
-        if row.state in FINAL:
-            self.finished_here += 1
-        if self.on_progress is not None:
-            self.on_progress(self.progress())
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
-    async def pause(self, attempt: int, hint: float | None = None) -> bool:
-        """Sleeps before a retry (at least ``hint``); False once the deadline is too near."""
-        delay = hint if hint is not None else min(RETRY_PAUSE[1], RETRY_PAUSE[0] * 2**attempt)
-        delay = delay * self.rng.uniform(1.0, 1.25)
-        if delay >= self.remaining():
-            return False
-        await anyio.sleep(delay)
-        return True
+    def progress(self) -> BatchProgress:
+        limit = self.client.rate_limit
+        pace = limit.submits_per_second
+        shown = limit if pace or limit.queries_per_second else None
+        pending = self.counts.get(PENDING, 0)
+        expiries = sorted(q.expires for q in self.queue if math.isfinite(q.expires))
+        soonest = None
+        if expiries:
+            soonest = datetime.fromtimestamp(expiries[0], tz=timezone.utc)
+        return BatchProgress(
+            total=self.total,
+            counts={state: n for state, n in self.counts.items() if n},
+            credits=self.credits,
+            cost=round(self.cost, 6),
+            elapsed=time.monotonic() - self.started,
+            finished_this_run=self.finished_here,
+            rate_limit=shown,
+            least_time_left=pending / pace if pace else None,
+            awaiting_download=len(self.queue),
+            soonest_expiry=soonest,
+            at_risk=self._at_risk(expiries),
+        )
 
-    # ------------------------------------------------------------------------ per line
+    def _at_risk(self, expiries: list[float]) -> int:
+        """Queued results whose links die before their turn at the recent download pace."""
+        if not expiries or len(self.downloaded) < 2:
+            return 0
+        span = self.downloaded[-1] - self.downloaded[0]
+        pace = (len(self.downloaded) - 1) / span if span > 0 else math.inf
+        now = time.time()
+        return sum(1 for turn, expires in enumerate(expiries) if now + turn / pace > expires)
+
+    def report_progress(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.on_progress is not None and (force or now - self.last_progress >= PROGRESS_EVERY):
+            self.last_progress = now
+            self.on_progress(self.progress())
+
+    def move(self, row: Row, state: str, *, billed: Task | None = None) -> None:
+        """Changes the row's state, keeps the counts, and queues the row for the ledger."""
+        if billed is not None:
+            self.credits += (billed.credits or 0) - (row.credits or 0)
+            self.cost += (billed.cost or 0) - (row.cost or 0)
+            row.credits, row.cost = billed.credits, billed.cost
+        self.counts[row.state] -= 1
+        self.counts[state] += 1
+        row.state = state
+        if state in FINAL:
+            self.finished_here += 1
+            row.finished_at = time.time()
+        self.ledger.save(row)
+        self.report_progress()
+
+    def fail(self, row: Row, code: str, message: str) -> None:
+        row.error_code, row.error_message = code, message
+        self.move(row, FAILED)
+
+    def stop(self, err: ImggwError) -> None:
+        self.fatal = self.fatal or err
+        self.cancel.cancel()
+
+    # ------------------------------------------------------------------------ retries
+
+    def retrying(self) -> AsyncRetrying:
+        """A line's step tried again after failures worth waiting out, until the run's
+        deadline (or a failure that ends the run)."""
+
+        def out_of_time(state: RetryCallState) -> bool:
+            return self.fatal is not None or (state.upcoming_sleep or 0) >= self.remaining()
+
+        return AsyncRetrying(
+            retry=retry_if_exception(_retry_later),
+            wait=wait_random_exponential(multiplier=RETRY_PAUSE[0], max=RETRY_PAUSE[1]),
+            stop=out_of_time,
+            reraise=True,
+        )
+
+    # ------------------------------------------------------------------------ lines
+
+    async def feed(self, group: anyio.abc.TaskGroup) -> None:
+        """Streams unfinished rows from the ledger into the window of lines in flight."""
+        after = 0
+        while self.fatal is None:
+            chunk = await anyio.to_thread.run_sync(self.ledger.next_rows, after)
+            if not chunk:
+                return
+            after = chunk[-1].line
+            for row in chunk:
+                if row.state in FINAL:
+                    continue
+                await self.in_flight.acquire()
+                self.active += 1
+                group.start_soon(self.line, row)
 
     async def line(self, row: Row) -> None:
         try:
@@ -246,43 +482,40 @@ class _Run:
             if row.state == SUCCEEDED:
                 await self.download(row)
         except FATAL as err:
-            self.fatal = self.fatal or err
+            self.stop(err)
+        finally:
+            self.in_flight.release()
+            self.active -= 1
+            if self.active == 0:
+                self.idle.set()
+
+    async def all_done(self) -> None:
+        """Waits until every line fed in has finished this run's work on it."""
+        if self.active:
+            self.idle = anyio.Event()
+            await self.idle.wait()
 
     async def submit(self, row: Row) -> None:
-        request = row.request
-        for attempt in itertools.count():
-            if self.fatal is not None:
-                return
-            wait_for = self.pause_until - time.monotonic()
-            if wait_for > 0:  # a 429 elsewhere slows every submit down
-                if wait_for >= self.remaining():
-                    return
-                await anyio.sleep(wait_for)
-            try:
-                async with self.submits:
-                    sub = await self.client.submit(
-                        request["prompt"],
-                        aspect_ratio=request["aspect_ratio"],
-                        resolution=request["resolution"],
-                        surface=row.surface,
-                        idempotency_key=row.idempotency_key,
-                    )
-            except FATAL:
-                raise
-            except ImggwError as err:
-                if not _retry_later(err):
-                    self.fail(row, err.code or "refused", err.message)
-                    return
-                hint = getattr(err, "retry_after", None)
-                if isinstance(err, RateLimitError):
-                    pause = hint if hint is not None else 5.0
-                    self.pause_until = max(self.pause_until, time.monotonic() + pause)
-                if not await self.pause(attempt, hint):
-                    return  # out of time: the line stays pending with its key
-                continue
-            row.task_id, row.state = sub.task_id, SUBMITTED
-            self.save(row)
-            return
+        fields = row.fields
+        try:
+            async for attempt in self.retrying():
+                with attempt:
+                    async with self.submits:
+                        sub = await self.client.submit(
+                            fields["prompt"],
+                            aspect_ratio=fields["aspect_ratio"],
+                            resolution=fields["resolution"],
+                            surface=row.surface,
+                            idempotency_key=row.idempotency_key,
+                        )
+        except FATAL:
+            raise
+        except ImggwError as err:
+            if not _retry_later(err):
+                self.fail(row, err.code or "refused", err.message)
+            return  # out of time: the line stays pending; its key resumes it
+        row.task_id = sub.task_id
+        self.move(row, SUBMITTED)
 
     async def wait(self, row: Row) -> None:
         assert row.task_id is not None
@@ -290,59 +523,125 @@ class _Run:
         if remaining <= 0:
             return
         try:
-            task = await self.client.wait(row.task_id, surface=row.surface, timeout=remaining)
+            if self.wait_for_tasks:
+                task = await self.client.wait(row.task_id, surface=row.surface, timeout=remaining)
+            else:
+                task = await self.client.get(row.task_id, surface=row.surface)
         except WaitTimeoutError:
             return  # still running: a later run resumes the wait
         except TaskFailedError as err:
-            self.bill(row, err.task)
             error = err.task.error
-            self.fail(row, error.code if error else "failed", error.message if error else "")
+            row.error_code = error.code if error else "failed"
+            row.error_message = error.message if error else ""
+            self.move(row, FAILED, billed=err.task)
+            return
+        except FATAL:
+            raise
+        except NotFoundError as err:  # a task this key cannot see: its own line fails, no more
+            self.fail(row, "not_found", err.message)
+            return
+        except ImggwError as err:
+            if not _retry_later(err):
+                self.fail(row, err.code or "query_failed", err.message)
+            return
+        if task.status is TaskStatus.FAILED:
+            error = task.error
+            row.error_code = error.code if error else "failed"
+            row.error_message = error.message if error else ""
+            self.move(row, FAILED, billed=task)
+            return
+        if task.status is not TaskStatus.SUCCEEDED:
+            return  # unfinished, and not waited on (collect without --wait)
+        row.urls = list(task.image_urls)
+        row.expires_at = task.expires_at.timestamp() if task.expires_at else None
+        self.move(row, SUCCEEDED, billed=task)
+
+    async def download(self, row: Row) -> None:
+        """Queues the row for a download slot (soonest expiry first) and waits for its turn."""
+        if not row.urls:
+            self.fail(row, "no_result", f"task {row.task_id} succeeded without result URLs")
+            return
+        item = _Queued(row.expires_at or math.inf, next(self.order), row, anyio.Event())
+        heapq.heappush(self.queue, item)
+        self.queued.release()
+        await item.done.wait()
+
+    async def downloader(self) -> None:
+        """One download slot: always the queued result whose links die first."""
+        while True:
+            await self.queued.acquire()
+            item = heapq.heappop(self.queue)
+            try:
+                await self.save_results(item.row)
+            except FATAL as err:
+                self.stop(err)
+            finally:
+                item.done.set()
+
+    async def save_results(self, row: Row) -> None:
+        assert row.task_id is not None
+        expires = (
+            datetime.fromtimestamp(row.expires_at, tz=timezone.utc) if row.expires_at else None
+        )
+        task = Task(
+            id=row.task_id,
+            surface=check_surface(row.surface),
+            status=TaskStatus.SUCCEEDED,
+            image_urls=row.urls,
+            expires_at=expires,
+        )
+        try:
+            async for attempt in self.retrying():
+                with attempt:
+                    files = await self.client.download(task, self.folder, overwrite=True)
+        except ResultExpiredError as err:  # the fresh links failed too: really gone
+            row.error_code, row.error_message = "result_expired", err.message
+            self.move(row, EXPIRED)
+            return
+        except DownloadError as err:
+            if err.code == WRITE_FAILED:  # the disk, not the link: the run stops here
+                raise StorageError(
+                    f"{err.message}; fix that, then run the same command to resume",
+                    code="storage_failed",
+                ) from err
+            if not _retry_later(err):
+                self.fail(row, err.code or "download_failed", err.message)
             return
         except FATAL:
             raise
         except ImggwError as err:
-            self.fail(row, err.code or "query_failed", err.message)
-            return
-        self.bill(row, task)
-        row.urls, row.state = list(task.image_urls), SUCCEEDED
-        self.save(row)
+            if not _retry_later(err):
+                self.fail(row, err.code or "download_failed", err.message)
+            return  # out of time: a later run downloads it
+        self.downloaded.append(time.monotonic())
+        row.urls = [f.url for f in files]
+        row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
+        self.move(row, DONE)
+        await self.maybe_gallery()
 
-    def bill(self, row: Row, task: Task) -> None:
-        row.credits, row.cost = task.credits, task.cost
-
-    async def download(self, row: Row) -> None:
-        assert row.task_id is not None
-        task = Task(id=row.task_id, surface=check_surface(row.surface),
-                    status=TaskStatus.SUCCEEDED, image_urls=row.urls)  # fmt: skip
-        if not row.urls:
-            self.fail(row, "no_result", f"task {row.task_id} succeeded without result URLs")
+    async def maybe_gallery(self) -> None:
+        """The gallery, rewritten now and then as lines finish (never more than 5% of the
+        time), so a long run can be looked at while it goes."""
+        if self.gallery_title is None:
             return
-        for attempt in itertools.count():
-            try:
-                async with self.downloads:
-                    files = await self.client.download(task, self.ledger.folder, overwrite=True)
-            except ResultExpiredError as err:
-                row.state, row.error_code, row.error_message = (
-                    EXPIRED,
-                    "result_expired",
-                    err.message,
-                )
-                self.save(row)
-                return
-            except ImggwError as err:
-                if not (isinstance(err, DownloadError) or _retry_later(err)):
-                    raise
-                if not await self.pause(attempt):
-                    return  # out of time: a later run downloads it
-                continue
-            row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
-            row.state = DONE
-            self.save(row)
+        now = time.monotonic()
+        if now - self.last_gallery < max(GALLERY_EVERY, 20 * self.gallery_cost):
             return
+        self.last_gallery = now
+        await anyio.to_thread.run_sync(self.write_gallery)
+        self.gallery_cost = time.monotonic() - now
 
-    def fail(self, row: Row, code: str, message: str) -> None:
-        row.state, row.error_code, row.error_message = FAILED, code, message
-        self.save(row)
+    def write_gallery(self) -> None:
+        assert self.gallery_title is not None
+        self.ledger.flush()
+        try:
+            records = (manifest_record(row) for row in self.ledger.iter_rows())
+            write_gallery(self.folder, records, title=self.gallery_title)
+        except OSError as exc:
+            raise storage_error(self.folder, exc) from exc
+
+
+# ---------------------------------------------------------------------------- files
 
 
 def _sweep_partial_files(folder: Path) -> None:
@@ -352,23 +651,53 @@ def _sweep_partial_files(folder: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def _verify_files(folder: Path, rows: list[Row]) -> None:
-    """Lines whose files are missing or corrupt go back to be downloaded again."""
-    for row in rows:
-        if row.state == DONE and not all(
-            file_sha256(folder / f["path"]) == f["sha256"] for f in row.files
-        ):
-            row.state, row.files = SUCCEEDED, []
+def _verify_files(folder: Path, ledger: Ledger, totals: Totals, *, hashes: bool) -> None:
+    """Lines whose files are missing or damaged go back to be downloaded again: a size check
+    by default, every file's sha256 with ``hashes``."""
+    for row in ledger.iter_rows(states=(DONE,)):
+        for f in row.files:
+            path = folder / f["path"]
+            try:
+                whole = path.stat().st_size == f["size"]
+            except OSError:
+                whole = False
+            if not whole or (hashes and file_sha256(path) != f["sha256"]):
+                row.state, row.files = SUCCEEDED, []
+                ledger.save_now(row)
+                totals.counts[DONE] -= 1
+                totals.counts[SUCCEEDED] += 1
+                break
 
 
-def write_manifest(folder: Path, rows: list[Row], bad: list[BadLine]) -> Path:
-    records = [manifest_record(row) for row in rows] + [_bad_record(b) for b in bad]
-    records.sort(key=lambda r: r["line"])
+def manifest_records(ledger: Ledger) -> Iterator[dict[str, Any]]:
+    """The manifest, one record per input line in line order, streamed from the ledger."""
+    return (manifest_record(row) for row in ledger.iter_rows())
+
+
+def write_manifest(folder: Path, records: Iterable[dict[str, Any]]) -> Path:
+    """Writes ``manifest.jsonl`` whole or not at all (temp file, then rename)."""
     path = folder / MANIFEST_NAME
     tmp = folder / f".{MANIFEST_NAME}.{os.getpid()}.part"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise storage_error(path, exc) from exc
     return path
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def _check_concurrency(concurrency: object) -> int:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise RequestValidationError(
+            "concurrency", "must be an integer >= 1", code="invalid_concurrency"
+        )
+    return concurrency
 
 
 async def arun_batch(
@@ -380,58 +709,89 @@ async def arun_batch(
     timeout: float | None = None,
     surface: str | None = None,
     skip_bad_lines: bool = False,
+    allow_changes: bool = False,
+    collect: bool = False,
+    wait: bool = True,
+    verify: bool = False,
+    gallery: bool = True,
     on_progress: Callable[[BatchProgress], None] | None = None,
 ) -> BatchReport:
     """Runs (or resumes) a batch: every line submitted once, waited on, downloaded, verified.
 
-    ``source`` is a JSONL or text file, or an iterable of requests (``ImageRequest``, dicts
-    with the JSONL fields, or prompts). Bad lines stop the run before anything is sent
-    (:class:`BatchInputError`) unless ``skip_bad_lines``. ``timeout`` bounds the run; what is
-    left unfinished is resumed by the next run with the same ``out_dir``.
+    ``source`` is a JSONL or text file (``-``: standard input), or an iterable of requests
+    (``ImageRequest``, dicts with the JSONL fields, or prompts). A line with ``task_id`` names a
+    task made elsewhere: it is collected (waited on and downloaded), never submitted;
+    ``collect=True`` reads a list of such tasks (bare ids or JSON objects). Bad lines stop the
+    run before anything is sent (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an
+    input that changed since the folder's run began (:class:`InputChangedError`) unless
+    ``allow_changes``. ``timeout`` bounds the run; what is left unfinished is resumed by the
+    next run with the same ``out_dir``. ``wait=False`` leaves unfinished tasks as they are
+    (collect). ``verify`` checks every saved file's sha256 on resume (default: its size).
+    ``gallery`` writes ``index.html`` (as lines finish, and at the end).
 
     Example::
 
         async with AsyncClient() as client:
             report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise RequestValidationError(
-            "concurrency", "must be an integer >= 1", code="invalid_concurrency"
-        )
-    lines, bad = read_lines(source)
-    if bad and not skip_bad_lines:
-        raise BatchInputError(bad)
+    concurrency = _check_concurrency(concurrency)
     folder = Path(out_dir)
     started = time.monotonic()
     budget = math.inf if timeout is None else float(timeout)
+    run_surface = check_surface(surface or client.surface)
     with Ledger.open(folder) as ledger:
-        rows, changed = ledger.plan(lines, surface or client.surface)
-        _sweep_partial_files(folder)
-        _verify_files(folder, rows)
-        run = _Run(client, ledger, rows, concurrency=concurrency,
-                   deadline=started + budget, on_progress=on_progress)  # fmt: skip
-        if on_progress is not None:
-            on_progress(run.progress())
+        planning = functools.partial(
+            _plan, source, folder, ledger, surface=run_surface, collect=collect,
+            skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
+        )  # fmt: skip
+        plan = await anyio.to_thread.run_sync(planning)
+        totals = ledger.totals()
+        await anyio.to_thread.run_sync(_sweep_partial_files, folder)
+        await anyio.to_thread.run_sync(lambda: _verify_files(folder, ledger, totals, hashes=verify))
+        named = isinstance(source, (str, Path)) and str(source) != "-"
+        title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
+        run = _Run(client, ledger, folder, totals, concurrency=concurrency,
+                   deadline=started + budget, wait=wait, on_progress=on_progress,
+                   gallery_title=title if gallery else None)  # fmt: skip
+        run.report_progress(force=True)
         try:
-            async with anyio.create_task_group() as group:
-                for row in rows:
-                    if row.state not in FINAL:
-                        group.start_soon(run.line, row)
+            with run.cancel, anyio.move_on_after(budget if math.isfinite(budget) else None):
+                async with anyio.create_task_group() as group:
+                    for _ in range(concurrency):
+                        group.start_soon(run.downloader)
+                    await run.feed(group)
+                    await run.all_done()
+                    group.cancel_scope.cancel()
         finally:
-            manifest = write_manifest(folder, rows, bad)
+            with anyio.CancelScope(shield=True):
+                manifest = await anyio.to_thread.run_sync(lambda: _finish(folder, ledger, run))
         if run.fatal is not None:
             raise run.fatal
-        snapshot = run.progress()
+        run.report_progress(force=True)
     return BatchReport(
-        rows=rows,
-        bad_lines=bad,
-        changed_lines=[line.line for line in changed],
+        counts={state: n for state, n in run.counts.items() if n},
+        bad_lines=plan.bad,
+        changed_lines=plan.changed,
         manifest=manifest,
         elapsed=time.monotonic() - started,
-        counts=snapshot.counts,
-        credits=snapshot.credits,
-        cost=snapshot.cost,
+        credits=run.credits,
+        cost=round(run.cost, 6),
+        bad_count=plan.bad_count,
+        changed_count=plan.changed_count,
     )
+
+
+def _finish(folder: Path, ledger: Ledger, run: _Run) -> Path:
+    """Everything saved, the manifest and the gallery written: also after a crash of the run
+    (an interrupted run's manifest shows where it stopped)."""
+    try:
+        ledger.flush()
+    except StorageError as err:
+        run.fatal = run.fatal or err
+    manifest = write_manifest(folder, manifest_records(ledger))
+    if run.gallery_title is not None:
+        run.write_gallery()
+    return manifest
 
 
 def run_batch(
@@ -443,6 +803,11 @@ def run_batch(
     timeout: float | None = None,
     surface: str | None = None,
     skip_bad_lines: bool = False,
+    allow_changes: bool = False,
+    collect: bool = False,
+    wait: bool = True,
+    verify: bool = False,
+    gallery: bool = True,
     on_progress: Callable[[BatchProgress], None] | None = None,
     rate_limit: RateLimit | None = None,
 ) -> BatchReport:
@@ -470,7 +835,21 @@ def run_batch(
         async with make() as client:
             return await arun_batch(
                 source, out_dir, client=client, concurrency=concurrency, timeout=timeout,
-                surface=surface, skip_bad_lines=skip_bad_lines, on_progress=on_progress,
+                surface=surface, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
+                collect=collect, wait=wait, verify=verify, gallery=gallery,
+                on_progress=on_progress,
             )  # fmt: skip
 
     return anyio.run(main)
+
+
+__all__ = [
+    "MANIFEST_NAME",
+    "BatchProgress",
+    "BatchReport",
+    "arun_batch",
+    "manifest_record",
+    "manifest_records",
+    "run_batch",
+    "write_manifest",
+]

@@ -1,0 +1,127 @@
+"""A run's identity: written before anything is sent; every line's key follows from it, so a
+re-run with every ledger deleted replays its tasks instead of billing new ones."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import PollPolicy, RetryPolicy
+from imggw_client.batch import LEDGER_NAME, BatchReport, StorageError, run_batch
+from imggw_client.batch._identity import LINES_NAME, RUN_NAME, idempotency_key
+from imggw_client.batch._ledger import SCHEMA_VERSION, Ledger
+from imggw_client.mock import MockGateway
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+        "retry": RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+
+def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
+    return run_batch(source, out, client_factory=lambda: gw.async_client(**FAST), **kw)
+
+
+def write(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def keys_sent(gw: MockGateway, calls: list[str]) -> None:
+    """Records the Idempotency-Key of every submit the gateway receives."""
+    handle = gw.handle
+
+    def spy(request: Any) -> Any:
+        key = request.headers.get("idempotency-key")
+        if request.method == "POST" and key:
+            calls.append(key)
+        return handle(request)
+
+    gw.handle = spy  # type: ignore[method-assign]
+
+
+def test_the_run_id_is_written_before_anything_is_sent(tmp_path: Path) -> None:
+    gw = MockGateway(fault_rate=1.0, faults=["reset"])  # nothing ever gets through
+    source = write(tmp_path / "in.jsonl", ["a cat", "a dog"])
+    report = batch(gw, source, tmp_path / "out", timeout=0.3)
+    assert report.exit_code == 3
+    run = json.loads((tmp_path / "out" / RUN_NAME).read_text())
+    assert len(run["run_id"]) == 32
+    assert (tmp_path / "out" / LINES_NAME).stat().st_size == 2 * 16  # a 16-byte entry a line
+
+
+def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(tmp_path: Path) -> None:
+    # Every answer is lost: the gateway creates each task, the run never learns its id.
+    gw = MockGateway(duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"])
+    sent: list[str] = []
+    keys_sent(gw, sent)
+    source = write(tmp_path / "in.jsonl", [f"p{i}" for i in range(6)])
+    out = tmp_path / "out"
+    first = batch(gw, source, out, timeout=0.4)
+    assert first.exit_code == 3
+    assert gw.stats()["tasks_created"] == 6
+    for path in out.glob(f"{LEDGER_NAME}*"):  # the ledger, its WAL and shared memory
+        path.unlink()
+    gw.configure(fault_rate=0.0)
+    second = batch(gw, source, out)
+    assert second.exit_code == 0
+    assert gw.stats()["tasks_created"] == 6  # the same keys, derived again: all replays
+    assert gw.stats()["replays"] >= 6
+    run_id = json.loads((out / RUN_NAME).read_text())["run_id"]
+    with Ledger.open(out) as ledger:
+        rows = list(ledger.iter_rows())
+    for row in rows:
+        assert row.idempotency_key == idempotency_key(run_id, row.identity, row.fingerprint)
+    assert set(sent) == {row.idempotency_key for row in rows}  # never any other key
+
+
+def test_keys_differ_between_runs_and_lines_but_not_between_reruns(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+    source = write(tmp_path / "in.jsonl", ["same prompt", "same prompt"])
+    batch(gw, source, tmp_path / "a")
+    batch(gw, source, tmp_path / "b")  # another folder: another run, other keys
+    assert gw.stats()["tasks_created"] == 4
+
+    def keys(folder: Path) -> list[str | None]:
+        with Ledger.open(folder) as ledger:
+            return [row.idempotency_key for row in ledger.iter_rows()]
+
+    a, b = keys(tmp_path / "a"), keys(tmp_path / "b")
+    assert len(set(a)) == 2  # two lines, two logical requests, even with one prompt
+    assert not set(a) & set(b)
+    batch(gw, source, tmp_path / "a")
+    assert keys(tmp_path / "a") == a
+
+
+def test_a_ledger_from_a_newer_imggw_is_refused_clearly(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    gw = MockGateway()
+    with pytest.raises(StorageError, match="newer imggw"):
+        batch(gw, write(tmp_path / "in.jsonl", ["x"]), out)
+    assert gw.stats()["requests"] == {}
+
+
+def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
+        db.execute(
+            "CREATE TABLE lines (identity TEXT PRIMARY KEY, line INTEGER NOT NULL, caller_id TEXT,"
+            " fingerprint TEXT NOT NULL, request TEXT NOT NULL, surface TEXT NOT NULL,"
+            " idempotency_key TEXT NOT NULL, task_id TEXT, state TEXT NOT NULL,"
+            " urls TEXT NOT NULL DEFAULT '[]', error_code TEXT, error_message TEXT,"
+            " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
+            " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+        )
+    with Ledger.open(out):
+        pass
+    with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        columns = {row[1] for row in db.execute("PRAGMA table_info(lines)")}
+    assert {"kind", "fields", "expires_at", "planned"} <= columns
