@@ -228,23 +228,90 @@ def wait_(task_id: TaskId, timeout: Timeout = 600.0) -> None:
     _poll(task_id, timeout)
 
 
+Concurrency = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Submits (and downloads) at once.")
+]
+RunTimeout = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--timeout", "-t", min=0, help="Stop after this many seconds; run again to resume."
+    ),
+]
+SkipBadLines = Annotated[
+    bool, typer.Option("--skip-bad-lines", help="Report bad lines and go on (default: stop).")
+]
+
+
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def download(
-    task_ids: Annotated[list[str], typer.Argument(help="One or more task ids.")],
+    task_ids: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Argument(help="Task ids (or --from FILE for many).", show_default=False),
+    ] = None,
     output: OutputDir = Path("."),
     overwrite: Overwrite = False,
+    source: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Collect the tasks FILE lists (- reads standard input): bare ids or JSON lines "
+            "with task_id (and surface), as submit --json and a batch manifest print them. "
+            "Keeps a ledger and manifest.jsonl in --output; rerun to resume.",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for unfinished tasks (default: report them).")
+    ] = False,
+    timeout: RunTimeout = None,
+    concurrency: Concurrency = 8,
+    skip_bad_lines: SkipBadLines = False,
 ) -> None:
-    """Download the results of finished tasks; print the saved paths."""
-    from imggw_client import TaskStatus, WaitTimeoutError
+    """Download the results of finished tasks; print the saved paths.
+
+    Without --wait, unfinished tasks are reported (exit 3) and the rest saved. With --from,
+    results are saved the soonest-expiring first, a dead link is asked again for a fresh one,
+    and the run resumes where it stopped (exit codes as imggw batch).
+    """
+    if (source is None) == (not task_ids):
+        with _session() as out:
+            out.error("give task ids, or --from FILE (one of them)")
+        raise typer.Exit(_exit.USAGE)
+    if source is not None:
+        _run_batch(source, output, collect=True, wait=wait, timeout=timeout,
+                   concurrency=concurrency, skip_bad_lines=skip_bad_lines)  # fmt: skip
+        return
+    assert task_ids is not None
+    _download_ids(task_ids, output, overwrite=overwrite, wait=wait, timeout=timeout)
+
+
+def _download_ids(
+    task_ids: list[str],
+    output: Path,
+    *,
+    overwrite: bool,
+    wait: bool,
+    timeout: Optional[float],  # noqa: UP045
+) -> None:
+    from imggw_client import TaskFailedError, TaskStatus, WaitTimeoutError
     from imggw_client._core.text import printable
 
     worst = _exit.OK
     with _session(), make_client(current()) as client:
         for task_id in task_ids:
             try:
-                with _session() as out:
-                    task = client.get(task_id)
+                with _session(Tracked(task_id)) as out:
+                    if wait:
+                        with out.progress(task_id) as on_update:
+                            try:
+                                task = client.wait(
+                                    task_id, timeout=timeout or 600.0, on_update=on_update
+                                )
+                            except TaskFailedError as failed:  # reported below, like the rest
+                                task = failed.task
+                    else:
+                        task = client.get(task_id)
                     if not task.is_terminal:
                         raise WaitTimeoutError(task_id, task, timeout=0)
                     if task.status is TaskStatus.SUCCEEDED:
@@ -267,62 +334,102 @@ def download(
 @with_globals
 def batch(
     file: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help="JSONL (prompt, aspect_ratio, resolution, id) or text, a prompt a line."
+            help="JSONL (prompt, aspect_ratio, resolution, id; or task_id to collect a task made "
+            "elsewhere) or text, a prompt a line; - reads standard input."
         ),
     ],
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Folder for images, ledger and manifest.jsonl.")
     ],
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Submits (and downloads) at once.")
-    ] = 8,
-    timeout: Annotated[
-        Optional[float],  # noqa: UP045
+    concurrency: Concurrency = 8,
+    timeout: RunTimeout = None,
+    skip_bad_lines: SkipBadLines = False,
+    allow_changes: Annotated[
+        bool,
         typer.Option(
-            "--timeout", "-t", min=0, help="Stop after this many seconds; run again to resume."
+            "--allow-changes",
+            help="Run lines that changed since this folder's run began, as new (billed) requests.",
         ),
-    ] = None,
-    skip_bad_lines: Annotated[
-        bool, typer.Option("--skip-bad-lines", help="Report bad lines and go on (default: stop).")
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
     ] = False,
 ) -> None:
     """Generate every line of FILE exactly once, downloading each result as it is ready.
 
     Re-running the same command resumes: nothing is submitted twice, unfinished tasks are
-    waited on, missing or corrupt files are downloaded again. Exit 0 if every line succeeded,
-    1 if some failed, 3 if some are unfinished.
+    waited on, missing or damaged files are downloaded again. An input that changed since the
+    folder's run began is refused (exit 2) unless --allow-changes. Writes manifest.jsonl and
+    index.html (a gallery to open in a browser). Exit 0 if every line succeeded, 1 if some
+    failed, 3 if some are unfinished.
     """
+    _run_batch(
+        file, output, collect=False, wait=True, timeout=timeout, concurrency=concurrency,
+        skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, verify=verify,
+    )  # fmt: skip
+
+
+def _run_batch(source: str, output: Path, **options: Any) -> None:
+    """A batch (or a collect), its live display, the manifest on stdout, the summary."""
     import anyio
 
     from imggw_client.batch import arun_batch
 
     from ._batch_display import batch_display, batch_summary
 
-    options = current()
+    flags = current()
     with _session() as out:
 
         async def main() -> Any:
-            async with make_async_client(options) as client:
+            async with make_async_client(flags) as client:
                 with batch_display(out) as on_progress:
-                    return await arun_batch(
-                        file, output, client=client, concurrency=concurrency, timeout=timeout,
-                        skip_bad_lines=skip_bad_lines, on_progress=on_progress,
-                    )  # fmt: skip
+                    return await arun_batch(source, output, client=client,
+                                            on_progress=on_progress, **options)  # fmt: skip
 
         try:
             report = anyio.run(main)
         except KeyboardInterrupt:
             out.error("interrupted; every line's progress is saved: run the same command to resume")
             raise typer.Exit(_exit.INTERRUPTED) from None
-        if options.json:
-            for line in report.manifest.read_text(encoding="utf-8").splitlines():
-                print(line, flush=True)
+        if flags.json:
+            with report.manifest.open(encoding="utf-8") as manifest:
+                for line in manifest:
+                    print(line.rstrip("\n"), flush=True)
         else:
             print(report.manifest, flush=True)
         batch_summary(out, report)
     raise typer.Exit(report.exit_code)
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def gallery(
+    folder: Annotated[Path, typer.Argument(help="A batch's output folder (with manifest.jsonl).")],
+    title: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--title", help="The page's title [default: the folder's name]."),
+    ] = None,
+) -> None:
+    """Write FOLDER/index.html, a contact sheet of the results, from FOLDER/manifest.jsonl;
+    print its path. Open it in a browser: it needs no network."""
+    from imggw_client.batch import MANIFEST_NAME, iter_manifest, write_gallery
+
+    with _session() as out:
+        manifest = folder / MANIFEST_NAME
+        if not manifest.is_file():
+            out.error(f"{manifest} not found: give a batch's output folder (imggw batch -o)")
+            raise typer.Exit(_exit.USAGE)
+        try:
+            page = write_gallery(folder, iter_manifest(manifest), title=title or folder.name)
+        except ValueError as exc:
+            out.error(f"{manifest}: {exc}")
+            raise typer.Exit(_exit.USAGE) from None
+        except OSError as exc:
+            out.error(f"cannot write the gallery in {folder}: {exc.strerror or exc}")
+            raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
+        out.data({"path": str(page)}, [str(page)])
 
 
 @mock_app.command(

@@ -17,19 +17,27 @@ INTERRUPTED = 130
 
 EPILOG = (
     "Exit codes: 0 ok; 1 task failed (or some batch items failed); 2 usage or invalid request; "
-    "3 wait timed out, task still running; 4 authentication or configuration; "
+    "3 wait timed out, task still running; 4 authentication or configuration (or the output "
+    "folder cannot be written); "
     "5 other API or network error, including an unknown submit outcome; 130 interrupted."
 )
 
 
 def code_for(err: ImggwError) -> int:
     import imggw_client as sdk
-    from imggw_client.batch import BatchInputError, BatchLockedError
+    from imggw_client.batch import (
+        BatchInputError,
+        BatchLockedError,
+        InputChangedError,
+        StorageError,
+    )
 
     if isinstance(err, sdk.TaskFailedError):
         return TASK_FAILED
-    if isinstance(err, (BatchInputError, BatchLockedError)):
+    if isinstance(err, (BatchInputError, BatchLockedError, InputChangedError)):
         return USAGE
+    if isinstance(err, StorageError):  # the place to write is the thing to fix
+        return AUTH_OR_CONFIG
     if isinstance(err, sdk.WaitTimeoutError):
         return WAIT_TIMEOUT
     if isinstance(
