@@ -57,9 +57,9 @@ DECREASE_SHARE = 0.06
 MIN_ANSWERS = 20
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
 # Every paced interval is this much longer than the pace says: a gateway that counts N requests
-# in any S-second window sees our N+1st at least N ms past S, so the network's jitter on the way
-# cannot push one request into the window of another.
-GUARD = 0.001
+# in any S-second window sees our N+1st 0.2% of S past it (20 ms of a 10 s window), so the
+# network's jitter on the way cannot push one request into the window of another.
+GUARD = 0.002
 
 # Lane modes.
 FIXED = "fixed"  # at the configured ceiling
@@ -104,7 +104,7 @@ class _Lane:
 
     @property
     def interval(self) -> float:
-        return 0.0 if self.rate is None else 1.0 / self.rate + GUARD
+        return 0.0 if self.rate is None else (1.0 + GUARD) / self.rate
 
 
 def _lane(ceiling: float | None) -> _Lane:
