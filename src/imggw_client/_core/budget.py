@@ -57,9 +57,9 @@ DECREASE_SHARE = 0.06
 MIN_ANSWERS = 20
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
 # Every paced interval is this much longer than the pace says: a gateway that counts N requests
-# in any S-second window sees our N+1st 0.2% of S past it (20 ms of a 10 s window), so the
-# network's jitter on the way cannot push one request into the window of another.
-GUARD = 0.002
+# in any S-second window sees our N+1st 1% of S past it (10 ms of a 1 s window, 100 ms of a
+# 10 s one), so jitter on the way cannot push one request into the window of another.
+GUARD = 0.01
 
 # Lane modes.
 FIXED = "fixed"  # at the configured ceiling

@@ -1,0 +1,166 @@
+"""The request budget in use: on a fake clock through the flows, and over a real loopback
+socket with threads of a Client, tasks of an AsyncClient, and the reference gateway's limits."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from imggw_client import (
+    AsyncClient,
+    Client,
+    PollPolicy,
+    RateLimit,
+    RetryPolicy,
+    TaskFailedError,
+    WaitTimeoutError,
+)
+from imggw_client.mock import MockGateway
+
+from .loopback import http_json, raw_server
+from .test_core_flows import Script, flows, task
+
+QUICK = RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05)
+
+
+def flows_with(script: Script, limit: RateLimit, **settings: Any) -> Any:
+    made = flows(script, **settings)
+    made.budget = type(made.budget)(limit)
+    return made
+
+
+# ---------------------------------------------------------------------------- fake clock
+
+
+def test_a_wait_under_a_tiny_budget_still_ends_exactly_at_its_deadline() -> None:
+    script = Script(task("processing", 5))
+    waiting = flows_with(script, RateLimit(queries_per_second=0.1))  # one query every 10 s
+    with pytest.raises(WaitTimeoutError) as info:
+        script.run(waiting.wait("9", surface=None, timeout=5))
+    assert not isinstance(info.value, TaskFailedError)
+    assert script.now == pytest.approx(5.0)  # not 10, when the budget's next slot comes
+    assert len(script.sent) == 1  # the one query that fit
+
+
+def test_a_poll_the_budget_delayed_counts_its_next_interval_from_when_it_was_sent() -> None:
+    fixed = PollPolicy(initial_interval=1.0, max_interval=1.0, multiplier=1.0)
+    script = Script(task("processing", 5))
+    # Nine other waits took the next slots: this wait's queries go out a little late.
+    waiting = flows_with(script, RateLimit(queries_per_second=0.5), poll=fixed)
+    for _ in range(3):
+        waiting.budget.reserve("query", 0.0)
+    with pytest.raises(WaitTimeoutError):
+        script.run(waiting.wait("9", surface=None, timeout=20))
+    sent = [at for at, _ in script.sent]
+    assert sent[0] == pytest.approx(6.0, rel=0.02)  # after the three reserved slots
+    for before, after in itertools.pairwise(sent):
+        # never sooner than the budget allows, and no burst to make up for lost time
+        assert after - before >= 2.0 - 1e-6
+
+
+# ---------------------------------------------------------------------------- 429 shared
+
+
+def limited_then_fine(first: bytes) -> tuple[Any, list[tuple[int, float]]]:
+    """A server answering its first query with ``first`` and every other with a running task,
+    noting when each request arrived."""
+    arrivals: list[tuple[int, float]] = []
+    running = json.dumps({"code": 200, "data": {"id": "7", "status": "processing"}}).encode()
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        arrivals.append((n, time.monotonic()))
+        conn.sendall(first if n == 1 else http_json(200, running))
+
+    return answer, arrivals
+
+
+BETA_429 = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b'Content-Length: 61\r\n\r\n{"code":429,"error":{"code":"rate_limited","message":"slow"}}'
+)
+ALPHA_429 = http_json(200, b'{"code":429,"msg":"Too many requests","data":null}')  # no hint
+
+
+def test_a_429_seen_by_one_thread_pauses_every_thread() -> None:
+    answer, arrivals = limited_then_fine(BETA_429)
+    with raw_server(answer) as url, Client(api_key="k" * 12, base_url=url, retry=QUICK) as client:
+        first = threading.Thread(target=client.get, args=("7",))
+        first.start()
+        while not arrivals:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the 429 is in: the others start now
+        limited_at = arrivals[0][1]
+        others = [threading.Thread(target=client.get, args=("7",)) for _ in range(4)]
+        for thread in [*others]:
+            thread.start()
+        for thread in [first, *others]:
+            thread.join(timeout=10)
+    later = [at for n, at in arrivals if n > 1]
+    assert len(later) == 5  # the retry of the first, and the four others
+    assert all(at - limited_at >= 1.0 for at in later)  # none before the pause was over
+
+
+@pytest.mark.anyio
+async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
+    answer, arrivals = limited_then_fine(ALPHA_429)
+    with raw_server(answer) as url:
+        client = AsyncClient(api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK)
+        async with client, anyio.create_task_group() as group:
+            group.start_soon(client.get, "7")
+            while not arrivals:
+                await anyio.sleep(0.005)
+            await anyio.sleep(0.05)
+            limited_at = arrivals[0][1]
+            for _ in range(4):
+                group.start_soon(client.get, "7")
+    later = [at for n, at in arrivals if n > 1]
+    assert len(later) == 5
+    # No Retry-After: the pause is the retry policy's own first backoff, for everyone.
+    assert all(at - limited_at >= QUICK.initial_backoff for at in later)
+
+
+# ---------------------------------------------------------------------------- the gateway
+
+
+@pytest.mark.anyio
+async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
+    gateway = MockGateway(submit_limit="5/1", query_limit="20/1", duration_min=0.2,
+                          duration_max=0.3)  # fmt: skip
+    with gateway.serve() as url:
+        limit = RateLimit(submits_per_second=5, queries_per_second=20)
+        fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
+        async with AsyncClient(api_key="test-key", base_url=url, rate_limit=limit,
+                               poll=fast) as client:  # fmt: skip
+            started = time.monotonic()
+            async with anyio.create_task_group() as group:
+                for i in range(15):
+                    group.start_soon(client.generate, f"image {i}")
+            took = time.monotonic() - started
+    stats = gateway.stats()
+    assert stats["tasks_created"] == 15
+    assert stats["rate_limited"] == 0
+    assert took >= 14 / 5  # 15 submits at 5/s: the first at once, the last 2.8 s later
+
+
+@pytest.mark.anyio
+async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> None:
+    gateway = MockGateway(submit_limit="4/1", duration_min=0.05, duration_max=0.1)
+    with gateway.serve() as url:
+        fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
+        patient = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
+        client = AsyncClient(api_key="test-key", base_url=url, poll=fast, retry=patient)
+        async with client, anyio.create_task_group() as group:
+            for i in range(40):
+                group.start_soon(client.submit, f"image {i}")
+    stats = gateway.stats()
+    assert stats["tasks_created"] == 40
+    # A storm of 40 at once would meet 36 429s; the start window, slow start and the shared
+    # pause keep it to about half that (the window alone meets 12 against 4 a second).
+    assert stats["rate_limited"] < 20
