@@ -131,7 +131,9 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
-    gateway = MockGateway(submit_limit="5/1", query_limit="20/1", duration_min=0.2,
+    # The same rates over 2 s windows: this gateway runs in the test's own process, where the
+    # GIL can delay its clock by more than the 10 ms a 1 s window leaves.
+    gateway = MockGateway(submit_limit="10/2", query_limit="40/2", duration_min=0.2,
                           duration_max=0.3)  # fmt: skip
     with gateway.serve() as url:
         limit = RateLimit(submits_per_second=5, queries_per_second=20)
