@@ -49,6 +49,10 @@ CDN = "https://bucket.example/r/1.png"
         (f"{CDN}?se=not-a-date&sig=abc", None),
         (f"{CDN}?se=0001-01-01T00:00:00Z&sig=abc", None),
         ("http://[::1", None),  # not even a URL
+        (f"{CDN}?X-Amz-Date=20310506T060809Z&X-Amz-Expires=%C2%B2", None),  # a superscript two
+        (f"{CDN}?Expires=%C2%B2", None),
+        (f"{CDN}?X-Amz-Date=99991231T235959Z&X-Amz-Expires=86400", None),  # past year 9999
+        (f"{CDN}?se=9999-12-31T23:59:59-05:00&sig=a", None),  # past year 9999 once in UTC
     ],
 )  # fmt: skip
 def test_signed_links_carry_their_expiry(url: str, expected: datetime | None) -> None:
@@ -76,6 +80,11 @@ def test_signed_links_carry_their_expiry(url: str, expected: datetime | None) ->
         ([EPOCH], None),
         ({"at": EPOCH}, None),
         ("9" * 500, None),
+        (10**401, None),
+        ("9999-12-31T23:59:59.9999999-05:00", None),  # .NET's "never", with an offset
+        ("0001-01-01T00:00:00+01:00", None),
+        ("\u00b2", None),
+        ("\u0661\u0662", None),  # Arabic-Indic digits
     ],
 )
 def test_stated_values_are_read_leniently(value: object, expected: datetime | None) -> None:
@@ -125,3 +134,12 @@ def test_a_task_knows_when_its_links_die(surface: Any, reply: Reply, expected: d
         assert task.expires_at is not None
         assert task.expires_at.tzinfo is not None  # aware, in UTC
         assert task.expires_at.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", [10**401, "9" * 401, float("inf"), "1e999", "nan", [1], "²"])
+def test_odd_numbers_in_a_record_are_unknown_never_an_error(value: object) -> None:
+    data = {"id": "1", "status": "processing", "progress": value, "cost": value,
+            "credits_cost": value}  # fmt: skip
+    task = surfaces.read_task("beta", Reply(200, {}, json.dumps({"code": 200, "data": data},
+                                                                default=str).encode()), "1", 0.0)  # fmt: skip
+    assert (task.progress, task.cost, task.credits) == (None, None, None)

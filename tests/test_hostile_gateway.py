@@ -49,10 +49,11 @@ async def call(kind: str, base_url: str, method: str, *args: Any, **kwargs: Any)
     """One call on a fresh client of ``kind``; options for the client come as ``client_*``."""
     options = {k[7:]: kwargs.pop(k) for k in list(kwargs) if k.startswith("client_")}
     options.setdefault("retry", QUICK_RETRY)
+    options.setdefault("api_key", KEY)
     if kind == "sync":
-        with Client(api_key=KEY, base_url=base_url, **options) as client:
+        with Client(base_url=base_url, **options) as client:
             return await anyio.to_thread.run_sync(lambda: getattr(client, method)(*args, **kwargs))
-    async with AsyncClient(api_key=KEY, base_url=base_url, **options) as aclient:
+    async with AsyncClient(base_url=base_url, **options) as aclient:
         return await getattr(aclient, method)(*args, **kwargs)
 
 
@@ -266,3 +267,30 @@ async def test_a_poll_policy_is_respected_under_hostile_states(kind: str) -> Non
         await call(kind, url, "wait", "1", timeout=0.5, client_poll=poll)
     assert info.value.last_task is not None
     assert info.value.last_task.status is TaskStatus.RUNNING
+
+
+async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_or_fetched(kind: str) -> None:
+    key = "sk-echoed-0123456789abcdef"
+    record = {"code": 200, "data": {
+        "id": "1", "status": "failed",
+        "error": {"code": f"bad_{key}", "message": f"the key {key} is wrong"},
+        "result": {"images": [{"url": [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]}]},
+    }}  # fmt: skip
+    refused = {"code": 401, "error": {"code": f"no_{key}", "message": f"refused {key}"}}
+    answers = [
+        http_json(200, json.dumps(record).encode()),
+        http_json(401, json.dumps(refused).encode()),
+    ]
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(answers[(n - 1) % 2])
+
+    with raw_server(answer) as url:
+        options = {"client_api_key": key}
+        task = await call(kind, url, "get", "1", **options)
+        with pytest.raises(ImggwError) as info:
+            await call(kind, url, "get", "1", **options)
+    assert task.image_urls == ["http://cdn.test/ok.png"]  # never a link that carries the key
+    assert task.error is not None
+    assert key not in task.error.code + task.error.message
+    assert key not in str(info.value) + repr(info.value) + (info.value.code or "")

@@ -131,18 +131,20 @@ _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_global
 
 
 def _per_second(flag: str, text: str) -> float:
-    """A request rate from the command line: a finite number above zero, else exit 2 with
-    one line saying so."""
+    """A request rate from the command line: what RateLimit accepts (a finite number, at
+    least one request an hour), else exit 2 with one line saying so."""
+    from imggw_client._config import MIN_RATE
+
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and value >= MIN_RATE):
         from imggw_client._core.text import printable
 
         print(
-            f"error: {flag} must be a positive number of requests per second "
-            f"(got {printable(text, 40)!r})",
+            f"error: {flag} must be a number of requests per second, at least 1/3600 "
+            f"(one an hour) (got {printable(text, 40)!r})",
             file=sys.stderr,
             flush=True,
         )

@@ -94,12 +94,15 @@ class PollPolicy:
         )
 
 
+MIN_RATE = 1 / 3600  # a budget of less than one request an hour is a mistake, not a budget
+
+
 def _rate(value: object) -> bool:
     return value is None or (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and value > 0
+        and value >= MIN_RATE
     )
 
 
@@ -128,7 +131,8 @@ class RateLimit:
         for name in ("submits_per_second", "queries_per_second"):
             _require(
                 _rate(getattr(self, name)),
-                f"RateLimit.{name} must be a positive number of requests per second, or None",
+                f"RateLimit.{name} must be a number of requests per second of at least "
+                "1/3600 (one an hour), or None",
             )
 
 
@@ -172,10 +176,14 @@ def resolve_settings(
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
     _require(bool(key), f"no API key: pass api_key= or set {ENV_API_KEY}")
     assert key is not None
-    # A key with whitespace or control characters would break (or forge) the header.
+    # A key with whitespace or control characters would break (or forge) the header, and one
+    # outside ASCII cannot be sent in it at all.
     _require(
-        isinstance(key, str) and key.isprintable() and not any(c.isspace() for c in key),
-        "the API key contains whitespace or control characters",
+        isinstance(key, str)
+        and key.isascii()
+        and key.isprintable()
+        and not any(c.isspace() for c in key),
+        "the API key must be printable ASCII without whitespace",
     )
     url = base_url if base_url is not None else os.environ.get(ENV_BASE_URL)
     _require(bool(url), f"no base URL: pass base_url= or set {ENV_BASE_URL}")
@@ -183,6 +191,7 @@ def resolve_settings(
     _require(
         url.startswith(("http://", "https://")), "base_url must start with http:// or https://"
     )
+    _require(_valid_url(url), "base_url is not a valid URL (a scheme, a host, printable ASCII)")
     timeout, retry, poll = _policies(timeout, max_retries, retry, poll)
     if rate_limit is None:
         rate_limit = RateLimit()
@@ -244,3 +253,13 @@ def _retries(max_retries: object) -> int:
     )
     assert isinstance(max_retries, int)
     return max_retries
+
+
+def _valid_url(url: str) -> bool:
+    import httpx  # only here: light entry points that never make a client do not pay for it
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return False
+    return bool(parsed.host) and url.isprintable()

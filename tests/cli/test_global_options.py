@@ -108,7 +108,9 @@ def test_rate_options_reach_the_batch_client(
     assert budgets == [("AsyncClient", RateLimit(submits_per_second=50, queries_per_second=100))]
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "-0.5", "abc", "", "inf", "nan", "1e400", "2/s"])
+@pytest.mark.parametrize(
+    "value", ["0", "-1", "-0.5", "abc", "", "inf", "nan", "1e400", "2/s", "1e-300", "0.0001"]
+)
 @pytest.mark.parametrize("flag", ["--rate", "--query-rate"])
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_bad_rate_exits_2_with_one_line_and_sends_nothing(
@@ -121,7 +123,8 @@ def test_a_bad_rate_exits_2_with_one_line_and_sends_nothing(
     assert run.code == 2
     assert run.out == ""
     assert run.err == (
-        f"error: {flag} must be a positive number of requests per second (got {value!r})\n"
+        f"error: {flag} must be a number of requests per second, at least 1/3600 (one an hour) "
+        f"(got {value!r})\n"
     )
     assert gw.stats()["requests"] == {}
 

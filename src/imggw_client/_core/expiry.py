@@ -18,9 +18,11 @@ this module never raises.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 __all__ = ["earliest", "from_record_value", "from_url", "stated"]
@@ -29,6 +31,26 @@ _EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _LATEST = datetime(9999, 1, 1, tzinfo=timezone.utc)
 _MAX_LIFETIME = 366 * 86_400  # SigV4 allows a week, GCS V4 a week; a year is already generous
 _RECORD_KEYS = ("expires_at", "expiresAt", "expire_at", "expiration")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _unknown_on_error(read: F) -> F:
+    """What a gateway sends is read, never trusted: a value that makes any step overflow or
+    fail (a 400-digit number, a date one minute past 9999 once in UTC, a superscript digit)
+    is simply unknown."""
+
+    @functools.wraps(read)
+    def guarded(*args: Any) -> Any:
+        try:
+            return read(*args)
+        except (ArithmeticError, ValueError, TypeError):
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _checked(moment: datetime | None) -> datetime | None:
@@ -45,7 +67,7 @@ def _unix(value: object) -> datetime | None:
         return None
     if isinstance(value, str):
         text = value.strip()
-        if not text or len(text) > 20 or not text.replace(".", "", 1).isdigit():
+        if not text or len(text) > 20 or not _digits(text.replace(".", "", 1)):
             return None
         value = float(text)
     if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -70,10 +92,11 @@ def _iso(value: object) -> datetime | None:
         return None
 
 
+@_unknown_on_error
 def from_record_value(value: object) -> datetime | None:
     """An ``expires_at`` as a gateway states it: Unix seconds (or milliseconds), as a number or
     digits, or ISO 8601."""
-    if isinstance(value, str) and not value.strip().replace(".", "", 1).isdigit():
+    if isinstance(value, str) and not _digits(value.strip().replace(".", "", 1)):
         return _iso(value)
     return _unix(value)
 
@@ -89,18 +112,16 @@ def _compact(value: str) -> datetime | None:
 
 
 def _plus(start: datetime | None, seconds: str | None) -> datetime | None:
-    if start is None or seconds is None or not seconds.isdigit() or len(seconds) > 9:
+    if start is None or seconds is None or not _digits(seconds) or len(seconds) > 9:
         return None
     lifetime = int(seconds)
     return _checked(start + timedelta(seconds=lifetime)) if lifetime <= _MAX_LIFETIME else None
 
 
+@_unknown_on_error
 def from_url(url: str) -> datetime | None:
     """The expiry a presigned link carries in its query, or None."""
-    try:
-        query = {k.lower(): v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
-    except ValueError:
-        return None
+    query = {k.lower(): v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
     for date, lifetime in (("x-amz-date", "x-amz-expires"), ("x-goog-date", "x-goog-expires")):
         if date in query or lifetime in query:
             return _plus(_compact(query.get(date, "")), query.get(lifetime))

@@ -266,7 +266,7 @@ def read_error(
     return _api_error(
         surface,
         status,
-        safe_message(code) if isinstance(code, str) else None,
+        safe_message(code, secrets) if isinstance(code, str) else None,
         safe_message(error.get("message"), secrets) if error else None,
         reply,
         now,
@@ -372,7 +372,7 @@ def read_task(
         result = data.get("result")
         cost, credits = number(data.get("cost")), number(data.get("credits_cost"))
         fail_code, fail_message = _beta_error(data)
-    urls = result_urls(result)
+    urls = result_urls(result, secrets)
     status = task_status(surface, state)
     task_error = None
     if status is TaskStatus.FAILED:
@@ -416,7 +416,7 @@ def task_status(surface: Surface, state: object) -> TaskStatus:
 def _task_error(
     state: object, code: object, message: object, secrets: tuple[str, ...]
 ) -> TaskError:
-    code_text = safe_message(code if not isinstance(code, (int, float)) else str(code))
+    code_text = safe_message(code if not isinstance(code, (int, float)) else str(code), secrets)
     message_text = safe_message(message, secrets)
     if code_text is None and message_text is None:
         cancelled = isinstance(state, str) and state.lower() in _CANCELLED
@@ -434,25 +434,23 @@ def progress(value: object) -> int | None:
 
 
 def number(value: object) -> float | None:
-    if isinstance(value, bool):
+    """A finite number from a number or numeric text; anything else (a 400-digit integer too)
+    is unknown: None, never an error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        n = float(value)
-    elif isinstance(value, str):
-        try:
-            n = float(value.strip())
-        except ValueError:
-            return None
-    else:
+    try:
+        n = float(value.strip() if isinstance(value, str) else value)
+    except (ValueError, OverflowError):
         return None
     return n if math.isfinite(n) else None
 
 
-def result_urls(value: object) -> list[str]:
+def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
     """Result URLs from a lenient reading of ``resultJson`` (A, a JSON string) or ``result``
     (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings). Only
-    http(s) URLs without spaces or control characters count; repeats count once; past
-    :data:`MAX_RESULT_URLS` the rest are left out (and logged)."""
+    http(s) URLs without spaces or control characters count, and none that carries a secret
+    (fetching it would hand the key to the link's host); repeats count once; past
+    :data:`MAX_RESULT_URLS` the rest are left out. What is left out is said once, escaped."""
     if isinstance(value, (str, bytes)):
         value = _json(value)
     if not isinstance(value, Mapping):
@@ -466,27 +464,31 @@ def result_urls(value: object) -> list[str]:
         else:
             found.append(image)
     urls: dict[str, None] = {}  # ordered, and a repeat costs O(1)
+    unusable: list[str] = []
     for url in found:
-        if _usable_url(url):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            continue
+        if _usable_url(url, secrets):
             urls[url] = None
-        elif isinstance(url, str) and url.startswith(("http://", "https://")):
-            # Control characters or spaces: not a URL anyone can fetch, and a hazard on a
-            # terminal. Left out, and said (escaped); the record keeps it in Task.raw.
-            log.warning("a result URL is not usable and was left out: %s", printable(url, 120))
             if len(urls) > MAX_RESULT_URLS:
-                log.warning("a task record lists over %d result URLs; using the first %d",
-                            MAX_RESULT_URLS, MAX_RESULT_URLS)  # fmt: skip
                 break
+        else:
+            unusable.append(url)
+    if unusable:  # control characters, spaces or a secret: no URL anyone should fetch
+        shown = safe_message(printable(unusable[0], 120), secrets)
+        log.warning("%d result URL(s) not usable, left out (the first: %s)", len(unusable), shown)
+    if len(urls) > MAX_RESULT_URLS:
+        log.warning("a task record lists over %d result URLs; using the first %d",
+                    MAX_RESULT_URLS, MAX_RESULT_URLS)  # fmt: skip
     return list(urls)[:MAX_RESULT_URLS]
 
 
-def _usable_url(url: object) -> bool:
+def _usable_url(url: str, secrets: tuple[str, ...]) -> bool:
     return (
-        isinstance(url, str)
-        and url.startswith(("http://", "https://"))
-        and len(url) <= MAX_URL_CHARS
+        len(url) <= MAX_URL_CHARS
         and url.isprintable()
         and not any(c.isspace() for c in url)
+        and not any(secret and secret in url for secret in secrets)
     )
 
 
