@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from imggw_client._core import rules
 from imggw_client._version import __version__
@@ -24,7 +25,23 @@ from ._output import Output, submission_record, task_lines, task_record
 from ._runtime import make_async_client, make_client, setup_logging
 from ._when import links_expire
 
+BATCH_SUBCOMMANDS = ("merge", "status")
+
+
+class _Root(TyperGroup):
+    """The root group: ``imggw batch merge DEST`` and ``imggw batch status DEST`` go to their own
+    commands, while ``imggw batch FILE -o DEST`` stays the batch command it always was (its
+    first argument is the input file). A file named ``merge`` or ``status`` is ``./merge``."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
+        if len(args) >= 2 and args[0] == "batch" and args[1] in BATCH_SUBCOMMANDS:
+            name = f"batch {args[1]}"
+            return name, self.commands[name], args[2:]
+        return super().resolve_command(ctx, args)
+
+
 app = typer.Typer(
+    cls=_Root,
     name="imggw",
     help="Generate images through an imggw gateway: submit, wait, download, safely.",
     epilog=_exit.EPILOG,
@@ -330,6 +347,13 @@ def _download_ids(
         raise typer.Exit(worst)
 
 
+class EngineChoice(str, Enum):
+    dask = "dask"
+
+
+SCALE = "Beyond one machine"
+
+
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def batch(
@@ -341,7 +365,14 @@ def batch(
         ),
     ],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Folder for images, ledger and manifest.jsonl.")
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="DEST",
+            help="Folder for images, ledger and manifest.jsonl; for shards also an fsspec URL "
+            "(s3://bucket/prefix, memory://...).",
+        ),
     ],
     concurrency: Concurrency = 8,
     timeout: RunTimeout = None,
@@ -356,6 +387,63 @@ def batch(
     verify: Annotated[
         bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
     ] = False,
+    engine: Annotated[
+        Optional[EngineChoice],  # noqa: UP045
+        typer.Option(
+            "--engine",
+            help="Run the shards on Dask (pip install 'imggw[dask]').",
+            rich_help_panel=SCALE,
+        ),
+    ] = None,
+    address: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--address",
+            metavar="tcp://HOST:PORT",
+            rich_help_panel=SCALE,
+            help="A running Dask scheduler (with --engine dask).",
+        ),
+    ] = None,
+    workers: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--workers",
+            min=1,
+            metavar="N",
+            rich_help_panel=SCALE,
+            help="Start (and stop) a local Dask cluster of N workers.",
+        ),
+    ] = None,
+    shard_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--shard-size",
+            min=1,
+            metavar="N",
+            rich_help_panel=SCALE,
+            help="Input lines per shard on the engine [default: 1000].",
+        ),
+    ] = None,
+    shard: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--shard",
+            metavar="I/N",
+            rich_help_panel=SCALE,
+            help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
+            "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
+        ),
+    ] = None,
+    scratch: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--scratch",
+            metavar="DIR",
+            rich_help_panel=SCALE,
+            help="Local folder where shards of a remote DEST keep their ledgers "
+            "[default: the system's temp folder].",
+        ),
+    ] = None,
 ) -> None:
     """Generate every line of FILE exactly once, downloading each result as it is ready.
 
@@ -364,11 +452,109 @@ def batch(
     folder's run began is refused (exit 2) unless --allow-changes. Writes manifest.jsonl and
     index.html (a gallery to open in a browser). Exit 0 if every line succeeded, 1 if some
     failed, 3 if some are unfinished.
+
+    Beyond one machine: --engine dask runs shards of the input on a Dask cluster (one request
+    budget for the whole run, held by the scheduler); --shard I/N runs one shard here. DEST may
+    then be a URL. Also: imggw batch merge DEST (manifest.jsonl from the shards), imggw batch
+    status DEST [--json] (progress, read from DEST alone).
     """
-    _run_batch(
-        file, output, collect=False, wait=True, timeout=timeout, concurrency=concurrency,
-        skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, verify=verify,
-    )  # fmt: skip
+    scale_options = (engine, shard, address, workers, shard_size, scratch)
+    scaled = any(option is not None for option in scale_options)
+    if not scaled and not _is_remote(output):
+        _run_batch(
+            file, _local(output), collect=False, wait=True, timeout=timeout,
+            concurrency=concurrency, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
+            verify=verify,
+        )  # fmt: skip
+        return
+    from . import _scale
+
+    flags = current()
+    options: dict[str, Any] = {
+        "concurrency": concurrency, "timeout": timeout, "skip_bad_lines": skip_bad_lines,
+        "allow_changes": allow_changes, "verify": verify,
+        "scratch": None if scratch is None else str(scratch),
+    }  # fmt: skip
+    with _session() as out:
+        _scale.check_modes(
+            out, flags, source=file, engine=engine.value if engine else None, address=address,
+            workers=workers, shard=shard, shard_size=shard_size,
+        )  # fmt: skip
+        try:
+            if engine is not None:
+                code = _scale.run_engine(
+                    out, flags, file, output, address=address, workers=workers,
+                    shard_size=shard_size or 1000, options=options,
+                )  # fmt: skip
+            else:
+                from imggw_client.batch import merge, parse_shard
+
+                index, count = parse_shard(shard) if shard is not None else (1, 1)
+                report = _scale.run_shard(
+                    out, flags, file, output, index=index, count=count,
+                    options={**options, "surface": flags.surface},
+                )  # fmt: skip
+                code = report.exit_code
+                if shard is None:  # one process into a remote folder: the merge is ours to do
+                    code = merge(output).exit_code
+                    _scale.print_manifest(flags, output, "manifest.jsonl")
+                else:
+                    manifest = f"shards/{index:04d}-of-{count:04d}/manifest.jsonl"
+                    _scale.print_manifest(flags, output, manifest)
+                    _scale.shard_summary(out, report, f"{output.rstrip('/')}/{manifest}")
+        except KeyboardInterrupt:
+            out.error("interrupted; every line's progress is saved: run the same command to resume")
+            raise typer.Exit(_exit.INTERRUPTED) from None
+    raise typer.Exit(code)
+
+
+def _is_remote(dest: str) -> bool:
+    from imggw_client.batch._storage import is_url
+
+    return is_url(dest)
+
+
+def _local(dest: str) -> Path:
+    from imggw_client.batch._storage import local_path
+
+    return local_path(dest)
+
+
+Dest = Annotated[
+    str, typer.Argument(metavar="DEST", help="A batch's output folder (a path or an fsspec URL).")
+]
+
+
+@app.command("batch merge", hidden=True, epilog=_exit.EPILOG)
+@with_globals
+def batch_merge(
+    dest: Dest,
+    title: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--title", help="The gallery's title [default: the folder's name]."),
+    ] = None,
+) -> None:
+    """Write DEST/manifest.jsonl from the shards' manifests (one row per input line, in line
+    order; lines no shard reached yet are pending), and the gallery DEST/index.html. Exit codes
+    as imggw batch."""
+    from . import _scale
+
+    with _session() as out:
+        code = _scale.merge_command(out, current(), dest, title)
+    raise typer.Exit(code)
+
+
+@app.command("batch status", hidden=True, epilog=_exit.EPILOG)
+@with_globals
+def batch_status(dest: Dest) -> None:
+    """Print a batch's progress, read from DEST alone (a single run's or a sharded one's):
+    lines per state (pending, running, succeeded, failed). --json prints one object with total
+    and counts. Exit 0 if every line succeeded, 1 if some failed, 3 if some are unfinished."""
+    from . import _scale
+
+    with _session() as out:
+        code = _scale.status_command(out, current(), dest)
+    raise typer.Exit(code)
 
 
 def _run_batch(source: str, output: Path, **options: Any) -> None:

@@ -25,8 +25,20 @@ from ._base_client import (
     BaseClient,
 )
 from ._config import PollPolicy, RateLimit, RetryPolicy
+from ._core.budget import BudgetService, RemoteBudget
 from ._core.flows import Flow
-from ._core.wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
+from ._core.wire import (
+    Action,
+    Fetch,
+    Fetched,
+    Notify,
+    Pace,
+    Paced,
+    Reply,
+    Send,
+    Sleep,
+    TransportFailure,
+)
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._exceptions import ConfigurationError, DownloadError, ImggwError
 from ._models import DownloadedFile, Submission, Task
@@ -267,8 +279,35 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 result = on_update(action.task)
                 if inspect.isawaitable(result):
                     await result
-        else:
+        elif isinstance(action, Fetch):
             return await self._fetch(action)
+        else:
+            return await self._budget_call(action)
+        return None
+
+    def _use_budget(self, service: BudgetService) -> None:
+        """Makes every request of this client (and of copies made from now on) wait for a slot
+        of a budget held elsewhere, shared with other processes: one budget for a whole run on
+        many machines (DESIGN 9, 10). Its ceilings are the holder's; this client's own
+        ``rate_limit`` no longer applies."""
+        self._flows.budget = RemoteBudget(self._settings.rate_limit, service)
+
+    async def _budget_call(self, action: Pace | Paced) -> Any:
+        budget = self._flows.budget
+        assert isinstance(budget, RemoteBudget), "only a shared budget yields these"
+        service = budget.service
+        if isinstance(action, Pace):
+            if action.ticket is None:
+                return await service.reserve(action.kind)
+            return action.ticket, await service.wait_time(action.ticket)
+        ticket: Any = action.ticket
+        if not action.sent:
+            await service.release(ticket)
+        else:
+            await service.finished(
+                ticket, limited=action.limited, retry_after=action.retry_after,
+                backoff=action.backoff,
+            )  # fmt: skip
         return None
 
     def _on_this_loop(self) -> None:

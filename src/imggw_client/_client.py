@@ -248,8 +248,10 @@ class Client(BaseClient[httpx.Client]):
         elif isinstance(action, Notify):
             if on_update is not None:
                 on_update(action.task)
-        else:
+        elif isinstance(action, Fetch):
             return self._fetch(action)
+        else:  # Pace / Paced: only an AsyncClient shares a budget held elsewhere
+            raise TypeError(f"a Client cannot perform {type(action).__name__}")
         return None
 
     def _send(self, send: Send) -> Reply | TransportFailure:

@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .._config import RateLimit
 
@@ -284,3 +286,43 @@ def _accepted_per_second(lane: _Lane, now: float) -> float:
     if second == lane.second + 1:
         return float(lane.accepted)
     return 0.0
+
+
+class BudgetService(Protocol):
+    """A :class:`Budget` held elsewhere, asked over the network (by the driver, never by the
+    flows): the same four operations, on the holder's clock. A Dask scheduler plugin holds one
+    for a whole run (``imggw_client.batch``); any service that can hold one may do."""
+
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        """A new slot of ``kind``: its ticket, and the seconds to wait before it (0: go now)."""
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        """Seconds the ticket must still wait (0: go now; the send is then recorded)."""
+
+    async def release(self, ticket: Hashable) -> None:
+        """Gives back a slot that will not be used."""
+
+    async def finished(
+        self,
+        ticket: Hashable,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        """The request of ``ticket`` ended (see :meth:`Budget.finished`)."""
+
+
+class RemoteBudget:
+    """The budget of a client that shares one with other processes: the flows then hand each
+    slot to the driver (``Pace`` and ``Paced`` actions), which asks ``service``. The logic stays
+    in the :class:`Budget` the service holds; a local client never sees this class.
+
+    Example::
+
+        client._use_budget(service)   # AsyncClient only: every request now waits for service
+    """
+
+    def __init__(self, limit: RateLimit, service: BudgetService) -> None:
+        self.limit = limit
+        self.service = service

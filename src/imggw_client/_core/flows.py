@@ -32,10 +32,21 @@ from .._exceptions import (
 )
 from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from . import rules, surfaces
-from .budget import QUERY, SUBMIT, Budget, Ticket
+from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
 from .poll import poll_interval
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
-from .wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
+from .wire import (
+    Action,
+    Fetch,
+    Fetched,
+    Notify,
+    Pace,
+    Paced,
+    Reply,
+    Send,
+    Sleep,
+    TransportFailure,
+)
 
 T = TypeVar("T")
 Flow = Generator[Action, Any, T]
@@ -59,7 +70,8 @@ def file_stem(task_id: str, index: int) -> str:
 class Flows:
     """Builds the flows of one client. ``clock`` is monotonic seconds, ``wall`` epoch seconds
     (for ``Retry-After`` dates), ``rng`` draws every jitter. ``budget`` is the request budget,
-    shared with the client's ``with_options`` copies (a new one from the settings if None)."""
+    shared with the client's ``with_options`` copies (a new one from the settings if None); a
+    :class:`RemoteBudget` (one shared by many processes) is asked through the driver."""
 
     def __init__(
         self,
@@ -68,13 +80,15 @@ class Flows:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        budget: Budget | None = None,
+        budget: Budget | RemoteBudget | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.wall = wall
         self.rng = rng if rng is not None else random.Random()
-        self.budget = budget if budget is not None else Budget(settings.rate_limit)
+        self.budget: Budget | RemoteBudget = (
+            budget if budget is not None else Budget(settings.rate_limit)
+        )
         self._secrets = (settings.api_key,)
 
     def surface(self, surface: str | None) -> Surface:
@@ -397,13 +411,15 @@ class Flows:
                 if ticket is not None:
                     hint = err.retry_after if isinstance(err, RateLimitError) else None
                     retry = self.settings.retry
-                    self.budget.finished(
-                        ticket,
-                        self.clock(),
-                        limited=limited,
-                        retry_after=hint,
-                        backoff=(retry.initial_backoff, retry.max_backoff),
-                    )
+                    backoff = (retry.initial_backoff, retry.max_backoff)
+                    if isinstance(ticket, Ticket):
+                        assert isinstance(self.budget, Budget)
+                        self.budget.finished(
+                            ticket, self.clock(), limited=limited, retry_after=hint,
+                            backoff=backoff,
+                        )  # fmt: skip
+                    else:
+                        yield Paced(ticket, limited=limited, retry_after=hint, backoff=backoff)
                 delay = self._delay(verdict, attempt, deadline, budgeted=limited)
                 if delay is None:
                     final = give_up(err, unknown) if give_up else err
@@ -418,15 +434,20 @@ class Flows:
                     err.message,
                 )
             else:
-                if ticket is not None:
+                if isinstance(ticket, Ticket):
+                    assert isinstance(self.budget, Budget)
                     self.budget.finished(ticket, self.clock())
+                elif ticket is not None:
+                    yield Paced(ticket)
                 return result
             if delay > 0:
                 yield Sleep(delay)
 
-    def _slot(self, kind: str, deadline: float | None) -> Flow[Ticket | None]:
+    def _slot(self, kind: str, deadline: float | None) -> Flow[Ticket | object | None]:
         """Waits for the budget's slot of one request; None if it comes only past ``deadline``
         (the wait then sleeps to the deadline: it ends there, not sooner)."""
+        if isinstance(self.budget, RemoteBudget):
+            return (yield from self._remote_slot(kind, deadline))
         ticket = self.budget.reserve(kind, self.clock())
         while True:
             now = self.clock()
@@ -439,6 +460,21 @@ class Flows:
                     yield Sleep(deadline - now)
                 return None
             yield Sleep(wait)
+
+    def _remote_slot(self, kind: str, deadline: float | None) -> Flow[object | None]:
+        """The same as :meth:`_slot` for a budget held elsewhere: the driver asks it; the
+        deadline is still ours."""
+        ticket, wait = yield Pace(kind)
+        while wait > 0:
+            now = self.clock()
+            if deadline is not None and now + wait >= deadline:
+                yield Paced(ticket, sent=False)
+                if deadline > now:
+                    yield Sleep(deadline - now)
+                return None
+            yield Sleep(wait)
+            ticket, wait = yield Pace(kind, ticket)
+        return ticket  # type: ignore[no-any-return]  # what the service handed out
 
     def _delay(
         self, verdict: Verdict, attempt: int, deadline: float | None, *, budgeted: bool = False

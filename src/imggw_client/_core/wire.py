@@ -103,5 +103,29 @@ class Fetch:
     max_bytes: int
 
 
-Action = Send | Sleep | Notify | Fetch
-Outcome = Any  # Reply | TransportFailure | Fetched | None, by action
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Ask a budget held elsewhere (one for a whole run on many machines, DESIGN 9 and 10) for
+    a slot of one request of ``kind`` -> ``(ticket, seconds to wait)``: with ``ticket`` None a
+    new slot is reserved, else the same ticket asks again after its wait. Only a client whose
+    budget is a :class:`~imggw_client._core.budget.RemoteBudget` meets this action."""
+
+    kind: str
+    ticket: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Paced:
+    """Tell the budget held elsewhere how the request of ``ticket`` ended -> ``None``: answered,
+    failed, or (``limited``) met a 429 with the hint ``retry_after``; ``sent=False`` gives back
+    a slot that will not be used (its request's deadline came first)."""
+
+    ticket: object
+    sent: bool = True
+    limited: bool = False
+    retry_after: float | None = None
+    backoff: tuple[float, float] = (0.5, 8.0)
+
+
+Action = Send | Sleep | Notify | Fetch | Pace | Paced
+Outcome = Any  # Reply | TransportFailure | Fetched | (ticket, seconds) | None, by action

@@ -110,12 +110,19 @@ def save(folder: Path, identity: RunIdentity) -> None:
 
 
 class LineDigests:
-    """Writes the new ``lines.fp`` while comparing it, entry by entry, with the old one."""
+    """Writes the new ``lines.fp`` while comparing it, entry by entry, with the old one.
 
-    def __init__(self, folder: Path) -> None:
+    ``old`` is the record to compare with (default: the folder's own); ``within`` keeps only
+    its entries for those line numbers (a shard compares its range with a whole run's record).
+    """
+
+    def __init__(
+        self, folder: Path, *, old: Path | None = None, within: range | None = None
+    ) -> None:
         self.folder = folder
-        self._old = _read_entries(folder / LINES_NAME)
-        self._had_old = (folder / LINES_NAME).exists()
+        old = folder / LINES_NAME if old is None else old
+        self._old = _read_entries(old, within)
+        self._had_old = old.exists()
         self._pending: tuple[int, bytes] | None = next(self._old, None)
         self._tmp = folder / f".{LINES_NAME}.{secrets.token_hex(4)}.part"
         self._out: BinaryIO = self._tmp.open("wb")
@@ -153,6 +160,10 @@ class LineDigests:
         self._out.close()
         return self._fingerprint.hexdigest()
 
+    def new_entries(self) -> bytes:
+        """The new record's bytes (after :meth:`finish`)."""
+        return self._tmp.read_bytes()
+
     def commit(self) -> None:
         """Makes the new entries the folder's record of its input."""
         with self._tmp.open("rb+") as handle:
@@ -165,7 +176,7 @@ class LineDigests:
         self._tmp.unlink(missing_ok=True)
 
 
-def _read_entries(path: Path) -> Iterator[tuple[int, bytes]]:
+def _read_entries(path: Path, within: range | None = None) -> Iterator[tuple[int, bytes]]:
     try:
         handle = path.open("rb")
     except FileNotFoundError:
@@ -174,7 +185,42 @@ def _read_entries(path: Path) -> Iterator[tuple[int, bytes]]:
         while chunk := handle.read(_ENTRY.size * 4096):
             for offset in range(0, len(chunk) - _ENTRY.size + 1, _ENTRY.size):
                 line, digest = _ENTRY.unpack_from(chunk, offset)
-                yield line, digest
+                if within is None or line in within:
+                    yield line, digest
+                elif line >= within.stop:
+                    return
+
+
+def entry_lines(path: Path) -> Iterator[int]:
+    """The line numbers a ``lines.fp`` records, in order: every good line of the input."""
+    for line, _ in _read_entries(path):
+        yield line
+
+
+def record_bytes(identity: RunIdentity) -> bytes:
+    """``run.json``'s content for ``identity``."""
+    record = {
+        "format": FORMAT,
+        "run_id": identity.run_id,
+        "input_fingerprint": identity.input_fingerprint,
+        "updated_at": time.time(),
+    }
+    return json.dumps(record, indent=1).encode() + b"\n"
+
+
+def parse_record(data: bytes, where: str) -> RunIdentity:
+    """The identity in a ``run.json``'s content (``where`` names it in errors)."""
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:
+        raise RequestValidationError(
+            "out_dir", f"{where} is unreadable ({exc}); it is not a run's folder"
+        ) from exc
+    if not isinstance(parsed, dict) or parsed.get("format", 0) > FORMAT or "run_id" not in parsed:
+        raise RequestValidationError(
+            "out_dir", f"{where} was written by a newer imggw: upgrade to resume it"
+        )
+    return RunIdentity(str(parsed["run_id"]), str(parsed.get("input_fingerprint", "")))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -128,23 +128,33 @@ def read_lines(
 
 
 def iter_lines(
-    source: str | Path | Iterable[Any] | TextIO, *, collect: bool = False
+    source: str | Path | Iterable[Any] | TextIO,
+    *,
+    collect: bool = False,
+    lines: range | None = None,
+    first_line: int = 1,
 ) -> Iterator[InputLine | BadLine]:
     """Each line of ``source`` in order, parsed: a file path (``-`` or a text stream for
     standard input), or an iterable of ``ImageRequest``, dicts or strings (position = line
-    number). Repeated caller ids are not checked here: the ledger refuses them."""
-    for number, item in _raw_items(source, collect):
+    number). Repeated caller ids are not checked here: the ledger refuses them.
+
+    ``lines`` keeps only the lines whose numbers it holds (a shard's range: the others are
+    skipped unparsed); ``first_line`` is the number of the source's first line (a shard's slice
+    of a larger input keeps its lines' numbers)."""
+    for number, item in _raw_items(source, collect, lines, first_line):
         try:
             yield _parse_collect(number, item) if collect else _parse(number, item)
         except _Bad as problem:
             yield BadLine(number, str(problem))
 
 
-def _raw_items(source: Any, collect: bool) -> Iterator[tuple[int, Any]]:
+def _raw_items(
+    source: Any, collect: bool, lines: range | None = None, first_line: int = 1
+) -> Iterator[tuple[int, Any]]:
     if isinstance(source, (str, Path)) and str(source) == "-":
         source = sys.stdin
     if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
-        yield from _text_items(source, jsonl=True)
+        yield from _text_items(source, jsonl=True, lines=lines, first_line=first_line)
         return
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -155,17 +165,25 @@ def _raw_items(source: Any, collect: bool) -> Iterator[tuple[int, Any]]:
         with handle:
             jsonl = collect or path.suffix.lower() in JSONL_SUFFIXES
             try:
-                yield from _text_items(handle, jsonl=jsonl)
+                yield from _text_items(handle, jsonl=jsonl, lines=lines, first_line=first_line)
             except UnicodeDecodeError as exc:
                 raise RequestValidationError(
                     "source", f"cannot read {path}: not UTF-8 text ({exc.reason})"
                 ) from exc
         return
-    yield from enumerate(source, start=1)
+    for number, item in enumerate(source, start=first_line):
+        if lines is None or number in lines:
+            yield number, item
 
 
-def _text_items(handle: Any, *, jsonl: bool) -> Iterator[tuple[int, Any]]:
-    for number, raw in enumerate(handle, start=1):
+def _text_items(
+    handle: Any, *, jsonl: bool, lines: range | None = None, first_line: int = 1
+) -> Iterator[tuple[int, Any]]:
+    for number, raw in enumerate(handle, start=first_line):
+        if lines is not None and number not in lines:
+            if number >= lines.stop:
+                return  # a range is contiguous: nothing of it comes later
+            continue
         raw = raw.rstrip("\r\n")
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
@@ -205,6 +223,20 @@ def _caller_id(value: object) -> str | None:
     if not text or len(text) > 255 or not text.isprintable():
         raise _Bad("id must be 1 to 255 printable characters")
     return text
+
+
+def count_lines(path: str | Path) -> int:
+    """How many lines ``path`` has, numbered as :func:`iter_lines` numbers them (blank and
+    comment lines included): what shards are cut from."""
+    try:
+        with Path(path).open(encoding="utf-8", newline="") as handle:
+            return sum(1 for _ in handle)
+    except OSError as exc:
+        raise RequestValidationError("source", f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise RequestValidationError(
+            "source", f"cannot read {path}: not UTF-8 text ({exc.reason})"
+        ) from exc
 
 
 def _parse(number: int, item: Any) -> InputLine:

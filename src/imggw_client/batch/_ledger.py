@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,8 +185,12 @@ class Ledger:
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, folder: Path, name: str = LEDGER_NAME) -> Iterator[Ledger]:
-        """The ledger in ``folder``, locked for this process, closed (and flushed) on exit."""
+    def open(
+        cls, folder: Path, name: str = LEDGER_NAME, *, prepare: Callable[[], None] | None = None
+    ) -> Iterator[Ledger]:
+        """The ledger in ``folder``, locked for this process, closed (and flushed) on exit.
+        ``prepare`` runs once the lock is held, before the database is opened (a shard puts
+        its checkpoint back there)."""
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -205,6 +209,8 @@ class Ledger:
         except OSError as exc:
             raise storage_error(folder / LOCK_NAME, exc) from exc
         try:
+            if prepare is not None:
+                prepare()
             ledger = cls(folder / name)
             try:
                 yield ledger

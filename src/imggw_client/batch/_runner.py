@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -55,7 +55,7 @@ from .._exceptions import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
-from .._models import Task, TaskStatus
+from .._models import DownloadedFile, Task, TaskStatus
 from . import _identity
 from ._gallery import write_gallery
 from ._input import COLLECT, BadLine, BatchInputError, InputLine, iter_lines
@@ -229,6 +229,51 @@ def _retry_later(err: BaseException) -> bool:
 # ---------------------------------------------------------------------------- the plan
 
 
+class Record(Protocol):
+    """Where a run's identity is kept: the run id every key follows from, and the record of the
+    input the plan compares with (a single run's folder, or a shard's; see ``_shards``)."""
+
+    run_id: str
+
+    def digests(self) -> _identity.LineDigests:
+        """A comparison of the input with the record, written beside it until accepted."""
+
+    def accept(self, digests: _identity.LineDigests, fingerprint: str) -> None:
+        """The plan goes: keep what it compared as the record (before anything is sent)."""
+
+
+class FolderRecord:
+    """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.run = _identity.load(folder)
+        self.run_id = self.run.run_id if self.run is not None else secrets.token_hex(16)
+
+    def digests(self) -> _identity.LineDigests:
+        return _identity.LineDigests(self.folder)
+
+    def accept(self, digests: _identity.LineDigests, fingerprint: str) -> None:
+        if self.run is None or self.run.input_fingerprint != fingerprint:
+            # Before anything is sent: the keys of every line follow from this run id.
+            _identity.save(self.folder, _identity.RunIdentity(self.run_id, fingerprint))
+            digests.commit()
+
+
+class ResultStore(Protocol):
+    """Where results and the manifest go when they are not simply left in the run's folder (a
+    shard: the output folder shared by every shard, maybe on an object store)."""
+
+    async def keep(self, files: list[DownloadedFile]) -> None:
+        """Puts files just saved and verified in the run's folder in their place."""
+
+    def is_whole(self, name: str, size: int, sha256: str, *, hashes: bool) -> bool:
+        """Whether a result kept earlier is there and whole (blocking)."""
+
+    def finish(self, manifest: Path) -> None:
+        """The run ends: its ledger is flushed and its manifest written (blocking)."""
+
+
 @dataclass
 class _Plan:
     ledger: Ledger
@@ -247,18 +292,22 @@ def _plan(
     collect: bool,
     skip_bad_lines: bool,
     allow_changes: bool,
+    record: Record | None = None,
+    lines: range | None = None,
+    first_line: int = 1,
 ) -> _Plan:
     """One pass over the input, in one ledger transaction that commits only if the run may go:
     no bad line (unless skipped) and no changed line (unless allowed). Blocking: run it in a
-    worker thread."""
-    run = _identity.load(folder)
-    digests = _identity.LineDigests(folder)
-    run_id = run.run_id if run is not None else secrets.token_hex(16)
+    worker thread. ``record`` keeps the run's identity (default: the folder's); ``lines`` and
+    ``first_line`` as in :func:`iter_lines` (a shard)."""
+    record = FolderRecord(folder) if record is None else record
+    digests = record.digests()
+    run_id = record.run_id
     plan = _Plan(ledger)
     ledger.begin_plan()
     ok = False
     try:
-        for item in iter_lines(source, collect=collect):
+        for item in iter_lines(source, collect=collect, lines=lines, first_line=first_line):
             if isinstance(item, InputLine):
                 row = _new_row(item, surface, run_id)
                 if ledger.plan_line(row) is None:
@@ -277,10 +326,7 @@ def _plan(
             raise BatchInputError(plan.bad, plan.bad_count)
         if plan.changed_count and not allow_changes:
             raise _identity.InputChangedError(plan.changed, plan.changed_count)
-        if run is None or run.input_fingerprint != fingerprint:
-            # Before anything is sent: the keys of every line follow from this run id.
-            _identity.save(folder, _identity.RunIdentity(run_id, fingerprint))
-            digests.commit()
+        record.accept(digests, fingerprint)
         ok = True
     except OSError as exc:
         raise storage_error(folder, exc) from exc
@@ -346,8 +392,10 @@ class _Run:
         wait: bool,
         on_progress: Callable[[BatchProgress], None] | None,
         gallery_title: str | None,
+        store: ResultStore | None = None,
     ) -> None:
         self.client = client
+        self.store = store
         self.ledger = ledger
         self.folder = folder
         self.counts = totals.counts
@@ -613,6 +661,8 @@ class _Run:
             if not _retry_later(err):
                 self.fail(row, err.code or "download_failed", err.message)
             return  # out of time: a later run downloads it
+        if self.store is not None:
+            await self.store.keep(files)
         self.downloaded.append(time.monotonic())
         row.urls = [f.url for f in files]
         row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
@@ -651,17 +701,27 @@ def _sweep_partial_files(folder: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def _verify_files(folder: Path, ledger: Ledger, totals: Totals, *, hashes: bool) -> None:
+def _is_whole(folder: Path, name: str, size: int, sha256: str, *, hashes: bool) -> bool:
+    path = folder / name
+    try:
+        whole = path.stat().st_size == size
+    except OSError:
+        whole = False
+    return whole and (not hashes or file_sha256(path) == sha256)
+
+
+def _verify_files(
+    folder: Path, ledger: Ledger, totals: Totals, *, hashes: bool, store: ResultStore | None = None
+) -> None:
     """Lines whose files are missing or damaged go back to be downloaded again: a size check
     by default, every file's sha256 with ``hashes``."""
     for row in ledger.iter_rows(states=(DONE,)):
         for f in row.files:
-            path = folder / f["path"]
-            try:
-                whole = path.stat().st_size == f["size"]
-            except OSError:
-                whole = False
-            if not whole or (hashes and file_sha256(path) != f["sha256"]):
+            if store is not None:
+                whole = store.is_whole(f["path"], f["size"], f["sha256"], hashes=hashes)
+            else:
+                whole = _is_whole(folder, f["path"], f["size"], f["sha256"], hashes=hashes)
+            if not whole:
                 row.state, row.files = SUCCEEDED, []
                 ledger.save_now(row)
                 totals.counts[DONE] -= 1
@@ -736,38 +796,72 @@ async def arun_batch(
     """
     concurrency = _check_concurrency(concurrency)
     folder = Path(out_dir)
+    with Ledger.open(folder) as ledger:
+        return await execute(
+            source, folder, ledger, client=client, concurrency=concurrency, timeout=timeout,
+            surface=surface, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
+            collect=collect, wait=wait, verify=verify, gallery=gallery, on_progress=on_progress,
+        )  # fmt: skip
+
+
+async def execute(
+    source: str | Path | Iterable[Any],
+    folder: Path,
+    ledger: Ledger,
+    *,
+    client: AsyncClient,
+    concurrency: int,
+    timeout: float | None,
+    surface: str | None,
+    skip_bad_lines: bool,
+    allow_changes: bool,
+    collect: bool,
+    wait: bool,
+    verify: bool,
+    gallery: bool,
+    on_progress: Callable[[BatchProgress], None] | None,
+    record: Record | None = None,
+    lines: range | None = None,
+    first_line: int = 1,
+    store: ResultStore | None = None,
+) -> BatchReport:
+    """A run over an open ledger in ``folder``: :func:`arun_batch` for one folder, and each
+    shard of a sharded run, with its own ``record`` of the run's identity, its range of
+    ``lines`` and its ``store`` for results (see ``_shards``)."""
     started = time.monotonic()
     budget = math.inf if timeout is None else float(timeout)
     run_surface = check_surface(surface or client.surface)
-    with Ledger.open(folder) as ledger:
-        planning = functools.partial(
-            _plan, source, folder, ledger, surface=run_surface, collect=collect,
-            skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
-        )  # fmt: skip
-        plan = await anyio.to_thread.run_sync(planning)
-        totals = ledger.totals()
-        await anyio.to_thread.run_sync(_sweep_partial_files, folder)
-        await anyio.to_thread.run_sync(lambda: _verify_files(folder, ledger, totals, hashes=verify))
-        named = isinstance(source, (str, Path)) and str(source) != "-"
-        title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
-        run = _Run(client, ledger, folder, totals, concurrency=concurrency,
-                   deadline=started + budget, wait=wait, on_progress=on_progress,
-                   gallery_title=title if gallery else None)  # fmt: skip
-        run.report_progress(force=True)
-        try:
-            with run.cancel, anyio.move_on_after(budget if math.isfinite(budget) else None):
-                async with anyio.create_task_group() as group:
-                    for _ in range(concurrency):
-                        group.start_soon(run.downloader)
-                    await run.feed(group)
-                    await run.all_done()
-                    group.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                manifest = await anyio.to_thread.run_sync(lambda: _finish(folder, ledger, run))
-        if run.fatal is not None:
-            raise run.fatal
-        run.report_progress(force=True)
+    planning = functools.partial(
+        _plan, source, folder, ledger, surface=run_surface, collect=collect,
+        skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, record=record, lines=lines,
+        first_line=first_line,
+    )  # fmt: skip
+    plan = await anyio.to_thread.run_sync(planning)
+    totals = ledger.totals()
+    await anyio.to_thread.run_sync(_sweep_partial_files, folder)
+    await anyio.to_thread.run_sync(
+        lambda: _verify_files(folder, ledger, totals, hashes=verify, store=store)
+    )
+    named = isinstance(source, (str, Path)) and str(source) != "-"
+    title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
+    run = _Run(client, ledger, folder, totals, concurrency=concurrency,
+               deadline=started + budget, wait=wait, on_progress=on_progress,
+               gallery_title=title if gallery else None, store=store)  # fmt: skip
+    run.report_progress(force=True)
+    try:
+        with run.cancel, anyio.move_on_after(budget if math.isfinite(budget) else None):
+            async with anyio.create_task_group() as group:
+                for _ in range(concurrency):
+                    group.start_soon(run.downloader)
+                await run.feed(group)
+                await run.all_done()
+                group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            manifest = await anyio.to_thread.run_sync(lambda: _finish(folder, ledger, run))
+    if run.fatal is not None:
+        raise run.fatal
+    run.report_progress(force=True)
     return BatchReport(
         counts={state: n for state, n in run.counts.items() if n},
         bad_lines=plan.bad,
@@ -791,6 +885,8 @@ def _finish(folder: Path, ledger: Ledger, run: _Run) -> Path:
     manifest = write_manifest(folder, manifest_records(ledger))
     if run.gallery_title is not None:
         run.write_gallery()
+    if run.store is not None:
+        run.store.finish(manifest)
     return manifest
 
 

@@ -1,0 +1,227 @@
+"""Scale-out: the same lines through one process and through Dask with 2 and 4 shards, in one
+run, against the reference gateway on 127.0.0.1 (served by this process; each driver is a child
+process). Prints, against the single-process baseline measured in the same run: wall time and
+its ratio, the engine's start-up, the lines billed and the replays after injected faults (a
+shard that raises, a worker SIGKILLed mid-run), and the peak submits in any 1 s window against a
+global --rate (target: within 10% of the rate).
+
+Run: python bench/scale_out.py [--lines N] [--concurrency N] [--rate N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+KEY = "sk-bench-scale-out-0001"
+GATEWAY = {"duration_min": 0.2, "duration_max": 0.6, "seed": 11}
+
+
+def write_input(path: Path, lines: int, tag: str) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"{tag} {i}", "aspect_ratio": "3:2"}) + "\n"
+                            for i in range(lines)))  # fmt: skip
+    return path
+
+
+# ---------------------------------------------------------------------------- the drivers
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One driver, in its own process: the batch runner alone, or Dask."""
+    from imggw_client import AsyncClient, PollPolicy, RateLimit
+
+    poll = PollPolicy(initial_interval=0.1, max_interval=0.4)
+    rate = RateLimit(submits_per_second=args.budget) if args.budget else None
+    started = time.perf_counter()
+    if args.child == "single":
+        from imggw_client.batch import run_batch
+
+        report = run_batch(
+            args.source, args.out, concurrency=args.concurrency, gallery=False,
+            client_factory=lambda: AsyncClient(base_url=args.url, poll=poll, rate_limit=rate),
+        )  # fmt: skip
+        return {"wall": time.perf_counter() - started, "exit": report.exit_code}
+    from imggw_client.batch import ClientSpec, run_sharded
+
+    spec = ClientSpec(base_url=args.url, poll=poll)
+    lines = len(Path(args.source).read_text().splitlines())
+    size = -(-lines // args.shards)
+    options: dict[str, Any] = {
+        "shard_size": size, "client": spec, "concurrency": args.concurrency, "rate_limit": rate,
+    }  # fmt: skip
+    if args.child == "dask":
+        report = run_sharded(args.source, args.out, workers=args.shards, **options)
+        return {"wall": time.perf_counter() - started, "startup": report.startup,
+                "exit": report.exit_code, "retried": report.retried}  # fmt: skip
+    # Faults: a shard raises once after a few lines, and a worker is SIGKILLed mid-run.
+    import logging
+
+    import distributed
+    import httpx
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    with distributed.LocalCluster(
+        n_workers=args.shards, threads_per_worker=1, processes=True,
+        dashboard_address="127.0.0.1:0", host="127.0.0.1", silence_logs=logging.CRITICAL,
+    ) as cluster, distributed.Client(cluster) as dask:  # fmt: skip
+        pids = list(dask.run(os.getpid).values())
+        base = httpx.get(f"{args.url}/_mock/stats").json()["tasks_created"]
+
+        killed: list[float] = []
+
+        def kill() -> None:
+            while httpx.get(f"{args.url}/_mock/stats").json()["tasks_created"] < base + lines // 3:
+                time.sleep(0.05)
+            os.kill(pids[-1], signal.SIGKILL)
+            killed.append(time.perf_counter() - started)
+
+        threading.Thread(target=kill, daemon=True).start()
+        report = run_sharded(args.source, args.out, address=cluster.scheduler_address,
+                             faults={1: max(1, size // 4)}, **options)  # fmt: skip
+    return {"wall": time.perf_counter() - started, "startup": report.startup,
+            "exit": report.exit_code, "retried": report.retried,
+            "killed_at": killed[0] if killed else None}  # fmt: skip
+
+
+def drive(mode: str, url: str, source: Path, out: Path, concurrency: int, shards: int = 1,
+          rate: float | None = None) -> dict[str, Any]:  # fmt: skip
+    command = [
+        sys.executable, __file__, "--child", mode, "--url", url, "--source", str(source),
+        "--out", str(out), "--concurrency", str(concurrency), "--shards", str(shards),
+    ]  # fmt: skip
+    if rate:
+        command += ["--budget", str(rate)]
+    env = {**os.environ, "IMGGW_API_KEY": KEY}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
+                          check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} driver failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def killed_text(row: dict[str, Any]) -> str:
+    moment = row.get("killed_at")
+    return f"a worker SIGKILLed at {moment:.1f}s" if moment else "no worker killed"
+
+
+def peak_per_second(times: list[float]) -> int:
+    """The most submits in any window of 1 s (each window starting at a submit)."""
+    ordered = sorted(times)
+    peak, start = 0, 0
+    for end, moment in enumerate(ordered):
+        while ordered[start] <= moment - 1.0:
+            start += 1
+        peak = max(peak, end - start + 1)
+    return peak
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=16, help="submits at once per shard")
+    parser.add_argument("--rate", type=float, default=20.0, help="the global submit budget")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", choices=["single", "dask", "faults"], help=argparse.SUPPRESS)
+    for hidden in ("--url", "--source", "--out"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--shards", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+
+    from imggw_client.mock import MockGateway
+
+    gateway = MockGateway(api_keys=[KEY], **GATEWAY)
+    submits: list[float] = []
+    handle = gateway.handle
+
+    def spy(request: Any) -> Any:
+        if request.method == "POST":
+            submits.append(time.monotonic())
+        return handle(request)
+
+    gateway.handle = spy  # type: ignore[method-assign]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, gateway.serve() as url:
+        folder = Path(tmp)
+
+        def phase(name: str, mode: str, lines: int, shards: int = 1,
+                  rate: float | None = None) -> dict[str, Any]:  # fmt: skip
+            source = write_input(folder / f"{name}.jsonl", lines, name)
+            before = gateway.stats()
+            submits.clear()
+            result = drive(mode, url, source, folder / name, args.concurrency, shards, rate)
+            after = gateway.stats()
+            result.update(
+                phase=name, mode=mode, shards=shards, lines=lines, rate=rate,
+                billed=after["tasks_created"] - before["tasks_created"],
+                replays=after["replays"] - before["replays"],
+                peak_1s=peak_per_second(submits),
+            )  # fmt: skip
+            rows.append(result)
+            return result
+
+        base = phase("single", "single", args.lines)
+        phase("dask-2", "dask", args.lines, shards=2)
+        phase("dask-4", "dask", args.lines, shards=4)
+        # Answers lost after the gateway made the task (5%): resubmits with the same key replay.
+        gateway.configure(fault_rate=0.05, faults=["lost"])
+        phase("faults-2", "faults", args.lines, shards=2)
+        gateway.configure(fault_rate=0.0)
+        rated_lines = min(args.lines, int(args.rate * 8))
+        phase("single-rate", "single", rated_lines, rate=args.rate)
+        phase("dask-4-rate", "dask", rated_lines, shards=4, rate=args.rate)
+    for row in rows:
+        row["wall_ratio"] = row["wall"] / base["wall"]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"scale-out: {args.lines} lines, {args.concurrency} submits at once per shard, tasks "
+          f"{GATEWAY['duration_min']}-{GATEWAY['duration_max']} s, gateway on 127.0.0.1, "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    header = (f"{'phase':<12} {'shards':>6} {'lines':>6} {'wall s':>7} {'vs 1 proc':>9} "
+              f"{'start-up s':>10} {'billed':>6} {'replays':>7} {'retried':>7} {'peak/1s':>7} "
+              f"{'rate':>5}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        startup = f"{row['startup']:.2f}" if "startup" in row else "-"
+        rate = row["rate"] or "-"
+        print(f"{row['phase']:<12} {row['shards']:>6} {row['lines']:>6} {row['wall']:>7.2f} "
+              f"{row['wall_ratio']:>8.2f}x {startup:>10} {row['billed']:>6} {row['replays']:>7} "
+              f"{row.get('retried', 0):>7} {row['peak_1s']:>7} {rate:>5}")  # fmt: skip
+    rated = rows[-1]
+    faults = rows[3]
+    print()
+    print(
+        f"faults (5% of answers lost, shard 1 raising once, {killed_text(faults)}): "
+        f"{faults['retried']} shard try(ies) ran again, {faults['replays']} replays, "
+        f"{faults['billed']} tasks billed for {faults['lines']} lines "
+        f"({'exactly once' if faults['billed'] == faults['lines'] else 'NOT once'})"
+    )
+    within = rated["peak_1s"] <= args.rate * 1.1
+    print(
+        f"global budget on Dask (4 shards): peak {rated['peak_1s']} submits in any 1 s window "
+        f"at --rate {args.rate:g} ({rated['peak_1s'] / args.rate:.2f}x the rate; target within "
+        f"10%: {'met' if within else 'MISSED'})"
+    )
+    return 0 if within and faults["billed"] == faults["lines"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

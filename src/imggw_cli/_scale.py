@@ -1,0 +1,193 @@
+"""``imggw batch`` beyond one process: one shard (``--shard I/N``), a run on Dask (``--engine
+dask``), ``imggw batch merge`` and ``imggw batch status``. Dask is imported only here, and only
+for ``--engine dask``: the single-machine commands never load it."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from . import _exit
+from ._globals import Globals
+from ._output import Output
+
+if TYPE_CHECKING:
+    from imggw_client.batch import RunStatus, ShardReport
+
+
+def usage(out: Output, message: str) -> None:
+    out.error(message)
+    raise typer.Exit(_exit.USAGE)
+
+
+def check_modes(
+    out: Output,
+    flags: Globals,
+    *,
+    source: str,
+    engine: str | None,
+    address: str | None,
+    workers: int | None,
+    shard: str | None,
+    shard_size: int | None,
+) -> None:
+    """Options that do not go together end the command before anything is read or sent."""
+    if shard is not None and engine is not None:
+        usage(out, "--shard runs one shard with no engine: give --shard or --engine, not both")
+    if engine is None and (address is not None or workers is not None or shard_size is not None):
+        usage(out, "--address, --workers and --shard-size go with --engine dask")
+    if engine is not None and (address is None) == (workers is None):
+        usage(out, "--engine dask needs --address tcp://HOST:PORT or --workers N (one of them)")
+    if (engine is not None or shard is not None) and source == "-":
+        usage(out, "shards are cut from a file: give FILE, not - (standard input)")
+    if engine is not None and flags.mock:
+        usage(out, "--mock is a gateway inside this process: workers cannot reach it")
+
+
+def run_shard(
+    out: Output,
+    flags: Globals,
+    source: str,
+    dest: str,
+    *,
+    index: int,
+    count: int,
+    options: dict[str, Any],
+) -> ShardReport:
+    """One shard in this process, with the live display; its manifest is in the output folder."""
+    import anyio
+
+    from imggw_client.batch import ShardSpec, arun_shard
+
+    from ._batch_display import batch_display
+    from ._runtime import make_async_client
+
+    spec = ShardSpec(source=source, dest=dest, index=index, count=count, **options)
+
+    async def main() -> ShardReport:
+        async with make_async_client(flags) as client:
+            with batch_display(out) as on_progress:
+                return await arun_shard(spec, client=client, on_progress=on_progress)
+
+    return anyio.run(main)
+
+
+def shard_summary(out: Output, report: ShardReport, manifest: str) -> None:
+    if out.quiet:
+        return
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(report.counts.items()))
+    first, last = report.lines.start, report.lines.stop - 1
+    out.note(
+        f"shard {report.index}/{report.count} (lines {first}-{last}): {counts or 'no lines'}; "
+        f"credits {report.credits:g}, cost {report.cost:g}, {report.elapsed:.1f}s"
+    )
+    if report.changed_count:
+        shown = ", ".join(str(n) for n in report.changed_lines[:10])
+        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+    if report.exit_code == 3:
+        out.note("some lines are unfinished: run the same command again to resume them")
+    out.note(f"shard manifest: {manifest}; when every shard has run: imggw batch merge DEST")
+
+
+def run_engine(
+    out: Output,
+    flags: Globals,
+    source: str,
+    dest: str,
+    *,
+    address: str | None,
+    workers: int | None,
+    shard_size: int,
+    options: dict[str, Any],
+) -> int:
+    """A run on Dask: shards dispatched, each reported as it ends, then the merge."""
+    import anyio
+
+    try:
+        from imggw_client.batch._dask import ClientSpec, ShardOutcome, arun_sharded
+    except ImportError:
+        usage(out, "--engine dask needs Dask: pip install 'imggw[dask]'")
+        raise  # pragma: no cover - usage() exits
+
+    client = ClientSpec(
+        base_url=flags.base_url or os.environ.get("IMGGW_BASE_URL") or None,
+        surface=flags.chosen_surface,
+    )
+    where = address or f"a local cluster of {workers} worker(s)"
+    out.note(f"running shards of {shard_size} lines on {where}")
+
+    def on_shard(outcome: ShardOutcome) -> None:
+        tries = f" after {outcome.attempts} tries" if outcome.attempts > 1 else ""
+        if outcome.report is not None:
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(outcome.report.counts.items()))
+            out.note(f"shard {outcome.name} ended{tries}: {counts}")
+        else:
+            from imggw_client._core.text import printable
+
+            out.warn(f"shard {outcome.name} failed{tries}: {printable(str(outcome.error))}")
+
+    report = anyio.run(
+        lambda: arun_sharded(
+            source, dest, address=address, workers=workers, shard_size=shard_size,
+            client=client, rate_limit=flags.rate_limit, on_shard=on_shard, **options,
+        )
+    )  # fmt: skip
+    print_manifest(flags, dest, "manifest.jsonl", options.get("storage_options"))
+    if not out.quiet:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(report.merged.counts.items()))
+        out.note(
+            f"{len(report.shards)} shard(s) in {report.elapsed:.1f}s (engine ready in "
+            f"{report.startup:.1f}s): {counts}"
+        )
+        if report.changed_count:
+            shown = ", ".join(str(n) for n in report.changed_lines[:10])
+            out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+    for failed in report.failed_shards:
+        out.warn(f"shard {failed.name} kept failing; run the same command again to resume it")
+    if report.exit_code == 3 and not report.failed_shards:
+        out.note("some lines are unfinished: run the same command again to resume them")
+    return report.exit_code
+
+
+def print_manifest(
+    flags: Globals, dest: str, rel: str, storage_options: dict[str, Any] | None = None
+) -> None:
+    """The manifest ``rel`` (in the output folder) on stdout, a record a line, with --json;
+    else where it is."""
+    from imggw_client.batch._storage import open_storage
+
+    storage = open_storage(dest, storage_options)
+    if not flags.json:
+        print(storage.where(rel), flush=True)
+        return
+    data = storage.read(rel) or b""
+    for line in data.decode("utf-8").splitlines():
+        if line.strip():
+            print(line, flush=True)
+
+
+def merge_command(out: Output, flags: Globals, dest: str, title: str | None) -> int:
+    from imggw_client.batch import merge
+
+    report = merge(dest, title=title)
+    print_manifest(flags, dest, "manifest.jsonl")
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts.items()))
+    out.note(f"merged {len(report.shards)} shard(s): {counts or 'no lines'}")
+    return report.exit_code
+
+
+def status_command(out: Output, flags: Globals, dest: str) -> int:
+    from imggw_client.batch import status
+
+    st: RunStatus = status(dest)
+    record = st.as_dict()
+    ended = sum(1 for shard in st.shards if shard["ended"])
+    line = f"{st.total} lines: " + ", ".join(f"{n} {state}" for state, n in st.counts.items())
+    if st.bad:
+        line += f"; {st.bad} bad input line(s)"
+    if st.shards:
+        line += f"; shards: {ended} of {len(st.shards)} ended at least once"
+    out.data(record, [line])
+    return st.exit_code

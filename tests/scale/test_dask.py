@@ -1,0 +1,185 @@
+"""The Dask engine on a LocalCluster of 2 worker processes over loopback: a worker SIGKILLed
+mid-run and a shard that raises still bill every line once; S3 (moto) as the output folder;
+one request budget for the whole run, on the scheduler; a changed input refused before
+anything is dispatched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from imggw_cli._app import app
+from imggw_client import RateLimit
+from imggw_client.batch import status
+from imggw_client.mock import MockGateway
+
+from .conftest import FAST, KEY, check_from_storage, write_prompts
+
+pytest.importorskip("distributed")
+
+from imggw_client.batch._dask import (
+    BudgetPlugin,
+    ClientSpec,
+    ShardedReport,
+    run_sharded,
+)
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[MockGateway, str]]:
+    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6)
+    with gw.serve() as url:
+        yield gw, url
+
+
+def spec(url: str) -> ClientSpec:
+    return ClientSpec(base_url=url, **FAST)
+
+
+def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
+    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+) -> None:
+    gw, url = gateway
+    lines = 60
+    source = write_prompts(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out"
+    pids = dask_client.run(os.getpid)
+    done: list[ShardedReport] = []
+    failure: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            done.append(run_sharded(
+                source, out, address=dask_client.scheduler.address, shard_size=10,
+                client=spec(url), concurrency=4, faults={2: 3},  # shard 2 raises after 3 lines
+            ))  # fmt: skip
+        except BaseException as exc:  # reported below, in the test's thread
+            failure.append(exc)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    deadline = time.monotonic() + 60
+    while gw.stats()["tasks_created"] < 15:  # mid-run for sure
+        assert driver.is_alive(), failure
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(next(iter(pids.values())), signal.SIGKILL)
+    driver.join(timeout=90)
+    assert not driver.is_alive()
+    assert not failure, failure
+    (report,) = done
+    assert report.exit_code == 0, [(s.name, s.error) for s in report.shards]
+    assert report.retried >= 1  # the shard that raised ran again
+    assert gw.stats()["tasks_created"] == lines  # every line billed exactly once
+    check_from_storage(str(out), None, lines)  # every file's sha256, read back from the folder
+
+
+def test_s3_output_folder_on_a_local_moto_server(
+    gateway: tuple[MockGateway, str], dask_client: Any, s3: dict[str, Any], tmp_path: Path
+) -> None:
+    gw, url = gateway
+    import fsspec
+
+    source = write_prompts(tmp_path / "in.jsonl", 20)
+    dest = "s3://imggw-test/run-1"
+    report = run_sharded(
+        source, dest, address=dask_client.scheduler.address, shard_size=10, client=spec(url),
+        storage_options=s3, checkpoint_every=0.3, scratch=tmp_path / "scratch",
+    )  # fmt: skip
+    assert report.exit_code == 0
+    assert gw.stats()["tasks_created"] == 20
+    check_from_storage(dest, s3, 20)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3)
+    for name in ("0001-of-0002", "0002-of-0002"):
+        for kept in ("ledger.sqlite", "manifest.jsonl", "lines.fp", "input.jsonl"):
+            assert fs.exists(f"imggw-test/run-1/shards/{name}/{kept}"), (name, kept)
+    st = status(dest, storage_options=s3)
+    assert (st.total, st.counts["succeeded"], st.exit_code) == (20, 20, 0)
+    assert not list((tmp_path / "scratch").rglob("*.png"))  # uploaded, then deleted locally
+
+
+def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_path: Path) -> None:
+    gw = MockGateway(api_keys=[KEY], seed=4, duration_min=0.1, duration_max=0.2)
+    sent: list[float] = []
+    handle = gw.handle
+
+    def spy(request: Any) -> Any:
+        if request.method == "POST":
+            sent.append(time.monotonic())
+        return handle(request)
+
+    gw.handle = spy  # type: ignore[method-assign]
+    rate, lines = 10.0, 30
+    source = write_prompts(tmp_path / "in.jsonl", lines)
+    with gw.serve() as url:
+        report = run_sharded(
+            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=8,
+            client=spec(url), concurrency=8, rate_limit=RateLimit(submits_per_second=rate),
+        )  # fmt: skip
+    assert report.exit_code == 0
+    assert len(sent) == lines
+    peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
+    assert peak <= rate * 1.1  # 4 shards on 2 workers, paced as one client
+    assert sent[-1] - sent[0] >= (lines - 1) / rate * 0.9
+
+
+def test_a_429_seen_by_one_worker_slows_every_worker() -> None:
+    plugin = BudgetPlugin()
+    plugin.handle("run", "open", limit={"submits_per_second": 100.0})
+    first = plugin.handle("run", "reserve", kind="submit")
+    assert first["wait"] == 0.0
+    plugin.handle("run", "finished", ticket=first["ticket"], limited=True, retry_after=2.0)
+    other = plugin.handle("run", "reserve", kind="submit")  # another worker's request
+    assert other["wait"] > 1.5
+
+
+def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
+    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+) -> None:
+    gw, url = gateway
+    source = write_prompts(tmp_path / "in.jsonl", 6)
+    out = tmp_path / "out"
+    command = ["batch", str(source), "-o", str(out), "--engine", "dask", "--address",
+               dask_client.scheduler.address, "--shard-size", "3", "--base-url", url]  # fmt: skip
+    env = {"IMGGW_API_KEY": KEY}
+    first = CliRunner().invoke(app, command, env=env)
+    assert first.exit_code == 0, first.stderr
+    assert first.stdout.strip().endswith("manifest.jsonl")
+    assert gw.stats()["tasks_created"] == 6
+    source.write_text(source.read_text().replace("image 4", "an edited line"))
+    refused = CliRunner().invoke(app, command, env=env)
+    assert refused.exit_code == 2
+    assert "(1 line(s): 5)" in refused.stderr
+    assert "--allow-changes" in refused.stderr
+    assert gw.stats()["tasks_created"] == 6  # nothing was sent
+    allowed = CliRunner().invoke(app, [*command, "--allow-changes", "--json"], env=env)
+    assert allowed.exit_code == 0, allowed.stderr
+    assert gw.stats()["tasks_created"] == 7  # the changed line alone, as a new request
+    records = check_from_storage(str(out), None, 6)
+    assert records[4]["prompt"] == "an edited line"
+    assert allowed.stdout.count("\n") == 6  # --json: the merged manifest on stdout
+
+
+def test_workers_starts_and_stops_a_local_cluster(
+    gateway: tuple[MockGateway, str], worker_env: None, tmp_path: Path
+) -> None:
+    gw, url = gateway
+    source = write_prompts(tmp_path / "in.jsonl", 4)
+    result = CliRunner().invoke(
+        app,
+        ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
+         "--workers", "1", "--shard-size", "2", "--base-url", url],
+        env={"IMGGW_API_KEY": KEY},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 4
+    assert "a local cluster of 1 worker(s)" in result.stderr
+    assert gw.stats()["tasks_created"] == 4
