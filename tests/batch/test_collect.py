@@ -241,3 +241,17 @@ def test_finished_tasks_are_downloaded_soonest_expiry_first(tmp_path: Path) -> N
     assert len(fetched) == 10
     later = fetched[1:]  # the first may start before the others are queued
     assert later == sorted(later, key=lambda task_id: expiry[task_id])
+
+
+def test_a_task_named_twice_with_and_without_its_surface_is_one_line(
+    gateway: MockGateway, url: str, tmp_path: Path
+) -> None:
+    ids = [json.loads(line)["task_id"] for line in submit_json(url, ["a cat"]).splitlines()]
+    source = tmp_path / "ids.jsonl"
+    # "beta" is the default surface: both lines name one task, which is saved once.
+    source.write_text(f'{ids[0]}\n{{"task_id": "{ids[0]}", "surface": "beta"}}\n')
+    code, _, err = imggw("download", "--from", str(source), "-o", str(tmp_path / "out"),
+                         "--base-url", url)  # fmt: skip
+    assert code == 2, err
+    assert "line 2: task repeats an earlier line" in err
+    assert results_fetched(gateway) == 0

@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from imggw_client import PollPolicy, RetryPolicy
-from imggw_client.batch import LEDGER_NAME, BatchReport, StorageError, run_batch
+from imggw_client import PollPolicy, RequestValidationError, RetryPolicy
+from imggw_client.batch import (
+    LEDGER_NAME,
+    BatchReport,
+    InputChangedError,
+    StorageError,
+    run_batch,
+)
 from imggw_client.batch._identity import LINES_NAME, RUN_NAME, idempotency_key
 from imggw_client.batch._ledger import SCHEMA_VERSION, Ledger
 from imggw_client.mock import MockGateway
@@ -125,3 +131,63 @@ def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         columns = {row[1] for row in db.execute("PRAGMA table_info(lines)")}
     assert {"kind", "fields", "expires_at", "planned"} <= columns
+
+
+def test_comments_blank_lines_and_a_byte_order_mark_change_no_line(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+    source = tmp_path / "prompts.txt"
+    source.write_text("a cat\na dog\na wolf\n")
+    out = tmp_path / "out"
+    first = batch(gw, source, out)
+    assert first.exit_code == 0
+    with Ledger.open(out) as ledger:
+        keys = {row.identity: row.idempotency_key for row in ledger.iter_rows()}
+    # Lines without ids are known by their place among the input's entries, not by their
+    # line number: notes and spacing added anywhere (and an editor's BOM) are not changes.
+    source.write_bytes("\ufeff# my prompts\n\na cat\n\n# dogs\na dog\na wolf\n".encode())
+    sent = sum(gw.stats()["requests"].values())
+    second = batch(gw, source, out)
+    assert second.exit_code == 0
+    assert second.changed_count == 0
+    assert gw.stats()["tasks_created"] == 3
+    with Ledger.open(out) as ledger:
+        rows = list(ledger.iter_rows())
+    assert {row.identity: row.idempotency_key for row in rows} == keys
+    assert sorted(row.line for row in rows) == [3, 6, 7]  # the manifest follows the new lines
+    assert json.loads((out / "manifest.jsonl").read_text().splitlines()[0])["line"] == 3
+    assert sum(gw.stats()["requests"].values()) == sent  # all saved already: nothing sent
+
+
+def test_lines_with_ids_may_move_but_a_removed_line_is_a_change(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+    source = tmp_path / "in.jsonl"
+
+    def lines(*ids: str) -> None:
+        source.write_text("".join(json.dumps({"id": i, "prompt": f"p {i}"}) + "\n" for i in ids))
+
+    lines("a", "b", "c", "d")
+    out = tmp_path / "out"
+    assert batch(gw, source, out).exit_code == 0
+    lines("d", "c", "b", "a")  # reordered: the same requests, nothing new to pay for
+    assert batch(gw, source, out).changed_count == 0
+    lines("d", "c", "a")  # "b", at line 3 now, is gone: maybe the wrong file, so ask
+    with pytest.raises(InputChangedError) as info:
+        batch(gw, source, out)
+    assert (info.value.lines, info.value.count) == ([3], 1)
+    assert gw.stats()["tasks_created"] == 4
+
+
+def test_a_damaged_input_record_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+    source = write(tmp_path / "in.jsonl", ["a cat", "a dog"])
+    out = tmp_path / "out"
+    assert batch(gw, source, out).exit_code == 0
+    record = out / LINES_NAME
+    record.write_bytes(record.read_bytes()[:-3])  # a torn copy
+    sent = sum(gw.stats()["requests"].values())
+    with pytest.raises(RequestValidationError, match=r"lines\.fp is damaged.*delete it"):
+        batch(gw, source, out)
+    assert sum(gw.stats()["requests"].values()) == sent
+    record.unlink()  # as the message says: the rerun compares with nothing, replays all
+    assert batch(gw, source, out).exit_code == 0
+    assert gw.stats()["tasks_created"] == 2

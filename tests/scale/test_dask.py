@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from imggw_cli._app import app
 from imggw_client import RateLimit
 from imggw_client.batch import status
+from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 
 from .conftest import FAST, KEY, check_from_storage, write_prompts
@@ -166,6 +167,33 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     records = check_from_storage(str(out), None, 6)
     assert records[4]["prompt"] == "an edited line"
     assert allowed.stdout.count("\n") == 6  # --json: the merged manifest on stdout
+
+
+def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
+    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+) -> None:
+    gw, url = gateway
+    source = tmp_path / "in.txt"
+    # Comments and blank lines fall in every slice of 3 physical lines.
+    source.write_text("# cats\na\n\nb\n# dogs\nc\nd\n\ne\nf\n")
+    out = tmp_path / "out"
+
+    def run() -> ShardedReport:
+        return run_sharded(source, out, address=dask_client.scheduler.address, shard_size=3,
+                           client=spec(url), concurrency=4)  # fmt: skip
+
+    assert run().exit_code == 0
+    identities = set()
+    for ledger_path in sorted(out.glob("shards/*/ledger.sqlite")):
+        with Ledger.open(ledger_path.parent) as ledger:
+            identities |= {(row.identity, row.line) for row in ledger.iter_rows()}
+    expected = {("line:1", 2), ("line:2", 4), ("line:3", 6), ("line:4", 7), ("line:5", 9),
+                ("line:6", 10)}  # fmt: skip
+    assert identities == expected
+    source.write_text("a\nb\nc\nd\ne\nf\n")  # the notes gone: the same six requests
+    again = run()
+    assert (again.exit_code, again.changed_count) == (0, 0)
+    assert gw.stats()["tasks_created"] == 6
 
 
 def test_workers_starts_and_stops_a_local_cluster(

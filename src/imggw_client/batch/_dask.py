@@ -352,6 +352,7 @@ class _Prepared:
     total: int
     count: int
     scan: Scan
+    first_entries: list[int]
 
 
 def _prepare(
@@ -390,8 +391,8 @@ def _prepare(
                 run = _identity.RunIdentity(run.run_id, scan.fingerprint)
                 storage.write(_identity.RUN_NAME, _identity.record_bytes(run))
             count = max(1, math.ceil(total / shard_size))
-            write_slices(source, storage, count, total, work)
-            return _Prepared(run, total, count, scan)
+            first_entries = write_slices(source, storage, count, total, work)
+            return _Prepared(run, total, count, scan, first_entries)
         finally:
             scan.digests.discard()
     raise ConfigurationError(  # pragma: no cover - two runs racing twice on a fresh folder
@@ -528,7 +529,8 @@ async def _dispatch(
             async def one(outcome: ShardOutcome) -> None:
                 spec = ShardSpec(
                     source=f"{SHARDS_DIR}/{outcome.name}/{name}", dest=dest, index=outcome.index,
-                    count=count, sliced=True, lines=outcome.lines, allow_changes=True, **options,
+                    count=count, sliced=True, lines=outcome.lines, allow_changes=True,
+                    first_entry=prepared.first_entries[outcome.index - 1], **options,
                 )  # fmt: skip
                 try:
                     outcome.report = await _run_with_retries(

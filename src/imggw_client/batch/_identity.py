@@ -3,9 +3,9 @@ same idempotency key, and what tells a changed input from the one the run was ma
 
 - ``run.json``: the run id (random, made by the first run on the folder, before anything is
   sent) and the input's fingerprint.
-- ``lines.fp``: one 16-byte entry per input line, in order: its line number and a digest of its
-  identity and request. A rerun compares its input with it, entry by entry, in one streaming
-  pass, so it can name the lines that changed even when every ledger was deleted.
+- ``lines.fp``: one 16-byte entry per input line, in order: its line number and digests of its
+  identity and its request. A rerun compares its input with it, line by line, keyed by
+  identity, so it can name the lines that changed even when every ledger was deleted.
 
 Each line's key is a pure function of (run id, line identity, request fingerprint): a worker
 death, a lost disk, a deleted ledger or a restarted driver all send the same key again, and the
@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import secrets
+import sqlite3
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -30,7 +31,8 @@ from .._exceptions import ImggwError, RequestValidationError
 RUN_NAME = "run.json"
 LINES_NAME = "lines.fp"
 FORMAT = 1
-_ENTRY = struct.Struct(">I12s")  # line number, digest
+_ENTRY = struct.Struct(">I12s")  # line number, digest (line_digest)
+_ID = 8  # the bytes of a digest that name the line
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,9 @@ def idempotency_key(run_id: str, identity: str, fingerprint: str) -> str:
 
 
 def line_digest(identity: str, fingerprint: str) -> bytes:
-    return hashlib.blake2b(f"{identity}\0{fingerprint}".encode(), digest_size=12).digest()
+    """A line's entry in ``lines.fp``: 8 bytes naming the line, 4 naming its request."""
+    named = hashlib.blake2b(identity.encode(), digest_size=_ID).digest()
+    return named + hashlib.blake2b(fingerprint.encode(), digest_size=12 - _ID).digest()
 
 
 def load(folder: Path) -> RunIdentity | None:
@@ -110,55 +114,79 @@ def save(folder: Path, identity: RunIdentity) -> None:
 
 
 class LineDigests:
-    """Writes the new ``lines.fp`` while comparing it, entry by entry, with the old one.
+    """Writes the new ``lines.fp`` while comparing it with the old one, line by line, keyed by
+    each line's identity: a line whose request changed, a line added and (over a whole input)
+    a line removed are changes; a line that moved, as when a comment is added above it, is
+    not (its key does not change).
 
-    ``old`` is the record to compare with (default: the folder's own); ``within`` keeps only
-    its entries for those line numbers (a shard compares its range with a whole run's record).
+    ``old`` is the record to compare with (default: the folder's own); ``within`` is the range
+    of new line numbers compared (a shard compares its range with a whole run's record: lines
+    the shard does not hold are not removed).
+
+    Most reruns send the same input: entries are compared in order as they come, in constant
+    memory, and only when they stop matching does :meth:`finish` compare by identity, on disk.
     """
 
     def __init__(
         self, folder: Path, *, old: Path | None = None, within: range | None = None
     ) -> None:
         self.folder = folder
-        old = folder / LINES_NAME if old is None else old
-        self._old = _read_entries(old, within)
-        self._had_old = old.exists()
-        self._pending: tuple[int, bytes] | None = next(self._old, None)
+        self._old_path = folder / LINES_NAME if old is None else old
+        self._within = within
+        self._had_old = self._old_path.exists()
+        self._old = _read_entries(self._old_path, within)
+        self._in_step = True  # every entry so far matched the old one at its place
         self._tmp = folder / f".{LINES_NAME}.{secrets.token_hex(4)}.part"
         self._out: BinaryIO = self._tmp.open("wb")
         self._fingerprint = hashlib.sha256()
-        self.changed: list[int] = []  # the first changed line numbers
+        self.changed: list[int] = []  # the first changed line numbers, in order
         self.changed_count = 0
 
     def add(self, line: int, digest: bytes) -> None:
         entry = _ENTRY.pack(line, digest)
         self._out.write(entry)
         self._fingerprint.update(entry)
-        # Merge by line number: old entries before this line were removed; one at this line
-        # with another digest was edited; none at all means the line was added.
-        while self._pending is not None and self._pending[0] < line:
-            self._change(self._pending[0])
-            self._pending = next(self._old, None)
-        if self._pending is not None and self._pending[0] == line:
-            if self._pending[1] != digest:
-                self._change(line)
-            self._pending = next(self._old, None)
-        elif self._had_old:
-            self._change(line)
-
-    def _change(self, line: int) -> None:
-        self.changed_count += 1
-        if len(self.changed) < 1000:
-            self.changed.append(line)
+        if self._in_step:
+            previous = next(self._old, None)
+            self._in_step = previous is not None and previous[1] == digest
 
     def finish(self) -> str:
-        """Ends the comparison (old lines past the new input's end were removed); returns the
-        new input's fingerprint. The new entries are kept aside until :meth:`commit`."""
-        while self._pending is not None:
-            self._change(self._pending[0])
-            self._pending = next(self._old, None)
+        """Ends the comparison; returns the new input's fingerprint. The new entries are kept
+        aside until :meth:`commit`."""
         self._out.close()
+        if not self._had_old:
+            return self._fingerprint.hexdigest()
+        if self._in_step and next(self._old, None) is None:
+            return self._fingerprint.hexdigest()
+        self._old.close()
+        self._compare_by_identity()
         return self._fingerprint.hexdigest()
+
+    def _compare_by_identity(self) -> None:
+        # An anonymous SQLite database lives in a temporary file: a million lines' entries
+        # need no memory of ours. Lines are matched on the identity half of their digests.
+        db = sqlite3.connect("")
+        try:
+            for table in ("old", "new"):
+                db.execute(f"CREATE TABLE {table} (id BLOB PRIMARY KEY, fp BLOB, line INTEGER)")
+            rows = ((d[:_ID], d[_ID:], n) for n, d in _read_entries(self._old_path))
+            db.executemany("INSERT OR REPLACE INTO old VALUES (?, ?, ?)", rows)
+            rows = ((d[:_ID], d[_ID:], n) for n, d in _read_entries(self._tmp))
+            db.executemany("INSERT OR REPLACE INTO new VALUES (?, ?, ?)", rows)
+            changes = (
+                "SELECT new.line FROM new LEFT JOIN old ON old.id = new.id"
+                " WHERE old.id IS NULL OR old.fp != new.fp"
+            )
+            if self._within is None:  # lines the input no longer has, at their old numbers
+                changes += (
+                    " UNION ALL SELECT old.line FROM old LEFT JOIN new ON new.id = old.id"
+                    " WHERE new.id IS NULL"
+                )
+            (self.changed_count,) = db.execute(f"SELECT count(*) FROM ({changes})").fetchone()
+            found = db.execute(f"SELECT line FROM ({changes}) ORDER BY line LIMIT 1000")
+            self.changed = [line for (line,) in found]
+        finally:
+            db.close()
 
     def new_entries(self) -> bytes:
         """The new record's bytes (after :meth:`finish`)."""
@@ -173,18 +201,27 @@ class LineDigests:
     def discard(self) -> None:
         if not self._out.closed:
             self._out.close()
+        self._old.close()
         self._tmp.unlink(missing_ok=True)
 
 
-def _read_entries(path: Path, within: range | None = None) -> Iterator[tuple[int, bytes]]:
+def _read_entries(
+    path: Path, within: range | None = None
+) -> Generator[tuple[int, bytes], None, None]:
     try:
         handle = path.open("rb")
     except FileNotFoundError:
         return
     with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size % _ENTRY.size:
+            raise RequestValidationError(
+                "out_dir",
+                f"{path} is damaged (its size, {size} bytes, is not a whole number of "
+                f"entries); delete it and rerun: the input is then compared with nothing",
+            )
         while chunk := handle.read(_ENTRY.size * 4096):
-            for offset in range(0, len(chunk) - _ENTRY.size + 1, _ENTRY.size):
-                line, digest = _ENTRY.unpack_from(chunk, offset)
+            for line, digest in _ENTRY.iter_unpack(chunk):
                 if within is None or line in within:
                     yield line, digest
                 elif line >= within.stop:

@@ -16,7 +16,7 @@ import io
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,7 +44,10 @@ MAX_LINE_CHARS = 1 << 20  # a prompt is at most 20,000 characters; a longer line
 class InputLine:
     """One line of work: its 1-based line number, the caller's id if any, and either the
     request to generate or the task to collect (``task_id``, with its ``surface`` if the line
-    names one). ``fields`` keeps the request's text for the manifest and the gallery."""
+    names one). ``fields`` keeps the request's text for the manifest and the gallery.
+    ``entry`` counts the input's lines that are neither blank nor comments (bad ones
+    included): a line with no id is known by it, so a comment or blank line added anywhere
+    changes no line's identity (nor its key)."""
 
     line: int
     request: ImageRequest | None = None
@@ -52,20 +55,21 @@ class InputLine:
     task_id: str | None = None
     surface: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
+    entry: int = 0
 
     @property
     def kind(self) -> str:
         return COLLECT if self.task_id is not None else GENERATE
 
-    @property
-    def identity(self) -> str:
+    def identity(self, default_surface: str) -> str:
         """What ties this line to its ledger row across runs: the caller's id, else the task a
-        collect line names (so naming it twice is caught), else the line number."""
+        collect line names on its surface (so naming it twice is caught, with or without the
+        surface spelled out), else its entry number."""
         if self.caller_id is not None:
             return f"id:{self.caller_id}"
         if self.task_id is not None:
-            return f"task:{self.surface or '-'}:{self.task_id}"
-        return f"line:{self.line}"
+            return f"task:{self.surface or default_surface}:{self.task_id}"
+        return f"line:{self.entry or self.line}"
 
     def fingerprint(self, surface: str) -> str:
         """What the line asks for, on the surface it runs on: a new fingerprint is a new
@@ -133,72 +137,83 @@ def iter_lines(
     collect: bool = False,
     lines: range | None = None,
     first_line: int = 1,
+    first_entry: int = 1,
 ) -> Iterator[InputLine | BadLine]:
     """Each line of ``source`` in order, parsed: a file path (``-`` or a text stream for
     standard input), or an iterable of ``ImageRequest``, dicts or strings (position = line
     number). Repeated caller ids are not checked here: the ledger refuses them.
 
     ``lines`` keeps only the lines whose numbers it holds (a shard's range: the others are
-    skipped unparsed); ``first_line`` is the number of the source's first line (a shard's slice
-    of a larger input keeps its lines' numbers)."""
-    for number, item in _raw_items(source, collect, lines, first_line):
+    skipped unparsed); ``first_line`` and ``first_entry`` are the numbers of the source's
+    first line and entry (a shard's slice of a larger input keeps its lines' numbers)."""
+    for number, entry, item in _raw_items(source, collect, lines, first_line, first_entry):
         try:
-            yield _parse_collect(number, item) if collect else _parse(number, item)
+            parsed = _parse_collect(number, item) if collect else _parse(number, item)
         except _Bad as problem:
             yield BadLine(number, str(problem))
+        else:
+            yield replace(parsed, entry=entry)
 
 
 def _raw_items(
-    source: Any, collect: bool, lines: range | None = None, first_line: int = 1
-) -> Iterator[tuple[int, Any]]:
+    source: Any,
+    collect: bool,
+    lines: range | None = None,
+    first_line: int = 1,
+    first_entry: int = 1,
+) -> Iterator[tuple[int, int, Any]]:
     if isinstance(source, (str, Path)) and str(source) == "-":
         source = sys.stdin
     if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
-        yield from _text_items(source, jsonl=True, lines=lines, first_line=first_line)
+        yield from _text_items(source, True, lines, first_line, first_entry)
         return
     if isinstance(source, (str, Path)):
         path = Path(source)
         try:
-            handle = path.open(encoding="utf-8", newline="")
+            # utf-8-sig: a byte-order mark some editors write is not part of the first line.
+            handle = path.open(encoding="utf-8-sig", newline="")
         except OSError as exc:
             raise RequestValidationError("source", f"cannot read {path}: {exc.strerror}") from exc
         with handle:
             jsonl = collect or path.suffix.lower() in JSONL_SUFFIXES
             try:
-                yield from _text_items(handle, jsonl=jsonl, lines=lines, first_line=first_line)
+                yield from _text_items(handle, jsonl, lines, first_line, first_entry)
             except UnicodeDecodeError as exc:
                 raise RequestValidationError(
                     "source", f"cannot read {path}: not UTF-8 text ({exc.reason})"
                 ) from exc
         return
-    for number, item in enumerate(source, start=first_line):
+    for offset, item in enumerate(source):
+        number = first_line + offset
         if lines is None or number in lines:
-            yield number, item
+            yield number, first_entry + offset, item
 
 
 def _text_items(
-    handle: Any, *, jsonl: bool, lines: range | None = None, first_line: int = 1
-) -> Iterator[tuple[int, Any]]:
+    handle: Any, jsonl: bool, lines: range | None, first_line: int, first_entry: int
+) -> Iterator[tuple[int, int, Any]]:
+    entry = first_entry - 1
     for number, raw in enumerate(handle, start=first_line):
-        if lines is not None and number not in lines:
-            if number >= lines.stop:
-                return  # a range is contiguous: nothing of it comes later
-            continue
+        if lines is not None and number >= lines.stop:
+            return  # a range is contiguous: nothing of it comes later
         raw = raw.rstrip("\r\n")
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
+        entry += 1  # counted before the range too: entries are numbered over the whole input
+        if lines is not None and number not in lines:
+            continue
         if len(raw) > MAX_LINE_CHARS:
-            yield number, _Unreadable(f"longer than {MAX_LINE_CHARS} characters")
+            yield number, entry, _Unreadable(f"longer than {MAX_LINE_CHARS} characters")
         elif not jsonl:
-            yield number, raw
+            yield number, entry, raw
         elif stripped[0] in '{["':
             try:
-                yield number, jsonio.loads(stripped, unique_keys=True)
+                yield number, entry, jsonio.loads(stripped, unique_keys=True)
             except ValueError:
-                yield number, _Unreadable("not a JSON object")
+                yield number, entry, _Unreadable("not a JSON object")
         else:
-            yield number, _Bare(stripped)
+            yield number, entry, _Bare(stripped)
 
 
 class _Unreadable:

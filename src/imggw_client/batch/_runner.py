@@ -295,11 +295,12 @@ def _plan(
     record: Record | None = None,
     lines: range | None = None,
     first_line: int = 1,
+    first_entry: int = 1,
 ) -> _Plan:
     """One pass over the input, in one ledger transaction that commits only if the run may go:
     no bad line (unless skipped) and no changed line (unless allowed). Blocking: run it in a
-    worker thread. ``record`` keeps the run's identity (default: the folder's); ``lines`` and
-    ``first_line`` as in :func:`iter_lines` (a shard)."""
+    worker thread. ``record`` keeps the run's identity (default: the folder's); ``lines``,
+    ``first_line`` and ``first_entry`` as in :func:`iter_lines` (a shard)."""
     record = FolderRecord(folder) if record is None else record
     digests = record.digests()
     run_id = record.run_id
@@ -307,11 +308,14 @@ def _plan(
     ledger.begin_plan()
     ok = False
     try:
-        for item in iter_lines(source, collect=collect, lines=lines, first_line=first_line):
+        items = iter_lines(
+            source, collect=collect, lines=lines, first_line=first_line, first_entry=first_entry
+        )
+        for item in items:
             if isinstance(item, InputLine):
                 row = _new_row(item, surface, run_id)
                 if ledger.plan_line(row) is None:
-                    item = BadLine(item.line, f"{item.identity.split(':', 1)[0]} repeats an "
+                    item = BadLine(item.line, f"{row.identity.split(':', 1)[0]} repeats an "
                                    f"earlier line")  # fmt: skip
                 else:
                     digests.add(item.line, _identity.line_digest(row.identity, row.fingerprint))
@@ -339,11 +343,12 @@ def _plan(
 def _new_row(item: InputLine, default_surface: str, run_id: str) -> Row:
     surface = check_surface(item.surface or default_surface)
     fingerprint = item.fingerprint(default_surface)
+    identity = item.identity(default_surface)
     key = None
     if item.kind != COLLECT:
-        key = _identity.idempotency_key(run_id, item.identity, fingerprint)
+        key = _identity.idempotency_key(run_id, identity, fingerprint)
     return Row(
-        identity=item.identity,
+        identity=identity,
         line=item.line,
         caller_id=item.caller_id,
         kind=item.kind,
@@ -823,6 +828,7 @@ async def execute(
     record: Record | None = None,
     lines: range | None = None,
     first_line: int = 1,
+    first_entry: int = 1,
     store: ResultStore | None = None,
 ) -> BatchReport:
     """A run over an open ledger in ``folder``: :func:`arun_batch` for one folder, and each
@@ -834,7 +840,7 @@ async def execute(
     planning = functools.partial(
         _plan, source, folder, ledger, surface=run_surface, collect=collect,
         skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, record=record, lines=lines,
-        first_line=first_line,
+        first_line=first_line, first_entry=first_entry,
     )  # fmt: skip
     plan = await anyio.to_thread.run_sync(planning)
     totals = ledger.totals()

@@ -156,18 +156,17 @@ def scan_input(
             seen.execute("CREATE TABLE ids (identity TEXT PRIMARY KEY)")
             for item in iter_lines(source, lines=lines):
                 if isinstance(item, InputLine):
+                    identity = item.identity(surface)
                     repeat = False
-                    if not item.identity.startswith("line:"):
-                        cursor = seen.execute(
-                            "INSERT OR IGNORE INTO ids VALUES (?)", (item.identity,)
-                        )
+                    if not identity.startswith("line:"):
+                        cursor = seen.execute("INSERT OR IGNORE INTO ids VALUES (?)", (identity,))
                         repeat = cursor.rowcount == 0
                     if not repeat:
                         fingerprint = item.fingerprint(surface)
-                        digest = _identity.line_digest(item.identity, fingerprint)
+                        digest = _identity.line_digest(identity, fingerprint)
                         digests.add(item.line, digest)
                         continue
-                    reason = f"{item.identity.split(':', 1)[0]} repeats an earlier line"
+                    reason = f"{identity.split(':', 1)[0]} repeats an earlier line"
                     item_line = item.line
                 else:
                     reason, item_line = item.reason, item.line
@@ -256,6 +255,7 @@ class ShardSpec:
     scratch: str | None = None
     checkpoint_every: float = CHECKPOINT_EVERY
     lines: range | None = None  # the shard's range, when the caller cut it already
+    first_entry: int = 1  # with ``sliced``: the entry number of the slice's first line
 
     @property
     def name(self) -> str:
@@ -418,8 +418,9 @@ def _restore(storage: Storage, spec: ShardSpec, work: Path) -> None:
 
 def _prepare_shard(
     storage: Storage, spec: ShardSpec, surface: str, work: Path
-) -> tuple[_identity.RunIdentity, str, range, int]:
-    """The run's identity (made once), the shard's input and its range. Blocking."""
+) -> tuple[_identity.RunIdentity, str, range, int, int]:
+    """The run's identity (made once), the shard's input, its range, and the line and entry
+    numbers the input starts at. Blocking."""
     if spec.sliced:  # an engine's driver made the identity and cut the input
         run = load_identity(storage)
         if run is None or spec.lines is None:
@@ -428,11 +429,11 @@ def _prepare_shard(
             )
         local = storage.local
         if local is not None:
-            return run, str(local / spec.source), spec.lines, spec.lines.start
+            return run, str(local / spec.source), spec.lines, spec.lines.start, spec.first_entry
         path = work / Path(spec.source).name
         if not storage.get(spec.source, path):
             raise StorageError(f"{storage.where(spec.source)} is missing", code="storage_failed")
-        return run, str(path), spec.lines, spec.lines.start
+        return run, str(path), spec.lines, spec.lines.start, spec.first_entry
     lines = spec.lines or shard_range(spec.index, spec.count, count_lines(spec.source))
     run = load_identity(storage)
     if run is None:
@@ -445,7 +446,7 @@ def _prepare_shard(
             scan.digests.discard()
     # If its creator died before lines.fp, the shard compares with nothing, as a first run does.
     wait_for_lines(storage)
-    return run, spec.source, lines, 1
+    return run, spec.source, lines, 1, 1
 
 
 async def arun_shard(
@@ -474,7 +475,7 @@ async def arun_shard(
         work.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StorageError(f"cannot create {work}: {exc.strerror}", code="storage_failed") from exc
-    run, source, lines, first = await anyio.to_thread.run_sync(
+    run, source, lines, first, first_entry = await anyio.to_thread.run_sync(
         _prepare_shard, storage, spec, surface, work
     )
     store = _ShardStore(storage, spec, work)
@@ -490,7 +491,7 @@ async def arun_shard(
                 allow_changes=spec.allow_changes, collect=False, wait=True, verify=spec.verify,
                 gallery=False, on_progress=on_progress, record=record,
                 lines=lines if not spec.sliced else None, first_line=first,
-                store=store,
+                first_entry=first_entry, store=store,
             )  # fmt: skip
     if local is None and report.exit_code != 3:  # nothing left to resume here
         shutil.rmtree(work, ignore_errors=True)
@@ -882,19 +883,27 @@ def slice_name(source: str) -> str:
     return SLICE_NAME + (suffix if suffix in JSONL_SUFFIXES else ".txt")
 
 
-def write_slices(source: str, storage: Storage, count: int, total: int, work: Path) -> None:
+def write_slices(source: str, storage: Storage, count: int, total: int, work: Path) -> list[int]:
     """Cuts ``source`` into the slices of ``count`` shards, each put in its shard's folder in
-    the output folder (where every worker can read it). Blocking."""
+    the output folder (where every worker can read it); returns each slice's first entry
+    number (see :class:`InputLine`). Blocking."""
     name = slice_name(source)
-    with Path(source).open(encoding="utf-8", newline="") as handle:
+    first_entries = []
+    entries = 0
+    with Path(source).open(encoding="utf-8-sig", newline="") as handle:
         lines = iter(handle)
         for index in range(1, count + 1):
+            first_entries.append(entries + 1)
             span = shard_range(index, count, total)
             part = work / f".{name}.{index}.{secrets.token_hex(4)}"
             with part.open("w", encoding="utf-8", newline="") as out:
                 for _ in span:
-                    out.write(next(lines))
+                    raw = next(lines)
+                    stripped = raw.strip()
+                    entries += bool(stripped) and not stripped.startswith("#")
+                    out.write(raw)
             try:
                 storage.put(part, f"{SHARDS_DIR}/{shard_name(index, count)}/{name}")
             finally:
                 part.unlink(missing_ok=True)
+    return first_entries
