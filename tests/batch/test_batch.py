@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from imggw_client import ImageRequest, PollPolicy, RetryPolicy
+from imggw_client import AsyncClient, ImageRequest, PollPolicy, RetryPolicy
 from imggw_client.batch import (
     BatchInputError,
     BatchLockedError,
@@ -241,8 +241,51 @@ def test_bad_concurrency_and_unusable_folders_are_clear_errors(tmp_path: Path) -
     for concurrency in (0, -2, True):
         with pytest.raises(RequestValidationError, match="concurrency"):
             batch(gw, source, tmp_path / "out", concurrency=concurrency)
+    for timeout in (float("nan"), float("inf"), -1.0, "60", True):
+        with pytest.raises(RequestValidationError, match="timeout: must be a finite number"):
+            batch(gw, source, tmp_path / "out", timeout=timeout)
+    assert not (tmp_path / "out").exists()  # refused before anything was opened
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("")
     with pytest.raises(RequestValidationError, match="output folder"):
         batch(gw, source, a_file / "out")
     assert gw.stats()["requests"] == {}
+
+
+def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "sk-unexpected-fault-0001"
+    gw = gateway(api_keys=[key])
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(6)])
+    original = AsyncClient.wait
+
+    async def broken(self: AsyncClient, task_id: str, **kw: Any) -> Any:
+        task = await original(self, task_id, **kw)
+        if task_id == first_task[0]:  # a bug somewhere beneath, quoting a header
+            raise RuntimeError(f"Illegal header value b'Bearer {key}'")
+        return task
+
+    first_task: list[str] = []
+    submit = AsyncClient.submit
+
+    async def spy(self: AsyncClient, *args: Any, **kw: Any) -> Any:
+        sub = await submit(self, *args, **kw)
+        first_task[:] = first_task or [sub.task_id]
+        return sub
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AsyncClient, "wait", broken)
+        patch.setattr(AsyncClient, "submit", spy)
+        report = run_batch(source, tmp_path / "out",
+                           client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
+    assert report.exit_code == 3  # unfinished: run again
+    assert report.counts == {"done": 5, "submitted": 1}
+    (logged,) = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage()]
+    assert "unexpected RuntimeError at test_batch.py:" in logged
+    assert "stays unfinished for the next run" in logged
+    assert key not in caplog.text
+    again = run_batch(source, tmp_path / "out",
+                      client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
+    assert again.counts == {"done": 6}
+    assert gw.stats()["tasks_created"] == 6

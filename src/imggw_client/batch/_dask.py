@@ -56,6 +56,7 @@ from .._exceptions import (
 )
 from . import _identity
 from ._input import BadLine, BatchInputError, count_lines
+from ._runner import check_run_options
 from ._shards import (
     CHECKPOINT_EVERY,
     SHARDS_DIR,
@@ -433,6 +434,7 @@ async def arun_sharded(
         )  # fmt: skip
     if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
         raise RequestValidationError("shard_size", "must be an integer >= 1")
+    check_run_options(concurrency, timeout)
     source = os.fspath(source)
     if source == "-" or not Path(source).is_file():
         raise RequestValidationError(

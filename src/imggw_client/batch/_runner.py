@@ -18,10 +18,12 @@ import hashlib
 import heapq
 import itertools
 import json
+import logging
 import math
 import os
 import secrets
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from tenacity import (
 from .._async_client import AsyncClient
 from .._config import RateLimit, check_surface
 from .._core.retry import classify
+from .._core.surfaces import safe_message
 from .._download import WRITE_FAILED
 from .._exceptions import (
     AuthenticationError,
@@ -77,6 +80,8 @@ from ._ledger import (
 
 MANIFEST_NAME = "manifest.jsonl"
 # Failures that doom every line alike: the run stops.
+log = logging.getLogger("imggw_client")
+UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are counted
 FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError, StorageError)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
 MIN_IN_FLIGHT = 1024  # lines in flight (submitted, waiting, queued for download) at most ...
@@ -426,6 +431,7 @@ class _Run:
         self.last_gallery = time.monotonic()
         self.gallery_cost = 0.0
         self.cancel = anyio.CancelScope()
+        self.unexpected = 0
 
     # ------------------------------------------------------------------------ progress
 
@@ -493,6 +499,22 @@ class _Run:
         self.fatal = self.fatal or err
         self.cancel.cancel()
 
+    def unexpected_fault(self, row: Row, exc: Exception) -> None:
+        """A fault no rule covers (a bug here or beneath): one line's step, not the run. The
+        line keeps the state last saved, so the next run takes it up again, with its key."""
+        self.unexpected += 1
+        if self.unexpected > UNEXPECTED_LOGGED:
+            return
+        frame = traceback.extract_tb(exc.__traceback__)[-1:]
+        where = f" at {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
+        # Only the type, place and a cleaned message: an exception's text may quote a header.
+        secret = (self.client._settings.api_key,)
+        log.error(
+            "line %d: unexpected %s%s: %s; the line stays unfinished for the next run%s",
+            row.line, type(exc).__name__, where, safe_message(str(exc), secret) or "",
+            "; later ones are counted, not logged" if self.unexpected == UNEXPECTED_LOGGED else "",
+        )  # fmt: skip
+
     # ------------------------------------------------------------------------ retries
 
     def retrying(self) -> AsyncRetrying:
@@ -536,6 +558,8 @@ class _Run:
                 await self.download(row)
         except FATAL as err:
             self.stop(err)
+        except Exception as exc:  # one line's fault must not end the run
+            self.unexpected_fault(row, exc)
         finally:
             self.in_flight.release()
             self.active -= 1
@@ -628,6 +652,8 @@ class _Run:
                 await self.save_results(item.row)
             except FATAL as err:
                 self.stop(err)
+            except Exception as exc:  # one line's fault must not end the run
+                self.unexpected_fault(item.row, exc)
             finally:
                 item.done.set()
 
@@ -757,12 +783,26 @@ def write_manifest(folder: Path, records: Iterable[dict[str, Any]]) -> Path:
 # ---------------------------------------------------------------------------- entry points
 
 
-def _check_concurrency(concurrency: object) -> int:
+def check_run_options(concurrency: object, timeout: object) -> tuple[int, float]:
+    """``concurrency`` and ``timeout`` checked before anything is opened or sent; returns them
+    as the runner uses them (no timeout: an endless budget)."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise RequestValidationError(
             "concurrency", "must be an integer >= 1", code="invalid_concurrency"
         )
-    return concurrency
+    if timeout is None:
+        return concurrency, math.inf
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout < 0
+    ):
+        raise RequestValidationError(
+            "timeout", "must be a finite number of seconds >= 0, or None for no limit",
+            code="invalid_option",
+        )  # fmt: skip
+    return concurrency, float(timeout)
 
 
 async def arun_batch(
@@ -799,7 +839,7 @@ async def arun_batch(
         async with AsyncClient() as client:
             report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
     """
-    concurrency = _check_concurrency(concurrency)
+    check_run_options(concurrency, timeout)
     folder = Path(out_dir)
     with Ledger.open(folder) as ledger:
         return await execute(
@@ -835,7 +875,7 @@ async def execute(
     shard of a sharded run, with its own ``record`` of the run's identity, its range of
     ``lines`` and its ``store`` for results (see ``_shards``)."""
     started = time.monotonic()
-    budget = math.inf if timeout is None else float(timeout)
+    concurrency, budget = check_run_options(concurrency, timeout)
     run_surface = check_surface(surface or client.surface)
     planning = functools.partial(
         _plan, source, folder, ledger, surface=run_surface, collect=collect,

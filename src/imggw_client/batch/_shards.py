@@ -60,7 +60,14 @@ from . import _identity
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from ._input import JSONL_SUFFIXES, InputLine, count_lines, iter_lines
 from ._ledger import _COLUMNS, LEDGER_NAME, Ledger, Row, StorageError
-from ._runner import MANIFEST_NAME, BatchProgress, BatchReport, execute, manifest_record
+from ._runner import (
+    MANIFEST_NAME,
+    BatchProgress,
+    BatchReport,
+    check_run_options,
+    execute,
+    manifest_record,
+)
 from ._storage import Storage, open_storage
 
 log = logging.getLogger("imggw_client")
@@ -464,6 +471,7 @@ async def arun_shard(
             report = await arun_shard(ShardSpec("prompts.jsonl", "out/", 1, 3), client=client)
     """
     check_shard(spec.index, spec.count)
+    check_run_options(spec.concurrency, spec.timeout)
     storage = open_storage(spec.dest, spec.storage_options)
     surface = check_surface(spec.surface or client.surface)
     local = storage.local
