@@ -18,6 +18,7 @@ from imggw_client import (
     Client,
     DownloadError,
     ResultExpiredError,
+    ServerError,
     Task,
     TaskError,
     TaskFailedError,
@@ -154,6 +155,39 @@ async def test_a_task_gone_from_the_gateway_means_its_results_expired(
         with pytest.raises(ResultExpiredError) as info:
             await client.download(done(f"{CDN}/x.png"), tmp_path)
     assert info.value.status_code == 410
+
+
+async def test_a_query_for_fresh_links_that_fails_for_a_while_is_not_an_expiry(
+    client: Driven, tmp_path: Path
+) -> None:
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(410))
+        query = cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(return_value=httpx.Response(503))
+        with pytest.raises(ServerError):  # worth retrying later: the result may be there
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert query.call_count > 1  # the query had the client's retries
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("answer", [503, 404])
+async def test_a_link_past_its_stated_expiry_is_tried_when_no_fresh_one_can_be_had(
+    client: Driven, tmp_path: Path, answer: int
+) -> None:
+    from datetime import datetime, timezone
+
+    stale = done(f"{CDN}/x.png?old").model_copy(
+        update={"expires_at": datetime(2020, 1, 1, tzinfo=timezone.utc)}
+    )
+    body = {"code": answer, "error": {"code": "x", "message": "no"}}
+    with respx.mock() as cdn:
+        old = cdn.get(f"{CDN}/x.png?old").mock(return_value=httpx.Response(200, content=PNG))
+        query = cdn.get(f"{BASE_URL}/beta/v1/tasks/42").mock(
+            return_value=httpx.Response(answer, json=body)
+        )
+        files = await client.download(stale, tmp_path)  # the stated expiry was wrong
+    assert query.call_count >= 1
+    assert old.call_count == 1
+    assert files[0].path.read_bytes() == PNG
 
 
 async def test_refuses_to_overwrite_without_sending_anything(

@@ -3,8 +3,10 @@ lines, bad input, locks, deadlines, expiry, rate limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from imggw_client.batch import (
 )
 from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
+from imggw_client.mock._gateway import MockResponse
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
         "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
@@ -289,3 +292,82 @@ def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest
                       client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
     assert again.counts == {"done": 6}
     assert gw.stats()["tasks_created"] == 6
+
+
+class Hiding:
+    """Wraps the gateway's answers: while ``on``, task queries answer as for an unknown task
+    (404 task_not_found, the gateway's own body), ``first`` times per task if given, else
+    every time; result downloads answer ``results`` (a status) while it is set."""
+
+    def __init__(self, gw: MockGateway, *, first: int | None = None) -> None:
+        self.on, self.first, self.results = True, first, 0
+        self.seen: Counter[str] = Counter()
+        self.handle = gw.handle
+        gw.handle = self  # type: ignore[method-assign]
+
+    def __call__(self, request: Any) -> Any:
+        path = request.path.partition("?")[0]
+        if self.results and "/results/" in path:
+            return MockResponse(self.results, b'{"error": {"code": "x", "message": "x"}}')
+        if self.on and request.method == "GET" and "/v1/tasks/" in path:
+            task_id = path.rsplit("/", 1)[1]
+            self.seen[task_id] += 1
+            if self.first is None or self.seen[task_id] <= self.first:
+                unknown = path.rsplit("/", 1)[0] + "/999999999"
+                return self.handle(dataclasses.replace(request, path=unknown))
+        return self.handle(request)
+
+
+def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(tmp_path: Path) -> None:
+    gw = gateway()
+    hiding = Hiding(gw, first=2)  # as a replica that has not seen the new task yet
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
+    report = batch(gw, source, tmp_path / "out")
+    assert report.counts == {"done": 3}
+    assert all(n >= 3 for n in hiding.seen.values())
+    assert gw.stats()["tasks_created"] == 3
+
+
+def test_a_rerun_looks_again_at_unknown_tasks_and_dead_results_and_never_resubmits(
+    tmp_path: Path,
+) -> None:
+    gw = gateway()
+    hiding = Hiding(gw)  # every query of every task: unknown
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
+    first = batch(gw, source, tmp_path / "out")
+    assert first.counts == {"failed": 3}
+    assert {r["error"]["code"] for r in manifest(first)} == {"not_found"}
+    assert all(n == 4 for n in hiding.seen.values())  # NOT_FOUND_TRIES, then the line fails
+    hiding.on = False
+    second = batch(gw, source, tmp_path / "out")  # looked at again: a query, not a submit
+    assert second.counts == {"done": 3}
+    assert posts(gw) == 3
+    assert gw.stats()["tasks_created"] == 3
+
+
+def test_results_whose_links_died_are_looked_at_again_by_a_rerun(tmp_path: Path) -> None:
+    gw = gateway()
+    hiding = Hiding(gw)
+    hiding.on, hiding.results = False, 410  # every link, fresh ones too, says "expired"
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(2)])
+    first = batch(gw, source, tmp_path / "out")
+    assert first.counts == {"expired": 2}
+    hiding.results = 0  # the gateway serves them again after all
+    second = batch(gw, source, tmp_path / "out")
+    assert second.counts == {"done": 2}
+    assert len(list((tmp_path / "out").glob("*.png"))) == 2
+    assert gw.stats()["tasks_created"] == 2
+
+
+def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
+    tmp_path: Path,
+) -> None:
+    gw = gateway()
+    hiding = Hiding(gw)
+    hiding.on, hiding.results = False, 503
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "p"}])
+    first = batch(gw, source, tmp_path / "out", timeout=2.0)
+    assert first.counts == {"succeeded": 1}  # not expired: the link never said so
+    assert first.exit_code == 3
+    hiding.results = 0
+    assert batch(gw, source, tmp_path / "out").counts == {"done": 1}

@@ -21,8 +21,11 @@ from typing import Any, TypeVar
 from .._config import Settings, Surface, check_surface
 from .._exceptions import (
     APITimeoutError,
+    AuthenticationError,
     DownloadError,
     ImggwError,
+    NotFoundError,
+    PermissionDeniedError,
     RateLimitError,
     ResultExpiredError,
     ServerError,
@@ -297,7 +300,10 @@ class Flows:
         """A dead link (403/404/410, or past ``expires_at``) is not proof the result is gone:
         many gateways sign a new link on every query. So the task is queried once more (once
         for all its files) and the link it hands out now is tried; ``ResultExpiredError`` only
-        when that fails too, or is the very link that died."""
+        when that fails too, or is the very link that died. A link skipped for its stated
+        expiry is still tried when no fresh one can be had: clocks and stated expiries can be
+        wrong. A query that fails for a while (network, 5xx, 429) raises its own error, worth
+        retrying later: it says nothing about the result."""
         url, stem = task.image_urls[index], file_stem(task.id, index)
         dead: ResultExpiredError | None = None
         if task.expires_at is None or task.expires_at.timestamp() > self.wall():
@@ -307,8 +313,17 @@ class Flows:
                 dead = err
         try:
             refreshed = yield from fresh.task()
-        except ResultExpiredError as gone:  # no fresh link to be had: the dead one says why
-            raise (dead or gone) from gone
+        except (AuthenticationError, PermissionDeniedError):
+            raise
+        except ImggwError as err:
+            if dead is None:  # the link was skipped on its stated expiry: the last hope
+                try:
+                    return (yield from self._download(task, url, dest_dir, stem, overwrite, limits))
+                except ResultExpiredError as link_dead:
+                    dead = link_dead
+            if isinstance(err, ResultExpiredError):  # no fresh link: the dead one says why
+                raise dead from err
+            raise err
         new = refreshed.image_urls[index] if index < len(refreshed.image_urls) else None
         if new is None or (new == url and dead is not None):
             raise dead or _expired(task, stem, "the gateway lists no link for it any more")
@@ -509,8 +524,9 @@ class _Refresh:
             task = self.original
             try:
                 latest = yield from self.flows.get(task.id, surface=task.surface)
-            except ImggwError as err:
-                raise _expired(task, "", f"asking for fresh links failed: {err.message}") from err
+            except NotFoundError as err:  # the task is gone; other errors say nothing of it
+                why = f"the gateway no longer knows the task: {err.message}"
+                raise _expired(task, "", why) from err
             if latest.status is not TaskStatus.SUCCEEDED:
                 raise _expired(task, "", f"the task is now {latest.status.value}")
             self.refreshed = latest

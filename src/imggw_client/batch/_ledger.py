@@ -41,6 +41,7 @@ EXPIRED = "expired"  # results gone before they could be saved (fresh links fail
 FINAL = frozenset({DONE, FAILED, EXPIRED})
 STATES = (PENDING, SUBMITTED, SUCCEEDED, DONE, FAILED, EXPIRED)
 INVALID_LINE = "invalid_line"
+NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
 
 _COLUMNS = (
     "identity", "line", "caller_id", "kind", "fingerprint", "fields", "surface",
@@ -275,6 +276,21 @@ class Ledger:
             (*row.values(), self._plan, now, now),
         )
         return row, True
+
+    def recheck(self) -> None:
+        """Within a plan: lines that failed for what a later look may find otherwise, at no
+        cost (a task the gateway did not know, results whose links all died), are looked at
+        again by this run: a query and a download, never a submit."""
+        self._db.execute(
+            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
+            "WHERE planned=? AND state=? AND task_id IS NOT NULL",
+            (SUCCEEDED, self._plan, EXPIRED),
+        )
+        self._db.execute(
+            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
+            "WHERE planned=? AND state=? AND error_code=? AND task_id IS NOT NULL",
+            (SUBMITTED, self._plan, FAILED, NOT_FOUND),
+        )
 
     def end_plan(self, *, commit: bool) -> None:
         if commit:

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import secrets
+import sqlite3
 import time
 import traceback
 from collections import deque
@@ -37,6 +38,7 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception,
+    retry_if_exception_type,
     wait_random_exponential,
 )
 
@@ -68,6 +70,7 @@ from ._ledger import (
     FAILED,
     FINAL,
     INVALID_LINE,
+    NOT_FOUND,
     PENDING,
     SUBMITTED,
     SUCCEEDED,
@@ -79,9 +82,10 @@ from ._ledger import (
 )
 
 MANIFEST_NAME = "manifest.jsonl"
-# Failures that doom every line alike: the run stops.
 log = logging.getLogger("imggw_client")
+NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
 UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are counted
+# Failures that doom every line alike: the run stops.
 FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError, StorageError)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
 MIN_IN_FLIGHT = 1024  # lines in flight (submitted, waiting, queued for download) at most ...
@@ -336,8 +340,9 @@ def _plan(
         if plan.changed_count and not allow_changes:
             raise _identity.InputChangedError(plan.changed, plan.changed_count)
         record.accept(digests, fingerprint)
+        ledger.recheck()
         ok = True
-    except OSError as exc:
+    except (OSError, sqlite3.Error) as exc:  # a full or failing disk, while planning
         raise storage_error(folder, exc) from exc
     finally:
         ledger.end_plan(commit=ok)
@@ -517,17 +522,18 @@ class _Run:
 
     # ------------------------------------------------------------------------ retries
 
+    def out_of_time(self, state: RetryCallState) -> bool:
+        """A tenacity stop: the run ends (its deadline, or a failure that ends it) before the
+        next try would go."""
+        return self.fatal is not None or (state.upcoming_sleep or 0) >= self.remaining()
+
     def retrying(self) -> AsyncRetrying:
         """A line's step tried again after failures worth waiting out, until the run's
         deadline (or a failure that ends the run)."""
-
-        def out_of_time(state: RetryCallState) -> bool:
-            return self.fatal is not None or (state.upcoming_sleep or 0) >= self.remaining()
-
         return AsyncRetrying(
             retry=retry_if_exception(_retry_later),
             wait=wait_random_exponential(multiplier=RETRY_PAUSE[0], max=RETRY_PAUSE[1]),
-            stop=out_of_time,
+            stop=self.out_of_time,
             reraise=True,
         )
 
@@ -600,10 +606,7 @@ class _Run:
         if remaining <= 0:
             return
         try:
-            if self.wait_for_tasks:
-                task = await self.client.wait(row.task_id, surface=row.surface, timeout=remaining)
-            else:
-                task = await self.client.get(row.task_id, surface=row.surface)
+            task = await self.query(row)
         except WaitTimeoutError:
             return  # still running: a later run resumes the wait
         except TaskFailedError as err:
@@ -614,8 +617,8 @@ class _Run:
             return
         except FATAL:
             raise
-        except NotFoundError as err:  # a task this key cannot see: its own line fails, no more
-            self.fail(row, "not_found", err.message)
+        except NotFoundError as err:  # its own line fails, no more; the next run looks again
+            self.fail(row, NOT_FOUND, err.message)
             return
         except ImggwError as err:
             if not _retry_later(err):
@@ -632,6 +635,28 @@ class _Run:
         row.urls = list(task.image_urls)
         row.expires_at = task.expires_at.timestamp() if task.expires_at else None
         self.move(row, SUCCEEDED, billed=task)
+
+    async def query(self, row: Row) -> Task:
+        """The task of a submitted line: waited on until it ends (or the run's deadline), or
+        asked once (collect without waiting). A task the gateway has just made may not be
+        visible everywhere behind it yet: a NotFound for a line submitted by a run is asked
+        again a few times, at the client's backoff, before it counts."""
+        assert row.task_id is not None
+        policy = self.client._settings.retry
+        tries = NOT_FOUND_TRIES if row.kind != COLLECT else 1
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(NotFoundError),
+            wait=wait_random_exponential(multiplier=policy.initial_backoff, max=policy.max_backoff),
+            stop=lambda state: state.attempt_number >= tries or self.out_of_time(state),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                if not self.wait_for_tasks:
+                    return await self.client.get(row.task_id, surface=row.surface)
+                remaining = max(0.0, self.remaining())
+                return await self.client.wait(row.task_id, surface=row.surface, timeout=remaining)
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def download(self, row: Row) -> None:
         """Queues the row for a download slot (soonest expiry first) and waits for its turn."""
