@@ -190,6 +190,22 @@ async def test_a_link_past_its_stated_expiry_is_tried_when_no_fresh_one_can_be_h
     assert files[0].path.read_bytes() == PNG
 
 
+async def test_a_prefix_starts_every_name_and_cannot_leave_the_folder(
+    client: Driven, tmp_path: Path
+) -> None:
+    from imggw_client import RequestValidationError
+
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(200, content=PNG))
+        for bad in ("../up", "a/b", ".hidden", "x" * 65, "é", 7):
+            with pytest.raises(RequestValidationError, match="prefix"):
+                await client.download(done(f"{CDN}/x.png"), tmp_path, prefix=bad)  # type: ignore[arg-type]
+        assert route.call_count == 0
+        files = await client.download(done(f"{CDN}/x.png"), tmp_path, prefix="alpha-")
+    assert [f.path.name for f in files] == ["alpha-42-0.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alpha-42-0.png"]
+
+
 async def test_refuses_to_overwrite_without_sending_anything(
     client: Driven, tmp_path: Path
 ) -> None:

@@ -198,6 +198,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         concurrency: int = DEFAULT_DOWNLOAD_CONCURRENCY,
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float | None = None,
+        prefix: str = "",
     ) -> list[DownloadedFile]:
         """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
 
@@ -208,7 +209,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         A file larger than ``max_bytes`` (default 128 MiB) is refused; ``timeout`` (default:
         the client's) bounds each attempt at a file, however slowly its bytes come. Up to
         ``concurrency`` files download at once; if one fails, the others still finish and the
-        first error is raised.
+        first error is raised. ``prefix`` (letters, digits, ``-``, ``_``) starts every file's
+        name: tasks of both surfaces may share an id and a folder.
 
         Example::
 
@@ -216,7 +218,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 print(f.path, f.sha256)
         """
         flows = self._flows.downloads(
-            task, Path(dest_dir), overwrite=overwrite, max_bytes=max_bytes, timeout=timeout
+            task,
+            Path(dest_dir),
+            overwrite=overwrite,
+            max_bytes=max_bytes,
+            timeout=timeout,
+            prefix=prefix,
         )
         limiter = anyio.CapacityLimiter(check_concurrency(concurrency))
         results: list[DownloadedFile | BaseException] = [

@@ -180,6 +180,7 @@ class Client(BaseClient[httpx.Client]):
         concurrency: int = DEFAULT_DOWNLOAD_CONCURRENCY,
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float | None = None,
+        prefix: str = "",
     ) -> list[DownloadedFile]:
         """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
 
@@ -190,7 +191,8 @@ class Client(BaseClient[httpx.Client]):
         A file larger than ``max_bytes`` (default 128 MiB) is refused; ``timeout`` (default:
         the client's) bounds each attempt at a file, however slowly its bytes come. Up to
         ``concurrency`` files download at once; if one fails, the others still finish and the
-        first error is raised.
+        first error is raised. ``prefix`` (letters, digits, ``-``, ``_``) starts every file's
+        name: tasks of both surfaces may share an id and a folder.
 
         Example::
 
@@ -198,7 +200,12 @@ class Client(BaseClient[httpx.Client]):
                 print(f.path, f.sha256)
         """
         flows = self._flows.downloads(
-            task, Path(dest_dir), overwrite=overwrite, max_bytes=max_bytes, timeout=timeout
+            task,
+            Path(dest_dir),
+            overwrite=overwrite,
+            max_bytes=max_bytes,
+            timeout=timeout,
+            prefix=prefix,
         )
         workers = min(check_concurrency(concurrency), len(flows))
         with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -4,6 +4,7 @@ lines, unknown tasks, dead links refreshed, and downloads in the order their lin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -114,6 +115,27 @@ def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
     assert [r["files"][0]["sha256"] for r in manifest(again)] == [
         r["files"][0]["sha256"] for r in manifest(first)
     ]
+
+
+def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
+    gateway: MockGateway, url: str, tmp_path: Path
+) -> None:
+    alpha = json.loads(submit_json(url, ["a cat"], "--surface", "alpha"))
+    gateway._next_id -= 1  # the reference gateway numbers across surfaces; real ones need not
+    beta = json.loads(submit_json(url, ["a dog"]))
+    assert alpha["task_id"] == beta["task_id"]
+    out = tmp_path / "out"
+    code, _, err = imggw("download", "--from", "-", "--wait", "-o", str(out), "--base-url", url,
+                         stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n")  # fmt: skip
+    assert code == 0, err
+    records = manifest(out)
+    names = [r["files"][0]["path"] for r in records]
+    task_id = beta["task_id"]
+    assert names == [f"{task_id}-0.png", f"alpha-{task_id}-0.png"]  # beta is the run's surface
+    assert records[0]["files"][0]["sha256"] != records[1]["files"][0]["sha256"]
+    for record in records:
+        saved = (out / record["files"][0]["path"]).read_bytes()
+        assert hashlib.sha256(saved).hexdigest() == record["files"][0]["sha256"]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import secrets as _secrets
 import time
 from collections.abc import Callable, Generator
@@ -263,10 +264,11 @@ class Flows:
         overwrite: bool,
         max_bytes: int,
         timeout: float | None = None,
+        prefix: str = "",
     ) -> list[Flow[DownloadedFile]]:
         """One flow per result URL of a succeeded task, to run one after another or at once.
         ``timeout`` bounds each attempt at a file, from the request to the last byte (default:
-        the client's timeout)."""
+        the client's timeout); ``prefix`` starts each file's name."""
         if not isinstance(task, Task):
             rule = "must be a Task (for a task id, call get(task_id) and download that)"
             raise_violations([rules.Violation("task", rule, "invalid_task")])
@@ -282,9 +284,10 @@ class Flows:
                 f"task {task.id} succeeded without result URLs", surface=task.surface
             )
         limits = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
+        prefix = _checked_prefix(prefix)
         fresh = _Refresh(self, task)
         return [
-            self._download_or_refresh(task, index, dest_dir, overwrite, limits, fresh)
+            self._download_or_refresh(task, index, dest_dir, overwrite, limits, fresh, prefix)
             for index in range(len(task.image_urls))
         ]
 
@@ -296,6 +299,7 @@ class Flows:
         overwrite: bool,
         limits: tuple[int, float],
         fresh: _Refresh,
+        prefix: str,
     ) -> Flow[DownloadedFile]:
         """A dead link (403/404/410, or past ``expires_at``) is not proof the result is gone:
         many gateways sign a new link on every query. So the task is queried once more (once
@@ -304,7 +308,7 @@ class Flows:
         expiry is still tried when no fresh one can be had: clocks and stated expiries can be
         wrong. A query that fails for a while (network, 5xx, 429) raises its own error, worth
         retrying later: it says nothing about the result."""
-        url, stem = task.image_urls[index], file_stem(task.id, index)
+        url, stem = task.image_urls[index], prefix + file_stem(task.id, index)
         dead: ResultExpiredError | None = None
         if task.expires_at is None or task.expires_at.timestamp() > self.wall():
             try:
@@ -552,6 +556,18 @@ def _fetch_settings(max_bytes: object, timeout: object) -> tuple[int, float]:
     assert isinstance(max_bytes, int)
     assert isinstance(timeout, (int, float))
     return max_bytes, float(timeout)
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+def _checked_prefix(prefix: object) -> str:
+    # Letters, digits, "-" and "_" only: a prefix never leaves the folder nor hides a file.
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        rule = "must be at most 64 letters, digits, '-' or '_'"
+        raise_violations([rules.Violation("prefix", rule, "invalid_prefix")])
+    assert isinstance(prefix, str)
+    return prefix
 
 
 def _checked_timeout(timeout: object) -> float:

@@ -407,9 +407,11 @@ class _Run:
         wait: bool,
         on_progress: Callable[[BatchProgress], None] | None,
         gallery_title: str | None,
+        surface: str,
         store: ResultStore | None = None,
     ) -> None:
         self.client = client
+        self.surface = surface
         self.store = store
         self.ledger = ledger
         self.folder = folder
@@ -697,7 +699,9 @@ class _Run:
         try:
             async for attempt in self.retrying():
                 with attempt:
-                    files = await self.client.download(task, self.folder, overwrite=True)
+                    files = await self.client.download(
+                        task, self.folder, overwrite=True, prefix=self.file_prefix(row)
+                    )
         except ResultExpiredError as err:  # the fresh links failed too: really gone
             row.error_code, row.error_message = "result_expired", err.message
             self.move(row, EXPIRED)
@@ -724,6 +728,11 @@ class _Run:
         row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
         self.move(row, DONE)
         await self.maybe_gallery()
+
+    def file_prefix(self, row: Row) -> str:
+        """Task ids are per surface: a task of the other surface may share an id with one of
+        the run's, so its files' names start with its surface."""
+        return "" if row.surface == self.surface else f"{row.surface}-"
 
     async def maybe_gallery(self) -> None:
         """The gallery, rewritten now and then as lines finish (never more than 5% of the
@@ -917,7 +926,8 @@ async def execute(
     title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
     run = _Run(client, ledger, folder, totals, concurrency=concurrency,
                deadline=started + budget, wait=wait, on_progress=on_progress,
-               gallery_title=title if gallery else None, store=store)  # fmt: skip
+               gallery_title=title if gallery else None, surface=run_surface,
+               store=store)  # fmt: skip
     run.report_progress(force=True)
     try:
         with run.cancel, anyio.move_on_after(budget if math.isfinite(budget) else None):
