@@ -107,10 +107,23 @@ def main(
 
 
 class Tracked:
-    """The task a command works on, once known: the Ctrl-C message names it."""
+    """What a command works on, once known, for the Ctrl-C message: the submit under way (its
+    key and request) and then its task."""
 
-    def __init__(self, task_id: Optional[str] = None) -> None:  # noqa: UP045
+    def __init__(self, task_id: Optional[str] = None, command: str = "submit") -> None:  # noqa: UP045
         self.id = task_id
+        self.command = command
+        self.key: Optional[str] = None  # noqa: UP045
+        self.request: tuple[str, str] = ("auto", "1k")
+
+    def submitting(self, key: Optional[str], aspect_ratio: str, resolution: str) -> str:  # noqa: UP045
+        """The key the submit sends (the caller's, else a fresh one made here, so that an
+        interrupted submit can be sent again safely)."""
+        from imggw_client._core.flows import new_idempotency_key
+
+        self.key = key or new_idempotency_key()
+        self.request = (aspect_ratio, resolution)
+        return self.key
 
 
 @contextmanager
@@ -137,11 +150,15 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
         out.error(message)
         raise typer.Exit(_exit.code_for(err)) from None
     except KeyboardInterrupt:
+        surface = options.chosen_surface
         if tracked is not None and tracked.id is not None:
             out.error(
                 f"interrupted; task {tracked.id} goes on. Resume with: "
-                f"imggw poll {tracked.id} --surface {options.chosen_surface}"
+                f"imggw poll {tracked.id} --surface {surface}"
             )
+        elif tracked is not None and tracked.key is not None:
+            hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
+            out.error(f"interrupted during the submit: a task may have been created.\n{hint}")
         else:
             out.error("interrupted")
         raise typer.Exit(_exit.INTERRUPTED) from None
@@ -178,13 +195,14 @@ def generate(
     idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Submit, wait with a progress bar, download; print the saved paths."""
-    tracked = Tracked()
+    tracked = Tracked(command="generate")
     with _session(tracked) as out:
         prompt = _resolve_prompt(prompt, out)
+        key = tracked.submitting(idempotency_key, aspect_ratio.value, resolution.value)
         with make_client(current()) as client:
             sub = client.submit(
                 prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
-                idempotency_key=idempotency_key,
+                idempotency_key=key,
             )  # fmt: skip
             tracked.id = sub.task_id
             with out.progress(sub.task_id) as on_update:
@@ -204,13 +222,16 @@ def submit(
     idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Submit one request; print its task id and idempotency key."""
-    with _session() as out:
+    tracked = Tracked()
+    with _session(tracked) as out:
         prompt = _resolve_prompt(prompt, out)
+        key = tracked.submitting(idempotency_key, aspect_ratio.value, resolution.value)
         with make_client(current()) as client:
             sub = client.submit(
                 prompt, aspect_ratio=aspect_ratio.value, resolution=resolution.value,
-                idempotency_key=idempotency_key,
+                idempotency_key=key,
             )  # fmt: skip
+            tracked.id = sub.task_id
         record = submission_record(sub)
         out.data(record, [f"{name}: {value}" for name, value in record.items()])
 

@@ -51,6 +51,15 @@ def code_for(err: ImggwError) -> int:
     return API_OR_NETWORK
 
 
+def resubmit_hint(command: str, surface: str, aspect_ratio: str, resolution: str, key: str) -> str:
+    """How to send a submit again with its key, so that the gateway replays the task it may
+    have made instead of billing a second one."""
+    return (
+        f"  resubmit safely (no second task) with: imggw {command} PROMPT --surface {surface} "
+        f"--aspect-ratio {aspect_ratio} --resolution {resolution} --idempotency-key {key}"
+    )
+
+
 def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | None = None) -> str:
     """One actionable line; never the key, never the prompt. What the gateway wrote (its
     message, its reason code) is made printable here, so that it cannot break the line."""
@@ -62,11 +71,8 @@ def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | No
     if isinstance(err, sdk.WaitTimeoutError):
         return f"{text}\n  resume with: imggw poll {err.task_id}{flag}"
     if isinstance(err, sdk.UnknownOutcomeError):
-        return (
-            f"the submit's outcome is unknown: a task may have been created.\n"
-            f"  resubmit safely (no second task) with: imggw submit PROMPT{flag} "
-            f"--aspect-ratio {err.request.aspect_ratio} --resolution {err.request.resolution} "
-            f"--idempotency-key {err.idempotency_key}"
+        return "the submit's outcome is unknown: a task may have been created.\n" + resubmit_hint(
+            "submit", surface, err.request.aspect_ratio, err.request.resolution, err.idempotency_key
         )
     if isinstance(err, sdk.AuthenticationError):
         return f"the API key was refused ({err.status_code}): set IMGGW_API_KEY to a valid key"

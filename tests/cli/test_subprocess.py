@@ -3,6 +3,7 @@ gateway started with `imggw mock serve`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -92,6 +94,51 @@ def test_ctrl_c_mid_generate_names_the_task(
     assert child.returncode == 130
     assert "imggw poll " in err
     assert gateway.stats()["tasks_created"] == 1
+
+
+@pytest.mark.parametrize("command", ["submit", "generate"])
+def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
+    command: str, tmp_path: Path
+) -> None:
+    gateway = MockGateway(api_keys=[CANARY], duration_min=0.05, duration_max=0.1)
+    handle = gateway.handle
+    slow = [True]
+
+    def answer_late(request: Any) -> Any:  # the task is made; its answer is slow to come
+        response = handle(request)
+        if request.method == "POST" and slow[0]:
+            return dataclasses.replace(response, delay=3.0)
+        return response
+
+    gateway.handle = answer_late  # type: ignore[method-assign]
+    with gateway.serve() as url:
+        child = subprocess.Popen([*IMGGW, command, "a cat", "--base-url", url, "-a", "3:2",
+                                  "-o" if command == "generate" else "-r",
+                                  str(tmp_path) if command == "generate" else "2k"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env())  # fmt: skip
+        deadline = time.monotonic() + 30
+        while gateway.stats()["tasks_created"] == 0:
+            assert time.monotonic() < deadline
+            assert child.poll() is None
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+        assert child.returncode == 130, err
+        assert "interrupted during the submit: a task may have been created" in err
+        hint = err.split("resubmit safely (no second task) with: ", 1)[1].split("\n", 1)[0]
+        args = hint.split()
+        assert args[:3] == ["imggw", command, "PROMPT"]
+        assert args[3:9] == ["--surface", "beta", "--aspect-ratio", "3:2", "--resolution",
+                             "1k" if command == "generate" else "2k"]  # fmt: skip
+        assert args[9] == "--idempotency-key"
+        slow[0] = False
+        again = run("submit", "a cat", "--base-url", url, "-a", "3:2", "-r", args[8],
+                    "--idempotency-key", args[10], "--json")  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert gateway.stats()["tasks_created"] == 1  # the same task, replayed
+        assert gateway.stats()["replays"] == 1
+    assert CANARY not in out + err
 
 
 def test_mock_serve_then_commands_against_it(tmp_path: Path) -> None:
