@@ -129,7 +129,7 @@ class Tracked:
 @contextmanager
 def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
     """Output for a command, and every error turned into one line and an exit code."""
-    from imggw_client import ImggwError
+    from imggw_client import DownloadError, ImggwError
 
     options = current()
     setup_logging(options)
@@ -147,6 +147,11 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
         message = _exit.message_for(
             err, surface=options.chosen_surface, mock=options.mock, base_url=base_url
         )
+        if isinstance(err, DownloadError) and tracked is not None and tracked.id is not None:
+            message += (  # the task is done and paid for: its results are still to be had
+                f"\n  the task succeeded; save its results with: imggw download {tracked.id} "
+                f"--surface {options.chosen_surface} -o DIR"
+            )
         out.error(message)
         raise typer.Exit(_exit.code_for(err)) from None
     except KeyboardInterrupt:
@@ -165,6 +170,23 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
 
 
 STDIN = "-"
+
+
+def _ready_folder(folder: Path, out: Output) -> None:
+    """The output folder, made if missing and checked writable, before anything is paid for."""
+    import os
+
+    if folder.exists() and not folder.is_dir():
+        out.error(f"-o {folder}: a file is there, not a folder; nothing was sent")
+        raise typer.Exit(_exit.USAGE)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        out.error(f"cannot create {folder}: {exc.strerror}; nothing was sent")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        out.error(f"cannot write in {folder}: permission denied; nothing was sent")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG)
 
 
 def _resolve_prompt(prompt: str, out: Output) -> str:
@@ -198,6 +220,7 @@ def generate(
     tracked = Tracked(command="generate")
     with _session(tracked) as out:
         prompt = _resolve_prompt(prompt, out)
+        _ready_folder(output, out)  # before the submit: a task is paid for once sent
         key = tracked.submitting(idempotency_key, aspect_ratio.value, resolution.value)
         with make_client(current()) as client:
             sub = client.submit(

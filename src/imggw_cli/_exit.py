@@ -25,6 +25,7 @@ EPILOG = (
 
 def code_for(err: ImggwError) -> int:
     import imggw_client as sdk
+    from imggw_client._download import FILE_EXISTS, WRITE_FAILED
     from imggw_client.batch import (
         BatchInputError,
         BatchLockedError,
@@ -37,6 +38,10 @@ def code_for(err: ImggwError) -> int:
     if isinstance(err, (BatchInputError, BatchLockedError, InputChangedError)):
         return USAGE
     if isinstance(err, StorageError):  # the place to write is the thing to fix
+        return AUTH_OR_CONFIG
+    if isinstance(err, sdk.DownloadError) and err.code == FILE_EXISTS:
+        return USAGE
+    if isinstance(err, sdk.DownloadError) and err.code == WRITE_FAILED:
         return AUTH_OR_CONFIG
     if isinstance(err, sdk.WaitTimeoutError):
         return WAIT_TIMEOUT

@@ -33,6 +33,7 @@ _CONTENT_TYPES = {
 }
 _PART_SUFFIX = ".part"
 WRITE_FAILED = "write_failed"  # the disk, not the link: retrying the download will not help
+FILE_EXISTS = "file_exists"  # a file of that name is there and overwrite was not asked for
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # a 4K image is at most ~33 MB even as raw RGBA
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
 _TAIL = 32
@@ -77,6 +78,10 @@ def _existing(dest_dir: Path, stem: str) -> Path | None:
     return None
 
 
+def _exists(path: Path) -> DownloadError:
+    return DownloadError(f"{path} exists; pass overwrite=True to replace it", code=FILE_EXISTS)
+
+
 class Sink:
     """Receives one result. ``write`` each chunk, then ``finish`` (verify and rename) or
     ``discard``; ``discard`` after ``finish`` does nothing, so it fits a ``finally``."""
@@ -91,7 +96,7 @@ class Sink:
             ) from exc
         existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
         if existing is not None:
-            raise DownloadError(f"{existing} exists; pass overwrite=True to replace it")
+            raise _exists(existing)
         self._tmp = fetch.dest_dir / f".{fetch.stem}.{secrets.token_hex(4)}{_PART_SUFFIX}"
         try:
             # Mode 0666 less the umask, like any file the user makes (mkstemp would give 0600).
@@ -160,10 +165,10 @@ class Sink:
             # link() fails if the target exists: no window in which another writer is clobbered.
             os.link(self._tmp, target)
         except FileExistsError:
-            raise DownloadError(f"{target} exists; pass overwrite=True to replace it") from None
+            raise _exists(target) from None
         except OSError:
             if target.exists():
-                raise DownloadError(f"{target} exists; pass overwrite=True to replace it") from None
+                raise _exists(target) from None
             os.replace(self._tmp, target)  # a filesystem without hard links
         else:
             self._tmp.unlink()

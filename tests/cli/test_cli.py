@@ -227,6 +227,29 @@ def test_download_reports_each_task_and_the_worst_exit(
     assert [r["status"] for r in records] == ["succeeded", "failed"]
     assert records[1]["files"] == []
     again = imggw("download", ok, "--base-url", url, "-o", str(tmp_path))
-    assert again.code == 5
+    assert again.code == 2  # a usage matter: the file is there
     assert "--overwrite" in again.err
     assert imggw("download", ok, "--base-url", url, "-o", str(tmp_path), "--overwrite").code == 0
+
+
+def test_generate_checks_its_folder_before_paying_and_says_how_to_save_a_paid_result(
+    gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = gateway
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("mine")
+    refused = imggw("generate", "a cat", "--base-url", url, "-o", str(a_file))
+    assert refused.code == 2
+    assert "a file is there, not a folder; nothing was sent" in refused.err
+    assert gw.stats()["requests"] == {}
+    task_id = str(gw.config.first_task_id)
+    (tmp_path / f"{task_id}-0.png").write_bytes(b"mine")  # the name its result will take
+    clash = imggw("generate", "a cat", "--base-url", url, "-o", str(tmp_path))
+    assert clash.code == 2, clash.err
+    assert "exists; pass --overwrite to replace it (file_exists)" in clash.err
+    hint = f"the task succeeded; save its results with: imggw download {task_id} --surface beta"
+    assert hint in clash.err
+    assert (tmp_path / f"{task_id}-0.png").read_bytes() == b"mine"
+    saved = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path / "elsewhere"))
+    assert saved.code == 0, saved.err
+    assert gw.stats()["tasks_created"] == 1
