@@ -293,3 +293,79 @@ def test_past_the_pace_that_met_the_overload_the_pace_grows_fast_again() -> None
     grown = [p for p in paces if p is not None]
     assert grown == sorted(grown)
     assert grown[-1] > 64 * start  # careful up to the old pace, then doubling past it
+
+
+def test_a_late_queue_goes_out_one_by_one_in_order_not_all_at_every_interval() -> None:
+    budget = Budget(RateLimit(queries_per_second=50))
+    tickets = [budget.reserve(QUERY, 0.0) for _ in range(1000)]
+    now = 0.5  # the loop was busy: 25 places' times passed, none was sent
+    waits = [budget.wait_time(t, now) for t in tickets[:26]]
+    assert waits[0] == 0.0  # the first in line goes ...
+    later = waits[1:]
+    assert all(w > 0 for w in later)
+    assert later == sorted(later)  # ... and the others follow in order, each at its own time
+    assert len(set(later)) == len(later)
+    assert later[1] - later[0] == pytest.approx((1 + GUARD) / 50)
+
+
+def test_a_busy_loop_costs_a_few_wakes_per_request_whatever_the_queue() -> None:
+    """Each wake costs the loop time, so a long queue makes its own lateness."""
+    budget = Budget(RateLimit(queries_per_second=50))
+    heap: list[tuple[float, int, Ticket]] = []
+    for n in range(5000):
+        heapq.heappush(heap, (0.0, n, budget.reserve(QUERY, 0.0)))
+    clock, wakes, sent = 0.0, 0, []
+    while heap:
+        at, n, ticket = heapq.heappop(heap)
+        clock = max(clock, at) + 0.0002  # 200 us of the loop's time per wake
+        wakes += 1
+        wait = budget.wait_time(ticket, clock)
+        if wait > 0:
+            heapq.heappush(heap, (clock + wait, n, ticket))
+            continue
+        clock += 0.015  # and 15 ms to send
+        sent.append(clock)
+        budget.finished(ticket, clock)
+    assert wakes / len(sent) < 5
+    assert most_in_window(sent, 1.0) <= 50 * 1.0 + 1
+
+
+def test_a_lowered_and_a_recovered_pace_apply_at_once_to_a_queue_reserved_before() -> None:
+    budget = Budget(RateLimit(queries_per_second=50))
+    tickets = [budget.reserve(QUERY, 0.0) for _ in range(3000)]  # nothing reserved after this
+    heap = [(t.slot, n, t) for n, t in enumerate(tickets)]
+    heapq.heapify(heap)
+    sent: list[float] = []
+    refused = False
+    while heap:
+        now, n, ticket = heapq.heappop(heap)
+        wait = budget.wait_time(ticket, now)
+        if wait > 0:
+            heapq.heappush(heap, (now + wait, n, ticket))
+            continue
+        sent.append(now)
+        if now >= 2.0 and not refused:  # early on, the gateway refuses three in flight at once
+            refused = True
+            for _ in range(3):
+                budget.finished(ticket, now + 0.01, limited=True, retry_after=None)
+        budget.finished(ticket, now + 0.01)
+    slowest = min(sum(1 for t in sent if s <= t < s + 1.0) for s in range(3, 10))
+    assert slowest <= 50 * B.DECREASE * (1 + B.RECOVERY_STEP)  # lowered for the queue, at once
+    assert budget.pace(QUERY) == 50  # and back at the ceiling while the queue drained
+    tail = sent[-500:]
+    assert (len(tail) - 1) / (tail[-1] - tail[0]) == pytest.approx(50 / (1 + GUARD), rel=0.01)
+
+
+def test_a_storm_with_no_ceiling_speeds_up_for_the_places_already_reserved() -> None:
+    budget = Budget(RateLimit())
+    sent = drive(budget, [(0.0, QUERY)] * 2000)
+    # Doubling from 10/s each second reaches the 2,000th place within seconds, not 200 s.
+    assert sent[-1][0] < 10.0
+
+
+def test_a_place_reserved_and_never_used_costs_the_others_one_interval_at_most() -> None:
+    budget = Budget(RateLimit(queries_per_second=10))
+    budget.reserve(QUERY, 0.0)  # its holder vanished without a word
+    sent = drive(budget, [(0.0, QUERY)] * 5)
+    assert sent[0][0] == pytest.approx(0.101)
+    assert sent[-1][0] == pytest.approx(5 * 0.101)

@@ -4,9 +4,14 @@ Pure: every call takes ``now`` (monotonic seconds) and nothing sleeps; the flows
 into a ``Sleep`` action. One lock makes a budget safe to share by the threads of a ``Client``
 and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
 
-Each kind of request (submits, queries) has its own lane. A request **reserves** a slot, asks
-when its slot comes whether it may go (:meth:`Budget.wait_time`), and reports how it ended
-(:meth:`Budget.finished`). Slots are handed out in request order, so no waiting request starves.
+Each kind of request (submits, queries) has its own lane. A request **reserves** a place in
+it, asks when its time comes whether it may go (:meth:`Budget.wait_time`), and reports how it
+ended (:meth:`Budget.finished`). Places are handed out in request order, so no waiting request
+starves. A place's time is not fixed when it is reserved: the lane's schedule is an anchor (a
+place and its time) and the pace, and it is anchored again whenever the pace changes, a 429
+pauses the lane, or a request goes out more than an interval late (a busy event loop). So a
+queue of thousands follows a lowered or recovered pace at once, and a late queue goes out one
+by one, in order, instead of waking all together at every interval.
 
 - With a **ceiling** (``RateLimit``), requests are spaced evenly at it: a request goes only once
   the last one of its kind went at least one interval ago, so in any window of *w* seconds at
@@ -73,11 +78,11 @@ _NEVER = -math.inf
 
 @dataclass(slots=True)
 class Ticket:
-    """One request's place in its lane."""
+    """One request's place in its lane; ``slot`` is when it was due as it was reserved."""
 
     kind: str
     slot: float
-    shift: float  # the lane's accumulated pause shift when the slot was reserved
+    place: int  # its place in the lane's order (paced tickets)
     paced: bool  # False for a request let through unpaced (free lane, or the start window)
     sent_at: float | None = None
     counted: bool = False  # counted in the lane's requests in flight
@@ -89,11 +94,12 @@ class _Lane:
     rate: float | None  # None: unpaced
     mode: str
     in_flight: int = 0
-    next_slot: float = _NEVER
+    next_place: int = 0  # the place the next paced reservation gets
+    anchor_place: int = 0  # the schedule: place ``anchor_place`` is due at ``anchor_at`` ...
+    anchor_at: float = _NEVER  # ... and each later one an interval after the one before
     last_sent: float = _NEVER
     paused_at: float = _NEVER
     paused_until: float = _NEVER
-    shift: float = 0.0
     strikes: int = 0
     decreased_at: float = _NEVER
     overloaded_at: float = 0.0  # the pace at which the last overload came
@@ -107,6 +113,25 @@ class _Lane:
     @property
     def interval(self) -> float:
         return 0.0 if self.rate is None else (1.0 + GUARD) / self.rate
+
+    def due(self, place: int) -> float:
+        return self.anchor_at + (place - self.anchor_place) * self.interval
+
+    def anchor(self, place: int, at: float) -> None:
+        self.anchor_place, self.anchor_at = place, at
+
+    def earliest(self, now: float) -> float:
+        """When the next request may go: an interval after the last, not within a pause."""
+        return max(now, self.last_sent + self.interval, self.paused_until)
+
+    def reschedule(self, now: float, old_interval: float) -> None:
+        """The places whose time has not come follow the lane's pace (it changed, or a pause
+        began) from the earliest moment it allows; those already due keep going."""
+        place = self.next_place
+        if old_interval > 0 and self.anchor_at > _NEVER:
+            ahead = math.ceil((now - self.anchor_at) / old_interval) if now > self.anchor_at else 0
+            place = min(place, self.anchor_place + ahead)
+        self.anchor(place, self.earliest(now))
 
 
 def _lane(ceiling: float | None) -> _Lane:
@@ -135,32 +160,43 @@ class Budget:
         }
 
     def reserve(self, kind: str, now: float) -> Ticket:
-        """The next free slot of ``kind``, in request order."""
+        """The next place of ``kind``, in request order."""
         with self._lock:
             lane = self._lanes[kind]
             self._grow(lane, now)
-            idle = lane.next_slot <= now and lane.paused_until <= now
+            place = lane.next_place
+            idle = lane.due(place) <= now and lane.earliest(now) <= now
             if lane.mode == FREE or (
                 lane.mode == STARTING and idle and lane.in_flight < START_WINDOW
             ):
                 lane.in_flight += 1  # the window counts it from now: a storm fills it at once
-                ticket = Ticket(kind, max(now, lane.paused_until), lane.shift, paced=False)
+                ticket = Ticket(kind, max(now, lane.paused_until), -1, paced=False)
                 ticket.counted = True
                 return ticket
-            slot = max(now, lane.next_slot, lane.paused_until)
-            lane.next_slot = slot + lane.interval
+            lane.next_place += 1
+            if lane.due(place) < lane.earliest(now):  # nothing queued ahead: start from now
+                lane.anchor(place, lane.earliest(now))
+            slot = max(lane.due(place), lane.paused_until)
             # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
             lane.queued = lane.queued or slot > max(now, lane.paused_until)
-            return Ticket(kind, slot, lane.shift, paced=True)
+            return Ticket(kind, slot, place, paced=True)
 
     def wait_time(self, ticket: Ticket, now: float) -> float:
         """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            due = max(ticket.slot + lane.shift - ticket.shift, lane.paused_until)
+            due = lane.paused_until
             if ticket.paced:
-                due = max(due, lane.last_sent + lane.interval)
+                self._grow(lane, now)
+                if lane.due(ticket.place) < now - lane.interval:
+                    # Its time passed more than an interval ago (a busy loop woke it late): the
+                    # schedule moves to it, so the places after it go one by one, in order,
+                    # instead of all waking together at every interval.
+                    lane.anchor(ticket.place, lane.earliest(now))
+                due = max(lane.due(ticket.place), lane.earliest(now))
             if due > now:
+                if ticket.paced and due > lane.paused_until:
+                    lane.queued = True
                 return due - now
             ticket.sent_at = now
             if ticket.paced:
@@ -171,13 +207,12 @@ class Budget:
             return 0.0
 
     def release(self, ticket: Ticket) -> None:
-        """Gives back a slot that will not be used (its request's deadline came first)."""
+        """Gives back a place that will not be used (its request's deadline came first)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
             self._uncount(lane, ticket)
-            unsent = ticket.paced and ticket.sent_at is None and ticket.shift == lane.shift
-            if unsent and lane.next_slot == ticket.slot + lane.interval:  # the last: no hole
-                lane.next_slot = ticket.slot
+            if ticket.paced and ticket.sent_at is None and ticket.place == lane.next_place - 1:
+                lane.next_place -= 1  # the last place: given back, it leaves no hole
 
     def finished(
         self,
@@ -236,11 +271,8 @@ class Budget:
             pause = max(pause, min(retry_after, MAX_PAUSE))
         until = now + pause
         if until > lane.paused_until:
-            # Every reserved slot moves by the same amount: order and spacing are kept.
-            delta = until - max(now, lane.paused_until)
-            lane.shift += delta
-            lane.next_slot = max(lane.next_slot + delta, until)
             lane.paused_until, lane.paused_at = until, now
+            lane.reschedule(now, lane.interval)  # the places waiting go after it, in order
         share = sum(lane.answers) / max(len(lane.answers), MIN_ANSWERS)
         settled = now - lane.decreased_at >= RECOVERY_PERIOD  # the last change had its effect
         if sent > lane.decreased_at and share >= DECREASE_SHARE and settled:
@@ -251,18 +283,23 @@ class Budget:
     def _decrease(self, lane: _Lane, now: float, share: float) -> None:
         if lane.mode in (RECOVERING, FIXED):  # a pace that was close: to what got through
             assert lane.rate is not None
+            overloaded_at = lane.rate
             rate = lane.rate * max(FIRST_DECREASE, min(DECREASE, 1.0 - share))
         else:  # a guess so far: start again from what the gateway accepted lately
-            rate = max(lane.rate or 0.0, _accepted_per_second(lane, now)) * FIRST_DECREASE
+            overloaded_at = _accepted_per_second(lane, now) or lane.rate or START_RATE
+            rate = overloaded_at * FIRST_DECREASE
         rate = max(MIN_RATE, rate)
         if lane.ceiling is not None:
             rate = min(rate, lane.ceiling)
-        lane.overloaded_at = lane.rate or rate / FIRST_DECREASE
+        old_interval = lane.interval
+        lane.overloaded_at = overloaded_at
         lane.rate, lane.mode, lane.decreased_at = rate, RECOVERING, now
+        lane.reschedule(now, old_interval)
 
     def _grow(self, lane: _Lane, now: float) -> None:
         if now < lane.grow_at:
             return
+        rate, old_interval = lane.rate, lane.interval
         if lane.queued and lane.rate is not None:
             if lane.mode == STARTING:
                 lane.rate *= 2.0
@@ -273,6 +310,8 @@ class Budget:
                 lane.rate *= 1.0 + RECOVERY_STEP if careful else 2.0
                 if lane.ceiling is not None and lane.rate >= lane.ceiling:
                     lane.rate, lane.mode = lane.ceiling, FIXED
+        if lane.rate != rate:
+            lane.reschedule(now, old_interval)
         lane.queued = False
         careful = lane.mode == RECOVERING and (lane.rate or 0) < lane.overloaded_at
         lane.grow_at = now + (RECOVERY_PERIOD if careful or lane.mode == FIXED else 1.0)

@@ -468,17 +468,21 @@ class Flows:
         if isinstance(self.budget, RemoteBudget):
             return (yield from self._remote_slot(kind, deadline))
         ticket = self.budget.reserve(kind, self.clock())
-        while True:
-            now = self.clock()
-            wait = self.budget.wait_time(ticket, now)
-            if wait <= 0:
-                return ticket
-            if deadline is not None and now + wait >= deadline:
-                self.budget.release(ticket)
-                if deadline > now:
-                    yield Sleep(deadline - now)
-                return None
-            yield Sleep(wait)
+        try:
+            while True:
+                now = self.clock()
+                wait = self.budget.wait_time(ticket, now)
+                if wait <= 0:
+                    return ticket
+                if deadline is not None and now + wait >= deadline:
+                    self.budget.release(ticket)
+                    if deadline > now:
+                        yield Sleep(deadline - now)
+                    return None
+                yield Sleep(wait)
+        except BaseException:  # closed or cancelled while it waited: the place is given back
+            self.budget.release(ticket)
+            raise
 
     def _remote_slot(self, kind: str, deadline: float | None) -> Flow[object | None]:
         """The same as :meth:`_slot` for a budget held elsewhere: the driver asks it; the
