@@ -206,6 +206,47 @@ async def test_a_prefix_starts_every_name_and_cannot_leave_the_folder(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alpha-42-0.png"]
 
 
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"<html><body>Access denied</body></html>", "text/html; charset=utf-8"),
+     (b'{"error": "quota"}', "application/json"), (b"  <?xml version='1.0'?><Error/>", None),
+     (b"\x00\x01binary-but-labelled", "text/plain")],
+)  # fmt: skip
+async def test_a_document_served_in_place_of_an_image_is_retried_then_refused(
+    client: Driven, tmp_path: Path, body: bytes, content_type: str | None
+) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    with respx.mock() as cdn:
+        route = cdn.get(f"{CDN}/x.png").mock(
+            return_value=httpx.Response(200, content=body, headers=headers)
+        )
+        with pytest.raises(DownloadError) as info:
+            await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert info.value.code == "not_an_image"
+    assert "served a document" in info.value.message
+    assert route.call_count == 4  # the client's retries: a proxy's page may not last
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "name"),
+    [(PNG, "text/html", "42-0.png"), (PNG, "application/octet-stream", "42-0.png"),
+     (b"\x00\x00\x00\x1cftypavif", "image/avif", "42-0.bin"),
+     (b"\x00\x00\x00\x1cftypavif", None, "42-0.bin")],
+)  # fmt: skip
+async def test_image_bytes_or_an_image_label_are_saved(
+    client: Driven, tmp_path: Path, body: bytes, content_type: str | None, name: str
+) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    with respx.mock() as cdn:
+        cdn.get(f"{CDN}/x.png").mock(
+            return_value=httpx.Response(200, content=body, headers=headers)
+        )
+        files = await client.download(done(f"{CDN}/x.png"), tmp_path)
+    assert [f.path.name for f in files] == [name]
+    assert files[0].path.read_bytes() == body
+
+
 async def test_refuses_to_overwrite_without_sending_anything(
     client: Driven, tmp_path: Path
 ) -> None:

@@ -71,6 +71,25 @@ def extension(head: bytes, content_type: str | None) -> str:
     return sniff(head) or _CONTENT_TYPES.get(media, ".bin")
 
 
+_DOCUMENT_TYPES = ("text/", "application/json", "application/xml", "application/problem")
+_DOCUMENT_STARTS = (b"<", b"{", b"[")
+
+
+def document_type(head: bytes, content_type: str | None) -> str | None:
+    """What a body that is plainly not an image is (a proxy's error page, a JSON or XML error
+    served with 200), or None. Bytes of a known image format are an image whatever the label;
+    unknown bytes labelled neither as a document nor as text still count as an image."""
+    if sniff(head) is not None:
+        return None
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media.startswith(_DOCUMENT_TYPES) or media.endswith(("+json", "+xml")):
+        return media
+    unlabelled = not media or media == "application/octet-stream"
+    if unlabelled and head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(_DOCUMENT_STARTS):
+        return "markup or JSON"
+    return None
+
+
 def _existing(dest_dir: Path, stem: str) -> Path | None:
     for path in dest_dir.glob(f"{stem}.*"):
         if not path.name.endswith(_PART_SUFFIX):
@@ -138,6 +157,9 @@ class Sink:
             return Fetched(200, incomplete=True)
         if not is_whole(self._head, self._tail, self._size):
             return Fetched(200, incomplete=True)
+        document = document_type(self._head, headers.get("content-type"))
+        if document is not None:
+            return Fetched(200, document=document)
         ext = extension(self._head, headers.get("content-type"))
         try:
             self._file.flush()

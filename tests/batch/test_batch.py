@@ -297,16 +297,20 @@ def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest
 class Hiding:
     """Wraps the gateway's answers: while ``on``, task queries answer as for an unknown task
     (404 task_not_found, the gateway's own body), ``first`` times per task if given, else
-    every time; result downloads answer ``results`` (a status) while it is set."""
+    every time; result downloads answer ``results`` (a status, or a whole answer) while it is
+    set."""
 
     def __init__(self, gw: MockGateway, *, first: int | None = None) -> None:
-        self.on, self.first, self.results = True, first, 0
+        self.on, self.first = True, first
+        self.results: int | MockResponse = 0
         self.seen: Counter[str] = Counter()
         self.handle = gw.handle
         gw.handle = self  # type: ignore[method-assign]
 
     def __call__(self, request: Any) -> Any:
         path = request.path.partition("?")[0]
+        if isinstance(self.results, MockResponse) and "/results/" in path:
+            return self.results
         if self.results and "/results/" in path:
             return MockResponse(self.results, b'{"error": {"code": "x", "message": "x"}}')
         if self.on and request.method == "GET" and "/v1/tasks/" in path:
@@ -371,3 +375,24 @@ def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
     assert first.exit_code == 3
     hiding.results = 0
     assert batch(gw, source, tmp_path / "out").counts == {"done": 1}
+
+
+def test_a_page_served_in_place_of_a_result_fails_the_line_until_a_rerun_saves_it(
+    tmp_path: Path,
+) -> None:
+    gw = gateway()
+    hiding = Hiding(gw)
+    page = MockResponse(
+        200, b"<html>Sign in to the hotel Wi-Fi</html>", (("content-type", "text/html"),)
+    )
+    hiding.on, hiding.results = False, page
+    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "p"}])
+    first = batch(gw, source, tmp_path / "out")
+    assert first.counts == {"failed": 1}
+    (record,) = manifest(first)
+    assert record["error"]["code"] == "not_an_image"
+    assert not list((tmp_path / "out").glob("*.png"))
+    hiding.results = 0
+    second = batch(gw, source, tmp_path / "out")  # looked at again: saved, nothing resubmitted
+    assert second.counts == {"done": 1}
+    assert posts(gw) == 1

@@ -39,6 +39,7 @@ from . import rules, surfaces
 from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
 from .poll import poll_interval
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
+from .text import printable
 from .wire import (
     Action,
     Fetch,
@@ -58,6 +59,7 @@ Flow = Generator[Action, Any, T]
 log = logging.getLogger("imggw_client")
 
 EXPIRED_STATUSES = frozenset({403, 404, 410})
+NOT_AN_IMAGE = "not_an_image"  # a result link served a document (an error page, say)
 FINAL_QUERY_LEAD = 1.0  # the last query of a wait goes out this long before its deadline (at most)
 
 
@@ -359,6 +361,12 @@ class Flows:
                 )
             if outcome.incomplete:
                 raise surfaces.malformed(task.surface, outcome.status, "the file was cut short")
+            if outcome.document is not None:  # a proxy's page, say: maybe not for long
+                raise ServerError(
+                    f"result {stem} of task {task.id}: its link served a document "
+                    f"({printable(outcome.document, 60)}), not an image; nothing was saved",
+                    status_code=outcome.status, code=NOT_AN_IMAGE, surface=task.surface,
+                )  # fmt: skip
             if outcome.status in EXPIRED_STATUSES:
                 raise _expired(task, stem, f"its link answered HTTP {outcome.status}",
                                outcome.status)  # fmt: skip
@@ -379,6 +387,7 @@ class Flows:
             return DownloadError(
                 f"could not download result {stem} of task {task.id}: {err.message}",
                 status_code=err.status_code,
+                code=NOT_AN_IMAGE if err.code == NOT_AN_IMAGE else None,
                 surface=task.surface,
             )
 

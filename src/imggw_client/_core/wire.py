@@ -57,12 +57,14 @@ class ReplyTooLarge(Exception):
 class Fetched:
     """A streamed result download. ``file`` is set when a 200 body was saved and verified;
     ``incomplete`` when the body ended short of its Content-Length or the image is cut short;
-    ``too_large`` when it passed ``max_bytes`` (nothing was kept)."""
+    ``too_large`` when it passed ``max_bytes`` (nothing was kept); ``document`` names what was
+    served instead of an image (an error page, say: nothing was kept)."""
 
     status: int
     file: DownloadedFile | None = None
     incomplete: bool = False
     too_large: bool = False
+    document: str | None = None
 
 
 # Actions a flow yields; the driver performs each and sends back the result shown.

@@ -279,12 +279,13 @@ class Ledger:
 
     def recheck(self) -> None:
         """Within a plan: lines that failed for what a later look may find otherwise, at no
-        cost (a task the gateway did not know, results whose links all died), are looked at
-        again by this run: a query and a download, never a submit."""
+        cost (a task the gateway did not know; a task that succeeded but whose results could
+        not be saved: links that died, a document served in place of an image), are looked
+        at again by this run: a query and a download, never a submit."""
         self._db.execute(
             "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
-            "WHERE planned=? AND state=? AND task_id IS NOT NULL",
-            (SUCCEEDED, self._plan, EXPIRED),
+            "WHERE planned=? AND task_id IS NOT NULL AND (state=? OR (state=? AND urls != '[]'))",
+            (SUCCEEDED, self._plan, EXPIRED, FAILED),
         )
         self._db.execute(
             "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "

@@ -44,6 +44,7 @@ from tenacity import (
 
 from .._async_client import AsyncClient
 from .._config import RateLimit, check_surface
+from .._core.flows import NOT_AN_IMAGE
 from .._core.retry import classify
 from .._core.surfaces import safe_message
 from .._download import WRITE_FAILED
@@ -225,12 +226,17 @@ def file_sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+# Downloads that another try in this run would not mend (a rerun looks at a document's link
+# again: what a proxy served today may be the image tomorrow).
+_FINAL_DOWNLOAD_CODES = frozenset({"result_too_large", WRITE_FAILED, NOT_AN_IMAGE})
+
+
 def _retry_later(err: BaseException) -> bool:
     """A failure after which a line is tried again later instead of failing: what the core
     retries, and an unknown submit outcome (the line's key makes another try safe)."""
     if not isinstance(err, ImggwError) or isinstance(err, FATAL):
         return False
-    if isinstance(err, DownloadError) and err.code in ("result_too_large", WRITE_FAILED):
+    if isinstance(err, DownloadError) and err.code in _FINAL_DOWNLOAD_CODES:
         return False
     return isinstance(err, (UnknownOutcomeError, DownloadError)) or classify(err).retry
 
