@@ -367,7 +367,9 @@ def _download_ids(
                         with out.progress(task_id) as on_update:
                             try:
                                 task = client.wait(
-                                    task_id, timeout=timeout or 600.0, on_update=on_update
+                                    task_id,
+                                    timeout=600.0 if timeout is None else timeout,
+                                    on_update=on_update,
                                 )
                             except TaskFailedError as failed:  # reported below, like the rest
                                 task = failed.task

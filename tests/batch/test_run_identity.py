@@ -191,3 +191,26 @@ def test_a_damaged_input_record_is_refused_with_what_to_do(tmp_path: Path) -> No
     record.unlink()  # as the message says: the rerun compares with nothing, replays all
     assert batch(gw, source, out).exit_code == 0
     assert gw.stats()["tasks_created"] == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b'{"format": 1}', "damaged"),
+        (b'{"format": "2", "run_id": "ab"}', "damaged"),
+        (b'{"format": 1, "run_id": 7}', "damaged"),
+        (b'{"format": 99, "run_id": "ab"}', "newer imggw"),
+        (b"[1, 2]", "damaged"),
+        (b"{not json", "unreadable"),
+    ],
+)
+def test_a_damaged_run_record_is_refused_before_anything_is_sent(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    gw = MockGateway()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RUN_NAME).write_bytes(content)
+    with pytest.raises(RequestValidationError, match=says):
+        batch(gw, write(tmp_path / "in.jsonl", ["a cat"]), out)
+    assert sum(gw.stats()["requests"].values()) == 0

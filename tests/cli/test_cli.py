@@ -135,11 +135,15 @@ def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
         run = imggw("poll", sub["task_id"], "--timeout", "0.3", "--base-url", url)
         gen = imggw("generate", "a cat", "--timeout", "0.3", "--base-url", url, "-o", str(tmp_path))
         dl = imggw("download", sub["task_id"], "--base-url", url, "-o", str(tmp_path))
+        # --wait -t 0 means now, not the default 600 s: one look, then exit 3
+        now = imggw("download", sub["task_id"], "--wait", "-t", "0", "--base-url", url,
+                    "-o", str(tmp_path))  # fmt: skip
     assert run.code == 3
     assert f"resume with: imggw poll {sub['task_id']} --surface beta" in run.err
     assert gen.code == 3
     assert "resume with: imggw poll" in gen.err
     assert dl.code == 3
+    assert now.code == 3
     assert list(tmp_path.iterdir()) == []
 
 

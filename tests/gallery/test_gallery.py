@@ -132,6 +132,15 @@ def test_counts_totals_and_the_filter_of_each_line(tmp_path: Path) -> None:
     assert rows(tmp_path, "failed")[1][CODE] == "invalid_line"
 
 
+def test_totals_that_overflow_show_as_unknown_and_the_page_is_still_written(
+    tmp_path: Path,
+) -> None:
+    write_gallery(tmp_path, [record(1, cost=1e308, credits=2), record(2, cost=1e308, credits=2)])
+    data = summary(tmp_path)
+    assert (data["cost"], data["credits"]) == (None, 4)
+    assert [row[COST] for row in rows(tmp_path)] == [1e308, 1e308]
+
+
 def test_empty_batch(tmp_path: Path) -> None:
     write_gallery(tmp_path, [])
     data = summary(tmp_path)

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
+from .._core import jsonio
+
 GALLERY_NAME = "index.html"
 GALLERY_DIR = "gallery"
 PAGE_SIZE = 200
@@ -113,7 +115,7 @@ def iter_manifest(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for number, text in enumerate(handle, 1):
             if not text.strip():
                 continue
-            record = json.loads(text)
+            record = jsonio.loads(text)
             if not isinstance(record, dict):
                 raise ValueError(f"{path}: line {number} is not a JSON object")
             yield record
@@ -173,8 +175,9 @@ def _write_pages(part: Path, records: Iterable[dict[str, Any]]) -> dict[str, Any
         "pageSize": PAGE_SIZE,
         "counts": {name: each.count for name, each in pages.items()},
         "pages": {name: each.pages for name, each in pages.items()},
-        "credits": round(credits, 6),
-        "cost": round(cost, 6),
+        # Sums of huge values can overflow: shown as unknown rather than failing the page.
+        "credits": _number(round(credits, 6)),
+        "cost": _number(round(cost, 6)),
     }
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .._core import jsonio
 from .._exceptions import ImggwError, RequestValidationError
 
 RUN_NAME = "run.json"
@@ -81,19 +82,16 @@ def line_digest(identity: str, fingerprint: str) -> bytes:
 
 def load(folder: Path) -> RunIdentity | None:
     """The folder's run identity, or None if no run began there."""
+    path = folder / RUN_NAME
     try:
-        data = json.loads((folder / RUN_NAME).read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise RequestValidationError(
-            "out_dir", f"{folder / RUN_NAME} is unreadable ({exc}); it is not a run's folder"
+            "out_dir", f"{path} is unreadable ({exc}); it is not a run's folder"
         ) from exc
-    if not isinstance(data, dict) or data.get("format", 0) > FORMAT:
-        raise RequestValidationError(
-            "out_dir", f"{folder / RUN_NAME} was written by a newer imggw: upgrade to resume it"
-        )
-    return RunIdentity(str(data["run_id"]), str(data.get("input_fingerprint", "")))
+    return parse_record(data, str(path))
 
 
 def create(folder: Path, input_fingerprint: str) -> RunIdentity:
@@ -248,16 +246,22 @@ def record_bytes(identity: RunIdentity) -> bytes:
 def parse_record(data: bytes, where: str) -> RunIdentity:
     """The identity in a ``run.json``'s content (``where`` names it in errors)."""
     try:
-        parsed = json.loads(data)
+        parsed = jsonio.loads(data)
     except ValueError as exc:
         raise RequestValidationError(
             "out_dir", f"{where} is unreadable ({exc}); it is not a run's folder"
         ) from exc
-    if not isinstance(parsed, dict) or parsed.get("format", 0) > FORMAT or "run_id" not in parsed:
+    version = parsed.get("format", 0) if isinstance(parsed, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT:
         raise RequestValidationError(
             "out_dir", f"{where} was written by a newer imggw: upgrade to resume it"
         )
-    return RunIdentity(str(parsed["run_id"]), str(parsed.get("input_fingerprint", "")))
+    run_id = parsed.get("run_id") if isinstance(parsed, dict) else None
+    if not isinstance(version, int) or not isinstance(run_id, str) or not run_id:
+        raise RequestValidationError(
+            "out_dir", f"{where} is damaged (no run id); it is not a run's folder"
+        )
+    return RunIdentity(run_id, str(parsed.get("input_fingerprint", "")))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

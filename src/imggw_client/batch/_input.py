@@ -293,6 +293,8 @@ def _parse_collect(number: int, item: Any) -> InputLine:
     if unknown:
         raise _Bad(f"unknown field {printable(unknown[0], 40)!r}")
     task_id = item.get("task_id")
+    if task_id is None:  # a manifest's line that never reached a submit: nothing to collect
+        raise _Bad("task_id is null: this record names no task (never submitted)")
     if isinstance(task_id, int) and not isinstance(task_id, bool):
         task_id = str(task_id)
     if not isinstance(task_id, str) or rules.check_task_id(task_id):
