@@ -19,8 +19,12 @@ SUITE = [
     ("polling", ["polling.py"], ["polling.py", "--tasks", "1000"]),
     ("scale", ["scale.py"], ["scale.py", "--tasks", "2000"]),
     ("downloads", ["downloads.py"], ["downloads.py", "--files", "10", "--big-mb", "64"]),
-    ("batch", ["batch.py"], ["batch.py", "--lines", "300"]),
+    ("batch", ["batch.py"], ["batch.py", "--quick"]),
+    ("collect", ["collect.py"], ["collect.py", "--quick"]),
+    ("gallery", ["gallery.py"], ["gallery.py", "--quick"]),
     ("soak", ["soak.py"], ["soak.py", "--requests", "100"]),
+    ("budget", ["budget.py"], ["budget.py", "--quick"]),
+    ("scale_out", ["scale_out.py"], ["scale_out.py", "--lines", "200"]),
 ]
 
 
