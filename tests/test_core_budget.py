@@ -210,6 +210,21 @@ def test_without_a_ceiling_a_429_ends_the_start_from_what_was_accepted() -> None
     assert budget.pace(SUBMIT) == pytest.approx(30 * B.FIRST_DECREASE)
 
 
+def test_without_a_ceiling_a_429_early_on_never_starts_below_half_the_starting_pace() -> None:
+    # Two answers in the first half second say nothing of what the gateway accepts: the pace
+    # must not fall to 1/s (a 15-line batch took 140 s that way against random 429s).
+    budget = Budget(RateLimit())
+    for i in range(2):
+        t = budget.reserve(QUERY, i / 10)
+        budget.wait_time(t, i / 10)
+        budget.finished(t, i / 10 + 0.01)
+    t = budget.reserve(QUERY, 0.3)
+    budget.wait_time(t, 0.3)
+    budget.finished(t, 0.4, limited=True, retry_after=None)
+    budget.finished(t, 0.4, limited=True, retry_after=None)
+    assert budget.pace(QUERY) == pytest.approx(B.START_RATE * B.FIRST_DECREASE)
+
+
 def test_a_released_last_slot_leaves_no_hole() -> None:
     budget = Budget(RateLimit(queries_per_second=1))
     budget.wait_time(budget.reserve(QUERY, 0.0), 0.0)

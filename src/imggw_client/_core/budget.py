@@ -285,8 +285,11 @@ class Budget:
             assert lane.rate is not None
             overloaded_at = lane.rate
             rate = lane.rate * max(FIRST_DECREASE, min(DECREASE, 1.0 - share))
-        else:  # a guess so far: start again from what the gateway accepted lately
-            overloaded_at = _accepted_per_second(lane, now) or lane.rate or START_RATE
+        else:  # a guess so far: start again from what the gateway accepted lately, but
+            # never from less than the starting pace: a client that had sent little (or only
+            # for part of a second) says nothing of what the gateway would accept.
+            start = min(lane.rate or START_RATE, START_RATE)
+            overloaded_at = max(_accepted_per_second(lane, now), start)
             rate = overloaded_at * FIRST_DECREASE
         rate = max(MIN_RATE, rate)
         if lane.ceiling is not None:
