@@ -25,7 +25,7 @@ from imggw_client import (
 from imggw_client.mock import MockGateway
 
 from .loopback import http_json, raw_server
-from .test_core_flows import Script, flows, task
+from .test_core_flows import Script, error, flows, task
 
 QUICK = RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05)
 
@@ -166,3 +166,29 @@ async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> N
     # A storm of 40 at once would meet 36 429s; the start window, slow start and the shared
     # pause keep it to about half that (the window alone meets 12 against 4 a second).
     assert stats["rate_limited"] < 20
+
+
+@pytest.mark.anyio
+async def test_requests_cancelled_in_flight_give_back_their_places() -> None:
+    # Cancelled calls must not stay counted in flight: with no ceiling, 16 of them would fill
+    # the start window and pace every later call, one at a time as it may be.
+    gw = MockGateway(latency=0.2, fault_rate=1.0, faults=["latency"])
+    async with gw.async_client() as client:
+        sub = await client.submit("a cat")
+        for _ in range(20):
+            with anyio.move_on_after(0.01):
+                await client.get(sub.task_id)
+        lane = client._flows.budget._lanes["query"]
+        assert lane.in_flight == 0
+        assert client._flows.budget.pace("query") is None  # one at a time: never slowed
+
+
+def test_a_wait_retrying_up_to_its_deadline_sends_nothing_with_no_time_left() -> None:
+    # Retries inside a wait sleep up to the deadline; a query then would get a timeout of 0
+    # (a caller's own httpx client refuses it with a ValueError).
+    script = Script(error(503))
+    waiting = flows(script, retry=RetryPolicy(initial_backoff=0.5, max_backoff=2.0))
+    with pytest.raises(WaitTimeoutError):
+        script.run(waiting.wait("9", surface=None, timeout=3))
+    assert script.now == pytest.approx(3.0)
+    assert all(send.timeout > 0 for _, send in script.sent)

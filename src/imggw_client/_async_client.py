@@ -268,7 +268,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 action = flow.send(outcome)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            outcome = await self._perform(action, on_update)
+            try:
+                outcome = await self._perform(action, on_update)
+            except BaseException:  # cancelled, closed, interrupted: the flow gives back its place
+                flow.close()
+                raise
 
     async def _run_catching(self, flow: Flow[T]) -> T | BaseException:
         try:

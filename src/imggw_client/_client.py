@@ -239,7 +239,11 @@ class Client(BaseClient[httpx.Client]):
                 action = flow.send(outcome)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            outcome = self._perform(action, on_update)
+            try:
+                outcome = self._perform(action, on_update)
+            except BaseException:  # cancelled, closed, interrupted: the flow gives back its place
+                flow.close()
+                raise
 
     def _run_catching(self, flow: Flow[T]) -> T | BaseException:
         try:

@@ -429,7 +429,13 @@ class Flows:
                     )
                     raise (give_up(err, unknown) if give_up else err) from None
             action = make_action()
-            outcome = yield action
+            try:
+                outcome = yield action
+            except BaseException:  # cancelled or closed in flight: its place counts no more
+                if isinstance(ticket, Ticket):
+                    assert isinstance(self.budget, Budget)
+                    self.budget.release(ticket)
+                raise
             try:
                 result = read(outcome)
             except ImggwError as err:
@@ -480,6 +486,9 @@ class Flows:
         try:
             while True:
                 now = self.clock()
+                if deadline is not None and now >= deadline:  # a request now would get no time
+                    self.budget.release(ticket)
+                    return None
                 wait = self.budget.wait_time(ticket, now)
                 if wait <= 0:
                     return ticket
@@ -506,6 +515,9 @@ class Flows:
                 return None
             yield Sleep(wait)
             ticket, wait = yield Pace(kind, ticket)
+        if deadline is not None and self.clock() >= deadline:
+            yield Paced(ticket, sent=False)
+            return None
         return ticket  # type: ignore[no-any-return]  # what the service handed out
 
     def _delay(
