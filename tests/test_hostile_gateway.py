@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from imggw_client import (
+    APITimeoutError,
     AsyncClient,
     Client,
     DownloadError,
@@ -63,6 +64,30 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 # ---------------------------------------------------------------------------- deadlines
+
+
+def test_a_client_goes_through_the_environments_proxy_and_keeps_its_deadline_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stop, lines = threading.Event(), []
+
+    def proxy(conn: socket.socket, n: int, request: bytes) -> None:
+        lines.append(request.split(b"\r\n")[0])
+        drip(conn, head(content_type="application/json") + RUNNING, 0.3, stop)
+
+    with raw_server(proxy) as url:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", url)
+        started = time.monotonic()
+        client = Client(api_key="k" * 12, base_url="http://gateway.test", timeout=1,
+                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+        with client, pytest.raises(APITimeoutError):
+            client.get("1")
+        took = time.monotonic() - started
+        stop.set()
+    assert lines == [b"GET http://gateway.test/beta/v1/tasks/1 HTTP/1.1"]  # through the proxy
+    assert took < 1.6  # its 1 s, however slowly the proxy drips
 
 
 @pytest.mark.parametrize("where", ["body", "headers"])

@@ -103,13 +103,14 @@ class _Backend(httpcore.NetworkBackend):
 
 
 def bounded_client(**options: typing.Any) -> httpx.Client:
-    """An ``httpx.Client`` (``options`` as for httpx) whose direct connections honour
-    :func:`bounded`. The network backend is reached through httpx's transport internals; if a
-    future httpx moves them, the client still works and the driver's checks between body
-    chunks remain."""
-    transport = httpx.HTTPTransport()
-    pool = getattr(transport, "_pool", None)
-    backend = getattr(pool, "_network_backend", None)
-    if isinstance(backend, httpcore.NetworkBackend):
-        pool._network_backend = _Backend(backend)  # type: ignore[union-attr]
-    return httpx.Client(transport=transport, **options)
+    """An ``httpx.Client`` (``options`` as for httpx) whose connections honour :func:`bounded`,
+    direct or through the proxies httpx takes from the environment. The network backends are
+    reached through httpx's transport internals; if a future httpx moves them, the client
+    still works and the driver's checks between body chunks remain."""
+    client = httpx.Client(**options)
+    for transport in (client._transport, *client._mounts.values()):
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if isinstance(backend, httpcore.NetworkBackend):
+            pool._network_backend = _Backend(backend)  # type: ignore[union-attr]
+    return client
