@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from imggw_cli._app import app
 from imggw_client.batch import (
     InputChangedError,
+    StorageError,
     merge,
     parse_shard,
     run_shard,
@@ -223,6 +224,45 @@ def test_batch_status_json_reads_progress_from_the_folder_alone(tmp_path: Path) 
     assert "6 lines: 2 pending, 0 running, 3 succeeded, 1 failed" in human.stdout
     missing = CliRunner().invoke(app, ["batch", "status", str(tmp_path / "nothing")])
     assert missing.exit_code == 2
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"line": 1, "task_id": "7", "sta', "[" * 5000])
+def test_a_damaged_shard_manifest_is_one_clear_error_naming_it(tmp_path: Path, damage: str) -> None:
+    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
+    source = write_prompts(tmp_path / "in.jsonl", 2)
+    out = tmp_path / "out"
+    assert shard(gw, source, out, 1, 1).exit_code == 0
+    manifest = out / "shards" / "0001-of-0001" / "manifest.jsonl"
+    manifest.write_text(manifest.read_text() + damage + "\n")
+    for read in (status, merge):
+        with pytest.raises(StorageError, match=r"0001-of-0001/manifest\.jsonl is damaged"):
+            read(out)
+    result = CliRunner().invoke(app, ["batch", "status", str(out)])
+    assert result.exit_code == 4
+    assert "Traceback" not in result.output
+    manifest.unlink()  # as the message says: the same command writes it again
+    assert shard(gw, source, out, 1, 1).exit_code == 0
+    assert status(out).counts["succeeded"] == 2
+    assert gw.stats()["tasks_created"] == 2
+
+
+def test_a_remote_folders_backend_failure_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsspec.implementations.memory as memory
+
+    class NoCredentials(Exception):  # what a cloud library raises: not an OSError
+        pass
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise NoCredentials("Unable to locate credentials")
+
+    gw = MockGateway(api_keys=[KEY])
+    monkeypatch.setattr(memory.MemoryFileSystem, "cat_file", refuse)
+    with pytest.raises(StorageError, match=r"cannot read memory://imggw-no-creds/run\.json"):
+        shard(gw, write_prompts(tmp_path / "in.jsonl", 1), "memory://imggw-no-creds", 1, 1,
+              scratch=tmp_path / "scratch")  # fmt: skip
+    assert gw.stats()["tasks_created"] == 0
 
 
 def test_shard_options_that_do_not_go_together_are_refused(tmp_path: Path) -> None:

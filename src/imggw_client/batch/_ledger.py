@@ -103,10 +103,10 @@ class StorageError(ImggwError):
     """
 
 
-def storage_error(path: Path | str, exc: BaseException) -> StorageError:
+def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> StorageError:
     why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return StorageError(
-        f"cannot write {path} ({why}); fix that, then run the same command to resume",
+        f"cannot {verb} {path} ({why}); fix that, then run the same command to resume",
         code="storage_failed",
     )
 

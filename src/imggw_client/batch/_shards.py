@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import logging
 import os
 import re
@@ -57,9 +56,9 @@ from .._config import RateLimit, check_surface
 from .._exceptions import RequestValidationError
 from .._models import DownloadedFile
 from . import _identity
-from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
+from ._gallery import GALLERY_DIR, GALLERY_NAME, iter_manifest, write_gallery
 from ._input import JSONL_SUFFIXES, InputLine, count_lines, iter_lines
-from ._ledger import _COLUMNS, LEDGER_NAME, Ledger, Row, StorageError
+from ._ledger import _COLUMNS, INVALID_LINE, LEDGER_NAME, Ledger, Row, StorageError
 from ._runner import (
     MANIFEST_NAME,
     BatchProgress,
@@ -67,6 +66,7 @@ from ._runner import (
     check_run_options,
     execute,
     manifest_record,
+    write_manifest,
 )
 from ._storage import Storage, open_storage
 
@@ -641,18 +641,22 @@ def _ledger_records(path: Path) -> Iterator[dict[str, Any]]:
             return
 
 
-def _manifest_records(path: Path) -> Iterator[dict[str, Any]]:
+def _manifest_records(path: Path, where: str) -> Iterator[dict[str, Any]]:
+    """A shard's manifest, written when it ended. A damaged one stops the reading with what to
+    do: without it, the same command runs the shard again, which rewrites it from its ledger."""
     try:
-        handle = path.open(encoding="utf-8")
-    except OSError:
-        return
-    with handle:
-        for text in handle:
-            if text.strip():
-                record = json.loads(text)
-                if isinstance(record, dict) and isinstance(record.get("line"), int):
-                    record["_bad"] = (record.get("error") or {}).get("code") == "invalid_line"
-                    yield record
+        for record in iter_manifest(path):
+            line = record.get("line")
+            if isinstance(line, int) and not isinstance(line, bool):
+                error = record.get("error")
+                record["_bad"] = isinstance(error, dict) and error.get("code") == INVALID_LINE
+                yield record
+    except (OSError, ValueError) as exc:
+        raise StorageError(
+            f"{where} is damaged ({exc}); delete it, then run the same command: the shard "
+            "writes it again from its ledger",
+            code="storage_failed",
+        ) from exc
 
 
 class _Snapshot:
@@ -724,7 +728,8 @@ def _sources(
         manifest = snap.path(f"{SHARDS_DIR}/{name}/{MANIFEST_NAME}")
         ledger = snap.path(f"{SHARDS_DIR}/{name}/{LEDGER_NAME}")
         if manifest is not None:
-            sources.append(_manifest_records(manifest))
+            where = storage.where(f"{SHARDS_DIR}/{name}/{MANIFEST_NAME}")
+            sources.append(_manifest_records(manifest, where))
         if ledger is not None:
             sources.append(_ledger_records(ledger))
         shards.append({"shard": name, "index": int(match[1]), "count": int(match[2]),
@@ -784,10 +789,9 @@ def status(
                 bad += 1
                 continue
             rank = _rank(record)
+            # A line expired before it could be saved is final too: failed.
             state = {_SAVED: "succeeded", _FINAL: "failed", _SUCCEEDED: "running",
                      _RUNNING: "running"}.get(rank, "pending")  # fmt: skip
-            if rank == _FINAL and record.get("status") == "succeeded":
-                state = "failed"  # expired before it could be saved
             counts[state] += 1
     finally:
         snap.close()
@@ -841,37 +845,32 @@ def merge(
     worst = 0
     try:
         records, shards = _merged(storage, snap)
+
+        def counted() -> Iterator[dict[str, Any]]:
+            nonlocal worst
+            for record in records:
+                record.pop("_bad", None)
+                counts[str(record.get("status"))] += 1
+                worst = max(worst, {_SAVED: 0, _FINAL: 1}.get(_rank(record), 3))
+                yield record
+
         local = storage.local
-        out = (local if local is not None else work) / f".{MANIFEST_NAME}.{secrets.token_hex(4)}"
-        try:
-            with out.open("w", encoding="utf-8") as handle:
-                for record in records:
-                    record.pop("_bad", None)
-                    rank = _rank(record)
-                    counts[str(record.get("status"))] += 1
-                    worst = max(worst, {_SAVED: 0, _FINAL: 1}.get(rank, 3))
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            storage.put(out, MANIFEST_NAME)
-        finally:
-            out.unlink(missing_ok=True)
+        written = write_manifest(local if local is not None else work, counted())
+        if local is None:
+            storage.put(written, MANIFEST_NAME)
         if gallery:
             _merge_gallery(storage, work, title or f"imggw batch: {Path(storage.url).name}")
     finally:
         snap.close()
         shutil.rmtree(work, ignore_errors=True)
-    exit_code = 3 if worst == 3 else worst
-    return MergeReport(storage.where(MANIFEST_NAME), dict(counts), exit_code, shards)
+    return MergeReport(storage.where(MANIFEST_NAME), dict(counts), worst, shards)
 
 
 def _merge_gallery(storage: Storage, work: Path, title: str) -> None:
     local = storage.local
     if local is not None:
-        from ._gallery import iter_manifest
-
         write_gallery(local, iter_manifest(local / MANIFEST_NAME), title=title)
         return
-    from ._gallery import iter_manifest
-
     manifest = work / MANIFEST_NAME
     storage.get(MANIFEST_NAME, manifest)
     page = write_gallery(work, iter_manifest(manifest), title=title)

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import secrets
@@ -65,7 +64,7 @@ class Storage:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise storage_error(self.where(rel), exc) from exc
+            raise storage_error(self.where(rel), exc, "read") from exc
 
     def write(self, rel: str, data: bytes) -> None:
         """Writes the file whole (temp file, fsync, rename)."""
@@ -126,7 +125,7 @@ class Storage:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise storage_error(self.where(rel), exc) from exc
+            raise storage_error(self.where(rel), exc, "read") from exc
         return True
 
     def size(self, rel: str) -> int | None:
@@ -148,10 +147,6 @@ class Storage:
             return sorted(entry.name for entry in (self.root / rel).iterdir())
         except OSError:
             return []
-
-    def delete(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / rel).unlink()
 
     def is_whole(self, rel: str, size: int, sha256: str, *, hashes: bool) -> bool:
         """Whether the file is there with this size (and this sha256, with ``hashes``)."""
@@ -205,14 +200,14 @@ class FsspecStorage(Storage):
             data: bytes = self.fs.cat_file(path)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise storage_error(self.where(rel), exc) from exc
+        except Exception as exc:  # the backend's own errors too (credentials, say)
+            raise storage_error(self.where(rel), exc, "read") from exc
         return data
 
     def write(self, rel: str, data: bytes) -> None:
         try:
             self.fs.pipe_file(self._path(rel), data)  # one PUT on an object store
-        except OSError as exc:
+        except Exception as exc:
             raise storage_error(self.where(rel), exc) from exc
 
     def create(self, rel: str, data: bytes) -> bool:
@@ -227,7 +222,7 @@ class FsspecStorage(Storage):
             if self.read(rel) is not None:
                 return False
             self.write(rel, data)
-        except OSError as exc:
+        except Exception as exc:
             if self.read(rel) not in (None, data):  # some stores answer a lost race so
                 return False
             raise storage_error(self.where(rel), exc) from exc
@@ -236,7 +231,7 @@ class FsspecStorage(Storage):
     def put(self, local: Path, rel: str) -> None:
         try:
             self.fs.put_file(str(local), self._path(rel))
-        except OSError as exc:
+        except Exception as exc:
             raise storage_error(self.where(rel), exc) from exc
         local.unlink(missing_ok=True)
 
@@ -249,9 +244,9 @@ class FsspecStorage(Storage):
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)
             return False
-        except OSError as exc:
+        except Exception as exc:
             tmp.unlink(missing_ok=True)
-            raise storage_error(self.where(rel), exc) from exc
+            raise storage_error(self.where(rel), exc, "read") from exc
         return True
 
     def size(self, rel: str) -> int | None:
@@ -259,8 +254,10 @@ class FsspecStorage(Storage):
         try:
             self.fs.invalidate_cache(path)
             return int(self.fs.info(path)["size"])
-        except (OSError, KeyError):
+        except (FileNotFoundError, KeyError):
             return None
+        except Exception as exc:  # unreadable is not missing: a rerun would compare with nothing
+            raise storage_error(self.where(rel), exc, "read") from exc
 
     def sha256(self, rel: str) -> str | None:
         try:
@@ -276,13 +273,9 @@ class FsspecStorage(Storage):
             names = self.fs.ls(path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        except OSError as exc:
-            raise storage_error(self.where(rel), exc) from exc
+        except Exception as exc:
+            raise storage_error(self.where(rel), exc, "read") from exc
         return sorted(str(name).rstrip("/").rsplit("/", 1)[-1] for name in names)
-
-    def delete(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._path(rel))
 
 
 def _digest(handle: Any) -> str:
