@@ -5,6 +5,7 @@ folder, keys that replay after every ledger is lost, changed input refused witho
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from imggw_cli._app import app
+from imggw_client import RequestValidationError
 from imggw_client.batch import (
     InputChangedError,
     StorageError,
@@ -263,6 +265,48 @@ def test_a_remote_folders_backend_failure_is_a_storage_error(
         shard(gw, write_prompts(tmp_path / "in.jsonl", 1), "memory://imggw-no-creds", 1, 1,
               scratch=tmp_path / "scratch")  # fmt: skip
     assert gw.stats()["tasks_created"] == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("workers", 0), ("workers", True), ("shard_retries", -1), ("shard_size", 0),
+     ("checkpoint_every", 0), ("checkpoint_every", -1.0), ("checkpoint_every", math.nan)],
+)  # fmt: skip
+def test_sharded_run_options_are_checked_before_anything_starts(
+    tmp_path: Path, option: str, value: object
+) -> None:
+    from imggw_client.batch import run_sharded
+
+    source = write_prompts(tmp_path / "in.jsonl", 2)
+    where = {"workers": 1} if option != "workers" else {}
+    with pytest.raises(RequestValidationError, match=option):
+        run_sharded(source, tmp_path / "out", **where, **{option: value})  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_driver_slices_the_input_it_checked_not_a_later_edit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from imggw_client.batch import _dask
+
+    source = write_prompts(tmp_path / "in.jsonl", 4)
+    checked = source.read_text()
+    scan = _dask.scan_input
+
+    def scan_then_edit(*args: Any, **kwargs: Any) -> Any:
+        found = scan(*args, **kwargs)
+        source.write_text(checked.replace("image 2", "an unchecked edit"))  # meanwhile
+        return found
+
+    monkeypatch.setattr(_dask, "scan_input", scan_then_edit)
+    storage = open_storage(tmp_path / "out")
+    work = tmp_path / "work"
+    work.mkdir()
+    prepared = _dask._prepare(str(source), storage, work, surface="beta", shard_size=2,
+                              skip_bad_lines=False, allow_changes=False)  # fmt: skip
+    assert prepared.count == 2
+    sliced = "".join(p.read_text() for p in sorted((tmp_path / "out").glob("shards/*/*.jsonl")))
+    assert sliced == checked
 
 
 def test_shard_options_that_do_not_go_together_are_refused(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import math
 import os
 import pickle
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -367,7 +368,15 @@ def _prepare(
     allow_changes: bool,
 ) -> _Prepared:
     """The whole input checked and the run's identity made, before any shard is dispatched;
-    then each shard's slice put in the output folder. Blocking."""
+    then each shard's slice put in the output folder. Blocking. All of it reads one copy of
+    the input: a file edited meanwhile must not slip an unchecked line into a slice."""
+    copy = work / "input" / Path(source).name
+    try:
+        copy.parent.mkdir()
+        shutil.copyfile(source, copy)
+    except OSError as exc:
+        raise RequestValidationError("source", f"cannot read {source}: {exc}") from exc
+    source = str(copy)
     total = count_lines(source)
     for _ in range(2):  # a second time only if a shard process made the run meanwhile
         local = storage.local
@@ -432,8 +441,15 @@ async def arun_sharded(
             "engine", "give the cluster's address or a number of workers (one of them)",
             code="invalid_option",
         )  # fmt: skip
-    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
-        raise RequestValidationError("shard_size", "must be an integer >= 1")
+    counts = {"shard_size": (shard_size, 1), "shard_retries": (shard_retries, 0)}
+    if workers is not None:
+        counts["workers"] = (workers, 1)
+    for name, (value, least) in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise RequestValidationError(name, f"must be an integer >= {least}")
+    every = checkpoint_every
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every < math.inf:
+        raise RequestValidationError("checkpoint_every", "must be a number of seconds > 0")
     check_run_options(concurrency, timeout)
     source = os.fspath(source)
     if source == "-" or not Path(source).is_file():
@@ -479,8 +495,6 @@ async def arun_sharded(
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
