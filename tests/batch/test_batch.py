@@ -328,6 +328,7 @@ def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(tmp_path: Pa
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     report = batch(gw, source, tmp_path / "out")
     assert report.counts == {"done": 3}
+    assert len(hiding.seen) == 3  # every task was hidden, and asked for again
     assert all(n >= 3 for n in hiding.seen.values())
     assert gw.stats()["tasks_created"] == 3
 

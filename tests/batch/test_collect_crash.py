@@ -51,6 +51,7 @@ def test_a_collect_killed_at_random_moments_loses_nothing_and_saves_nothing_twic
         child.wait(timeout=30)
         if child.returncode == 0:
             break
+        assert child.returncode == -signal.SIGKILL
         kills += 1
     assert kills >= 2
     final = None

@@ -184,6 +184,9 @@ def test_hostile_prompts_show_as_text_and_never_run(browser: Browser, batch_fold
     srcs = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.getAttribute('src'))")
     assert all((batch_folder / src).is_file() for src in srcs)
     assert opened.errors == []  # no script error, no Content-Security-Policy refusal
+    local = batch_folder.as_uri() + "/"  # every request the page made: a file of the gallery
+    assert opened.requests
+    assert all(url.startswith(local) for url in opened.requests), opened.requests
     page.close()
 
 
@@ -317,6 +320,8 @@ def test_ten_thousand_lines_open_with_one_page_of_cards(browser: Browser, big_fo
         "1.js",
         "2.js",
     ]
+    local = big_folder.as_uri() + "/"  # every request the page made: a file of the gallery
+    assert all(url.startswith(local) for url in opened.requests), opened.requests
     opened.page.close()
 
 

@@ -252,7 +252,11 @@ def test_blank_prompts_are_judged_as_ecma_262_judges_them(
     else:
         body = json.loads(answer.body)
         assert answer.status == 422
-        assert (body.get("error") or {}).get("code", "invalid_prompt") == "invalid_prompt"
+        if surface == "beta":
+            assert body["error"]["code"] == "invalid_prompt"
+        else:
+            assert body["code"] == 422
+            assert body["msg"].startswith("input.prompt:")
         assert "must contain a non-whitespace character" in json.dumps(body)
     assert gw.stats()["tasks_created"] == int(accepted)
 

@@ -49,7 +49,8 @@ def cluster(worker_env: None) -> Iterator[Any]:
     """A LocalCluster of 2 single-threaded worker processes, for the whole session; its HTTP
     endpoints on 127.0.0.1 at a free port (with dashboard_address=None the scheduler would still
     take port 8787 on every interface)."""
-    distributed = pytest.importorskip("distributed")
+    import distributed  # the dev extra installs it: missing is a failure, not a skip
+
     logging.getLogger("distributed").setLevel(logging.ERROR)
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
@@ -71,7 +72,7 @@ def dask_client(cluster: Any) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def s3(worker_env: None) -> Iterator[dict[str, Any]]:
     """A local S3 server (moto) on 127.0.0.1 with a bucket; yields fsspec storage options."""
-    pytest.importorskip("s3fs")
+    import s3fs  # noqa: F401 - the dev extra installs it: missing is a failure, not a skip
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

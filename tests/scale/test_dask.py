@@ -19,19 +19,11 @@ from typer.testing import CliRunner
 from imggw_cli._app import app
 from imggw_client import RateLimit
 from imggw_client.batch import status
+from imggw_client.batch._dask import BudgetPlugin, ClientSpec, ShardedReport, run_sharded
 from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 
 from .conftest import FAST, KEY, check_from_storage, write_prompts
-
-pytest.importorskip("distributed")
-
-from imggw_client.batch._dask import (
-    BudgetPlugin,
-    ClientSpec,
-    ShardedReport,
-    run_sharded,
-)
 
 
 @pytest.fixture
@@ -72,9 +64,12 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
         assert driver.is_alive(), failure
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    os.kill(next(iter(pids.values())), signal.SIGKILL)
+    killed = next(iter(pids.values()))
+    os.kill(killed, signal.SIGKILL)
     driver.join(timeout=90)
     assert not driver.is_alive()
+    # The kill landed: that worker process is gone, and the cluster runs without it.
+    assert killed not in dask_client.run(os.getpid).values()
     assert not failure, failure
     (report,) = done
     assert report.exit_code == 0, [(s.name, s.error) for s in report.shards]
