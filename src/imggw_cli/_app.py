@@ -147,7 +147,12 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
         message = _exit.message_for(
             err, surface=options.chosen_surface, mock=options.mock, base_url=base_url
         )
-        if isinstance(err, DownloadError) and tracked is not None and tracked.id is not None:
+        if (
+            isinstance(err, DownloadError)
+            and tracked is not None
+            and tracked.command == "generate"  # imggw download itself failed: no hint
+            and tracked.id is not None
+        ):
             message += (  # the task is done and paid for: its results are still to be had
                 f"\n  the task succeeded; save its results with: imggw download {tracked.id} "
                 f"--surface {options.chosen_surface} -o DIR"
@@ -170,6 +175,7 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
 
 
 STDIN = "-"
+BATCH_INTERRUPTED = "interrupted; every line's progress is saved: run the same command to resume"
 
 
 def _ready_folder(folder: Path, out: Output) -> None:
@@ -197,7 +203,12 @@ def _resolve_prompt(prompt: str, out: Output) -> str:
         return prompt
     if sys.stdin.isatty():
         out.note("reading the prompt from standard input; end it with Ctrl-D")
-    text = sys.stdin.read()
+    buffer = getattr(sys.stdin, "buffer", None)
+    try:  # bytes, decoded here: the terminal's encoding has no say in what the prompt is
+        text = sys.stdin.read() if buffer is None else buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        out.error(f"cannot read standard input: not UTF-8 text ({exc.reason})")
+        raise typer.Exit(_exit.USAGE) from None
     text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
     for violation in rules.check_prompt(text):
         out.error(f"the prompt read from standard input {violation.rule}")
@@ -523,17 +534,19 @@ def batch(
     }  # fmt: skip
     with _session() as out:
         _scale.check_modes(
-            out, flags, source=file, engine=engine.value if engine else None, address=address,
-            workers=workers, shard=shard, shard_size=shard_size,
+            out, flags, source=file, dest=output, engine=engine.value if engine else None,
+            address=address, workers=workers, shard=shard, shard_size=shard_size,
+            scratch=scratch,
         )  # fmt: skip
         try:
             if engine is not None:
                 code = _scale.run_engine(
                     out, flags, file, output, address=address, workers=workers,
-                    shard_size=shard_size or 1000, options=options,
+                    shard_size=shard_size, options=options,
                 )  # fmt: skip
             else:
-                from imggw_client.batch import merge, parse_shard
+                from imggw_client.batch import MANIFEST_NAME, merge, parse_shard
+                from imggw_client.batch._shards import SHARDS_DIR, shard_name
 
                 index, count = parse_shard(shard) if shard is not None else (1, 1)
                 report = _scale.run_shard(
@@ -543,13 +556,13 @@ def batch(
                 code = report.exit_code
                 if shard is None:  # one process into a remote folder: the merge is ours to do
                     code = merge(output).exit_code
-                    _scale.print_manifest(flags, output, "manifest.jsonl")
+                    _scale.print_manifest(flags, output, MANIFEST_NAME)
                 else:
-                    manifest = f"shards/{index:04d}-of-{count:04d}/manifest.jsonl"
+                    manifest = f"{SHARDS_DIR}/{shard_name(index, count)}/{MANIFEST_NAME}"
                     _scale.print_manifest(flags, output, manifest)
                     _scale.shard_summary(out, report, f"{output.rstrip('/')}/{manifest}")
         except KeyboardInterrupt:
-            out.error("interrupted; every line's progress is saved: run the same command to resume")
+            out.error(BATCH_INTERRUPTED)
             raise typer.Exit(_exit.INTERRUPTED) from None
     raise typer.Exit(code)
 
@@ -623,7 +636,7 @@ def _run_batch(source: str, output: Path, **options: Any) -> None:
         try:
             report = anyio.run(main)
         except KeyboardInterrupt:
-            out.error("interrupted; every line's progress is saved: run the same command to resume")
+            out.error(BATCH_INTERRUPTED)
             raise typer.Exit(_exit.INTERRUPTED) from None
         if flags.json:
             with report.manifest.open(encoding="utf-8") as manifest:

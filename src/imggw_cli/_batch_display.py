@@ -17,8 +17,6 @@ from ._when import span, until
 if TYPE_CHECKING:
     from imggw_client.batch import BatchProgress, BatchReport
 
-STATES = ("pending", "submitted", "succeeded", "done", "failed", "expired")
-
 
 @contextmanager
 def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
@@ -114,6 +112,9 @@ def progress_view(p: BatchProgress) -> Any:
     from rich.console import Group
     from rich.progress_bar import ProgressBar
     from rich.table import Table
+
+    # Here, not at the top: importing this module stays cheap (imggw_client.batch is not).
+    from imggw_client.batch._ledger import STATES
 
     eta = "-" if p.eta is None else span(p.eta)
     bar = Table.grid(padding=(0, 1))

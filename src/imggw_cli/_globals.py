@@ -133,13 +133,13 @@ _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_global
 def _per_second(flag: str, text: str) -> float:
     """A request rate from the command line: what RateLimit accepts (a finite number, at
     least one request an hour), else exit 2 with one line saying so."""
-    from imggw_client._config import MIN_RATE
+    from imggw_client._config import _rate
 
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= MIN_RATE):
+    if not _rate(value):  # the SDK's own check: finite, at least MIN_RATE (1/3600)
         from imggw_client._core.text import printable
 
         print(

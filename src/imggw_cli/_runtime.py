@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from imggw_client._version import __version__
 
 from ._globals import Globals
+from ._output import safe
 
 if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client
@@ -98,9 +99,7 @@ class _Printable(logging.Formatter):
     passes the terminal sanitizer, so none can carry an escape sequence to the terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from imggw_client._core.text import printable
-
-        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+        return safe(super().format(record))
 
 
 class _Stderr(logging.Handler):

@@ -4,7 +4,6 @@ for ``--engine dask``: the single-machine commands never load it."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -14,7 +13,14 @@ from ._globals import Globals
 from ._output import Output
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from imggw_client.batch import RunStatus, ShardReport
+
+
+# What the dask extra installs: a ModuleNotFoundError naming another module is a bug, not a
+# missing extra.
+DASK_MODULES = ("dask", "distributed")
 
 
 def usage(out: Output, message: str) -> None:
@@ -27,21 +33,33 @@ def check_modes(
     flags: Globals,
     *,
     source: str,
+    dest: str,
     engine: str | None,
     address: str | None,
     workers: int | None,
     shard: str | None,
     shard_size: int | None,
+    scratch: Path | None,
 ) -> None:
     """Options that do not go together end the command before anything is read or sent."""
+    from imggw_client.batch._storage import is_url
+
     if shard is not None and engine is not None:
         usage(out, "--shard runs one shard with no engine: give --shard or --engine, not both")
     if engine is None and (address is not None or workers is not None or shard_size is not None):
         usage(out, "--address, --workers and --shard-size go with --engine dask")
     if engine is not None and (address is None) == (workers is None):
         usage(out, "--engine dask needs --address tcp://HOST:PORT or --workers N (one of them)")
-    if (engine is not None or shard is not None) and source == "-":
-        usage(out, "shards are cut from a file: give FILE, not - (standard input)")
+    if scratch is not None and engine is None and shard is None and not is_url(dest):
+        # Else a plain run would become a shard of one, whose work a later run without
+        # --scratch would not see, and redo.
+        usage(out, "--scratch is for a remote DEST, --shard or --engine: a local DEST needs none")
+    if source == "-":  # every run here is cut into shards (a remote DEST too)
+        usage(
+            out,
+            "standard input cannot be sharded (a remote DEST, --shard and --engine run "
+            "shards): give FILE, not -",
+        )
     if engine is not None and flags.mock:
         usage(out, "--mock is a gateway inside this process: workers cannot reach it")
 
@@ -99,24 +117,34 @@ def run_engine(
     *,
     address: str | None,
     workers: int | None,
-    shard_size: int,
+    shard_size: int | None,
     options: dict[str, Any],
 ) -> int:
     """A run on Dask: shards dispatched, each reported as it ends, then the merge."""
     import anyio
 
-    try:
-        from imggw_client.batch._dask import ClientSpec, ShardOutcome, arun_sharded
-    except ImportError:
-        usage(out, "--engine dask needs Dask: pip install 'imggw[dask]'")
-        raise  # pragma: no cover - usage() exits
+    from imggw_client.batch import MANIFEST_NAME
 
-    client = ClientSpec(
-        base_url=flags.base_url or os.environ.get("IMGGW_BASE_URL") or None,
-        surface=flags.chosen_surface,
-    )
+    try:
+        from imggw_client.batch._dask import (
+            DEFAULT_SHARD_SIZE,
+            ClientSpec,
+            ShardOutcome,
+            arun_sharded,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name not in DASK_MODULES:
+            raise
+        out.error("--engine dask needs Dask: pip install 'imggw[dask]'")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
+
+    # --base-url reads IMGGW_BASE_URL itself (its envvar): flags.base_url has it already.
+    client = ClientSpec(base_url=flags.base_url or None, surface=flags.chosen_surface)
+    if shard_size is not None:
+        options = {**options, "shard_size": shard_size}
     where = address or f"a local cluster of {workers} worker(s)"
-    out.note(f"running shards of {shard_size} lines on {where}")
+    size = DEFAULT_SHARD_SIZE if shard_size is None else shard_size
+    out.note(f"running shards of {size} lines on {where}")
 
     def on_shard(outcome: ShardOutcome) -> None:
         tries = f" after {outcome.attempts} tries" if outcome.attempts > 1 else ""
@@ -130,11 +158,11 @@ def run_engine(
 
     report = anyio.run(
         lambda: arun_sharded(
-            source, dest, address=address, workers=workers, shard_size=shard_size,
-            client=client, rate_limit=flags.rate_limit, on_shard=on_shard, **options,
+            source, dest, address=address, workers=workers, client=client,
+            rate_limit=flags.rate_limit, on_shard=on_shard, **options,
         )
     )  # fmt: skip
-    print_manifest(flags, dest, "manifest.jsonl", options.get("storage_options"))
+    print_manifest(flags, dest, MANIFEST_NAME)
     if not out.quiet:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(report.merged.counts.items()))
         out.note(
@@ -151,14 +179,12 @@ def run_engine(
     return report.exit_code
 
 
-def print_manifest(
-    flags: Globals, dest: str, rel: str, storage_options: dict[str, Any] | None = None
-) -> None:
+def print_manifest(flags: Globals, dest: str, rel: str) -> None:
     """The manifest ``rel`` (in the output folder) on stdout, a record a line, with --json;
     else where it is."""
     from imggw_client.batch._storage import open_storage
 
-    storage = open_storage(dest, storage_options)
+    storage = open_storage(dest)
     if not flags.json:
         print(storage.where(rel), flush=True)
         return
@@ -169,10 +195,10 @@ def print_manifest(
 
 
 def merge_command(out: Output, flags: Globals, dest: str, title: str | None) -> int:
-    from imggw_client.batch import merge
+    from imggw_client.batch import MANIFEST_NAME, merge
 
     report = merge(dest, title=title)
-    print_manifest(flags, dest, "manifest.jsonl")
+    print_manifest(flags, dest, MANIFEST_NAME)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts.items()))
     out.note(f"merged {len(report.shards)} shard(s): {counts or 'no lines'}")
     return report.exit_code

@@ -18,13 +18,16 @@ class Run:
         self.code: int = result.exit_code
         self.out: str = result.stdout
         self.err: str = result.stderr
+        self.exception: BaseException | None = result.exception
         assert CANARY not in self.out + self.err, "the API key was printed"
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.out.splitlines()]
 
 
-def imggw(*args: str, env: dict[str, str | None] | None = None, stdin: str | None = None) -> Run:
+def imggw(
+    *args: str, env: dict[str, str | None] | None = None, stdin: str | bytes | None = None
+) -> Run:
     environment: dict[str, str | None] = {"IMGGW_API_KEY": CANARY, "IMGGW_BASE_URL": None}
     environment.update(env or {})
     return Run(CliRunner().invoke(app, list(args), env=environment, input=stdin))

@@ -112,7 +112,8 @@ def test_links_at_risk_are_warned_about_once(
 
 def test_batch_on_a_terminal_draws_the_bar(tmp_path: Path) -> None:
     """The real command, its stderr a pseudo-terminal: rich draws the bar there."""
-    pty = pytest.importorskip("pty")  # POSIX only
+    import pty  # POSIX only
+
     source = tmp_path / "in.txt"
     source.write_text("a cat\na dog\na fox\n")
     parent, child = pty.openpty()
@@ -146,3 +147,16 @@ def test_batch_on_a_terminal_draws_the_bar(tmp_path: Path) -> None:
     assert re.search(r"batch [━╸╺]+ *[0-3]/3  [0-9.]+ lines/s  eta ", text)  # the bar's row
     assert "pending" in text  # the counts under it
     assert "batch summary" in text
+
+
+def test_importing_the_display_stays_cheap() -> None:
+    """Its states come from the ledger, imported when a view is drawn: importing the display
+    loads no batch machinery (tenacity, sqlite3, the async client)."""
+    code = (
+        "import sys\n"
+        "import imggw_cli._batch_display\n"
+        "sys.exit(1 if 'imggw_client.batch' in sys.modules else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr

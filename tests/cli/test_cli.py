@@ -236,6 +236,22 @@ def test_download_reports_each_task_and_the_worst_exit(
     assert imggw("download", ok, "--base-url", url, "-o", str(tmp_path), "--overwrite").code == 0
 
 
+def test_a_failed_download_gives_no_hint_to_run_the_download_again(
+    gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    """The "save its results with: imggw download" hint is for generate: after a failed
+    imggw download it would name the command that just failed."""
+    _, url = gateway
+    task_id = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
+    assert imggw("poll", task_id, "--base-url", url, "-q").code == 0
+    assert imggw("download", task_id, "--base-url", url, "-o", str(tmp_path)).code == 0
+    again = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path))
+    assert again.code == 2
+    assert again.err.count("\n") == 1, again.err
+    assert "exists; pass --overwrite to replace it (file_exists)" in again.err
+    assert "save its results" not in again.err
+
+
 def test_generate_checks_its_folder_before_paying_and_says_how_to_save_a_paid_result(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -87,19 +87,23 @@ def http_clients(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Client | httpx.A
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "code"),
     [
-        ["submit", "a cat", "--mock"],
-        ["status", "1", "--mock"],  # an error ends the command too
-        ["batch", "{source}", "-o", "{out}", "--mock", "-q"],
+        (["submit", "a cat", "--mock"], 0),
+        (["status", "1", "--mock"], 5),  # an error (no such task) ends the command too
+        (["batch", "{source}", "-o", "{out}", "--mock", "-q"], 0),
     ],
 )
 def test_the_http_clients_are_closed_when_the_command_ends(
-    http_clients: list[httpx.Client | httpx.AsyncClient], tmp_path: Path, args: list[str]
+    http_clients: list[httpx.Client | httpx.AsyncClient],
+    tmp_path: Path,
+    args: list[str],
+    code: int,
 ) -> None:
     source = tmp_path / "in.txt"
     source.write_text("a cat\n")
-    imggw(*(a.format(source=source, out=tmp_path / "out") for a in args))
+    run = imggw(*(a.format(source=source, out=tmp_path / "out") for a in args))
+    assert run.code == code, run.err
     assert len(http_clients) == 1
     assert http_clients[0].is_closed
     assert http_clients[0].headers["user-agent"] == f"imggw-cli/{__version__}"

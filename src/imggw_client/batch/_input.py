@@ -163,7 +163,8 @@ def _raw_items(
     first_entry: int = 1,
 ) -> Iterator[tuple[int, int, Any]]:
     if isinstance(source, (str, Path)) and str(source) == "-":
-        source = sys.stdin
+        yield from _stdin_items(lines, first_line, first_entry)
+        return
     if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
         yield from _text_items(source, True, lines, first_line, first_entry)
         return
@@ -187,6 +188,27 @@ def _raw_items(
         number = first_line + offset
         if lines is None or number in lines:
             yield number, first_entry + offset, item
+
+
+def _stdin_items(
+    lines: range | None, first_line: int, first_entry: int
+) -> Iterator[tuple[int, int, Any]]:
+    """Standard input, read as bytes and decoded as a file is (UTF-8, a byte-order mark
+    dropped, lines cut alike) whatever the terminal's encoding, so that input that is not
+    UTF-8 is one clear error."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream in its place (embedding): already decoded
+        yield from _text_items(sys.stdin, True, lines, first_line, first_entry)
+        return
+    handle = io.TextIOWrapper(buffer, encoding="utf-8-sig", newline="")
+    try:
+        yield from _text_items(handle, True, lines, first_line, first_entry)
+    except UnicodeDecodeError as exc:
+        raise RequestValidationError(
+            "source", f"cannot read standard input: not UTF-8 text ({exc.reason})"
+        ) from exc
+    finally:
+        handle.detach()  # sys.stdin's own buffer stays open
 
 
 def _text_items(
