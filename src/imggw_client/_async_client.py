@@ -301,7 +301,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         of a budget held elsewhere, shared with other processes: one budget for a whole run on
         many machines (DESIGN 9, 10). Its ceilings are the holder's; this client's own
         ``rate_limit`` no longer applies."""
-        self._flows.budget = RemoteBudget(self._settings.rate_limit, service)
+        self._flows.budget = RemoteBudget(service)
 
     async def _budget_call(self, action: Pace | Paced) -> Any:
         budget = self._flows.budget

@@ -90,10 +90,6 @@ class BaseClient(Generic[H]):
     def _owns_http(self) -> bool:
         return self._conn.owned and not self._copy
 
-    @_owns_http.setter
-    def _owns_http(self, owned: bool) -> None:
-        self._conn.owned = owned
-
     @property
     def base_url(self) -> str:
         """The gateway's base URL, without a trailing slash."""

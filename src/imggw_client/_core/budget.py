@@ -41,7 +41,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .._config import RateLimit
+from .._config import RateLimit, RetryPolicy
 
 SUBMIT = "submit"
 QUERY = "query"
@@ -49,7 +49,7 @@ QUERY = "query"
 START_WINDOW = 16  # requests in flight that go unpaced while a lane knows nothing
 START_RATE = 10.0  # requests/s past that window, at first
 FREE_RATE = 1024.0  # past this, a lane that never met a 429 is left unpaced
-MIN_RATE = 1 / 60  # the pace never falls below one request a minute
+PACE_FLOOR = 1 / 60  # the pace never falls below one request a minute
 FIRST_DECREASE = 0.5  # the first overload halves a pace that was a guess
 DECREASE = 0.8  # later ones, and one at a ceiling, lower it to the share that got through
 # (at most to this, at least by half), and no more than once a recovery period
@@ -62,6 +62,8 @@ RECOVERY_PERIOD = 5.0  # and it was not lowered, up to where the last overload c
 RECENT = 50
 DECREASE_SHARE = 0.06
 MIN_ANSWERS = 20
+# The retry policy's own first and longest backoff, when a caller gives none.
+DEFAULT_BACKOFF = (RetryPolicy.initial_backoff, RetryPolicy.max_backoff)
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
 # Every paced interval is this much longer than the pace says: a gateway that counts N requests
 # in any S-second window sees our N+1st 1% of S past it (10 ms of a 1 s window, 100 ms of a
@@ -152,7 +154,6 @@ class Budget:
     """
 
     def __init__(self, limit: RateLimit) -> None:
-        self.limit = limit
         self._lock = threading.Lock()
         self._lanes = {
             SUBMIT: _lane(limit.submits_per_second),
@@ -221,7 +222,7 @@ class Budget:
         *,
         limited: bool = False,
         retry_after: float | None = None,
-        backoff: tuple[float, float] = (0.5, 8.0),
+        backoff: tuple[float, float] = DEFAULT_BACKOFF,
     ) -> None:
         """The request of ``ticket`` ended: answered, failed, or (``limited``) met a 429 with the
         hint ``retry_after``; ``backoff`` is the retry policy's first and longest backoff."""
@@ -291,7 +292,7 @@ class Budget:
             start = min(lane.rate or START_RATE, START_RATE)
             overloaded_at = max(_accepted_per_second(lane, now), start)
             rate = overloaded_at * FIRST_DECREASE
-        rate = max(MIN_RATE, rate)
+        rate = max(PACE_FLOOR, rate)
         if lane.ceiling is not None:
             rate = min(rate, lane.ceiling)
         old_interval = lane.interval
@@ -365,6 +366,5 @@ class RemoteBudget:
         client._use_budget(service)   # AsyncClient only: every request now waits for service
     """
 
-    def __init__(self, limit: RateLimit, service: BudgetService) -> None:
-        self.limit = limit
+    def __init__(self, service: BudgetService) -> None:
         self.service = service

@@ -541,7 +541,9 @@ class Flows:
 
 
 class _Refresh:
-    """One more query of a task whose links died, shared by the flows of its files."""
+    """One more query of a task whose links died, shared by the flows of its files: a file
+    whose link dies after the query was answered uses its answer; files whose links die while
+    it is in flight (concurrent downloads) each send their own, at most one per file."""
 
     def __init__(self, flows: Flows, task: Task) -> None:
         self.flows = flows

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._models import DownloadedFile, Task
+from .budget import DEFAULT_BACKOFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,7 @@ class Paced:
     sent: bool = True
     limited: bool = False
     retry_after: float | None = None
-    backoff: tuple[float, float] = (0.5, 8.0)
+    backoff: tuple[float, float] = DEFAULT_BACKOFF
 
 
 Action = Send | Sleep | Notify | Fetch | Pace | Paced

@@ -46,7 +46,7 @@ from tenacity import (
 
 from .._async_client import AsyncClient
 from .._config import PollPolicy, RateLimit, RetryPolicy, check_surface
-from .._core.budget import Budget, Ticket
+from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
 from .._exceptions import (
     AuthenticationError,
     ConfigurationError,
@@ -149,7 +149,7 @@ class BudgetPlugin(SchedulerPlugin):
         if action == "release":
             held.release(slot)
         else:
-            first, longest = backoff or (0.5, 8.0)
+            first, longest = backoff or DEFAULT_BACKOFF
             held.finished(slot, now, limited=limited, retry_after=retry_after,
                           backoff=(first, longest))  # fmt: skip
         return {"ok": True}
