@@ -94,21 +94,8 @@ def load(folder: Path) -> RunIdentity | None:
     return parse_record(data, str(path))
 
 
-def create(folder: Path, input_fingerprint: str) -> RunIdentity:
-    """A new run id for the folder, written (and synced) before anything is sent."""
-    identity = RunIdentity(secrets.token_hex(16), input_fingerprint)
-    save(folder, identity)
-    return identity
-
-
 def save(folder: Path, identity: RunIdentity) -> None:
-    record = {
-        "format": FORMAT,
-        "run_id": identity.run_id,
-        "input_fingerprint": identity.input_fingerprint,
-        "updated_at": time.time(),
-    }
-    _write_atomic(folder / RUN_NAME, json.dumps(record, indent=1).encode() + b"\n")
+    _write_atomic(folder / RUN_NAME, record_bytes(identity))
 
 
 class LineDigests:

@@ -319,9 +319,10 @@ def _parse_collect(number: int, item: Any) -> InputLine:
         raise _Bad("task_id is null: this record names no task (never submitted)")
     if isinstance(task_id, int) and not isinstance(task_id, bool):
         task_id = str(task_id)
-    if not isinstance(task_id, str) or rules.check_task_id(task_id):
+    broken = rules.check_task_id(task_id)
+    if broken:
         shown = printable(task_id, 40) if isinstance(task_id, str) else type(task_id).__name__
-        raise _Bad(f"task_id {shown!r} is not a task id (digits, no leading zero)")
+        raise _Bad(f"task_id {shown!r} is not a task id: it {broken[0].rule}")
     surface = item.get("surface")
     if surface is not None and surface not in SURFACES:
         raise _Bad(f"surface must be one of {', '.join(SURFACES)}")

@@ -186,9 +186,7 @@ class Ledger:
 
     @classmethod
     @contextlib.contextmanager
-    def open(
-        cls, folder: Path, name: str = LEDGER_NAME, *, prepare: Callable[[], None] | None = None
-    ) -> Iterator[Ledger]:
+    def open(cls, folder: Path, *, prepare: Callable[[], None] | None = None) -> Iterator[Ledger]:
         """The ledger in ``folder``, locked for this process, closed (and flushed) on exit.
         ``prepare`` runs once the lock is held, before the database is opened (a shard puts
         its checkpoint back there)."""
@@ -212,7 +210,7 @@ class Ledger:
         try:
             if prepare is not None:
                 prepare()
-            ledger = cls(folder / name)
+            ledger = cls(folder / LEDGER_NAME)
             try:
                 yield ledger
             finally:
@@ -302,10 +300,6 @@ class Ledger:
         else:
             self._db.execute("ROLLBACK")
             self._plan -= 1
-
-    @property
-    def plan(self) -> int:
-        return self._plan
 
     # ------------------------------------------------------------------------ reading
 

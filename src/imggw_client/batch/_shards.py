@@ -148,9 +148,8 @@ def scan_input(
     *,
     surface: str,
     old: Path | None,
-    lines: range | None = None,
 ) -> Scan:
-    """Parses every line (of ``lines``), flags bad and repeated ones, and compares the good
+    """Parses every line, flags bad and repeated ones, and compares the good
     ones with the record ``old`` (none: every line is new). Memory stays bounded: repeated ids
     are found with a temporary SQLite table. Blocking."""
     nothing = folder / f".no-record.{secrets.token_hex(4)}"  # compared with no record
@@ -161,7 +160,7 @@ def scan_input(
         with closing(sqlite3.connect(seen_path)) as seen:
             seen.execute("PRAGMA journal_mode=OFF")
             seen.execute("CREATE TABLE ids (identity TEXT PRIMARY KEY)")
-            for item in iter_lines(source, lines=lines):
+            for item in iter_lines(source):
                 if isinstance(item, InputLine):
                     identity = item.identity(surface)
                     repeat = False
@@ -197,17 +196,14 @@ def load_identity(storage: Storage) -> _identity.RunIdentity | None:
     return _identity.parse_record(data, storage.where(_identity.RUN_NAME))
 
 
-def claim_identity(
-    storage: Storage, scan: Scan, *, publish: bool = True
-) -> tuple[_identity.RunIdentity, bool]:
+def claim_identity(storage: Storage, scan: Scan) -> tuple[_identity.RunIdentity, bool]:
     """The run's identity: created here, exactly once, if the folder has none (an exclusive
     create: of shards started at once on a fresh folder, one wins and every other loads its run
     id). Returns it and whether it was created here. The creator publishes the input's record
     (``lines.fp``) right after."""
     identity = _identity.RunIdentity(secrets.token_hex(16), scan.fingerprint)
     if storage.create(_identity.RUN_NAME, _identity.record_bytes(identity)):
-        if publish:
-            publish_lines(storage, scan.digests)
+        publish_lines(storage, scan.digests)
         return identity, True
     found = load_identity(storage)
     if found is None:  # pragma: no cover - a run.json deleted in that very instant
