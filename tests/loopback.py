@@ -127,3 +127,25 @@ def drip(
             return
         conn.sendall(bytes([byte]))
         time.sleep(every)
+
+
+@contextlib.contextmanager
+def mock_serve_process(options: list[str], env: dict[str, str]) -> Iterator[str]:
+    """``imggw mock serve --port 0 OPTIONS`` in its own process; yields its URL and stops it
+    with SIGINT (as Ctrl-C would) on the way out."""
+    import signal
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "imggw_cli", "mock", "serve", "--port", "0", *options],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert server.stdout is not None
+    url = server.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), server.stderr.read() if server.stderr else ""
+    try:
+        yield url
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ..loopback import mock_serve_process
+
 KEY = "sk-batch-crash-key-01"
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 LINES = 200
@@ -33,21 +35,11 @@ def env() -> dict[str, str]:
 
 @pytest.fixture
 def gateway_process() -> Iterator[str]:
-    server = subprocess.Popen(
-        [*IMGGW, "mock", "serve", "--port", "0", "--api-key", KEY, "--seed", "21",
-         "--duration-min", "0.2", "--duration-max", "1.0", "--fault-rate", "0.2",
-         "--faults", "lost,reset,latency,429,503,malformed", "--latency", "0.3",
-         "--retry-after", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-    )  # fmt: skip
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    assert url.startswith("http://127.0.0.1:"), server.stderr.read() if server.stderr else ""
-    try:
+    options = ["--api-key", KEY, "--seed", "21", "--duration-min", "0.2", "--duration-max", "1.0",
+               "--fault-rate", "0.2", "--faults", "lost,reset,latency,429,503,malformed",
+               "--latency", "0.3", "--retry-after", "0"]  # fmt: skip
+    with mock_serve_process(options, env()) as url:
         yield url
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=30)
 
 
 def ledger_rows(folder: Path) -> list[tuple[str | None, str, str]]:

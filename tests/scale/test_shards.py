@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from imggw_client.batch._shards import Scan, claim_identity, scan_input
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
 
+from ..loopback import mock_serve_process
 from .conftest import FAST, KEY, check_from_storage, local_env, write_prompts
 
 IMGGW = [sys.executable, "-m", "imggw_cli"]
@@ -81,20 +81,10 @@ def test_concurrent_first_runs_agree_on_one_run_id(tmp_path: Path) -> None:
 
 @pytest.fixture
 def gateway_process() -> Iterator[str]:
-    server = subprocess.Popen(
-        [*IMGGW, "mock", "serve", "--port", "0", "--api-key", KEY, "--seed", "5",
-         "--duration-min", "0.1", "--duration-max", "0.4", "--fault-rate", "0.1",
-         "--faults", "lost,reset,503", "--retry-after", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=local_env(),
-    )  # fmt: skip
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    assert url.startswith("http://127.0.0.1:"), server.stderr.read() if server.stderr else ""
-    try:
+    options = ["--api-key", KEY, "--seed", "5", "--duration-min", "0.1", "--duration-max", "0.4",
+               "--fault-rate", "0.1", "--faults", "lost,reset,503", "--retry-after", "0"]  # fmt: skip
+    with mock_serve_process(options, local_env()) as url:
         yield url
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=30)
 
 
 def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
