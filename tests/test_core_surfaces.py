@@ -315,3 +315,39 @@ def test_random_bytes_never_crash(content: bytes) -> None:
     for surface in ("alpha", "beta"):
         with contextlib.suppress(ImggwError):
             surfaces.read_task(surface, Reply(200, {}, content), "5", NOW)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "carries", "shown"),
+    [
+        ("https://cdn.test/r/e.png", "e", False, "https://cdn.test/r/e.png"),  # chance
+        ("https://cdn.test/r/1.png?key=e", "e", True, "https://cdn.test/r/1.png?key=[redacted]"),
+        ("https://cdn.test/e/1.png", "e", True, "https://cdn.test/[redacted]/1.png"),
+        ("https://cdn.test/r/1.png?k=a%2Fb", "a/b", True, "https://cdn.test/r/1.png?k=[redacted]"),
+        (
+            "https://cdn.test/x-sk-0123456789-y.png",
+            "sk-0123456789",
+            True,
+            "https://cdn.test/x-[redacted]-y.png",
+        ),
+        ("https://cdn.test/r/1.png?key=ee", "e", False, "https://cdn.test/r/1.png?key=ee"),
+    ],
+)
+def test_a_link_carries_a_key_only_as_a_whole_credential(
+    url: str, secret: str, carries: bool, shown: str
+) -> None:
+    assert surfaces.carries_secret(url, (secret,)) is carries
+    assert surfaces.redact_url(url, (secret,)) == shown
+
+
+def test_links_with_the_key_are_kept_and_said_once_per_host(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(surfaces, "_key_hosts_told", set())
+    links = {"resultUrls": ["https://cdn.test/a.png?key=e", "https://cdn.test/e.png"]}
+    assert surfaces.result_urls(links, ("e",)) == links["resultUrls"]
+    assert surfaces.result_urls(links, ("e",)) == links["resultUrls"]
+    told = [r.getMessage() for r in caplog.records if "API key itself" in r.getMessage()]
+    assert len(told) == 1
+    assert "cdn.test" in told[0]
+    assert "key=e" not in told[0]

@@ -294,7 +294,9 @@ async def test_a_poll_policy_is_respected_under_hostile_states(kind: str) -> Non
     assert info.value.last_task.status is TaskStatus.RUNNING
 
 
-async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_or_fetched(kind: str) -> None:
+async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the_result(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
     key = "sk-echoed-0123456789abcdef"
     record = {"code": 200, "data": {
         "id": "1", "status": "failed",
@@ -315,7 +317,10 @@ async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_or_fetched(ki
         task = await call(kind, url, "get", "1", **options)
         with pytest.raises(ImggwError) as info:
             await call(kind, url, "get", "1", **options)
-    assert task.image_urls == ["http://cdn.test/ok.png"]  # never a link that carries the key
+    # The link is the user's paid result: kept (reachable), said plainly, never shown.
+    assert task.image_urls == [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]
+    told = [r.getMessage() for r in caplog.records if "API key itself" in r.getMessage()]
+    assert told == [] or all(key not in line for line in told)
     assert task.error is not None
     assert key not in task.error.code + task.error.message
     assert key not in str(info.value) + repr(info.value) + (info.value.code or "")

@@ -6,6 +6,7 @@ that ``imggw --help`` and ``imggw --version`` start as fast as a bare Typer app.
 
 # No `from __future__ import annotations` here: Typer reads these annotations at run time.
 
+import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from imggw_client._version import __version__
 
 from . import _exit
 from ._globals import current, with_globals
-from ._output import Output, submission_record, task_lines, task_record
+from ._output import Output, submission_record, task_lines, task_record, unfinished_record
 from ._runtime import make_async_client, make_client, setup_logging
 from ._when import links_expire
 
@@ -107,12 +108,18 @@ def main(
 
 
 class Tracked:
-    """What a command works on, once known, for the Ctrl-C message: the submit under way (its
-    key and request) and then its task."""
+    """What a command works on, once known, for its error and Ctrl-C messages: the submit under
+    way (its key and request), then its task, and the folder its results go to."""
 
-    def __init__(self, task_id: Optional[str] = None, command: str = "submit") -> None:  # noqa: UP045
+    def __init__(
+        self,
+        task_id: Optional[str] = None,  # noqa: UP045
+        command: str = "submit",
+        output: Optional[Path] = None,  # noqa: UP045
+    ) -> None:
         self.id = task_id
         self.command = command
+        self.output = output  # set for commands that save results (generate, download)
         self.key: Optional[str] = None  # noqa: UP045
         self.request: tuple[str, str] = ("auto", "1k")
 
@@ -125,15 +132,27 @@ class Tracked:
         self.request = (aspect_ratio, resolution)
         return self.key
 
+    def resume(self, surface: str) -> str:
+        """The command that picks the task up: one that also saves its results when this one
+        was to save them (``poll`` only waits), so that nothing is submitted, or paid, again."""
+        if self.output is not None:
+            folder = shlex.quote(str(self.output))
+            return f"imggw download {self.id} --wait --surface {surface} -o {folder}"
+        return f"imggw poll {self.id} --surface {surface}"
+
 
 @contextmanager
 def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
-    """Output for a command, and every error turned into one line and an exit code."""
-    from imggw_client import DownloadError, ImggwError
+    """Output for a command, and every error turned into one line and an exit code. With
+    --json, a task that failed or is still running at the timeout is printed too (stdout), so
+    that a script always has a record to read beside the exit code."""
+    from imggw_client import DownloadError, ImggwError, TaskFailedError, WaitTimeoutError
+    from imggw_client._download import FILE_EXISTS
 
     options = current()
     setup_logging(options)
     out = Output(options)
+    surface = options.chosen_surface
     try:
         yield out
     except ImggwError as err:
@@ -143,9 +162,14 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
             traceback.print_exception(err, file=sys.stderr)
         import os
 
+        if out.json and isinstance(err, TaskFailedError):
+            out.data(task_record(err.task), [])
+        elif out.json and isinstance(err, WaitTimeoutError):
+            out.data(unfinished_record(err.task_id, err.last_task), [])
         base_url = options.base_url or os.environ.get("IMGGW_BASE_URL")
+        resume = tracked.resume(surface) if tracked is not None and tracked.id else None
         message = _exit.message_for(
-            err, surface=options.chosen_surface, mock=options.mock, base_url=base_url
+            err, surface=surface, mock=options.mock, base_url=base_url, resume=resume
         )
         if (
             isinstance(err, DownloadError)
@@ -153,19 +177,20 @@ def _session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP
             and tracked.command == "generate"  # imggw download itself failed: no hint
             and tracked.id is not None
         ):
-            message += (  # the task is done and paid for: its results are still to be had
-                f"\n  the task succeeded; save its results with: imggw download {tracked.id} "
-                f"--surface {options.chosen_surface} -o DIR"
-            )
+            # The task is done and paid for: its results are still to be had, without
+            # running generate again (which would pay for a new task).
+            command = f"imggw download {tracked.id} --surface {surface}"
+            if err.code == FILE_EXISTS or tracked.output is None:
+                command += " -o DIR (another folder, or add --overwrite)"
+            else:
+                command += f" -o {shlex.quote(str(tracked.output))}"
+            message += f"\n  the task succeeded and is paid for; save its results with: {command}"
         out.error(message)
         raise typer.Exit(_exit.code_for(err)) from None
     except KeyboardInterrupt:
-        surface = options.chosen_surface
         if tracked is not None and tracked.id is not None:
-            out.error(
-                f"interrupted; task {tracked.id} goes on. Resume with: "
-                f"imggw poll {tracked.id} --surface {surface}"
-            )
+            resume = tracked.resume(surface)
+            out.error(f"interrupted; task {tracked.id} goes on. Resume with: {resume}")
         elif tracked is not None and tracked.key is not None:
             hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
             out.error(f"interrupted during the submit: a task may have been created.\n{hint}")
@@ -178,9 +203,17 @@ STDIN = "-"
 BATCH_INTERRUPTED = "interrupted; every line's progress is saved: run the same command to resume"
 
 
-def _ready_folder(folder: Path, out: Output) -> None:
-    """The output folder, made if missing and checked writable, before anything is paid for."""
+# The room a result of each resolution may plausibly need: a 1k PNG is about 1 to 3 MB and a
+# 4K one up to a few tens of MB. A folder with less free space would take the task's money and
+# then fail to save its image.
+RESULT_ROOM = {"1k": 4 << 20, "2k": 16 << 20, "4k": 64 << 20}
+
+
+def _ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:
+    """The output folder, made if missing, checked writable and with ``room`` bytes free,
+    before anything is paid for."""
     import os
+    import shutil
 
     if folder.exists() and not folder.is_dir():
         out.error(f"-o {folder}: a file is there, not a folder; nothing was sent")
@@ -192,6 +225,16 @@ def _ready_folder(folder: Path, out: Output) -> None:
         raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
     if not os.access(folder, os.W_OK | os.X_OK):
         out.error(f"cannot write in {folder}: permission denied; nothing was sent")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # a filesystem that cannot tell: the download still checks every write
+        return
+    if free < room:
+        out.error(
+            f"{folder} has {free / (1 << 20):.1f} MiB free; a result may need about "
+            f"{room >> 20} MiB: make room, then run the same command (nothing was sent)"
+        )
         raise typer.Exit(_exit.AUTH_OR_CONFIG)
 
 
@@ -228,10 +271,11 @@ def generate(
     idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Submit, wait with a progress bar, download; print the saved paths."""
-    tracked = Tracked(command="generate")
+    tracked = Tracked(command="generate", output=output)
     with _session(tracked) as out:
         prompt = _resolve_prompt(prompt, out)
-        _ready_folder(output, out)  # before the submit: a task is paid for once sent
+        # Before the submit: a task is paid for once sent, and rerunning generate pays again.
+        _ready_folder(output, out, room=RESULT_ROOM[resolution.value])
         key = tracked.submitting(idempotency_key, aspect_ratio.value, resolution.value)
         with make_client(current()) as client:
             sub = client.submit(
@@ -369,11 +413,12 @@ def _download_ids(
     from imggw_client import TaskFailedError, TaskStatus, WaitTimeoutError
     from imggw_client._core.text import printable
 
-    worst = _exit.OK
+    codes: list[int] = []
     with _session(), make_client(current()) as client:
         for task_id in task_ids:
+            code = _exit.OK
             try:
-                with _session(Tracked(task_id)) as out:
+                with _session(Tracked(task_id, "download", output)) as out:
                     if wait:
                         with out.progress(task_id) as on_update:
                             try:
@@ -394,12 +439,14 @@ def _download_ids(
                         files = []
                         reason = printable(task.error.message) if task.error else ""
                         out.error(f"task {task_id} failed: {reason}")
-                        worst = worst or _exit.TASK_FAILED
+                        code = _exit.TASK_FAILED
                     out.data(task_record(task, files), [str(f.path) for f in files])
             except typer.Exit as failed:
                 if failed.exit_code == _exit.INTERRUPTED:
                     raise
-                worst = worst or int(failed.exit_code)
+                code = int(failed.exit_code)
+            codes.append(code)
+    worst = _exit.download_code(codes)
     if worst:
         raise typer.Exit(worst)
 

@@ -56,6 +56,24 @@ def code_for(err: ImggwError) -> int:
     return API_OR_NETWORK
 
 
+# Which item's code a download of several tasks exits with: what stops every item (the key, the
+# configuration, the usage) first, then what a later run resumes (unfinished), then failures.
+_DOWNLOAD_PRECEDENCE = (AUTH_OR_CONFIG, USAGE, WAIT_TIMEOUT, TASK_FAILED)
+
+
+def download_code(codes: list[int]) -> int:
+    """The exit code of ``imggw download ID...`` from each task's: an item that could not be had
+    (an unknown task, a network error) among others that could is "some items failed" (1);
+    only when every item met the same API or network error is that the command's code (5)."""
+    failed = [c for c in codes if c != OK]
+    if not failed:
+        return OK
+    if all(c == API_OR_NETWORK for c in codes):
+        return API_OR_NETWORK
+    failed = [TASK_FAILED if c == API_OR_NETWORK else c for c in failed]
+    return min(failed, key=_DOWNLOAD_PRECEDENCE.index)
+
+
 def resubmit_hint(command: str, surface: str, aspect_ratio: str, resolution: str, key: str) -> str:
     """How to send a submit again with its key, so that the gateway replays the task it may
     have made instead of billing a second one."""
@@ -65,28 +83,55 @@ def resubmit_hint(command: str, surface: str, aspect_ratio: str, resolution: str
     )
 
 
-def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | None = None) -> str:
+def message_for(
+    err: ImggwError,
+    *,
+    surface: str,
+    mock: bool,
+    base_url: str | None = None,
+    resume: str | None = None,
+) -> str:
     """One actionable line; never the key, never the prompt. What the gateway wrote (its
-    message, its reason code) is made printable here, so that it cannot break the line."""
+    message, its reason code) is made printable here, so that it cannot break the line.
+    ``resume`` is the command that picks up a wait that timed out (the command's own choice:
+    ``poll`` only waits, ``download --wait`` also saves)."""
     import imggw_client as sdk
+    from imggw_client._config import MISSING_API_KEY, MISSING_BASE_URL
     from imggw_client._core.text import printable
 
     text = printable(err.message)
     flag = f" --surface {surface}"
     if isinstance(err, sdk.WaitTimeoutError):
-        return f"{text}\n  resume with: imggw poll {err.task_id}{flag}"
+        return f"{text}\n  resume with: {resume or f'imggw poll {err.task_id}{flag}'}"
     if isinstance(err, sdk.UnknownOutcomeError):
         return "the submit's outcome is unknown: a task may have been created.\n" + resubmit_hint(
             "submit", surface, err.request.aspect_ratio, err.request.resolution, err.idempotency_key
         )
     if isinstance(err, sdk.AuthenticationError):
         return f"the API key was refused ({err.status_code}): set IMGGW_API_KEY to a valid key"
+    if isinstance(err, sdk.ConfigurationError) and err.code == MISSING_API_KEY:
+        return "no API key: set IMGGW_API_KEY (the command line reads the key nowhere else)"
+    if isinstance(err, sdk.ConfigurationError) and err.code == MISSING_BASE_URL:
+        return "no base URL: pass --base-url or set IMGGW_BASE_URL (or try --mock)"
     if isinstance(err, sdk.NotFoundError) and mock:
         return (
             f"{text.rstrip('.')}: --mock starts a fresh gateway for every command; to keep "
             "tasks between commands, run `imggw mock serve` and point --base-url at it"
         )
+    if isinstance(err, sdk.NotFoundError) and base_url:
+        reason = f" ({printable(err.code)})" if err.code else ""
+        return (
+            f"{text}{reason} at {printable(base_url)} on surface {surface}: check the task id, "
+            "--surface and --base-url"
+        )
     if isinstance(err, sdk.APIConnectionError) and base_url:
+        proxy = proxy_for(base_url)
+        if proxy is not None:
+            where, variable = proxy
+            return (
+                f"{text} at {printable(base_url)} through the proxy {printable(where)} (from "
+                f"{variable}); check that proxy (or unset {variable}), --base-url and the network"
+            )
         return f"{text} at {base_url}; check --base-url / IMGGW_BASE_URL and the network"
     if isinstance(err, sdk.TaskFailedError):
         return text
@@ -95,3 +140,31 @@ def message_for(err: ImggwError, *, surface: str, mock: bool, base_url: str | No
     if code and code not in text:
         return f"{text} ({code})"
     return text
+
+
+def proxy_for(base_url: str) -> tuple[str, str] | None:
+    """The proxy the environment routes ``base_url`` through, as httpx reads it (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, ``ALL_PROXY``, any case, unless ``NO_PROXY`` names the host), and the
+    variable it came from; credentials in it are left out. None when there is none."""
+    import os
+    import urllib.parse
+
+    split = urllib.parse.urlsplit(base_url)
+    if _bypassed(split.hostname or "", os.environ.get("NO_PROXY") or os.environ.get("no_proxy")):
+        return None
+    for scheme in (split.scheme, "all"):
+        for name in (f"{scheme}_proxy".upper(), f"{scheme}_proxy"):
+            value = os.environ.get(name)
+            if value:
+                proxy = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")
+                netloc = proxy.netloc.rpartition("@")[2]  # never the proxy's credentials
+                return f"{proxy.scheme}://{netloc}", name
+    return None
+
+
+def _bypassed(host: str, no_proxy: str | None) -> bool:
+    for entry in (no_proxy or "").split(","):
+        entry = entry.strip().lower().lstrip(".")
+        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+            return True
+    return False

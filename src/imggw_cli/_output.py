@@ -10,6 +10,7 @@ character (and, with ``ensure_ascii``, every non-ASCII one).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,13 +26,22 @@ if TYPE_CHECKING:
     from imggw_client import DownloadedFile, Submission, Task
 
 
+def shown_urls(task: Task) -> list[str]:
+    """The task's result links as they may be printed: a link in which the gateway put the API
+    key itself has the key blanked (the command line reads the key from the environment only)."""
+    from imggw_client._core.surfaces import redact_url  # here: --help never loads pydantic
+
+    secrets = (os.environ.get("IMGGW_API_KEY", ""),)
+    return [redact_url(url, secrets) for url in task.image_urls]
+
+
 def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[str, Any]:
     """The ``--json`` fields of a task: the pinned ones (DESIGN 6), then money and expiry."""
     record: dict[str, Any] = {
         "task_id": task.id,
         "status": task.status.value,
         "progress": task.progress,
-        "image_urls": list(task.image_urls),
+        "image_urls": shown_urls(task),
         "error": task.error.model_dump() if task.error else None,
         "cost": task.cost,
         "credits": task.credits,
@@ -40,6 +50,16 @@ def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[s
     if files is not None:
         record["files"] = [{"path": str(f.path), "sha256": f.sha256, "size": f.size} for f in files]
     return record
+
+
+def unfinished_record(task_id: str, last: Task | None) -> dict[str, Any]:
+    """The ``--json`` record of a task still active when a wait ended: as last seen, or, when
+    no query was answered, the pinned fields with status ``running`` (a wait that times out
+    says nothing of failure)."""
+    if last is not None:
+        return task_record(last)
+    return {"task_id": task_id, "status": "running", "progress": None, "image_urls": [],
+            "error": None, "cost": None, "credits": None, "expires_at": None}  # fmt: skip
 
 
 def submission_record(sub: Submission) -> dict[str, Any]:
@@ -51,7 +71,7 @@ def task_lines(task: Task) -> list[str]:
     lines = [f"task_id: {task.id}", f"status: {task.status.value}"]
     if task.progress is not None:
         lines.append(f"progress: {task.progress}%")
-    lines += [f"image_url: {url}" for url in task.image_urls]
+    lines += [f"image_url: {url}" for url in shown_urls(task)]
     if task.expires_at is not None:
         lines.append(links_expire(task.expires_at))
     if task.cost is not None:

@@ -17,9 +17,13 @@ SURFACES = ("alpha", "beta")
 Surface = Literal["alpha", "beta"]
 
 
-def _require(ok: bool, what: str) -> None:
+MISSING_API_KEY = "missing_api_key"
+MISSING_BASE_URL = "missing_base_url"
+
+
+def _require(ok: bool, what: str, code: str | None = None) -> None:
     if not ok:
-        raise ConfigurationError(what)
+        raise ConfigurationError(what, code=code)
 
 
 def _positive(value: float) -> bool:
@@ -174,7 +178,7 @@ def resolve_settings(
 ) -> Settings:
     """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``; raises ConfigurationError."""
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
-    _require(bool(key), f"no API key: pass api_key= or set {ENV_API_KEY}")
+    _require(bool(key), f"no API key: pass api_key= or set {ENV_API_KEY}", MISSING_API_KEY)
     assert key is not None
     # A key with whitespace or control characters would break (or forge) the header, and one
     # outside ASCII cannot be sent in it at all.
@@ -186,7 +190,7 @@ def resolve_settings(
         "the API key must be printable ASCII without whitespace",
     )
     url = base_url if base_url is not None else os.environ.get(ENV_BASE_URL)
-    _require(bool(url), f"no base URL: pass base_url= or set {ENV_BASE_URL}")
+    _require(bool(url), f"no base URL: pass base_url= or set {ENV_BASE_URL}", MISSING_BASE_URL)
     assert url is not None
     _require(
         url.startswith(("http://", "https://")), "base_url must start with http:// or https://"

@@ -199,8 +199,11 @@ class Sink:
         if self._done:
             return
         self._done = True
-        self._file.close()
-        with contextlib.suppress(FileNotFoundError):
+        # On a full disk, closing flushes what is buffered and fails again: that second
+        # failure must neither replace the error being raised nor keep the temp file.
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(OSError):
             self._tmp.unlink()
 
 

@@ -3,7 +3,8 @@
 Every error the SDK raises is an :class:`ImggwError`::
 
     ImggwError                          status_code, code, message, surface on every error
-    ├── ConfigurationError              missing key or base URL, bad option values
+    ├── ConfigurationError              missing key or base URL, bad option values, or a base
+    │                                   URL whose submit route answers 404 (nothing was made)
     ├── ClientClosedError               the client was closed (before or during the call)
     ├── RequestValidationError          (a ValueError too) a request broke a rule; names the field
     ├── APIConnectionError              the gateway could not be reached (retries exhausted)
@@ -106,7 +107,9 @@ class ImggwError(Exception):
 
 
 class ConfigurationError(ImggwError):
-    """The client is misconfigured: no API key, no base URL, or an invalid option.
+    """The client is misconfigured: no API key, no base URL, an invalid option, or a base URL
+    whose submit route answers 404 (a submit names no task, so only a wrong base URL can make
+    it miss; nothing was created and nothing is retried).
 
     Example::
 

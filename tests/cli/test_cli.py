@@ -99,7 +99,11 @@ def test_exit_1_for_a_failed_task(tmp_path: Path) -> None:
     )
     assert run.code == 1
     assert "content policy" in run.err
-    assert run.out == ""
+    # A script gets the failed task's record to read beside the exit code.
+    (record,) = run.records()
+    assert record["status"] == "failed"
+    assert record["error"]["code"] == "content_policy_violation"
+    assert record["image_urls"] == []
 
 
 @pytest.mark.parametrize(
@@ -141,7 +145,10 @@ def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
     assert run.code == 3
     assert f"resume with: imggw poll {sub['task_id']} --surface beta" in run.err
     assert gen.code == 3
-    assert "resume with: imggw poll" in gen.err
+    # poll only waits: what resumes generate also saves its result, and pays for nothing new
+    assert f"resume with: imggw download {int(sub['task_id']) + 1} --wait --surface beta -o " in (
+        gen.err
+    )
     assert dl.code == 3
     assert now.code == 3
     assert list(tmp_path.iterdir()) == []
@@ -267,7 +274,10 @@ def test_generate_checks_its_folder_before_paying_and_says_how_to_save_a_paid_re
     clash = imggw("generate", "a cat", "--base-url", url, "-o", str(tmp_path))
     assert clash.code == 2, clash.err
     assert "exists; pass --overwrite to replace it (file_exists)" in clash.err
-    hint = f"the task succeeded; save its results with: imggw download {task_id} --surface beta"
+    hint = (
+        f"the task succeeded and is paid for; save its results with: imggw download {task_id} "
+        "--surface beta -o DIR (another folder, or add --overwrite)"
+    )
     assert hint in clash.err
     assert (tmp_path / f"{task_id}-0.png").read_bytes() == b"mine"
     saved = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path / "elsewhere"))

@@ -92,7 +92,8 @@ def test_ctrl_c_mid_generate_names_the_task(
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=30)
     assert child.returncode == 130
-    assert "imggw poll " in err
+    # poll would only wait: the command named also saves the result, and makes no new task
+    assert f"Resume with: imggw download 1 --wait --surface beta -o {tmp_path}" in err
     assert gateway.stats()["tasks_created"] == 1
 
 

@@ -127,7 +127,11 @@ class Flows:
         secrets = (*self._secrets, request.prompt)
 
         def read(outcome: Reply | TransportFailure) -> Submission:
-            return surfaces.read_submit(surface, outcome, key, self.wall(), secrets)
+            try:
+                return surfaces.read_submit(surface, outcome, key, self.wall(), secrets)
+            except NotFoundError as err:
+                url = self.settings.base_url + wire.path
+                raise surfaces.no_submit_route(surface, url, err) from err
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             if not unknown:

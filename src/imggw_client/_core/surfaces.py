@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from .._exceptions import (
     APITimeoutError,
     AuthenticationError,
     ClientClosedError,
+    ConfigurationError,
     ConflictError,
     IdempotencyConflictError,
     InsufficientCreditsError,
@@ -84,9 +86,11 @@ _CANCELLED = frozenset({"cancelled", "canceled"})
 CANCELLED_ERROR = TaskError(code="cancelled", message="The task was cancelled.")
 UNEXPLAINED_FAILURE = TaskError(code="failed", message="The task failed without a public reason.")
 _unknown_states_logged: set[str] = set()
+_key_hosts_told: set[str] = set()
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _MESSAGE_LIMIT = 300
+REDACTED = "[redacted]"
 MAX_RESULT_URLS = 64  # a task makes one image; a record listing thousands is not to be trusted
 MAX_URL_CHARS = 8192
 
@@ -175,7 +179,7 @@ def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:
     text = " ".join("".join(c if c.isprintable() else " " for c in value).split())
     for secret in secrets:
         if secret and len(secret) >= 8:
-            text = text.replace(secret, "[redacted]")
+            text = text.replace(secret, REDACTED)
     if len(text) > _MESSAGE_LIMIT:
         text = text[: _MESSAGE_LIMIT - 1] + "…"
     return text or None
@@ -270,6 +274,20 @@ def read_error(
         safe_message(error.get("message"), secrets) if error else None,
         reply,
         now,
+    )
+
+
+def no_submit_route(surface: Surface, url: str, err: APIError) -> ConfigurationError:
+    """A submit answered 404: a submit names no task, so only its route can be missing, and
+    that is the base URL's fault (one with a path, say). Nothing was created; no retry, and no
+    other request, can mend it."""
+    reason = f" {err.code}" if err.code else ""
+    return ConfigurationError(
+        f"no submit route at {url} (HTTP 404{reason}): the base URL is wrong; it is the "
+        "gateway's root, the part before /alpha or /beta",
+        status_code=404,
+        code=err.code or "not_found",
+        surface=surface,
     )
 
 
@@ -448,9 +466,14 @@ def number(value: object) -> float | None:
 def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
     """Result URLs from a lenient reading of ``resultJson`` (A, a JSON string) or ``result``
     (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings). Only
-    http(s) URLs without spaces or control characters count, and none that carries a secret
-    (fetching it would hand the key to the link's host); repeats count once; past
-    :data:`MAX_RESULT_URLS` the rest are left out. What is left out is said once, escaped."""
+    http(s) URLs without spaces or control characters count; repeats count once; past
+    :data:`MAX_RESULT_URLS` the rest are left out. What is left out is said once, escaped.
+
+    A link is the user's own paid result, so one is never dropped because the key's
+    characters happen to occur in it (a one-letter key occurs in most links). A link that
+    carries the whole key as a credential (a path segment or a query value, see
+    :func:`carries_secret`) is kept too, so the result stays reachable, and said plainly; it
+    is never shown (:func:`redact_url`)."""
     if isinstance(value, (str, bytes)):
         value = _json(value)
     if not isinstance(value, Mapping):
@@ -468,28 +491,97 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
     for url in found:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             continue
-        if _usable_url(url, secrets):
+        if _usable_url(url):
             urls[url] = None
             if len(urls) > MAX_RESULT_URLS:
                 break
         else:
             unusable.append(url)
-    if unusable:  # control characters, spaces or a secret: no URL anyone should fetch
-        shown = safe_message(printable(unusable[0], 120), secrets)
+    if unusable:  # control characters or spaces: no URL anyone should fetch
+        shown = redact_url(printable(unusable[0], 120), secrets)
         log.warning("%d result URL(s) not usable, left out (the first: %s)", len(unusable), shown)
     if len(urls) > MAX_RESULT_URLS:
         log.warning("a task record lists over %d result URLs; using the first %d",
                     MAX_RESULT_URLS, MAX_RESULT_URLS)  # fmt: skip
-    return list(urls)[:MAX_RESULT_URLS]
+    kept = list(urls)[:MAX_RESULT_URLS]
+    hosts = sorted({_host(url) for url in kept if carries_secret(url, secrets)})
+    hosts = [h for h in hosts if h not in _key_hosts_told]
+    if hosts and len(_key_hosts_told) < 100:  # said once per host: a batch has many such links
+        _key_hosts_told.update(hosts)
+        log.warning(
+            "the gateway put the API key itself in a result link (to %s); the link is kept, "
+            "so the paid result can still be downloaded, but downloading it hands the key to "
+            "that host, and the link is never shown",
+            ", ".join(printable(h, 80) for h in hosts),
+        )
+    return kept
 
 
-def _usable_url(url: str, secrets: tuple[str, ...]) -> bool:
-    return (
-        len(url) <= MAX_URL_CHARS
-        and url.isprintable()
-        and not any(c.isspace() for c in url)
-        and not any(secret and secret in url for secret in secrets)
+def _usable_url(url: str) -> bool:
+    return len(url) <= MAX_URL_CHARS and url.isprintable() and not any(c.isspace() for c in url)
+
+
+def _host(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc.rpartition("@")[2] or "?"
+
+
+def _parts(url: str) -> tuple[list[str], list[str]]:
+    """The decoded path segments and query values of a URL."""
+    split = urllib.parse.urlsplit(url)
+    segments = [urllib.parse.unquote(part) for part in split.path.split("/")]
+    values = [v for _, v in urllib.parse.parse_qsl(split.query, keep_blank_values=True)]
+    return segments, values
+
+
+def carries_secret(url: str, secrets: tuple[str, ...]) -> bool:
+    """Whether a URL carries a secret as a credential: a whole path segment or a whole query
+    value equal to it, or (a secret of 8 characters or more, which does not occur by chance)
+    anywhere in it.
+
+    Example::
+
+        carries_secret("https://cdn.example/r/1.png?key=e", ("e",))     # True
+        carries_secret("https://cdn.example/r/e.png", ("e",))           # False: chance
+    """
+    secrets = tuple(s for s in secrets if s)
+    if not secrets:
+        return False
+    if any(len(s) >= 8 and s in url for s in secrets):
+        return True
+    segments, values = _parts(url)
+    return any(part in secrets for part in (*segments, *values))
+
+
+def redact_url(url: str, secrets: tuple[str, ...]) -> str:
+    """``url`` fit to print: every path segment or query value equal to a secret, and every
+    occurrence of a secret of 8 characters or more, replaced by ``[redacted]``. A link whose
+    characters merely include a short key's is printed as it is.
+
+    Example::
+
+        redact_url("https://cdn.example/r/1.png?key=e", ("e",))
+        # 'https://cdn.example/r/1.png?key=[redacted]'
+    """
+    secrets = tuple(s for s in secrets if s)
+    if not secrets or not carries_secret(url, secrets):
+        return url
+    for secret in secrets:
+        if len(secret) >= 8:
+            url = url.replace(secret, REDACTED)
+    split = urllib.parse.urlsplit(url)
+    path = "/".join(
+        REDACTED if urllib.parse.unquote(part) in secrets else part
+        for part in split.path.split("/")
     )
+    query = "&".join(_redact_pair(pair, secrets) for pair in split.query.split("&"))
+    return urllib.parse.urlunsplit(split._replace(path=path, query=query if split.query else ""))
+
+
+def _redact_pair(pair: str, secrets: tuple[str, ...]) -> str:
+    name, equals, value = pair.partition("=")
+    if equals and urllib.parse.unquote_plus(value) in secrets:
+        return f"{name}={REDACTED}"
+    return pair
 
 
 def _as_list(value: object) -> list[Any]:
