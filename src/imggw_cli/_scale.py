@@ -4,6 +4,10 @@ for ``--engine dask``: the single-machine commands never load it."""
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -11,16 +15,22 @@ import typer
 from . import _exit
 from ._globals import Globals
 from ._output import Output
+from ._when import span
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from imggw_client.batch import RunStatus, ShardReport
+    from imggw_client.batch._dask import ShardedProgress
 
 
 # What the dask extra installs: a ModuleNotFoundError naming another module is a bug, not a
 # missing extra.
 DASK_MODULES = ("dask", "distributed")
+# Off a terminal, a progress line when the counts moved, and now and then when they did not
+# (a log that stays silent for minutes looks like a hung run).
+QUIET_FOR = 30.0
+PROGRESS_EVERY = 2.0  # seconds between two readings of a Dask run's progress
 
 
 def usage(out: Output, message: str) -> None:
@@ -109,6 +119,69 @@ def shard_summary(out: Output, report: ShardReport, manifest: str) -> None:
     out.note(f"shard manifest: {manifest}; when every shard has run: imggw batch merge DEST")
 
 
+def sharded_text(p: ShardedProgress) -> str:
+    """One line of a sharded run's progress, for logs and scripts: ``dask: 12/24 lines
+    finished (pending 6, running 6, succeeded 11, failed 1); shards 1/4 ended; 3.2 lines/s``."""
+    counts = ", ".join(f"{state} {n}" for state, n in p.counts.items())
+    parts = [f"dask: {p.finished}/{p.total} lines finished ({counts})",
+             f"shards {p.shards_ended}/{p.shards} ended", _pace(p)]  # fmt: skip
+    if p.bad:
+        parts.append(f"{p.bad} bad input line(s) skipped")
+    return "; ".join(parts)
+
+
+def _pace(p: ShardedProgress) -> str:
+    text = f"{p.throughput:.1f} lines/s"
+    if p.throughput > 0:
+        text += f", eta {span(max(0, p.total - p.finished) / p.throughput)}"
+    return text
+
+
+def sharded_view(p: ShardedProgress) -> Any:
+    """The live view of a sharded run: one bar for every line of every shard, the counts and
+    the shards under it."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row("dask", ProgressBar(total=max(p.total, 1), completed=p.finished, width=40),
+                f"{p.finished}/{p.total} lines  {_pace(p)}")  # fmt: skip
+    counts = "  ".join(f"{state} {n}" for state, n in p.counts.items())
+    shards = f"shards {p.shards_ended}/{p.shards} ended  elapsed {span(p.elapsed)}"
+    return Group(bar, Text(f"{counts}  {shards}"))
+
+
+@contextmanager
+def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] | None]:
+    """An ``on_progress`` for a sharded run, on stderr: a live bar on a terminal, else a line
+    each time the counts move (a reading every few seconds) and now and then when they do not;
+    none with --quiet."""
+    if out.quiet:
+        yield None
+        return
+    if not sys.stderr.isatty():
+        shown: tuple[dict[str, int], int] | None = None
+        shown_at = 0.0
+
+        def line(progress: ShardedProgress) -> None:
+            nonlocal shown, shown_at
+            now, state = time.monotonic(), (progress.counts, progress.shards_ended)
+            if state != shown or now - shown_at >= QUIET_FOR:
+                shown, shown_at = state, now
+                out.note(sharded_text(progress))
+
+        yield line
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    # Notes printed meanwhile (a shard that ended) go above the bar: Live redirects stderr.
+    with Live(console=Console(stderr=True), refresh_per_second=4, transient=True) as live:
+        yield lambda progress: live.update(sharded_view(progress))
+
+
 def run_engine(
     out: Output,
     flags: Globals,
@@ -156,12 +229,14 @@ def run_engine(
 
             out.warn(f"shard {outcome.name} failed{tries}: {printable(str(outcome.error))}")
 
-    report = anyio.run(
-        lambda: arun_sharded(
-            source, dest, address=address, workers=workers, client=client,
-            rate_limit=flags.rate_limit, on_shard=on_shard, **options,
-        )
-    )  # fmt: skip
+    with sharded_display(out) as on_progress:
+        report = anyio.run(
+            lambda: arun_sharded(
+                source, dest, address=address, workers=workers, client=client,
+                rate_limit=flags.rate_limit, on_shard=on_shard, on_progress=on_progress,
+                progress_every=PROGRESS_EVERY, **options,
+            )
+        )  # fmt: skip
     print_manifest(flags, dest, MANIFEST_NAME)
     if not out.quiet:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(report.merged.counts.items()))

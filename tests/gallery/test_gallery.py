@@ -29,7 +29,7 @@ from .helpers import page_file, page_rows, record, rows, summary
 
 # Card row columns (see _card in the module).
 LINE, ID, TASK, STATUS, CATEGORY, PROMPT, FULL_LENGTH, ASPECT, RESOLUTION = range(9)
-COST, CREDITS, FILES, WIDTH, HEIGHT, CODE, MESSAGE, EXPIRES = range(9, 17)
+COST, CREDITS, FILES, WIDTH, HEIGHT, CODE, MESSAGE, EXPIRES, SURFACE = range(9, 18)
 
 HOSTILE = [
     "<script>alert(1)</script>",
@@ -45,7 +45,7 @@ RAW_IN_DATA = ("<", ">", "&", "\u2028", "\u2029")
 
 def hostile_record(line: int, text: str) -> dict[str, Any]:
     return record(line, id=text, task_id=text, prompt=text, aspect_ratio=text, resolution=text,
-                  expires_at=text, status="failed", files=[{"path": text}],
+                  expires_at=text, status="failed", files=[{"path": text}], surface=text,
                   error={"code": text, "message": text})  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def test_hostile_text_in_every_field_stays_data(tmp_path: Path) -> None:
         body = text[text.index("[") :]
         assert not any(raw in body for raw in RAW_IN_DATA)
     for row, text in zip(rows(tmp_path), HOSTILE, strict=True):
-        for column in (ID, TASK, PROMPT, ASPECT, RESOLUTION, EXPIRES, CODE, MESSAGE):
+        for column in (ID, TASK, PROMPT, ASPECT, RESOLUTION, EXPIRES, CODE, MESSAGE, SURFACE):
             assert row[column] == text  # escaped on disk, the same text when read
         ((src, _size),) = row[FILES]
         # Never a scheme nor a control character; any other name is a percent-encoded link.
@@ -156,7 +156,7 @@ def test_old_manifest_records_and_garbage_fields(tmp_path: Path) -> None:
     write_gallery(tmp_path, [pinned_only, {}, odd, "not a dict"])  # type: ignore[list-item]
     first, empty, garbage, not_a_dict = rows(tmp_path)
     assert first == [3, None, "9", "succeeded", "succeeded", None, None, None, None, None, None,
-                     [["9-0.png", 10]], 320, 320, None, None, None]  # fmt: skip
+                     [["9-0.png", 10]], 320, 320, None, None, None, None]  # fmt: skip
     assert empty[STATUS] == "pending"
     assert empty[CATEGORY] == "unfinished"
     assert garbage[LINE] is None
@@ -181,6 +181,21 @@ def test_thumbnail_shape_and_long_prompts(tmp_path: Path) -> None:
     assert tall[PROMPT] == long[:PROMPT_CHARS]
     assert tall[FULL_LENGTH] == 20_000
     assert wide[FULL_LENGTH] is None
+
+
+def test_prompts_are_cut_and_counted_in_code_points(tmp_path: Path) -> None:
+    # Beyond the BMP a character is two UTF-16 units: the page must not count those.
+    foxes = "\U0001f98a" * 20_000
+    write_gallery(tmp_path, [record(1, prompt=foxes), record(2, prompt="x" * 18_704)])
+    emoji, plain = rows(tmp_path)
+    assert (emoji[PROMPT], emoji[FULL_LENGTH]) == (foxes[:PROMPT_CHARS], 20_000)
+    assert (plain[PROMPT], plain[FULL_LENGTH]) == ("x" * PROMPT_CHARS, 18_704)
+    assert summary(tmp_path)["promptChars"] == PROMPT_CHARS  # the count the page shows
+
+
+def test_each_card_row_carries_the_surface_of_its_task(tmp_path: Path) -> None:
+    write_gallery(tmp_path, [record(1, surface="beta"), record(2, surface="alpha"), record(3)])
+    assert [row[SURFACE] for row in rows(tmp_path)] == ["beta", "alpha", None]
 
 
 def ten_thousand() -> Iterator[dict[str, Any]]:

@@ -1,16 +1,20 @@
 """The gallery in a real browser: Debian's headless Chromium opens index.html from disk.
 
 A real batch against the reference gateway (one line fails, one prompt is hostile, one input
-line is bad) and a 10,000-line gallery: images decode, data shows as text and never runs, the
-header counts are right, filters and pages change the cards, and a screenshot has content.
+line is bad, one task is collected from the other surface) and a 10,000-line gallery: images
+decode, data shows as text and never runs, bidirectional and invisible characters can neither
+reorder nor hide text, the header counts are right, filters and pages change the cards, and a
+screenshot has content.
 Chromium missing is a failure, not a skip: `.ci/run` installs it.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +55,12 @@ INPUT = [
         {"prompt": "a quiet harbour, watercolour", "aspect_ratio": "4:3", "resolution": "2k"}
     ),
 ]
+COLLECTED = "a lighthouse made elsewhere, collected here"  # line 7, a task of surface alpha
+RLO = "\u202e"
+# What the page must never show as it is (see HIDDEN in the page's script).
+RAW_HIDDEN = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
+)
 
 
 @pytest.fixture(scope="module")
@@ -128,14 +138,17 @@ class Batch:
 def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     folder = tmp_path_factory.mktemp("gallery")
     source = folder / "in.jsonl"
-    source.write_text("\n".join(INPUT) + "\n")
     gateway = MockGateway(duration_min=0.02, duration_max=0.05, image_size=128)
+    with gateway.client() as alpha:  # a task made elsewhere, on the other surface
+        made = alpha.submit(COLLECTED, surface="alpha")
+    collected = {"task_id": made.task_id, "surface": "alpha", "prompt": COLLECTED}
+    source.write_text("\n".join([*INPUT, json.dumps(collected)]) + "\n")
     out = folder / "out"
     # In a thread of its own: Playwright's sync API keeps an event loop running in this one.
     with ThreadPoolExecutor(1) as pool:
         report = pool.submit(run_batch, source, out, skip_bad_lines=True,
                              client_factory=lambda: gateway.async_client(poll=FAST_POLL)).result()  # fmt: skip
-    assert report.counts == {"done": 4, "failed": 1}
+    assert report.counts == {"done": 5, "failed": 1}
     assert (out / "index.html").is_file()  # the batch writes its gallery itself ...
     # ... and `imggw gallery` rewrites it from the manifest, here under a title of our own.
     write_gallery(out, iter_manifest(out / "manifest.jsonl"), title="Spring set")
@@ -156,7 +169,7 @@ def test_every_visible_image_decodes(browser: Browser, batch_folder: Path) -> No
         f"""imgs => imgs.map(i => ({{w: i.naturalWidth, visible: ({ON_SCREEN})(i),
                                     href: i.closest("a").getAttribute("href")}}))""",
     )
-    assert len(images) == 4  # one per succeeded line
+    assert len(images) == 5  # one per succeeded line
     visible = [image for image in images if image["visible"]]
     assert visible
     assert all(image["w"] > 0 for image in visible)
@@ -171,7 +184,7 @@ def test_hostile_prompts_show_as_text_and_never_run(browser: Browser, batch_fold
     page = opened.page
     prompts = page.eval_on_selector_all(".prompt", "ps => ps.map(p => p.textContent)")
     assert HOSTILE in prompts
-    assert HOSTILE_2 in prompts
+    assert HOSTILE_2.replace("\u2028", "\\u2028") in prompts  # a line separator, shown
     assert HOSTILE in page.inner_text("#grid")
     ids = page.eval_on_selector_all(".meta dd", "dds => dds.map(d => d.textContent)")
     assert HOSTILE_ID in ids
@@ -198,8 +211,8 @@ def test_header_counts_and_totals(browser: Browser, batch: Batch) -> None:
         for name in ("all", "succeeded", "failed", "expired", "unfinished")
     }
     assert counts == {
-        "all": "6",
-        "succeeded": "4",
+        "all": "7",
+        "succeeded": "5",
         "failed": "2",
         "expired": "0",
         "unfinished": "0",
@@ -208,7 +221,7 @@ def test_header_counts_and_totals(browser: Browser, batch: Batch) -> None:
     assert opened.page.title() == "Spring set"
     totals = opened.page.inner_text("#totals")
     assert batch.credits > 0
-    assert totals.startswith(f"6 lines · {batch.credits:g} credits ·")
+    assert totals.startswith(f"7 lines · {batch.credits:g} credits ·")
     opened.page.close()
 
 
@@ -216,7 +229,7 @@ def test_filters_change_the_cards(browser: Browser, batch_folder: Path) -> None:
     opened = open_gallery(browser, batch_folder)
     page = opened.page
     opened.shown("all/1")
-    assert [c["line"] for c in opened.cards()] == ["1", "2", "3", "4", "5", "6"]
+    assert [c["line"] for c in opened.cards()] == ["1", "2", "3", "4", "5", "6", "7"]
     page.click('[data-filter="failed"]')
     opened.shown("failed/1")
     assert opened.cards() == [{"line": "3", "status": "failed"}, {"line": "4", "status": "failed"}]
@@ -225,13 +238,138 @@ def test_filters_change_the_cards(browser: Browser, batch_folder: Path) -> None:
     assert page.get_attribute('[data-filter="failed"]', "aria-pressed") == "true"
     page.click('[data-filter="succeeded"]')
     opened.shown("succeeded/1")
-    assert [c["line"] for c in opened.cards()] == ["1", "2", "5", "6"]
+    assert [c["line"] for c in opened.cards()] == ["1", "2", "5", "6", "7"]
     page.click('[data-filter="expired"]')
     opened.shown("expired/1")
     assert opened.cards() == []
     assert page.is_visible("#empty")
     page.go_back()  # filters are in the address: Back returns to the previous one
     opened.shown("succeeded/1")
+    page.close()
+
+
+def card_meta(page: Page, line: int) -> dict[str, str]:
+    """A card's details as shown: each <dt> name with the text of its <dd>."""
+    found: dict[str, str] = page.eval_on_selector(
+        f'.card[data-line="{line}"] .meta',
+        """dl => Object.fromEntries(Array.from(dl.querySelectorAll("dt"))
+                  .map(dt => [dt.textContent, dt.nextElementSibling.innerText]))""",
+    )
+    return found
+
+
+def test_a_collected_task_shows_its_surface_and_a_skipped_line_what_was_wrong(
+    browser: Browser, batch_folder: Path
+) -> None:
+    records = {r["line"]: r for r in iter_manifest(batch_folder / "manifest.jsonl")}
+    opened = open_gallery(browser, batch_folder)
+    opened.shown("all/1")
+    page = opened.page
+    collected = card_meta(page, 7)
+    assert (collected["task"], collected["surface"]) == (records[7]["task_id"], "alpha")
+    assert page.inner_text('.card[data-line="7"] .prompt') == COLLECTED
+    assert card_meta(page, 1)["surface"] == "beta"  # the run's own tasks say theirs too
+    # The bad input line: what was wrong with it where its prompt would be.
+    reason = records[4]["error"]["message"]
+    assert "JSON" in reason
+    assert page.inner_text('.card[data-line="4"] .prompt') == reason
+    assert page.inner_text('.card[data-line="4"] .note .code') == "invalid_line"
+    assert "never sent" in page.inner_text('.card[data-line="4"] .note .message')
+    assert "surface" not in card_meta(page, 4)  # no task: no surface to speak of
+    assert "no prompt recorded" not in page.inner_text("#grid")
+    assert opened.errors == []
+    page.close()
+
+
+# The left edge of every character of an element's text, in the order the text holds them,
+# as Chromium laid them out.
+CHARACTER_LEFTS = """el => {
+  const lefts = [];
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.data.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getBoundingClientRect();
+      if (box.width > 0) lefts.push(box.left);
+    }
+  }
+  return lefts;
+}"""
+FLAG = "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"  # Scotland's
+
+
+def test_bidi_controls_and_invisible_characters_show_as_codes_in_logical_order(
+    browser: Browser, tmp_path: Path
+) -> None:
+    waiting = {"status": "running", "files": []}
+    records = [
+        record(1, prompt=f"a cat {RLO}evil", id=f"id {RLO}olleh", **waiting),
+        record(2, prompt="שלום, a fox in the snow", **waiting),
+        record(3, prompt=f"{FLAG} zero\u200bwidth\u2066hidden\u2069 tab\there", **waiting),
+        record(4, status=f"{RLO}gninnur", files=[], task_id=None),
+    ]
+    write_gallery(tmp_path, records, title=f"Spring {RLO}set")
+    opened = open_gallery(browser, tmp_path)
+    opened.shown("all/1")
+    page = opened.page
+    evil = page.locator('.card[data-line="1"] .prompt')
+    # The override is shown as its code, and reverses nothing: the prompt reads as it was
+    # written, every character right of the one before.
+    assert evil.inner_text() == "a cat \\u202eevil"
+    assert evil.locator(".invisible").inner_text() == "\\u202e"
+    lefts = evil.evaluate(CHARACTER_LEFTS)
+    assert len(lefts) == len("a cat \\u202eevil")  # every character laid out, on one line
+    assert all(a < b for a, b in itertools.pairwise(lefts)), lefts
+    assert card_meta(page, 1)["id"] == "id \\u202eolleh"
+    assert card_meta(page, 1)["id"] != "id hello"
+    # No raw control anywhere on the page: not in its text, its attributes or its title.
+    text = page.evaluate("document.body.innerText")
+    attributes = page.evaluate(
+        """Array.from(document.querySelectorAll("*")).flatMap(
+             e => Array.from(e.attributes).map(a => a.value))"""
+    )
+    for value in [text, page.title(), *attributes]:
+        assert not RAW_HIDDEN.search(value), value
+    assert page.title() == page.inner_text("h1") == "Spring \\u202eset"
+    assert page.get_attribute('.card[data-line="1"] .meta dd[title^="id"]', "title") == (
+        "id \\u202eolleh"
+    )
+    assert page.inner_text('.card[data-line="4"] .badge').endswith("\\u202egninnur")
+    # Right-to-left text keeps its own direction, isolated from the card around it.
+    directions = page.eval_on_selector_all(
+        ".prompt", "ps => ps.map(p => [getComputedStyle(p).direction, p.dir])"
+    )
+    assert directions[:2] == [["ltr", "auto"], ["rtl", "auto"]]
+    # A flag's tags draw the flag; other invisible characters show, tab and all else kept.
+    third = page.locator('.card[data-line="3"] .prompt')
+    assert third.evaluate("p => p.textContent") == (
+        f"{FLAG} zero\\u200bwidth\\u2066hidden\\u2069 tab\there"
+    )
+    assert third.locator(".invisible").all_inner_texts() == ["\\u200b", "\\u2066", "\\u2069"]
+    assert opened.errors == []
+    page.close()
+
+
+def test_cut_prompts_are_described_by_one_rule(browser: Browser, tmp_path: Path) -> None:
+    foxes = "\U0001f98a" * 20_000  # two UTF-16 units each: still 20,000 characters
+    write_gallery(tmp_path, [record(1, prompt=foxes), record(2, prompt="x" * 18_704),
+                             record(3, prompt="short")])  # fmt: skip
+    opened = open_gallery(browser, tmp_path)
+    opened.shown("all/1")
+    page = opened.page
+    assert page.eval_on_selector_all(".cut", "cs => cs.map(c => c.textContent)") == [
+        "first 2,000 of 20,000 characters; the manifest has them all",
+        "first 2,000 of 18,704 characters; the manifest has them all",
+    ]
+    assert page.eval_on_selector_all(".prompt", "ps => ps.map(p => p.title)") == [
+        "Click to show the first 2,000 of 20,000 characters",
+        "Click to show the first 2,000 of 18,704 characters",
+        "Click to show the whole prompt",
+    ]
+    shown = page.eval_on_selector_all(".prompt", "ps => ps.map(p => [...p.textContent].length)")
+    assert shown == [2_000, 2_000, 5]
     page.close()
 
 

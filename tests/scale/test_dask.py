@@ -1,12 +1,15 @@
 """The Dask engine on a LocalCluster of 2 worker processes over loopback: a worker SIGKILLed
 mid-run and a shard that raises still bill every line once; S3 (moto) as the output folder;
 one request budget for the whole run, on the scheduler; a changed input refused before
-anything is dispatched."""
+anything is dispatched; progress across shards while they run, in the SDK and the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -16,11 +19,20 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from imggw_cli import _scale
 from imggw_cli._app import app
 from imggw_client import RateLimit
 from imggw_client.batch import status
-from imggw_client.batch._dask import BudgetPlugin, ClientSpec, ShardedReport, run_sharded
+from imggw_client.batch._dask import (
+    BudgetPlugin,
+    ClientSpec,
+    ShardedProgress,
+    ShardedReport,
+    _ProgressReader,
+    run_sharded,
+)
 from imggw_client.batch._ledger import Ledger
+from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
 
 from .conftest import FAST, KEY, check_from_storage, write_prompts
@@ -86,11 +98,16 @@ def test_s3_output_folder_on_a_local_moto_server(
 
     source = write_prompts(tmp_path / "in.jsonl", 20)
     dest = "s3://imggw-test/run-1"
+    seen: list[ShardedProgress] = []
     report = run_sharded(
         source, dest, address=dask_client.scheduler.address, shard_size=10, client=spec(url),
         storage_options=s3, checkpoint_every=0.3, scratch=tmp_path / "scratch",
+        on_progress=seen.append, progress_every=0.1,
     )  # fmt: skip
     assert report.exit_code == 0
+    # Progress read from the shards' checkpoints in the bucket while they ran.
+    assert any(p.finished > 0 or p.counts["running"] > 0 for p in seen), seen
+    assert all(p.total == 20 and sum(p.counts.values()) == 20 for p in seen)
     assert gw.stats()["tasks_created"] == 20
     check_from_storage(dest, s3, 20)
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3)
@@ -153,7 +170,7 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     source.write_text(source.read_text().replace("image 4", "an edited line"))
     refused = CliRunner().invoke(app, command, env=env)
     assert refused.exit_code == 2
-    assert "(1 line(s): 5)" in refused.stderr
+    assert "(1 line(s) new or changed: 5)" in refused.stderr
     assert "--allow-changes" in refused.stderr
     assert gw.stats()["tasks_created"] == 6  # nothing was sent
     allowed = CliRunner().invoke(app, [*command, "--allow-changes", "--json"], env=env)
@@ -206,3 +223,97 @@ def test_workers_starts_and_stops_a_local_cluster(
     assert len(result.stdout.splitlines()) == 4
     assert "a local cluster of 1 worker(s)" in result.stderr
     assert gw.stats()["tasks_created"] == 4
+
+
+def test_progress_across_shards_shows_between_shard_completions(
+    gateway: tuple[MockGateway, str],
+    dask_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gw, url = gateway
+    lines = 24
+    source = write_prompts(tmp_path / "in.jsonl", lines)
+    seen: list[tuple[float, ShardedProgress, int]] = []
+    ended: list[float] = []
+    reads: list[int] = []
+    real = _ProgressReader._shard
+    failing = [3]  # the first readings fail: skipped, tried again, never the run's failure
+
+    def flaky(reader: _ProgressReader, name: str, tmp: Path) -> dict[str, int] | None:
+        reads.append(threading.get_ident())
+        if failing[0]:
+            failing[0] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return real(reader, name, tmp)
+
+    monkeypatch.setattr(_ProgressReader, "_shard", flaky)
+    report = run_sharded(
+        source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=6,
+        client=spec(url), concurrency=2, progress_every=0.1,
+        on_shard=lambda outcome: ended.append(time.monotonic()),
+        on_progress=lambda p: seen.append((time.monotonic(), p, threading.get_ident())),
+    )  # fmt: skip
+    assert report.exit_code == 0
+    assert gw.stats()["tasks_created"] == lines
+    assert len(ended) == 4
+    finished = [p.finished for _, p, _ in seen]
+    assert finished == sorted(finished)  # a line only moves forward
+    # Lines done inside shards that had not ended yet: counts between shard completions.
+    before_first = [p.finished for t, p, _ in seen if t < min(ended)]
+    assert any(n > 0 for n in before_first), before_first
+    before_last = {p.finished for t, p, _ in seen if t < max(ended)}
+    assert len(before_last) >= 3, before_last
+    assert any(n % 6 for n in before_last)  # not only whole shards
+    for _, p, _ in seen:
+        assert (p.total, p.shards, p.bad) == (lines, 4, 0)
+        assert sum(p.counts.values()) == lines
+        assert list(p.counts) == ["pending", "running", "succeeded", "failed"]
+    assert status(tmp_path / "out").total == lines  # the same total `imggw batch status` gives
+    # Read off the event loop (the thread that called run_sharded), the callback on it.
+    assert failing == [0]
+    assert reads
+    assert threading.get_ident() not in reads
+    assert {thread for _, _, thread in seen} == {threading.get_ident()}
+    # Once ended, a shard's ledger (closed now) still reads: its last state.
+    names = [f"{i:04d}-of-0004" for i in range(1, 5)]
+    reader = _ProgressReader(open_storage(tmp_path / "out"), names, [6] * 4, 0,
+                             checkpoint_every=30.0)  # fmt: skip
+    final = reader.read(None, set(names), 1.0)
+    assert final.counts == {"pending": 0, "running": 0, "succeeded": lines, "failed": 0}
+    assert (final.finished, final.shards_ended) == (lines, 4)
+
+
+def test_cli_shows_progress_on_stderr_and_keeps_json_on_stdout(
+    gateway: tuple[MockGateway, str],
+    dask_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gw, url = gateway
+    monkeypatch.setattr(_scale, "PROGRESS_EVERY", 0.1)  # a run of seconds, read often
+    source = write_prompts(tmp_path / "in.jsonl", 8)
+    result = CliRunner().invoke(
+        app,
+        ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
+         "--address", dask_client.scheduler.address, "--shard-size", "4", "-c", "1",
+         "--base-url", url],
+        env={"IMGGW_API_KEY": KEY},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    line = re.compile(
+        r"dask: (\d+)/8 lines finished \(pending \d+, running \d+, succeeded \d+, "
+        r"failed \d+\); shards (\d)/2 ended; \d+\.\d lines/s(, eta \d+ s)?"
+    )
+    notes = result.stderr.splitlines()
+    progress = [(int(m[1]), int(m[2])) for m in map(line.fullmatch, notes) if m]
+    assert progress, result.stderr
+    assert progress[0] == (0, 0), result.stderr  # the first reading, as the shards set out
+    finished = [n for n, _ in progress]
+    assert finished == sorted(finished)
+    # Lines done show before any shard has ended, on lines of their own.
+    first_end = next(i for i, note in enumerate(notes) if re.match(r"shard \S+ ended", note))
+    assert any((m := line.fullmatch(note)) and int(m[1]) > 0 for note in notes[:first_end])
+    records = [json.loads(text) for text in result.stdout.splitlines()]  # --json: stdout clean
+    assert [r["line"] for r in records] == list(range(1, 9))
+    assert gw.stats()["tasks_created"] == 8

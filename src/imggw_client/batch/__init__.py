@@ -53,7 +53,9 @@ from ._shards import (
 )
 
 # The Dask engine's names, imported on first use: the SDK never loads Dask unasked.
-_DASK_NAMES = ("ClientSpec", "ShardOutcome", "ShardedReport", "arun_sharded", "run_sharded")
+_DASK_NAMES = (
+    "ClientSpec", "ShardOutcome", "ShardedProgress", "ShardedReport", "arun_sharded", "run_sharded",
+)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -81,6 +83,7 @@ __all__ = [
     "ShardOutcome",
     "ShardReport",
     "ShardSpec",
+    "ShardedProgress",
     "ShardedReport",
     "StorageError",
     "arun_batch",

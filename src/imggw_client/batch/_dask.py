@@ -16,18 +16,28 @@ keys and the gateway replays its tasks. A shard whose worker dies, or that raise
 One request budget for the whole run (DESIGN 9): a scheduler plugin holds the pure ``Budget``
 (a scheduler outlives any worker); every worker's client asks it for each request's slot and
 tells it how each ended, so a 429 seen by any worker slows every worker.
+
+Progress between shard completions is read from the output folder, as ``status()`` reads it:
+each running shard's ledger (on a local folder) or its latest checkpoint (on a remote one), by
+a thread of the driver's, every few seconds; a read that fails is tried again the next time.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import pickle
+import re
 import secrets
 import shutil
+import sqlite3
+import tempfile
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Hashable
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +67,7 @@ from .._exceptions import (
 )
 from . import _identity
 from ._input import BadLine, BatchInputError, count_lines
+from ._ledger import DONE, EXPIRED, FAILED, LEDGER_NAME, SUBMITTED, SUCCEEDED
 from ._runner import check_run_options
 from ._shards import (
     CHECKPOINT_EVERY,
@@ -78,11 +89,15 @@ from ._shards import (
 )
 from ._storage import Storage, open_storage
 
+log = logging.getLogger("imggw_client")
+
 PLUGIN_NAME = "imggw-budgets"
 HANDLER = "imggw_budget"
 DEFAULT_SHARD_SIZE = 1000
 SHARD_RETRIES = 3  # a shard that fails is run this many more times before it is reported
 TICKET_TTL = 900.0  # a slot neither used nor given back this long belonged to a dead worker
+PROGRESS_EVERY = 2.0  # seconds between two readings of the run's progress
+SHARD_KEY = "imggw-shard-"  # the driver's Dask keys: this, the shard's name, the run id's start
 # Failures that no rerun of a shard can mend: the driver reports them at once.
 RUN_FATAL = (
     AuthenticationError, PermissionDeniedError, InsufficientCreditsError, ConfigurationError,
@@ -355,6 +370,197 @@ class _Prepared:
     count: int
     scan: Scan
     first_entries: list[int]
+    entries: list[int] = field(default_factory=list)  # each shard's, when progress is read
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+@dataclass(frozen=True)
+class ShardedProgress:
+    """How far a sharded run has come across every shard, as last read from its output folder:
+    ``total`` lines (bad input lines apart, in ``bad``), ``counts`` per state as :func:`status`
+    names them (pending, running, succeeded, failed), the shards that ended in this run,
+    seconds since dispatch began and lines finished per second since the first reading.
+
+    Example::
+
+        def show(p: ShardedProgress) -> None:
+            print(f"{p.finished}/{p.total} lines, {p.shards_ended}/{p.shards} shards ended")
+
+        run_sharded("prompts.jsonl", "out/", workers=4, on_progress=show)
+    """
+
+    total: int
+    counts: dict[str, int]
+    bad: int
+    shards: int
+    shards_ended: int
+    elapsed: float
+    throughput: float
+
+    @property
+    def finished(self) -> int:
+        """Lines that are done with: succeeded (saved) or failed."""
+        return self.counts["succeeded"] + self.counts["failed"]
+
+
+# A ledger's rows in the states of status(), ranked as it ranks a line's record: files saved,
+# then a failure or an error, then a task on its way.
+_COUNTS = f"""
+SELECT CASE
+    WHEN kind = 'bad' THEN 'bad'
+    WHEN state IN ('{DONE}', '{SUCCEEDED}', '{EXPIRED}') AND files NOT IN ('', '[]')
+        THEN 'succeeded'
+    WHEN state = '{FAILED}' OR error_code IS NOT NULL THEN 'failed'
+    WHEN state IN ('{SUBMITTED}', '{SUCCEEDED}') THEN 'running'
+    ELSE 'pending'
+END, COUNT(*) FROM lines WHERE planned = ? GROUP BY 1
+"""
+
+
+class _ProgressReader:
+    """Lines per state of every shard, read from the output folder. Blocking: it runs in a
+    thread. A shard is read once before it runs (a resumed run's shards did some already),
+    while it runs (the scheduler says which do) and once after it ended; on a remote folder,
+    no sooner than a new checkpoint can be there. A shard that cannot be read now keeps what
+    was read before, and is read again the next time."""
+
+    def __init__(self, storage: Storage, names: list[str], entries: list[int], bad: int,
+                 *, checkpoint_every: float) -> None:  # fmt: skip
+        self.storage = storage
+        self.names = names
+        self.total = max(0, sum(entries) - bad)
+        self.bad = bad
+        self.every = 0.0 if storage.local is not None else checkpoint_every
+        self.counts: dict[str, dict[str, int]] = {}
+        self.read_at: dict[str, float] = {}
+        self.final: set[str] = set()
+        self.first: tuple[float, int] | None = None
+
+    def read(self, running: set[str] | None, ended: set[str], elapsed: float) -> ShardedProgress:
+        """Reads the shards due (``running``: those on a worker now, None if unknown; ``ended``:
+        those that ended in this run) and returns the run's progress."""
+        now = time.monotonic()
+        remote = self.storage.local is None
+        with tempfile.TemporaryDirectory(prefix="imggw-") if remote else nullcontext() as tmp:
+            for name in self.names:
+                if not self._due(name, running, ended, now):
+                    continue
+                try:
+                    found = self._shard(name, None if tmp is None else Path(tmp))
+                except Exception as exc:  # a file being replaced, a store that failed a GET
+                    log.debug("progress of shard %s not read now: %r", name, exc)
+                    continue
+                self.read_at[name] = now
+                if found is not None:
+                    self.counts[name] = found
+                if name in ended:
+                    self.final.add(name)
+        return self._snapshot(len(ended), elapsed)
+
+    def _due(self, name: str, running: set[str] | None, ended: set[str], now: float) -> bool:
+        if name in self.final:
+            return False
+        last = self.read_at.get(name)
+        if last is None or name in ended:  # its state before it runs; its last state
+            return True
+        if running is not None and name not in running:  # waiting: nothing changes
+            return False
+        return now - last >= self.every
+
+    def _shard(self, name: str, tmp: Path | None) -> dict[str, int] | None:
+        rel = f"{SHARDS_DIR}/{name}/{LEDGER_NAME}"
+        local = self.storage.local
+        if local is not None:
+            path = (local / rel).resolve()
+            if not path.exists():
+                return None
+        else:
+            assert tmp is not None
+            path = tmp / f"{name}.sqlite"
+            if not self.storage.get(rel, path):
+                return None
+        # Read only: a live shard (another process) is writing it.
+        with closing(sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, timeout=1.0)) as db:
+            plan = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+            if plan is None:
+                return {}
+            return dict(db.execute(_COUNTS, (int(plan[0]),)).fetchall())
+
+    def _snapshot(self, ended: int, elapsed: float) -> ShardedProgress:
+        seen = {"running": 0, "succeeded": 0, "failed": 0}
+        for counts in self.counts.values():
+            for state in seen:
+                seen[state] += counts.get(state, 0)
+        # Lines no ledger speaks of yet are pending, as in status().
+        counts = {"pending": max(0, self.total - sum(seen.values())), **seen}
+        finished = seen["succeeded"] + seen["failed"]
+        if self.first is None:
+            self.first = (elapsed, finished)
+        took = elapsed - self.first[0]
+        throughput = (finished - self.first[1]) / took if took > 0 else 0.0
+        return ShardedProgress(
+            total=self.total, counts=counts, bad=self.bad, shards=len(self.names),
+            shards_ended=ended, elapsed=elapsed, throughput=max(0.0, throughput),
+        )  # fmt: skip
+
+
+def _entries(source: str, count: int, total: int) -> list[int]:
+    """Each shard's entries (lines neither blank nor comments), counted as ``write_slices``
+    counts them. Blocking."""
+    found = [0] * count
+    starts = [shard_range(i, count, total).start for i in range(1, count + 1)]
+    with Path(source).open(encoding="utf-8-sig", newline="") as handle:
+        for number, raw in enumerate(handle, 1):
+            stripped = raw.strip()
+            if stripped and not stripped.startswith("#"):
+                found[bisect_right(starts, number) - 1] += 1
+    return found
+
+
+async def _running(dask: DaskClient, run_id: str) -> set[str] | None:
+    """The run's shards the scheduler has on a worker now, or None if it cannot tell."""
+    pattern = re.compile(re.escape(SHARD_KEY) + r"(\d{4,}-of-\d{4,})-" + re.escape(run_id[:8]))
+    try:
+        processing = await dask.processing()  # type: ignore[no-untyped-call]
+    except Exception as exc:  # a scheduler busy or gone: every shard is read instead
+        log.debug("running shards not known now: %r", exc)
+        return None
+    return {
+        match[1]
+        for keys in processing.values()
+        for key in keys
+        if isinstance(key, str) and (match := pattern.match(key))
+    }
+
+
+async def _watch(
+    dask: DaskClient,
+    reader: _ProgressReader,
+    outcomes: list[ShardOutcome],
+    run_id: str,
+    began: float,
+    every: float,
+    on_progress: Callable[[ShardedProgress], None],
+) -> None:
+    """Reads the run's progress every ``every`` seconds, off the event loop, until cancelled;
+    the next reading starts ``every`` seconds after the last one ended, so a slow store slows
+    the readings, never the run."""
+    while True:
+        running = await _running(dask, run_id)
+        ended = {o.name for o in outcomes if o.report is not None or o.error is not None}
+        elapsed = time.monotonic() - began
+        try:
+            # Abandoned, not awaited, when the run ends: a stalled read cannot hold it up.
+            progress = await anyio.to_thread.run_sync(
+                reader.read, running, ended, elapsed, abandon_on_cancel=True
+            )
+        except Exception as exc:
+            log.debug("progress not read now: %r", exc)
+        else:
+            on_progress(progress)
+        await anyio.sleep(every)
 
 
 def _prepare(
@@ -366,10 +572,12 @@ def _prepare(
     shard_size: int,
     skip_bad_lines: bool,
     allow_changes: bool,
+    entries: bool = False,
 ) -> _Prepared:
     """The whole input checked and the run's identity made, before any shard is dispatched;
-    then each shard's slice put in the output folder. Blocking. All of it reads one copy of
-    the input: a file edited meanwhile must not slip an unchecked line into a slice."""
+    then each shard's slice put in the output folder (and, with ``entries``, how many entries
+    each has). Blocking. All of it reads one copy of the input: a file edited meanwhile must not
+    slip an unchecked line into a slice."""
     copy = work / "input" / Path(source).name
     try:
         copy.parent.mkdir()
@@ -402,7 +610,8 @@ def _prepare(
                 storage.write(_identity.RUN_NAME, _identity.record_bytes(run))
             count = max(1, math.ceil(total / shard_size))
             first_entries = write_slices(source, storage, count, total, work)
-            return _Prepared(run, total, count, scan, first_entries)
+            per_shard = _entries(source, count, total) if entries else []
+            return _Prepared(run, total, count, scan, first_entries, per_shard)
         finally:
             scan.digests.discard()
     raise ConfigurationError(  # pragma: no cover - two runs racing twice on a fresh folder
@@ -429,6 +638,8 @@ async def arun_sharded(
     shard_retries: int = SHARD_RETRIES,
     checkpoint_every: float = CHECKPOINT_EVERY,
     on_shard: Callable[[ShardOutcome], None] | None = None,
+    on_progress: Callable[[ShardedProgress], None] | None = None,
+    progress_every: float = PROGRESS_EVERY,
     cluster_options: dict[str, Any] | None = None,
     faults: dict[int, int] | None = None,
 ) -> ShardedReport:
@@ -447,9 +658,11 @@ async def arun_sharded(
     for name, (value, least) in counts.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise RequestValidationError(name, f"must be an integer >= {least}")
-    every = checkpoint_every
-    if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every < math.inf:
-        raise RequestValidationError("checkpoint_every", "must be a number of seconds > 0")
+    for name, seconds in {"checkpoint_every": checkpoint_every,
+                          "progress_every": progress_every}.items():  # fmt: skip
+        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        if not number or not 0 < seconds < math.inf:
+            raise RequestValidationError(name, "must be a number of seconds > 0")
     check_run_options(concurrency, timeout)
     source = os.fspath(source)
     if source == "-" or not Path(source).is_file():
@@ -466,10 +679,17 @@ async def arun_sharded(
     try:
         prepared = await anyio.to_thread.run_sync(
             lambda: _prepare(source, storage, work, surface=surface, shard_size=shard_size,
-                             skip_bad_lines=skip_bad_lines, allow_changes=allow_changes)
+                             skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
+                             entries=on_progress is not None)
         )  # fmt: skip
     finally:
         await anyio.to_thread.run_sync(lambda: _rmtree(work))
+    progress = None
+    if on_progress is not None:
+        names = [shard_name(i, prepared.count) for i in range(1, prepared.count + 1)]
+        reader = _ProgressReader(storage, names, prepared.entries, prepared.scan.bad_count,
+                                 checkpoint_every=checkpoint_every)  # fmt: skip
+        progress = (reader, progress_every, on_progress)
     outcomes = await _dispatch(
         prepared, source, dest, spec, address=address, workers=workers, rate_limit=rate_limit,
         options={
@@ -480,6 +700,7 @@ async def arun_sharded(
         },
         shard_retries=shard_retries, on_shard=on_shard, cluster_options=cluster_options or {},
         faults=faults or {},
+        progress=progress,
     )  # fmt: skip
     shards, startup = outcomes
     for outcome in shards:  # a failure no rerun can mend ends the run as it would one process
@@ -512,6 +733,7 @@ async def _dispatch(
     on_shard: Callable[[ShardOutcome], None] | None,
     cluster_options: dict[str, Any],
     faults: dict[int, int],
+    progress: tuple[_ProgressReader, float, Callable[[ShardedProgress], None]] | None = None,
 ) -> tuple[list[ShardOutcome], float]:
     began = time.monotonic()
     cluster: LocalCluster | None = None
@@ -560,9 +782,15 @@ async def _dispatch(
                 if on_shard is not None:
                     on_shard(outcome)
 
-            async with anyio.create_task_group() as group:
-                for outcome in outcomes:
-                    group.start_soon(one, outcome)
+            async with anyio.create_task_group() as watching:
+                if progress is not None:
+                    reader, every, on_progress = progress
+                    watching.start_soon(_watch, dask, reader, outcomes, run_id, time.monotonic(),
+                                        every, on_progress)  # fmt: skip
+                async with anyio.create_task_group() as group:
+                    for outcome in outcomes:
+                        group.start_soon(one, outcome)
+                watching.cancel_scope.cancel()
     finally:
         if cluster is not None:
             await cluster.close()  # type: ignore[misc]  # awaitable when asynchronous
@@ -588,7 +816,7 @@ async def _run_with_retries(
     ):
         with attempt:
             outcome.attempts += 1
-            key = f"imggw-shard-{spec.name}-{budget[:8]}-{outcome.attempts}-{secrets.token_hex(3)}"
+            key = f"{SHARD_KEY}{spec.name}-{budget[:8]}-{outcome.attempts}-{secrets.token_hex(3)}"
             future = dask.submit(run_shard_task, spec, client, budget, outcome.attempts,
                                  crash_after, key=key, pure=False)  # fmt: skip
             try:
@@ -626,6 +854,8 @@ def run_sharded(
     shard_retries: int = SHARD_RETRIES,
     checkpoint_every: float = CHECKPOINT_EVERY,
     on_shard: Callable[[ShardOutcome], None] | None = None,
+    on_progress: Callable[[ShardedProgress], None] | None = None,
+    progress_every: float = PROGRESS_EVERY,
     cluster_options: dict[str, Any] | None = None,
     faults: dict[int, int] | None = None,
 ) -> ShardedReport:
@@ -640,9 +870,14 @@ def run_sharded(
     The scheduler and workers need imggw installed. Bad or changed input is refused before
     anything is dispatched (``skip_bad_lines``, ``allow_changes``), as in :func:`run_batch`.
     A shard that fails is run again up to ``shard_retries`` times; a remote folder's shards
-    checkpoint their ledgers every ``checkpoint_every`` seconds. ``cluster_options`` go to the
-    local cluster (``workers``); ``faults`` (tests, benchmarks) makes shard ``i``'s first try
-    raise after ``faults[i]`` lines.
+    checkpoint their ledgers every ``checkpoint_every`` seconds. ``on_shard`` is called as each
+    shard ends; ``on_progress`` every ``progress_every`` seconds with a :class:`ShardedProgress`,
+    lines per state across every shard as the output folder holds them (the running shards'
+    ledgers; on a remote folder, their latest checkpoints), read by a thread of its own: a
+    reading that fails is skipped, and the run never waits for one. Both are called on the
+    event loop; what they raise ends the run, as an interruption does. ``cluster_options`` go
+    to the local cluster (``workers``); ``faults`` (tests, benchmarks) makes shard ``i``'s
+    first try raise after ``faults[i]`` lines.
 
     Example::
 
@@ -656,7 +891,7 @@ def run_sharded(
             client=client, rate_limit=rate_limit, concurrency=concurrency, timeout=timeout,
             skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, verify=verify,
             storage_options=storage_options, scratch=scratch, shard_retries=shard_retries,
-            checkpoint_every=checkpoint_every, on_shard=on_shard,
-            cluster_options=cluster_options, faults=faults,
+            checkpoint_every=checkpoint_every, on_shard=on_shard, on_progress=on_progress,
+            progress_every=progress_every, cluster_options=cluster_options, faults=faults,
         )
     )  # fmt: skip

@@ -40,7 +40,8 @@ GALLERY_DIR = "gallery"
 PAGE_SIZE = 200
 FILTERS = ("all", "succeeded", "failed", "expired", "unfinished")
 # A card shows a few lines of text: longer values are cut so that a page file stays small even
-# for 20,000-character prompts (the manifest keeps them whole).
+# for 20,000-character prompts (the manifest keeps them whole). Characters are code points, as
+# the gateway counts a prompt's length: the page says "first 2,000 of 20,000" whatever they are.
 PROMPT_CHARS = 2_000
 TEXT_CHARS = 300
 FILES_PER_CARD = 16
@@ -173,6 +174,7 @@ def _write_pages(part: Path, records: Iterable[dict[str, Any]]) -> dict[str, Any
         each.flush()
     return {
         "pageSize": PAGE_SIZE,
+        "promptChars": PROMPT_CHARS,
         "counts": {name: each.count for name, each in pages.items()},
         "pages": {name: each.pages for name, each in pages.items()},
         # Sums of huge values can overflow: shown as unknown rather than failing the page.
@@ -204,9 +206,9 @@ def _sweep(root: Path, current: str) -> None:
 
 def _card(record: dict[str, Any]) -> tuple[str, list[Any]]:
     """The filter a record belongs to and its card row (the order ``card()`` in the page's
-    script reads): line, id, task id, status, category, prompt, prompt length when cut, aspect
-    ratio, resolution, cost, credits, files ``[[src or null, size], ...]``, thumbnail width
-    and height, error code, error message, expires_at."""
+    script reads): line, id, task id, status, category, prompt, prompt length when cut (in code
+    points), aspect ratio, resolution, cost, credits, files ``[[src or null, size], ...]``,
+    thumbnail width and height, error code, error message, expires_at, surface."""
     status = _text(record.get("status"), TEXT_CHARS) or "pending"
     error = record.get("error")
     code = message = None
@@ -250,6 +252,7 @@ def _card(record: dict[str, Any]) -> tuple[str, list[Any]]:
         code,
         message,
         _text(record.get("expires_at"), TEXT_CHARS),
+        _text(record.get("surface"), TEXT_CHARS),
     ]
 
 
@@ -458,7 +461,16 @@ a.frame:focus-visible { outline: 3px solid var(--accent); outline-offset: -3px; 
 }
 .prompt.open { display: block; -webkit-line-clamp: none; }
 .prompt.none { color: var(--muted); font-style: italic; cursor: default; }
+.prompt.reason { color: var(--bad); cursor: default; }
 .cut { color: var(--muted); font-size: 12px; }
+[dir="auto"] { unicode-bidi: isolate; }
+.prompt[dir="auto"], .message[dir="auto"] { unicode-bidi: plaintext; }
+.invisible {
+  display: inline-block; margin: 0 1px; padding: 0 3px; border: 1px solid #e3c46f;
+  border-radius: 3px; background: #fff5d1; color: #6b4a00; font-style: normal;
+  font: 600 11px/1.35 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+  white-space: nowrap; unicode-bidi: isolate;
+}
 .meta {
   display: grid; grid-template-columns: auto 1fr; gap: 2px 10px; margin: 0;
   font-size: 12px; color: var(--muted);
@@ -488,6 +500,15 @@ _SCRIPT = r"""
                 unfinished: "Unfinished"};
   var ICONS = {succeeded: "\u2713", failed: "\u2715", expired: "\u25F7", unfinished: "\u2026"};
   var KEEP = 12;
+  // Shown as their codes, never as they are: controls (tab and line feed aside), the bidi
+  // controls (an RLO in a prompt would make "evil" read "live", and reorder what follows) and
+  // the invisible ones (zero-width, fillers, tags), which would hide text. The tags of a flag
+  // (England's, Scotland's: the first group) draw the flag and are left alone.
+  var HIDDEN = new RegExp(
+    "(\\u{1F3F4}[\\u{E0020}-\\u{E007E}]+\\u{E007F})|" +
+    "[\\0-\\x08\\x0B-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u115F\\u1160\\u17B4\\u17B5\\u180E" +
+    "\\u200B\\u200E\\u200F\\u2028-\\u202E\\u2060-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB" +
+    "\\u{1BCA0}-\\u{1BCA3}\\u{1D173}-\\u{1D17A}\\u{E0000}-\\u{E007F}]", "gu");
   var cache = new Map();
   var seq = 0;
   var current = {filter: "all", page: 1};
@@ -500,6 +521,39 @@ _SCRIPT = r"""
     return node;
   }
   function fmt(value) { return typeof value === "number" ? number.format(value) : "\u2014"; }
+  function codeOf(ch) {
+    var hex = ch.codePointAt(0).toString(16);
+    return hex.length > 4 ? "\\u{" + hex + "}" : "\\u" + ("000" + hex).slice(-4);
+  }
+  // Text for an attribute or the tab's title: hidden characters as their codes.
+  function shown(text) {
+    return String(text).replace(HIDDEN, function (found, flag) { return flag || codeOf(found); });
+  }
+  // Text from the data into an element of its own: isolated from what is around it, in its
+  // own direction (dir=auto: from its first strong character), hidden characters as marked
+  // codes that read left to right wherever they stand.
+  function put(node, text) {
+    var value = String(text), last = 0, found;
+    node.setAttribute("dir", "auto");
+    HIDDEN.lastIndex = 0;
+    while ((found = HIDDEN.exec(value)) !== null) {
+      if (found[1]) continue;
+      if (found.index > last) {
+        node.appendChild(document.createTextNode(value.slice(last, found.index)));
+      }
+      var mark = el("span", "invisible", codeOf(found[0]));
+      mark.setAttribute("dir", "ltr");
+      mark.setAttribute("title", "an invisible or control character, shown as its code");
+      node.appendChild(mark);
+      last = HIDDEN.lastIndex;
+    }
+    if (last < value.length) node.appendChild(document.createTextNode(value.slice(last)));
+    return node;
+  }
+  // The one way a cut prompt is described, on the card and in its tooltip.
+  function cutText(length) {
+    return "first " + fmt(data.promptChars) + " of " + fmt(length) + " characters";
+  }
   function safeSrc(src) {
     // The writer already refused anything else; checked again so a page file edited by hand
     // cannot link outside the folder or to a script URL.
@@ -546,8 +600,8 @@ _SCRIPT = r"""
   }
 
   function header() {
-    document.title = data.title;
-    document.getElementById("title").textContent = data.title;
+    document.title = shown(data.title);
+    put(document.getElementById("title"), data.title);
     var totals = document.getElementById("totals");
     [[fmt(data.counts.all), data.counts.all === 1 ? " line" : " lines"],
      [fmt(data.credits), " credits"], [fmt(data.cost), " cost"]].forEach(function (part) {
@@ -600,15 +654,15 @@ _SCRIPT = r"""
   function meta(list, name, value, mono) {
     if (value === null || value === undefined || value === "") return;
     list.appendChild(el("dt", "", name));
-    var dd = el("dd", mono ? "mono" : "", value);
-    dd.setAttribute("title", String(value));
+    var dd = put(el("dd", mono ? "mono" : ""), value);
+    dd.setAttribute("title", shown(value));
     list.appendChild(dd);
   }
 
   function note(kind, code, message) {
     var box = el("div", "frame note " + kind);
-    box.appendChild(el("span", "code", code));
-    if (message) box.appendChild(el("p", "message", message));
+    box.appendChild(put(el("span", "code"), code));
+    if (message) box.appendChild(put(el("p", "message"), message));
     return box;
   }
 
@@ -617,12 +671,16 @@ _SCRIPT = r"""
     var prompt = row[5], promptLength = row[6], aspect = row[7], resolution = row[8];
     var cost = row[9], credits = row[10], files = row[11] || [], width = row[12];
     var height = row[13], code = row[14], message = row[15], expires = row[16];
+    var surface = row[17];
+    var skipped = code === "invalid_line";  // a bad input line: never sent, nothing to show
     if (!LABELS[cat] || cat === "all") cat = "unfinished";
     var article = el("article", "card " + cat);
     article.setAttribute("data-status", cat);
     if (line !== null) article.setAttribute("data-line", String(line));
     var src = files.length ? safeSrc(files[0][0]) : null;
-    if (cat === "failed" || cat === "expired") {
+    if (skipped) {
+      article.appendChild(note(cat, code, "Skipped: this input line was never sent."));
+    } else if (cat === "failed" || cat === "expired") {
       article.appendChild(note(cat, code || "failed", message));
     } else if (src) {
       var link = el("a", "frame");
@@ -635,7 +693,7 @@ _SCRIPT = r"""
       img.setAttribute("decoding", "async");
       img.setAttribute("width", String(width));
       img.setAttribute("height", String(height));
-      img.setAttribute("alt", prompt || "line " + line);
+      img.setAttribute("alt", prompt ? shown(prompt) : "line " + line);
       img.addEventListener("error", function () {
         link.replaceWith(note("missing", "file not found", files[0][0]));
       });
@@ -651,19 +709,26 @@ _SCRIPT = r"""
 
     var body = el("div", "body");
     var top = el("div", "top");
-    var label = cat === "unfinished" ? status : LABELS[cat];
-    top.appendChild(el("span", "badge " + cat, ICONS[cat] + " " + label));
+    var badge = el("span", "badge " + cat, ICONS[cat] + " ");
+    if (cat === "unfinished") badge.appendChild(put(el("bdi"), status));
+    else badge.appendChild(document.createTextNode(LABELS[cat]));
+    top.appendChild(badge);
     top.appendChild(el("span", "line", line === null ? "line \u2014" : "line " + line));
     body.appendChild(top);
-    var text = el("p", prompt ? "prompt" : "prompt none", prompt || "no prompt recorded");
+    var text;
     if (prompt) {
-      text.setAttribute("title", "Click to show the whole prompt");
+      text = put(el("p", "prompt"), prompt);
+      text.setAttribute("title", "Click to show the " +
+                        (promptLength ? cutText(promptLength) : "whole prompt"));
       text.addEventListener("click", function () { text.classList.toggle("open"); });
+    } else if (skipped) {  // what was wrong with the line, in the prompt's place
+      text = put(el("p", "prompt reason"), message || "no reason recorded");
+    } else {
+      text = el("p", "prompt none", "no prompt recorded");
     }
     body.appendChild(text);
-    if (promptLength) {
-      body.appendChild(el("span", "cut", "first " + fmt(prompt.length) + " of " +
-                          fmt(promptLength) + " characters; the manifest has them all"));
+    if (prompt && promptLength) {
+      body.appendChild(el("span", "cut", cutText(promptLength) + "; the manifest has them all"));
     }
     var list = el("dl", "meta");
     meta(list, "ratio", [aspect, resolution].filter(Boolean).join(" \u00B7 "));
@@ -671,6 +736,7 @@ _SCRIPT = r"""
     meta(list, "cost", cost === null ? null : fmt(cost));
     meta(list, "id", id, true);
     meta(list, "task", taskId, true);
+    if (taskId) meta(list, "surface", surface, true);  // where the task lives (it may be collected)
     if (!src || cat !== "succeeded") meta(list, "expires", expires);
     body.appendChild(list);
     if (files.length > 1) {
