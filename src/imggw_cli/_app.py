@@ -465,7 +465,8 @@ def batch(
         str,
         typer.Argument(
             help="JSONL (prompt, aspect_ratio, resolution, id; or task_id to collect a task made "
-            "elsewhere) or text, a prompt a line; - reads standard input."
+            "elsewhere) or text, a prompt a line; - reads standard input. Told by its name "
+            "(.jsonl, .ndjson), else line by line for .json and -, else text (see --format)."
         ),
     ],
     output: Annotated[
@@ -490,6 +491,23 @@ def batch(
     ] = False,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
+    ] = False,
+    input_format: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--format",
+            metavar="jsonl|text",
+            help="Read FILE as JSONL (a JSON object a line) or as text (a prompt a line), "
+            "whatever its name.",
+        ),
+    ] = None,
+    new_run: Annotated[
+        bool,
+        typer.Option(
+            "--new-run",
+            help="Start a new run (new keys: every line billed anew) in a folder that holds "
+            "none. By default a folder made again resumes its run: the same keys, no new tasks.",
+        ),
     ] = False,
     engine: Annotated[
         Optional[EngineChoice],  # noqa: UP045
@@ -552,10 +570,11 @@ def batch(
     """Generate every line of FILE exactly once, downloading each result as it is ready.
 
     Re-running the same command resumes: nothing is submitted twice, unfinished tasks are
-    waited on, missing or damaged files are downloaded again. An input that changed since the
-    folder's run began is refused (exit 2) unless --allow-changes. Writes manifest.jsonl and
-    index.html (a gallery to open in a browser). Exit 0 if every line succeeded, 1 if some
-    failed, 3 if some are unfinished.
+    waited on, missing or damaged files are downloaded again; a folder deleted and made again
+    sends the same keys, so the gateway replays the tasks it remembers (--new-run: new keys).
+    An input that changed since the folder's run began, or another surface, is refused (exit
+    2) unless --allow-changes. Writes manifest.jsonl and index.html (a gallery to open in a
+    browser). Exit 0 if every line succeeded, 1 if some failed, 3 if some are unfinished.
 
     Beyond one machine: --engine dask runs shards of the input on a Dask cluster (one request
     budget for the whole run, held by the scheduler); --shard I/N runs one shard here. DEST may
@@ -564,11 +583,22 @@ def batch(
     """
     scale_options = (engine, shard, address, workers, shard_size, scratch)
     scaled = any(option is not None for option in scale_options)
+    refused = None
+    if input_format not in (None, "jsonl", "text"):
+        refused = f"--format must be jsonl or text, not {input_format!r}; nothing was sent"
+    elif new_run and (scaled or _is_remote(output)):
+        refused = "--new-run is for one process into a local folder: give shards a new DEST"
+    elif input_format is not None and engine is not None:
+        refused = "--format is not taken with --engine: name the input .jsonl or .txt instead"
+    if refused is not None:
+        with _session() as out:
+            out.error(refused)
+        raise typer.Exit(_exit.USAGE)
     if not scaled and not _is_remote(output):
         _run_batch(
             file, _local(output), collect=False, wait=True, timeout=timeout,
             concurrency=concurrency, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
-            verify=verify,
+            verify=verify, format=input_format, new_run=new_run,
         )  # fmt: skip
         return
     from . import _scale
@@ -579,6 +609,8 @@ def batch(
         "allow_changes": allow_changes, "verify": verify,
         "scratch": None if scratch is None else str(scratch),
     }  # fmt: skip
+    if input_format is not None:  # one shard in this process: its spec takes it
+        options["format"] = input_format
     with _session() as out:
         _scale.check_modes(
             out, flags, source=file, dest=output, engine=engine.value if engine else None,

@@ -17,6 +17,28 @@ from ._when import span, until
 if TYPE_CHECKING:
     from imggw_client.batch import BatchProgress, BatchReport
 
+# One word per line state, as the manifest and `imggw batch status` say them: pending,
+# running, succeeded (files saved), failed (results that expired before they were saved
+# included: error result_expired). The display alone splits `running` in two: `running` while
+# the task runs, `downloading` once it succeeded and its files are being saved.
+WORDS = ("pending", "running", "downloading", "succeeded", "failed")
+
+
+def words(counts: dict[str, int]) -> dict[str, int]:
+    """Lines per word of :data:`WORDS` (every word, zeros included), from the runner's counts
+    per ledger state."""
+    # Here, not at the top: importing this module stays cheap (imggw_client.batch is not).
+    from imggw_client.batch._ledger import DONE, EXPIRED, FAILED, PENDING, SUBMITTED, SUCCEEDED
+
+    states = {
+        "pending": (PENDING,),
+        "running": (SUBMITTED,),
+        "downloading": (SUCCEEDED,),
+        "succeeded": (DONE,),
+        "failed": (FAILED, EXPIRED),
+    }
+    return {word: sum(counts.get(state, 0) for state in states[word]) for word in WORDS}
+
 
 @contextmanager
 def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
@@ -87,13 +109,24 @@ def _downloads(p: BatchProgress) -> str | None:
     return text
 
 
+def cost_text(cost: float, unknown: int) -> str:
+    """``0.03``; ``unknown`` when every line charged stated no cost (surface alpha states
+    credits only: the cost is not zero, it is not known); ``0.03 + unknown (2 lines)`` for a
+    mix."""
+    if not unknown:
+        return f"{cost:g}"
+    if not cost:
+        return "unknown"
+    return f"{cost:g} + unknown ({unknown} lines)"
+
+
 def _money(p: BatchProgress) -> str:
-    return f"credits {p.credits:g}, cost {p.cost:g}"
+    return f"credits {p.credits:g}, cost {cost_text(p.cost, p.cost_unknown)}"
 
 
 def progress_text(p: BatchProgress) -> str:
     """One line, ``; ``-separated parts, the first three always there: for logs and scripts."""
-    counts = ", ".join(f"{state} {n}" for state, n in sorted(p.counts.items()))
+    counts = ", ".join(f"{word} {n}" for word, n in words(p.counts).items() if n)
     eta = "" if p.eta is None else f", eta {p.eta:.0f}s"
     parts = [
         f"batch: {p.finished}/{p.total} finished ({counts})",
@@ -113,9 +146,6 @@ def progress_view(p: BatchProgress) -> Any:
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    # Here, not at the top: importing this module stays cheap (imggw_client.batch is not).
-    from imggw_client.batch._ledger import STATES
-
     eta = "-" if p.eta is None else span(p.eta)
     bar = Table.grid(padding=(0, 1))
     bar.add_row(
@@ -124,9 +154,10 @@ def progress_view(p: BatchProgress) -> Any:
         f"{p.finished}/{p.total}  {p.throughput:.1f} lines/s  eta {eta}  {_money(p)}",
     )
     counts = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for state in STATES:
-        counts.add_column(state, justify="right")
-    counts.add_row(*(str(p.counts.get(state, 0)) for state in STATES))
+    per_word = words(p.counts)
+    for word in WORDS:
+        counts.add_column(word, justify="right")
+    counts.add_row(*(str(n) for n in per_word.values()))
     notes = [f"elapsed {span(p.elapsed)}", _budget(p), _downloads(p)]
     return Group(bar, counts, *(note for note in notes if note))
 
@@ -138,31 +169,52 @@ def batch_summary(out: Output, report: BatchReport) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from imggw_client.batch._input import SHOWN_BAD_LINES
+    from imggw_client.batch._ledger import EXPIRED
+
     table = Table(title="batch summary", title_justify="left", show_header=False)
+    per_word = words(report.counts)
+    expired = report.counts.get(EXPIRED, 0)
     labels = {
-        "done": "succeeded, saved",
-        "failed": "failed",
-        "expired": "expired before download",
-        "pending": "not yet submitted",
-        "submitted": "still running",
-        "succeeded": "not yet downloaded",
+        "succeeded": "succeeded (files saved)",
+        "failed": f"failed ({expired} of them: results expired)" if expired else "failed",
+        "downloading": "downloading (files not saved yet)",
+        "running": "running (task not finished)",
+        "pending": "pending (not submitted yet)",
     }
-    for state, label in labels.items():
-        if report.counts.get(state):
-            table.add_row(label, str(report.counts[state]))
-    if report.bad_lines:
-        table.add_row("bad input lines (skipped)", str(len(report.bad_lines)))
-    if report.changed_lines:
-        table.add_row("changed lines (new requests)", str(len(report.changed_lines)))
+    for word, label in labels.items():
+        if per_word[word]:
+            table.add_row(label, str(per_word[word]))
+    if report.bad_count:
+        table.add_row("bad input lines (skipped)", str(report.bad_count))
+    if report.changed_count:
+        table.add_row("new or changed lines (new requests)", str(report.changed_count))
+    if report.removed_count:
+        table.add_row("removed lines (nothing sent)", str(report.removed_count))
     table.add_row("credits", f"{report.credits:g}")
-    table.add_row("cost", f"{report.cost:g}")
+    table.add_row("cost", cost_text(report.cost, report.cost_unknown))
     table.add_row("elapsed", f"{report.elapsed:.1f}s")
     table.add_row("manifest", Text(printable(report.manifest)))  # a path: no markup
     Console(stderr=True).print(table)
-    for bad in report.bad_lines:
+    for bad in report.bad_lines[:SHOWN_BAD_LINES]:
         out.note(f"line {bad.line}: {bad.reason} (skipped)")
+    if report.bad_lines_file is not None:
+        where = printable(report.bad_lines_file)
+        out.note(f"all {report.bad_count} bad lines are listed in {where}")
+    if report.previous_surface is not None:
+        out.note(
+            f"this folder's run was made on surface {report.previous_surface}; its lines were "
+            "submitted again, as new requests, on this run's surface"
+        )
     if report.changed_lines:
-        shown = ", ".join(str(n) for n in report.changed_lines[:10])
-        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+        shown = _numbers(report.changed_lines, report.changed_count)
+        out.note(f"lines new or changed since the last run, submitted as new requests: {shown}")
+    if report.removed_lines:
+        shown = _numbers(report.removed_lines, report.removed_count)
+        out.note(f"lines removed since the last run (as it numbered them), nothing sent: {shown}")
     if report.exit_code == 3:
         out.note("some lines are unfinished: run the same command again to resume them")
+
+
+def _numbers(lines: list[int], count: int) -> str:
+    return ", ".join(str(n) for n in lines[:10]) + (f" ... ({count} in all)" if count > 10 else "")

@@ -146,7 +146,8 @@ def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
         ('{"task_id": "7", "surface": "gamma"}', "surface must be one of"),
         ('{"task_id": "7"', "not a JSON object"),
         ('{"task_id": 7.5}', "not a task id"),
-        ('{"line": 3, "task_id": null, "status": "pending"}', "names no task"),
+        ('{"line": 3, "task_id": null}', "names no task"),
+        ('{"task_id": "7", "task_id": "8"}', "repeated key 'task_id'"),
         ('{"task_id": "7", "colour": "red"}', "unknown field"),
     ],
 )

@@ -173,7 +173,10 @@ def test_lines_with_ids_may_move_but_a_removed_line_is_a_change(tmp_path: Path) 
     lines("d", "c", "a")  # "b", at line 3 now, is gone: maybe the wrong file, so ask
     with pytest.raises(InputChangedError) as info:
         batch(gw, source, out)
-    assert (info.value.lines, info.value.count) == ([3], 1)
+    # Removed, named by its number in the run's input; nothing new or changed.
+    assert (info.value.removed, info.value.removed_count) == ([3], 1)
+    assert (info.value.lines, info.value.count) == ([], 0)
+    assert "1 line(s) removed, as the run's input numbered them: 3" in info.value.message
     assert gw.stats()["tasks_created"] == 4
 
 

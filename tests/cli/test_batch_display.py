@@ -44,7 +44,7 @@ def progress(**fields: Any) -> BatchProgress:
 
 def test_the_line_form_adds_the_budget_and_the_downloads_waiting() -> None:
     assert progress_text(progress()) == (  # as it always was, when there is nothing to add
-        "batch: 3/10 finished (done 3, pending 5, submitted 2); 0.5/s, eta 14s; "
+        "batch: 3/10 finished (pending 5, running 2, succeeded 3); 0.5/s, eta 14s; "
         "credits 12, cost 0.03"
     )
     line = progress_text(
@@ -56,7 +56,7 @@ def test_the_line_form_adds_the_budget_and_the_downloads_waiting() -> None:
         )
     )
     assert line == (
-        "batch: 3/10 finished (done 3, pending 5, submitted 2); 0.5/s, eta 14s; "
+        "batch: 3/10 finished (pending 5, running 2, succeeded 3); 0.5/s, eta 14s; "
         "credits 12, cost 0.03; budget 2 submits/s, 10 queries/s; "
         "the 5 lines left need at least 4 min; "
         "awaiting download 3, soonest expiry in 1 h 59 min"
@@ -89,8 +89,8 @@ def test_the_live_view_has_one_bar_for_the_batch_above_the_counts() -> None:
     assert bar.endswith("3/10  0.5 lines/s  eta 14 s  credits 12, cost 0.03")
     header = next(i for i, line in enumerate(lines) if "pending" in line)
     assert header > 0
-    assert lines[header].split() == ["pending", "submitted", "succeeded", "done", "failed",
-                                     "expired"]  # fmt: skip
+    assert lines[header].split() == ["pending", "running", "downloading", "succeeded",
+                                     "failed"]  # fmt: skip
     assert lines[-3:] == [
         "elapsed 6 s",
         "budget 2 submits/s; the 5 lines left need at least 30 s",

@@ -1,8 +1,11 @@
 """A run's identity, kept in its output folder: what makes a re-run of a line, anywhere, send the
 same idempotency key, and what tells a changed input from the one the run was made for.
 
-- ``run.json``: the run id (random, made by the first run on the folder, before anything is
-  sent) and the input's fingerprint.
+- ``run.json``: the run id (made by the first run on the folder, before anything is sent), the
+  input's fingerprint and the surface the run is made on. A new folder's run id is derived from
+  the folder, the gateway and the API key (:func:`derive_run_id`), so a folder deleted and made
+  again gives the run its old id back, and its lines their old keys: the gateway replays their
+  tasks for as long as it remembers keys. ``new_run`` asks for a random one instead.
 - ``lines.fp``: one 16-byte entry per input line, in order: its line number and digests of its
   identity and its request. A rerun compares its input with it, line by line, keyed by
   identity, so it can name the lines that changed even when every ledger was deleted.
@@ -15,6 +18,7 @@ gateway replays the task instead of billing a second one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -38,34 +42,94 @@ _ID = 8  # the bytes of a digest that name the line
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """The run id and the fingerprint of the input it was made for."""
+    """The run id, the fingerprint of the input it was made for and the surface it runs on
+    (None in a ``run.json`` written before runs kept it)."""
 
     run_id: str
     input_fingerprint: str
+    surface: str | None = None
+
+
+RUN_ID_CHARS = 32
+
+
+def derive_run_id(destination: str, base_url: str, key_fingerprint: str) -> str:
+    """The run id of a new run: the same for the same output folder (``destination``, as
+    ``_storage.destination_name`` spells it), gateway and API key, on any machine, so that a
+    folder deleted and made again sends its lines' old keys. Keyed by the key's fingerprint
+    (a slow hash of the key): the key cannot be worked out from the id, nor the id made
+    without the key."""
+    message = f"imggw run\0{destination}\0{base_url}".encode()
+    digest = hmac.new(bytes.fromhex(key_fingerprint), message, hashlib.sha256).hexdigest()
+    return digest[:RUN_ID_CHARS]
+
+
+def random_run_id() -> str:
+    """The run id of a run asked to be new (``new_run=True``): nothing else derives it."""
+    return secrets.token_hex(RUN_ID_CHARS // 2)
+
+
+def _numbers(lines: list[int], count: int) -> str:
+    return ", ".join(str(n) for n in lines[:10]) + (" ..." if count > 10 else "")
 
 
 class InputChangedError(ImggwError):
     """The input differs from the one this output folder's run was made for; nothing was sent.
 
     Changed lines would be new requests, billed anew: they run only with ``allow_changes=True``
-    (``--allow-changes``). ``lines`` holds the first changed line numbers, ``count`` them all.
+    (``--allow-changes``). ``lines`` holds the first new or changed line numbers, ``count``
+    them all; ``removed`` the first lines the run's input had and this one has not (numbered as
+    they were), ``removed_count`` them all. A run on another surface than the folder's is a
+    change of every line: ``surface_was`` is then the folder's surface, ``surface`` this run's.
 
     Example::
 
         except InputChangedError as err:
-            print(err.lines[:10], err.count)
+            print(err.lines[:10], err.count, err.removed[:10], err.surface_was)
     """
 
-    def __init__(self, lines: list[int], count: int) -> None:
-        shown = ", ".join(str(n) for n in lines[:10]) + (" ..." if count > 10 else "")
-        super().__init__(
-            f"the input changed since this folder's run began ({count} line(s): {shown}); "
-            "nothing was sent. Changed lines would be new requests, billed anew: pass "
-            "--allow-changes (allow_changes=True) to run them",
-            code="input_changed",
-        )
+    def __init__(
+        self,
+        lines: list[int],
+        count: int,
+        *,
+        removed: list[int] | None = None,
+        removed_count: int = 0,
+        surfaces: tuple[str, str] | None = None,
+    ) -> None:
+        removed = removed or []
+        if surfaces is not None:
+            was, now = surfaces
+            message = (
+                f"this folder's run was made on surface {was}, and this run is on {now}: every "
+                f"line would be a new request on {now}, billed anew; nothing was sent. Run with "
+                f"--surface {was} to go on with it, use another folder for {now}, or pass "
+                "--allow-changes (allow_changes=True) to submit the lines again on "
+                f"{now}"
+            )
+            code = "surface_changed"
+        else:
+            parts = []
+            if count:
+                parts.append(f"{count} line(s) new or changed: {_numbers(lines, count)}")
+            if removed_count:
+                parts.append(
+                    f"{removed_count} line(s) removed, as the run's input numbered them: "
+                    f"{_numbers(removed, removed_count)}"
+                )
+            message = (
+                f"the input changed since this folder's run began ({'; '.join(parts)}); "
+                "nothing was sent. New and changed lines would be new requests, billed anew: "
+                "pass --allow-changes (allow_changes=True) to run them"
+            )
+            code = "input_changed"
+        super().__init__(message, code=code)
         self.lines = lines
         self.count = count
+        self.removed = removed
+        self.removed_count = removed_count
+        self.surface_was: str | None = surfaces[0] if surfaces is not None else None
+        self.surface: str | None = surfaces[1] if surfaces is not None else None
 
 
 def idempotency_key(run_id: str, identity: str, fingerprint: str) -> str:
@@ -124,8 +188,15 @@ class LineDigests:
         self._tmp = folder / f".{LINES_NAME}.{secrets.token_hex(4)}.part"
         self._out: BinaryIO = self._tmp.open("wb")
         self._fingerprint = hashlib.sha256()
-        self.changed: list[int] = []  # the first changed line numbers, in order
+        # Every change (new, changed and removed lines: what needs consent), and apart: the
+        # new or changed lines (numbered as in this input) and the removed ones (numbered as
+        # in the run's), each the first ones in order and how many in all.
+        self.changed: list[int] = []
         self.changed_count = 0
+        self.added: list[int] = []
+        self.added_count = 0
+        self.removed: list[int] = []
+        self.removed_count = 0
 
     def add(self, line: int, digest: bytes) -> None:
         entry = _ENTRY.pack(line, digest)
@@ -158,18 +229,20 @@ class LineDigests:
             db.executemany("INSERT OR REPLACE INTO old VALUES (?, ?, ?)", rows)
             rows = ((d[:_ID], d[_ID:], n) for n, d in _read_entries(self._tmp))
             db.executemany("INSERT OR REPLACE INTO new VALUES (?, ?, ?)", rows)
-            changes = (
+            added = (
                 "SELECT new.line FROM new LEFT JOIN old ON old.id = new.id"
                 " WHERE old.id IS NULL OR old.fp != new.fp"
             )
-            if self._within is None:  # lines the input no longer has, at their old numbers
-                changes += (
-                    " UNION ALL SELECT old.line FROM old LEFT JOIN new ON new.id = old.id"
-                    " WHERE new.id IS NULL"
-                )
-            (self.changed_count,) = db.execute(f"SELECT count(*) FROM ({changes})").fetchone()
-            found = db.execute(f"SELECT line FROM ({changes}) ORDER BY line LIMIT 1000")
-            self.changed = [line for (line,) in found]
+            # Lines the input no longer has, at their old numbers (a shard compares only its
+            # range: the rest of the run's lines are not removed).
+            removed = (
+                "SELECT old.line FROM old LEFT JOIN new ON new.id = old.id WHERE new.id IS NULL"
+            )
+            self.added_count, self.added = _count_and_first(db, added)
+            if self._within is None:
+                self.removed_count, self.removed = _count_and_first(db, removed)
+            self.changed_count = self.added_count + self.removed_count
+            self.changed = sorted(self.added + self.removed)[:KEPT]
         finally:
             db.close()
 
@@ -188,6 +261,15 @@ class LineDigests:
             self._out.close()
         self._old.close()
         self._tmp.unlink(missing_ok=True)
+
+
+KEPT = 1000  # changed line numbers kept, of each kind
+
+
+def _count_and_first(db: sqlite3.Connection, query: str) -> tuple[int, list[int]]:
+    (count,) = db.execute(f"SELECT count(*) FROM ({query})").fetchone()
+    found = db.execute(f"SELECT line FROM ({query}) ORDER BY line LIMIT {KEPT}")
+    return count, [line for (line,) in found]
 
 
 def _read_entries(
@@ -221,12 +303,14 @@ def entry_lines(path: Path) -> Iterator[int]:
 
 def record_bytes(identity: RunIdentity) -> bytes:
     """``run.json``'s content for ``identity``."""
-    record = {
+    record: dict[str, object] = {
         "format": FORMAT,
         "run_id": identity.run_id,
         "input_fingerprint": identity.input_fingerprint,
         "updated_at": time.time(),
     }
+    if identity.surface is not None:
+        record["surface"] = identity.surface
     return json.dumps(record, indent=1).encode() + b"\n"
 
 
@@ -248,7 +332,12 @@ def parse_record(data: bytes, where: str) -> RunIdentity:
         raise RequestValidationError(
             "out_dir", f"{where} is damaged (no run id); it is not a run's folder"
         )
-    return RunIdentity(run_id, str(parsed.get("input_fingerprint", "")))
+    surface = parsed.get("surface")
+    return RunIdentity(
+        run_id,
+        str(parsed.get("input_fingerprint", "")),
+        surface if isinstance(surface, str) else None,
+    )
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

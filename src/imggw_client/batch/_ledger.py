@@ -151,11 +151,21 @@ class Row:
 
 @dataclass
 class Totals:
-    """Lines per state, and the money they cost, for one plan."""
+    """Lines per state, and the money they cost, for one plan. ``cost_unknown`` counts the
+    lines charged in credits whose gateway stated no cost (surface alpha): their cost is not
+    zero, it is not known."""
 
     counts: Counter[str] = field(default_factory=Counter)
     credits: float = 0.0
     cost: float = 0.0
+    cost_unknown: int = 0
+
+
+# The write-ahead log is copied into the database (checkpointed) once it holds this many pages,
+# and cut back to this size after, instead of the 1,000 pages (4 MiB) SQLite lets it reach
+# and keeps: on a small disk the room is for images, not for the log of their rows.
+WAL_PAGES = 64
+WAL_BYTES = 256 * 1024
 
 
 def _connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
@@ -163,6 +173,8 @@ def _connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connectio
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA busy_timeout=10000")
+    db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+    db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
     return db
 
 
@@ -172,6 +184,7 @@ class Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.created = not path.exists()  # made by this process: see discard()
         try:
             self._db = _connect(path, check_same_thread=False)
             self._migrate()
@@ -290,6 +303,13 @@ class Ledger:
             "WHERE planned=? AND state=? AND error_code=? AND task_id IS NOT NULL",
             (SUBMITTED, self._plan, FAILED, NOT_FOUND),
         )
+        # A submit answered 404 (a base URL with a wrong path) made no task and billed
+        # nothing; earlier versions failed its line for good. Its key submits it now.
+        self._db.execute(
+            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
+            "WHERE planned=? AND state=? AND error_code=? AND task_id IS NULL AND kind=?",
+            (PENDING, self._plan, FAILED, NOT_FOUND, "generate"),
+        )
 
     def end_plan(self, *, commit: bool) -> None:
         if commit:
@@ -297,9 +317,21 @@ class Ledger:
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('plan', ?)", (str(self._plan),)
             )
             self._db.execute("COMMIT")
+            # A plan of many lines is one big transaction: its log is copied into the
+            # database now, so that the next write starts the log again, cut to WAL_BYTES.
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         else:
             self._db.execute("ROLLBACK")
             self._plan -= 1
+
+    def last_surfaces(self) -> set[str]:
+        """The surfaces the last plan's generate lines ran on (at most two are told apart):
+        a run whose ``run.json`` predates keeping it is told by its ledger."""
+        found = self._db.execute(
+            "SELECT DISTINCT surface FROM lines WHERE planned=? AND kind='generate' LIMIT 2",
+            (self._plan,),
+        )
+        return {surface for (surface,) in found}
 
     # ------------------------------------------------------------------------ reading
 
@@ -307,14 +339,16 @@ class Ledger:
         """Lines per state and their money, bad input lines left out (they are not work)."""
         totals = Totals()
         with self._read_lock:
-            for state, n, credits, cost in self._db.execute(
-                "SELECT state, COUNT(*), TOTAL(credits), TOTAL(cost) FROM lines "
+            for state, n, credits, cost, unknown in self._db.execute(
+                "SELECT state, COUNT(*), TOTAL(credits), TOTAL(cost), "
+                "SUM(credits IS NOT NULL AND cost IS NULL) FROM lines "
                 "WHERE planned=? AND kind!='bad' GROUP BY state",
                 (self._plan,),
             ):
                 totals.counts[state] = n
                 totals.credits += credits
                 totals.cost += cost
+                totals.cost_unknown += unknown or 0
         return totals
 
     def rows(self, *, after: int = 0, limit: int = 1000, states: tuple[str, ...] = ()) -> list[Row]:
@@ -412,3 +446,12 @@ class Ledger:
             self._writer = None
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
+
+    def discard(self) -> None:
+        """Closes the ledger and deletes it, if this process made it: a plan that was refused
+        leaves no ledger behind in a folder that had none."""
+        self.close()
+        if self.created:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)

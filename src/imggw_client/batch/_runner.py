@@ -13,6 +13,7 @@ is queried again for a fresh one before a result is declared expired.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import heapq
@@ -50,6 +51,7 @@ from .._core.surfaces import safe_message
 from .._download import WRITE_FAILED
 from .._exceptions import (
     AuthenticationError,
+    ConfigurationError,
     DownloadError,
     ImggwError,
     InsufficientCreditsError,
@@ -64,13 +66,22 @@ from .._exceptions import (
 from .._models import DownloadedFile, Task, TaskStatus
 from . import _identity
 from ._gallery import write_gallery
-from ._input import COLLECT, BadLine, BatchInputError, InputLine, iter_lines
+from ._input import (
+    BAD_LINES_NAME,
+    COLLECT,
+    SHOWN_BAD_LINES,
+    BadLine,
+    BatchInputError,
+    InputLine,
+    iter_lines,
+)
 from ._ledger import (
     DONE,
     EXPIRED,
     FAILED,
     FINAL,
     INVALID_LINE,
+    LOCK_NAME,
     NOT_FOUND,
     PENDING,
     SUBMITTED,
@@ -81,13 +92,22 @@ from ._ledger import (
     Totals,
     storage_error,
 )
+from ._storage import destination_name
 
 MANIFEST_NAME = "manifest.jsonl"
 log = logging.getLogger("imggw_client")
 NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
 UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are counted
-# Failures that doom every line alike: the run stops.
-FATAL = (AuthenticationError, PermissionDeniedError, InsufficientCreditsError, StorageError)
+# Failures that doom every line alike: the run stops, and its unfinished lines wait for a rerun
+# (a submit answered 404, a base URL with a wrong path, is a ConfigurationError: nothing was
+# made, nothing billed, and the same command with the right URL resumes every line).
+FATAL = (
+    AuthenticationError,
+    PermissionDeniedError,
+    InsufficientCreditsError,
+    ConfigurationError,
+    StorageError,
+)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
 MIN_IN_FLIGHT = 1024  # lines in flight (submitted, waiting, queued for download) at most ...
 IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
@@ -105,7 +125,8 @@ class BatchProgress:
     the lines not yet submitted (None without a submit ceiling). ``awaiting_download`` counts
     finished results waiting for a download slot, ``soonest_expiry`` is the earliest link
     expiry among them, and ``at_risk`` how many of them will, at the current pace, expire
-    before their turn.
+    before their turn. ``cost_unknown`` counts lines charged whose gateway stated no cost
+    (surface alpha states credits only): ``cost`` leaves them out.
 
     Example::
 
@@ -123,6 +144,7 @@ class BatchProgress:
     awaiting_download: int = 0
     soonest_expiry: datetime | None = None
     at_risk: int = 0
+    cost_unknown: int = 0
 
     @property
     def finished(self) -> int:
@@ -146,7 +168,13 @@ class BatchReport:
     resume), 1 some failed, expired or were bad input.
 
     ``bad_lines`` and ``changed_lines`` hold the first ones (up to 1,000); ``bad_count`` and
-    ``changed_count`` count them all.
+    ``changed_count`` count them all. ``changed_lines`` are the lines run as new requests (new
+    or changed since the folder's run, with ``allow_changes``); ``removed_lines`` (and
+    ``removed_count``) the lines the run's input had and this one has not, numbered as they
+    were. ``bad_lines_file`` lists every bad line when there are more than 10.
+    ``previous_surface`` is the surface the folder's run was made on when this one moved it to
+    another (with ``allow_changes``). ``cost_unknown`` counts lines charged whose gateway
+    stated no cost: ``cost`` leaves them out.
 
     Example::
 
@@ -163,6 +191,11 @@ class BatchReport:
     cost: float = 0.0
     bad_count: int = 0
     changed_count: int = 0
+    removed_lines: list[int] = field(default_factory=list)
+    removed_count: int = 0
+    bad_lines_file: Path | None = None
+    previous_surface: str | None = None
+    cost_unknown: int = 0
 
     @property
     def total(self) -> int:
@@ -177,19 +210,27 @@ class BatchReport:
         return 0
 
 
+# One word per line state, the same in the manifest, `imggw batch status` and the display: a
+# line's status says what the line delivered. `succeeded` is a line whose files are saved; a
+# line whose task succeeded but whose files are not saved yet is `running` (the display says
+# `downloading`): its work is unfinished and a rerun finishes it; a line whose results expired
+# before they could be saved is `failed` with the error `result_expired`: it delivered
+# nothing, and the exit code counts it as a failure.
 _STATUS = {
     PENDING: TaskStatus.PENDING,
     SUBMITTED: TaskStatus.RUNNING,
-    SUCCEEDED: TaskStatus.SUCCEEDED,
+    SUCCEEDED: TaskStatus.RUNNING,
     DONE: TaskStatus.SUCCEEDED,
-    EXPIRED: TaskStatus.SUCCEEDED,
+    EXPIRED: TaskStatus.FAILED,
     FAILED: TaskStatus.FAILED,
 }
 
 
 def manifest_record(row: Row) -> dict[str, Any]:
     """One manifest line: DESIGN 7's pinned fields (``line``, ``task_id``, ``status``,
-    ``files``, ``error``), then the caller's ``id``, the request, money and link expiry."""
+    ``files``, ``error``), then the caller's ``id``, the request, money and link expiry.
+    ``files`` lists the files of a saved line only (a line waiting to download them again
+    may remember files that are gone)."""
     error = None
     if row.error_code is not None:
         error = {"code": row.error_code, "message": row.error_message or ""}
@@ -201,7 +242,7 @@ def manifest_record(row: Row) -> dict[str, Any]:
         "line": row.line,
         "task_id": row.task_id,
         "status": _STATUS[row.state].value,
-        "files": row.files,
+        "files": row.files if row.state == DONE else [],
         "error": error,
         "id": row.caller_id,
         "surface": row.surface,
@@ -212,6 +253,11 @@ def manifest_record(row: Row) -> dict[str, Any]:
         "credits": row.credits,
         "expires_at": expires,
     }
+
+
+def _cost_unknown(credits: float | None, cost: float | None) -> int:
+    """1 for a line charged in credits with no cost stated (as Totals.cost_unknown counts)."""
+    return int(credits is not None and cost is None)
 
 
 def file_sha256(path: Path) -> str | None:
@@ -250,6 +296,9 @@ class Record(Protocol):
 
     run_id: str
 
+    def previous_surface(self) -> str | None:
+        """The surface the run was made on, if the record tells it."""
+
     def digests(self) -> _identity.LineDigests:
         """A comparison of the input with the record, written beside it until accepted."""
 
@@ -258,20 +307,48 @@ class Record(Protocol):
 
 
 class FolderRecord:
-    """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``."""
+    """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``. A folder
+    with no ``run.json`` gets the run id ``derive`` makes (the same for the same folder,
+    gateway and key: a folder made again replays its tasks), or a random one with
+    ``new_run`` (refused where a run is already kept: that folder's lines have their keys)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        surface: str,
+        derive: Callable[[], str] | None = None,
+        new_run: bool = False,
+    ) -> None:
         self.folder = folder
+        self.surface = surface
         self.run = _identity.load(folder)
-        self.run_id = self.run.run_id if self.run is not None else secrets.token_hex(16)
+        if new_run and self.run is not None:
+            raise RequestValidationError(
+                "out_dir",
+                f"{folder} holds a run already ({_identity.RUN_NAME}): --new-run (new_run=True) "
+                "starts one only in a folder without one; use another folder; nothing was sent",
+                code="run_exists",
+            )
+        if self.run is not None:
+            self.run_id = self.run.run_id
+        elif new_run or derive is None:
+            self.run_id = _identity.random_run_id()
+        else:
+            self.run_id = derive()
+
+    def previous_surface(self) -> str | None:
+        return self.run.surface if self.run is not None else None
 
     def digests(self) -> _identity.LineDigests:
         return _identity.LineDigests(self.folder)
 
     def accept(self, digests: _identity.LineDigests, fingerprint: str) -> None:
-        if self.run is None or self.run.input_fingerprint != fingerprint:
+        run = self.run
+        if run is None or run.input_fingerprint != fingerprint or run.surface != self.surface:
             # Before anything is sent: the keys of every line follow from this run id.
-            _identity.save(self.folder, _identity.RunIdentity(self.run_id, fingerprint))
+            identity = _identity.RunIdentity(self.run_id, fingerprint, self.surface)
+            _identity.save(self.folder, identity)
             digests.commit()
 
 
@@ -294,8 +371,43 @@ class _Plan:
     ledger: Ledger
     bad: list[BadLine] = field(default_factory=list)
     bad_count: int = 0
+    bad_file: Path | None = None
     changed: list[int] = field(default_factory=list)
     changed_count: int = 0
+    removed: list[int] = field(default_factory=list)
+    removed_count: int = 0
+    previous_surface: str | None = None
+
+
+class _BadLines:
+    """Every bad line of a plan, written as they come to a temp file in the folder (a million
+    of them need no memory), kept whole as ``bad-lines.txt`` when there are more than the
+    messages name; a listing left by an earlier run goes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / BAD_LINES_NAME
+        self._tmp = folder / f".{BAD_LINES_NAME}.{secrets.token_hex(4)}.part"
+        self._out: Any = None
+
+    def add(self, bad: BadLine) -> None:
+        if self._out is None:
+            self._out = self._tmp.open("w", encoding="utf-8")
+        self._out.write(f"line {bad.line}: {bad.reason}\n")
+
+    def finish(self, count: int) -> Path | None:
+        if self._out is not None:
+            self._out.close()
+        if count <= SHOWN_BAD_LINES:
+            self._tmp.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
+            return None
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        if self._out is not None and not self._out.closed:
+            self._out.close()
+        self._tmp.unlink(missing_ok=True)
 
 
 def _plan(
@@ -307,25 +419,41 @@ def _plan(
     collect: bool,
     skip_bad_lines: bool,
     allow_changes: bool,
+    format: str | None = None,
     record: Record | None = None,
+    derive: Callable[[], str] | None = None,
+    new_run: bool = False,
     lines: range | None = None,
     first_line: int = 1,
     first_entry: int = 1,
 ) -> _Plan:
     """One pass over the input, in one ledger transaction that commits only if the run may go:
     no bad line (unless skipped) and no changed line (unless allowed). Blocking: run it in a
-    worker thread. ``record`` keeps the run's identity (default: the folder's); ``lines``,
-    ``first_line`` and ``first_entry`` as in :func:`iter_lines` (a shard)."""
-    record = FolderRecord(folder) if record is None else record
+    worker thread. ``record`` keeps the run's identity (default: the folder's, a new one's id
+    made by ``derive``, or random with ``new_run``); ``lines``, ``first_line`` and
+    ``first_entry`` as in :func:`iter_lines` (a shard)."""
+    if record is None:
+        record = FolderRecord(folder, surface=surface, derive=derive, new_run=new_run)
+    plan = _Plan(ledger)
+    previous = record.previous_surface()
+    if previous is None and isinstance(record, FolderRecord):
+        # A run.json written before runs kept their surface: the ledger tells it.
+        kept = ledger.last_surfaces()
+        previous = kept.pop() if len(kept) == 1 else None
+    if previous is not None and previous != surface:
+        if not allow_changes:  # every line a new request: one fact, not a list of lines
+            raise _identity.InputChangedError([], 0, surfaces=(previous, surface))
+        plan.previous_surface = previous
     digests = record.digests()
     run_id = record.run_id
-    plan = _Plan(ledger)
+    listing = _BadLines(folder)
     ledger.begin_plan()
     ok = False
     try:
         items = iter_lines(
-            source, collect=collect, lines=lines, first_line=first_line, first_entry=first_entry
-        )
+            source, collect=collect, format=format, lines=lines, first_line=first_line,
+            first_entry=first_entry,
+        )  # fmt: skip
         for item in items:
             if isinstance(item, InputLine):
                 row = _new_row(item, surface, run_id)
@@ -338,13 +466,19 @@ def _plan(
             plan.bad_count += 1
             if len(plan.bad) < BAD_LINES_KEPT:
                 plan.bad.append(item)
+            listing.add(item)
             ledger.plan_line(_bad_row(item, surface))
         fingerprint = digests.finish()
-        plan.changed, plan.changed_count = digests.changed, digests.changed_count
+        plan.changed, plan.changed_count = digests.added, digests.added_count
+        plan.removed, plan.removed_count = digests.removed, digests.removed_count
+        plan.bad_file = listing.finish(plan.bad_count)
         if plan.bad_count and not skip_bad_lines:
-            raise BatchInputError(plan.bad, plan.bad_count)
-        if plan.changed_count and not allow_changes:
-            raise _identity.InputChangedError(plan.changed, plan.changed_count)
+            raise BatchInputError(plan.bad, plan.bad_count, listing=plan.bad_file)
+        if digests.changed_count and not allow_changes:
+            raise _identity.InputChangedError(
+                plan.changed, plan.changed_count, removed=plan.removed,
+                removed_count=plan.removed_count,
+            )  # fmt: skip
         record.accept(digests, fingerprint)
         ledger.recheck()
         ok = True
@@ -353,6 +487,7 @@ def _plan(
     finally:
         ledger.end_plan(commit=ok)
         digests.discard()
+        listing.discard()
     return plan
 
 
@@ -423,6 +558,7 @@ class _Run:
         self.folder = folder
         self.counts = totals.counts
         self.credits, self.cost = totals.credits, totals.cost
+        self.cost_unknown = totals.cost_unknown
         self.total = sum(self.counts.values())
         self.deadline = deadline
         self.wait_for_tasks = wait
@@ -472,6 +608,7 @@ class _Run:
             awaiting_download=len(self.queue),
             soonest_expiry=soonest,
             at_risk=self._at_risk(expiries),
+            cost_unknown=self.cost_unknown,
         )
 
     def _at_risk(self, expiries: list[float]) -> int:
@@ -494,6 +631,8 @@ class _Run:
         if billed is not None:
             self.credits += (billed.credits or 0) - (row.credits or 0)
             self.cost += (billed.cost or 0) - (row.cost or 0)
+            self.cost_unknown += _cost_unknown(billed.credits, billed.cost)
+            self.cost_unknown -= _cost_unknown(row.credits, row.cost)
             row.credits, row.cost = billed.credits, billed.cost
         self.counts[row.state] -= 1
         self.counts[state] += 1
@@ -709,7 +848,13 @@ class _Run:
                         task, self.folder, overwrite=True, prefix=self.file_prefix(row)
                     )
         except ResultExpiredError as err:  # the fresh links failed too: really gone
-            row.error_code, row.error_message = "result_expired", err.message
+            message = err.message
+            if row.files:  # saved by an earlier run: it did not expire before its download
+                message = (
+                    "the files saved earlier are gone from the folder, and the gateway no "
+                    f"longer has the result ({message})"
+                )
+            row.error_code, row.error_message = "result_expired", message
             self.move(row, EXPIRED)
             return
         except DownloadError as err:
@@ -785,7 +930,9 @@ def _verify_files(
     folder: Path, ledger: Ledger, totals: Totals, *, hashes: bool, store: ResultStore | None = None
 ) -> None:
     """Lines whose files are missing or damaged go back to be downloaded again: a size check
-    by default, every file's sha256 with ``hashes``."""
+    by default, every file's sha256 with ``hashes``. Such a line keeps its list of files until
+    it is saved again: that it was saved once tells a result gone at the gateway from one that
+    expired before its download."""
     for row in ledger.iter_rows(states=(DONE,)):
         for f in row.files:
             if store is not None:
@@ -793,7 +940,7 @@ def _verify_files(
             else:
                 whole = _is_whole(folder, f["path"], f["size"], f["sha256"], hashes=hashes)
             if not whole:
-                row.state, row.files = SUCCEEDED, []
+                row.state = SUCCEEDED
                 ledger.save_now(row)
                 totals.counts[DONE] -= 1
                 totals.counts[SUCCEEDED] += 1
@@ -860,19 +1007,29 @@ async def arun_batch(
     verify: bool = False,
     gallery: bool = True,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    format: str | None = None,
+    new_run: bool = False,
 ) -> BatchReport:
     """Runs (or resumes) a batch: every line submitted once, waited on, downloaded, verified.
 
     ``source`` is a JSONL or text file (``-``: standard input), or an iterable of requests
-    (``ImageRequest``, dicts with the JSONL fields, or prompts). A line with ``task_id`` names a
-    task made elsewhere: it is collected (waited on and downloaded), never submitted;
-    ``collect=True`` reads a list of such tasks (bare ids or JSON objects). Bad lines stop the
-    run before anything is sent (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an
-    input that changed since the folder's run began (:class:`InputChangedError`) unless
-    ``allow_changes``. ``timeout`` bounds the run; what is left unfinished is resumed by the
-    next run with the same ``out_dir``. ``wait=False`` leaves unfinished tasks as they are
-    (collect). ``verify`` checks every saved file's sha256 on resume (default: its size).
-    ``gallery`` writes ``index.html`` (as lines finish, and at the end).
+    (``ImageRequest``, dicts with the JSONL fields, or prompts); ``format`` (``"jsonl"`` or
+    ``"text"``) says how a file is read when its name does not (see :func:`iter_lines`). A
+    line with ``task_id`` names a task made elsewhere: it is collected (waited on and
+    downloaded), never submitted; ``collect=True`` reads a list of such tasks (bare ids or
+    JSON objects). Bad lines stop the run before anything is sent (:class:`BatchInputError`)
+    unless ``skip_bad_lines``; so does an input that changed since the folder's run began, or
+    a surface other than its run's (:class:`InputChangedError`), unless ``allow_changes``.
+    ``timeout`` bounds the run; what is left unfinished is resumed by the next run with the
+    same ``out_dir``. ``wait=False`` leaves unfinished tasks as they are (collect). ``verify``
+    checks every saved file's sha256 on resume (default: its size). ``gallery`` writes
+    ``index.html`` (as lines finish, and at the end).
+
+    The first run on a folder keeps its run id there; every line's key follows from it. That
+    id is derived from the folder, the client's gateway and API key (never kept), so a run on
+    a folder deleted and made again sends the same keys, and the gateway replays the tasks it
+    still remembers instead of billing them again. ``new_run=True`` makes a random id instead
+    (new keys, new tasks), in a folder that holds no run.
 
     Example::
 
@@ -881,12 +1038,25 @@ async def arun_batch(
     """
     check_run_options(concurrency, timeout)
     folder = Path(out_dir)
-    with Ledger.open(folder) as ledger:
-        return await execute(
-            source, folder, ledger, client=client, concurrency=concurrency, timeout=timeout,
-            surface=surface, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
-            collect=collect, wait=wait, verify=verify, gallery=gallery, on_progress=on_progress,
-        )  # fmt: skip
+    made = not folder.exists()
+    try:
+        with Ledger.open(folder) as ledger:
+            return await execute(
+                source, folder, ledger, client=client, concurrency=concurrency,
+                timeout=timeout, surface=surface, skip_bad_lines=skip_bad_lines,
+                allow_changes=allow_changes, collect=collect, wait=wait, verify=verify,
+                gallery=gallery, on_progress=on_progress, format=format, new_run=new_run,
+            )  # fmt: skip
+    except (BatchInputError, _identity.InputChangedError, RequestValidationError):
+        if made:  # refused before anything was kept: no empty folder left behind either
+            _remove_if_empty(folder)
+        raise
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # never made, or not empty (it lists the bad lines)
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+        folder.rmdir()
 
 
 async def execute(
@@ -905,6 +1075,8 @@ async def execute(
     verify: bool,
     gallery: bool,
     on_progress: Callable[[BatchProgress], None] | None,
+    format: str | None = None,
+    new_run: bool = False,
     record: Record | None = None,
     lines: range | None = None,
     first_line: int = 1,
@@ -917,12 +1089,22 @@ async def execute(
     started = time.monotonic()
     concurrency, budget = check_run_options(concurrency, timeout)
     run_surface = check_surface(surface or client.surface)
+
+    def derive() -> str:  # once per new run: the key's fingerprint is a slow hash
+        place = destination_name(folder)
+        return _identity.derive_run_id(place, client.base_url, client.key_fingerprint)
+
     planning = functools.partial(
         _plan, source, folder, ledger, surface=run_surface, collect=collect,
-        skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, record=record, lines=lines,
-        first_line=first_line, first_entry=first_entry,
+        skip_bad_lines=skip_bad_lines, allow_changes=allow_changes, format=format,
+        record=record, derive=derive, new_run=new_run, lines=lines, first_line=first_line,
+        first_entry=first_entry,
     )  # fmt: skip
-    plan = await anyio.to_thread.run_sync(planning)
+    try:
+        plan = await anyio.to_thread.run_sync(planning)
+    except BaseException:
+        ledger.discard()  # a refused plan leaves no ledger where there was none
+        raise
     totals = ledger.totals()
     await anyio.to_thread.run_sync(_sweep_partial_files, folder)
     await anyio.to_thread.run_sync(
@@ -959,6 +1141,11 @@ async def execute(
         cost=round(run.cost, 6),
         bad_count=plan.bad_count,
         changed_count=plan.changed_count,
+        removed_lines=plan.removed,
+        removed_count=plan.removed_count,
+        bad_lines_file=plan.bad_file,
+        previous_surface=plan.previous_surface,
+        cost_unknown=run.cost_unknown,
     )
 
 
@@ -993,6 +1180,8 @@ def run_batch(
     gallery: bool = True,
     on_progress: Callable[[BatchProgress], None] | None = None,
     rate_limit: RateLimit | None = None,
+    format: str | None = None,
+    new_run: bool = False,
 ) -> BatchReport:
     """The blocking form of :func:`arun_batch`. ``client_factory`` makes the AsyncClient to use
     (default: ``AsyncClient(rate_limit=rate_limit)`` from ``IMGGW_API_KEY`` /
@@ -1020,7 +1209,7 @@ def run_batch(
                 source, out_dir, client=client, concurrency=concurrency, timeout=timeout,
                 surface=surface, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
                 collect=collect, wait=wait, verify=verify, gallery=gallery,
-                on_progress=on_progress,
+                on_progress=on_progress, format=format, new_run=new_run,
             )  # fmt: skip
 
     return anyio.run(main)

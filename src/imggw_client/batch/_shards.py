@@ -52,12 +52,13 @@ from tenacity import (
 )
 
 from .._async_client import AsyncClient
-from .._config import RateLimit, check_surface
+from .._base_client import key_fingerprint
+from .._config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
 from .._exceptions import RequestValidationError
 from .._models import DownloadedFile
 from . import _identity
 from ._gallery import GALLERY_DIR, GALLERY_NAME, iter_manifest, write_gallery
-from ._input import JSONL_SUFFIXES, InputLine, count_lines, iter_lines
+from ._input import JSON_SUFFIX, JSONL_SUFFIXES, InputLine, count_lines, iter_lines
 from ._ledger import _COLUMNS, INVALID_LINE, LEDGER_NAME, Ledger, Row, StorageError
 from ._runner import (
     MANIFEST_NAME,
@@ -68,7 +69,7 @@ from ._runner import (
     manifest_record,
     write_manifest,
 )
-from ._storage import Storage, open_storage
+from ._storage import Storage, destination_name, open_storage
 
 log = logging.getLogger("imggw_client")
 
@@ -148,10 +149,11 @@ def scan_input(
     *,
     surface: str,
     old: Path | None,
+    format: str | None = None,
 ) -> Scan:
-    """Parses every line, flags bad and repeated ones, and compares the good
-    ones with the record ``old`` (none: every line is new). Memory stays bounded: repeated ids
-    are found with a temporary SQLite table. Blocking."""
+    """Parses every line (read as ``format`` says, see ``iter_lines``), flags bad and repeated
+    ones, and compares the good ones with the record ``old`` (none: every line is new). Memory
+    stays bounded: repeated ids are found with a temporary SQLite table. Blocking."""
     nothing = folder / f".no-record.{secrets.token_hex(4)}"  # compared with no record
     digests = _identity.LineDigests(folder, old=old if old is not None else nothing)
     seen_path = folder / f".ids.{secrets.token_hex(4)}.sqlite"
@@ -160,7 +162,7 @@ def scan_input(
         with closing(sqlite3.connect(seen_path)) as seen:
             seen.execute("PRAGMA journal_mode=OFF")
             seen.execute("CREATE TABLE ids (identity TEXT PRIMARY KEY)")
-            for item in iter_lines(source):
+            for item in iter_lines(source, format=format):
                 if isinstance(item, InputLine):
                     identity = item.identity(surface)
                     repeat = False
@@ -196,12 +198,40 @@ def load_identity(storage: Storage) -> _identity.RunIdentity | None:
     return _identity.parse_record(data, storage.where(_identity.RUN_NAME))
 
 
-def claim_identity(storage: Storage, scan: Scan) -> tuple[_identity.RunIdentity, bool]:
+def env_run_id(storage: Storage) -> str:
+    """A new run's id as a process that has no client works it out: derived (as the runner
+    derives it) from the folder, ``IMGGW_BASE_URL`` and ``IMGGW_API_KEY``, random when either
+    is not set."""
+    key, base_url = os.environ.get(ENV_API_KEY), os.environ.get(ENV_BASE_URL)
+    if not key or not base_url:
+        return _identity.random_run_id()
+    place = destination_name(storage.url)
+    return _identity.derive_run_id(place, base_url.rstrip("/"), key_fingerprint(key))
+
+
+def client_run_id(storage: Storage, client: AsyncClient) -> str:
+    """A new run's id for ``client``: the same on every process that runs shards of one
+    output folder against one gateway with one key, and after the folder is made again."""
+    place = destination_name(storage.url)
+    return _identity.derive_run_id(place, client.base_url, client.key_fingerprint)
+
+
+def claim_identity(
+    storage: Storage,
+    scan: Scan,
+    *,
+    run_id: str | None = None,
+    surface: str | None = None,
+) -> tuple[_identity.RunIdentity, bool]:
     """The run's identity: created here, exactly once, if the folder has none (an exclusive
     create: of shards started at once on a fresh folder, one wins and every other loads its run
     id). Returns it and whether it was created here. The creator publishes the input's record
-    (``lines.fp``) right after."""
-    identity = _identity.RunIdentity(secrets.token_hex(16), scan.fingerprint)
+    (``lines.fp``) right after. ``run_id`` is the id to create (default: :func:`env_run_id`);
+    every process derives the same one, so none depends on which wins. ``surface`` is kept in
+    the record (a rerun on another surface is then told as such)."""
+    if run_id is None:
+        run_id = env_run_id(storage)
+    identity = _identity.RunIdentity(run_id, scan.fingerprint, surface)
     if storage.create(_identity.RUN_NAME, _identity.record_bytes(identity)):
         publish_lines(storage, scan.digests)
         return identity, True
@@ -259,6 +289,7 @@ class ShardSpec:
     checkpoint_every: float = CHECKPOINT_EVERY
     lines: range | None = None  # the shard's range, when the caller cut it already
     first_entry: int = 1  # with ``sliced``: the entry number of the slice's first line
+    format: str | None = None  # "jsonl", "text", or None: by the input's name (see iter_lines)
 
     @property
     def name(self) -> str:
@@ -307,11 +338,17 @@ class _ShardRecord:
     else the run's, cut to its range. The run id is the run's."""
 
     def __init__(
-        self, storage: Storage, spec: ShardSpec, work: Path, run_id: str, lines: range
+        self,
+        storage: Storage,
+        spec: ShardSpec,
+        work: Path,
+        run: _identity.RunIdentity,
+        lines: range,
     ) -> None:
         self.storage, self.spec, self.work, self.run_id, self.lines = (
-            storage, spec, work, run_id, lines,
+            storage, spec, work, run.run_id, lines,
         )  # fmt: skip
+        self.surface = run.surface
         own = f"{spec.folder}/{_identity.LINES_NAME}"
         self.has_own = storage.size(own) is not None
         self.reference = self._fetch(own if self.has_own else _identity.LINES_NAME)
@@ -324,6 +361,9 @@ class _ShardRecord:
         if not self.storage.get(rel, path):
             path.unlink(missing_ok=True)
         return path
+
+    def previous_surface(self) -> str | None:
+        return self.surface
 
     def digests(self) -> _identity.LineDigests:
         return _identity.LineDigests(self.work, old=self.reference, within=self.lines)
@@ -420,7 +460,7 @@ def _restore(storage: Storage, spec: ShardSpec, work: Path) -> None:
 
 
 def _prepare_shard(
-    storage: Storage, spec: ShardSpec, surface: str, work: Path
+    storage: Storage, spec: ShardSpec, surface: str, work: Path, derive: Callable[[], str]
 ) -> tuple[_identity.RunIdentity, str, range, int, int]:
     """The run's identity (made once), the shard's input, its range, and the line and entry
     numbers the input starts at. Blocking."""
@@ -442,9 +482,9 @@ def _prepare_shard(
     if run is None:
         # A fresh folder: the whole input's record is scanned first, so that whichever shard
         # wins the run id publishes it at once.
-        scan = scan_input(spec.source, work, surface=surface, old=None)
+        scan = scan_input(spec.source, work, surface=surface, old=None, format=spec.format)
         try:
-            run, _ = claim_identity(storage, scan)
+            run, _ = claim_identity(storage, scan, run_id=derive(), surface=surface)
         finally:
             scan.digests.discard()
     # If its creator died before lines.fp, the shard compares with nothing, as a first run does.
@@ -480,20 +520,18 @@ async def arun_shard(
     except OSError as exc:
         raise StorageError(f"cannot create {work}: {exc.strerror}", code="storage_failed") from exc
     run, source, lines, first, first_entry = await anyio.to_thread.run_sync(
-        _prepare_shard, storage, spec, surface, work
+        _prepare_shard, storage, spec, surface, work, lambda: client_run_id(storage, client)
     )
     store = _ShardStore(storage, spec, work)
     prepare = None if local is not None else (lambda: _restore(storage, spec, work))
     with Ledger.open(work, prepare=prepare) as ledger:
-        record = await anyio.to_thread.run_sync(
-            _ShardRecord, storage, spec, work, run.run_id, lines
-        )
+        record = await anyio.to_thread.run_sync(_ShardRecord, storage, spec, work, run, lines)
         with _Checkpoints(storage, spec, work, ledger, on=local is None) as store.checkpoints:
             report = await execute(
                 source, work, ledger, client=client, concurrency=spec.concurrency,
                 timeout=spec.timeout, surface=surface, skip_bad_lines=spec.skip_bad_lines,
                 allow_changes=spec.allow_changes, collect=False, wait=True, verify=spec.verify,
-                gallery=False, on_progress=on_progress, record=record,
+                gallery=False, on_progress=on_progress, format=spec.format, record=record,
                 lines=lines if not spec.sliced else None, first_line=first,
                 first_entry=first_entry, store=store,
             )  # fmt: skip
@@ -554,12 +592,15 @@ def run_shard(
     storage_options: dict[str, Any] | None = None,
     scratch: str | os.PathLike[str] | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    format: str | None = None,
 ) -> ShardReport:
     """Runs shard ``index`` of ``count`` (1-based) of ``source`` into ``dest`` (a folder or an
     fsspec URL), in this process, with no engine: what ``imggw batch FILE -o DEST --shard I/N``
     runs, for Kubernetes indexed jobs, Slurm arrays or ``xargs -P``. Any number of shards may
     run at once on one output folder; the first one on a fresh folder makes its run id, the
-    others load it. Then :func:`merge` writes ``manifest.jsonl``.
+    others load it (each derives the same one from the folder, the gateway and the API key, as
+    :func:`run_batch` does). ``format`` as in :func:`iter_lines`. Then :func:`merge` writes
+    ``manifest.jsonl``.
 
     Each process has its own request budget (``rate_limit``): divide the gateway's limit among
     the processes that run at once, or run on Dask (:func:`run_sharded`), whose budget is one.
@@ -578,7 +619,7 @@ def run_shard(
         source=os.fspath(source), dest=os.fspath(dest), index=index, count=count,
         storage_options=dict(storage_options or {}), concurrency=concurrency, timeout=timeout,
         surface=surface, skip_bad_lines=skip_bad_lines, allow_changes=allow_changes,
-        verify=verify, scratch=None if scratch is None else os.fspath(scratch),
+        verify=verify, scratch=None if scratch is None else os.fspath(scratch), format=format,
     )  # fmt: skip
 
     async def main() -> ShardReport:
@@ -682,8 +723,9 @@ class _Snapshot:
 @dataclass
 class RunStatus:
     """A run's progress, read from its output folder alone: ``total`` lines, ``counts`` per
-    state as the CLI names them (pending, running, succeeded, failed; succeeded lines whose
-    files are not saved yet count as running), lines of bad input apart in ``bad``, and each
+    state as the CLI and the manifest name them (pending, running, succeeded, failed: a line
+    whose task succeeded but whose files are not saved yet is running, one whose results
+    expired before they were saved failed), lines of bad input apart in ``bad``, and each
     shard's state. ``exit_code`` as ``imggw batch``: 0 all saved, 1 some failed, 3 unfinished.
 
     Example::
@@ -881,9 +923,10 @@ def _merge_gallery(storage: Storage, work: Path, title: str) -> None:
 
 
 def slice_name(source: str) -> str:
-    """The name of a shard's slice of ``source`` (its kind kept: JSONL or text)."""
+    """The name of a shard's slice of ``source`` (its kind kept: JSONL, text, or ``.json``,
+    read line by line as its source is)."""
     suffix = Path(source).suffix.lower()
-    return SLICE_NAME + (suffix if suffix in JSONL_SUFFIXES else ".txt")
+    return SLICE_NAME + (suffix if suffix in (*JSONL_SUFFIXES, JSON_SUFFIX) else ".txt")
 
 
 def write_slices(source: str, storage: Storage, count: int, total: int, work: Path) -> list[int]:

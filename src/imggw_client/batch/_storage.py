@@ -42,6 +42,20 @@ def local_path(dest: str | os.PathLike[str]) -> Path:
     return Path(text[len("file://") :] if text.startswith("file://") else text)
 
 
+def destination_name(dest: str | os.PathLike[str]) -> str:
+    """One spelling of an output folder, whoever names it and from where: a local folder as
+    its absolute path (``out``, ``./out/`` and ``file:///abs/out`` alike), an fsspec URL
+    without its trailing ``/``. What a run's identity is derived from.
+
+    Example::
+
+        assert destination_name("s3://bucket/run/") == "s3://bucket/run"
+    """
+    if is_url(dest):
+        return os.fspath(dest).rstrip("/")
+    return str(local_path(dest).resolve())
+
+
 class Storage:
     """The interface (and the local implementation): paths are relative to the folder, with
     ``/`` between parts."""

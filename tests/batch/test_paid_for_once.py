@@ -1,0 +1,467 @@
+"""Paid for, never lost: a re-created folder replays its tasks, input read as what it is, a
+wrong base URL that stops the run instead of failing its lines, manifests that pipe into a
+collect, reports that name what really changed, one word per line state, and a ledger that
+leaves no trace where nothing ran and keeps its log small. Over loopback against the reference
+gateway, through the command line where it is the user's way in."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import AsyncClient, PollPolicy, RetryPolicy
+from imggw_client.batch import (
+    LEDGER_NAME,
+    BatchInputError,
+    BatchReport,
+    InputChangedError,
+    run_batch,
+    run_shard,
+)
+from imggw_client.batch._identity import RUN_NAME, derive_run_id, idempotency_key
+from imggw_client.batch._ledger import Ledger
+from imggw_client.batch._storage import destination_name
+from imggw_client.mock import MockGateway
+
+from ..cli.helpers import CANARY, imggw
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+
+@pytest.fixture
+def gw() -> MockGateway:
+    return MockGateway(api_keys=[CANARY, "sk-second-key-0077"], duration_min=0.02,
+                       duration_max=0.08)  # fmt: skip
+
+
+@pytest.fixture
+def url(gw: MockGateway) -> Iterator[str]:
+    with gw.serve() as base_url:
+        yield base_url
+
+
+def prompts(path: Path, count: int) -> Path:
+    path.write_text("".join(f"prompt {i}\n" for i in range(count)))
+    return path
+
+
+def manifest(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+def requests(gw: MockGateway) -> int:
+    return sum(gw.stats()["requests"].values())
+
+
+def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
+    return run_batch(source, out, client_factory=lambda: gw.async_client(**FAST), **kw)
+
+
+# ---------------------------------------------------------------------------- 4: lost folders
+
+
+def test_a_rerun_on_a_deleted_and_recreated_folder_replays_every_task(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 20)
+    out = tmp_path / "out"
+    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q")
+    assert first.code == 0, first.err
+    assert gw.stats()["tasks_created"] == 20
+    shutil.rmtree(out)  # the disk is lost: run id, ledger, images, everything
+    again = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q")
+    assert again.code == 0, again.err
+    assert gw.stats()["tasks_created"] == 20  # the same keys: the gateway replayed them all
+    assert gw.stats()["replays"] >= 20
+    assert len(list(out.glob("*.png"))) == 20
+
+
+def test_the_run_id_follows_from_folder_gateway_and_key_and_the_key_is_never_kept(
+    gw: MockGateway, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 3)
+    out = tmp_path / "out"
+    assert batch(gw, source, out).exit_code == 0
+    with gw.client() as client:
+        base_url, fingerprint = client.base_url, client.key_fingerprint
+    run_id = json.loads((out / RUN_NAME).read_text())["run_id"]
+    assert run_id == derive_run_id(destination_name(out), base_url, fingerprint)
+    for path in out.rglob("*"):  # neither the key nor its fingerprint is written anywhere
+        if path.is_file():
+            data = path.read_bytes()
+            assert CANARY.encode() not in data
+            assert fingerprint.encode() not in data
+    with Ledger.open(out) as ledger:
+        keys = [row.idempotency_key for row in ledger.iter_rows()]
+    shutil.rmtree(out)
+    other = run_batch(source, out, client_factory=lambda: gw.async_client(
+        api_key="sk-second-key-0077", **FAST))  # fmt: skip
+    assert other.exit_code == 0
+    assert gw.stats()["tasks_created"] == 6  # another key: another run, its own tasks
+    with Ledger.open(out) as ledger:
+        assert not {row.idempotency_key for row in ledger.iter_rows()} & set(keys)
+    assert batch(gw, source, tmp_path / "elsewhere").exit_code == 0  # another folder too
+    assert gw.stats()["tasks_created"] == 9
+
+
+def test_an_existing_run_json_keeps_its_id(gw: MockGateway, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RUN_NAME).write_text(json.dumps({"format": 1, "run_id": "an-older-random-id"}))
+    report = batch(gw, prompts(tmp_path / "in.txt", 2), out)
+    assert report.exit_code == 0
+    assert json.loads((out / RUN_NAME).read_text())["run_id"] == "an-older-random-id"
+    with Ledger.open(out) as ledger:
+        for row in ledger.iter_rows():
+            expected = idempotency_key("an-older-random-id", row.identity, row.fingerprint)
+            assert row.idempotency_key == expected
+
+
+def test_new_run_makes_new_keys_and_is_refused_where_a_run_is_kept(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 3)
+    out = tmp_path / "out"
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    sent = requests(gw)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--new-run")
+    assert refused.code == 2
+    assert refused.err.count("\n") == 1
+    assert "use another folder" in refused.err
+    assert requests(gw) == sent
+    shutil.rmtree(out)
+    fresh = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--new-run", "-q")
+    assert fresh.code == 0, fresh.err
+    assert gw.stats()["tasks_created"] == 6  # asked for: a new run, billed anew
+
+
+def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
+    out = tmp_path / "out"
+
+    def shards() -> None:
+        for index in (1, 2):
+            report = run_shard(source, out, index=index, count=2,
+                               client_factory=lambda: gw.async_client(**FAST))  # fmt: skip
+            assert report.exit_code == 0
+
+    shards()
+    assert gw.stats()["tasks_created"] == 6
+    shutil.rmtree(out)
+    shards()
+    assert gw.stats()["tasks_created"] == 6
+
+
+# ---------------------------------------------------------------------------- 5: the format
+
+
+def test_a_jsonl_file_named_json_is_read_as_jsonl(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "p.json"
+    source.write_text(
+        '{"prompt": "a dog", "id": "d1", "aspect_ratio": "16:9"}\n{"prompt": "a cat", "id": "c1"}\n'
+    )
+    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url, "--json")
+    assert run.code == 0, run.err
+    records = run.records()
+    assert [(r["prompt"], r["id"], r["aspect_ratio"]) for r in records] == [
+        ("a dog", "d1", "16:9"), ("a cat", "c1", "auto"),
+    ]  # fmt: skip
+
+
+def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "p.txt"
+    source.write_text('{"prompt": "a dog", "aspect_ratio": "16:9"}\n# a note\n{"prompt": "x"}\n')
+    out = tmp_path / "out"
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert refused.code == 2
+    assert refused.err.count("\n") == 1
+    assert "--format jsonl" in refused.err
+    assert gw.stats()["requests"] == {}
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--format", "jsonl",
+                "--json")  # fmt: skip
+    assert run.code == 0, run.err
+    assert [(r["prompt"], r["aspect_ratio"]) for r in run.records()] == [
+        ("a dog", "16:9"), ("x", "auto"),
+    ]  # fmt: skip
+
+
+def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    piped = '"Hello," said the fox\n[cinematic] a fox\n{"prompt": "a cat", "id": "c"}\n'
+    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json",
+                stdin=piped)  # fmt: skip
+    assert run.code == 0, run.err
+    assert [r["prompt"] for r in run.records()] == [
+        '"Hello," said the fox', "[cinematic] a fox", "a cat",
+    ]  # fmt: skip
+    declared = imggw("batch", "-", "-o", str(tmp_path / "jsonl"), "--base-url", url,
+                     "--format", "jsonl", stdin=piped)  # fmt: skip
+    assert declared.code == 2  # declared JSONL: a line that is not JSON is a mistake
+    assert "line 1: not a JSON object" in declared.err
+    assert gw.stats()["tasks_created"] == 3
+
+
+# ---------------------------------------------------------------------------- 6: a wrong URL
+
+
+def test_a_submit_answered_404_stops_the_run_and_the_right_url_resumes_every_line(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "three.txt", 3)
+    out = tmp_path / "out"
+    wrong = imggw("--base-url", f"{url}/api", "batch", str(source), "-o", str(out), "-q")
+    assert wrong.code == 4
+    assert wrong.err.count("\n") == 1
+    assert f"{url}/api" in wrong.err
+    assert gw.stats()["tasks_created"] == 0
+    assert {r["status"] for r in manifest(out)} == {"pending"}
+    with Ledger.open(out) as ledger:
+        assert {(row.state, row.error_code) for row in ledger.iter_rows()} == {("pending", None)}
+    right = imggw("--base-url", url, "batch", str(source), "-o", str(out), "-q")
+    assert right.code == 0, right.err
+    assert gw.stats()["tasks_created"] == 3
+    assert {r["status"] for r in manifest(out)} == {"succeeded"}
+
+
+def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
+    gw: MockGateway, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "three.txt", 3)
+    out = tmp_path / "out"
+    assert batch(gw, source, out, timeout=0).counts == {"pending": 3}
+    with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:
+        db.execute("UPDATE lines SET state='failed', error_code='not_found', "
+                   "error_message='No such route.'")  # fmt: skip
+    report = batch(gw, source, out)
+    assert report.counts == {"done": 3}
+    assert gw.stats()["tasks_created"] == 3
+
+
+# ---------------------------------------------------------------------------- 10: manifests
+
+
+def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a cat"}\nnot json\n{"prompt": "a dog"}\n')
+    out = tmp_path / "out"
+    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines",
+                  "-q")  # fmt: skip
+    assert first.code == 1
+    assert manifest(out)[1]["task_id"] is None
+    collected = imggw("download", "--from", str(out / "manifest.jsonl"), "--wait",
+                      "-o", str(tmp_path / "again"), "--base-url", url, "-q")  # fmt: skip
+    assert collected.code == 0, collected.err
+    records = manifest(tmp_path / "again")
+    assert [(r["line"], r["status"]) for r in records] == [(1, "succeeded"), (3, "succeeded")]
+    assert gw.stats()["tasks_created"] == 2
+
+
+# ---------------------------------------------------------------------------- 12: reports
+
+
+def test_bad_lines_are_named_up_to_ten_and_all_listed_in_a_file(tmp_path: Path) -> None:
+    gw = MockGateway()
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"prompt": "p{i}", "colour": "red"}}\n' for i in range(25)))
+    out = tmp_path / "out"
+    with pytest.raises(BatchInputError) as info:
+        batch(gw, source, out)
+    message = info.value.message
+    assert message.startswith("25 bad lines: line 1: unknown field 'colour'; line 2: ")
+    assert "line 10: unknown field" in message
+    assert "line 11:" not in message
+    assert f"all 25 are listed in {out / 'bad-lines.txt'}" in message
+    listed = (out / "bad-lines.txt").read_text().splitlines()
+    assert listed == [f"line {n}: unknown field 'colour'" for n in range(1, 26)]
+    assert gw.stats()["requests"] == {}
+
+
+def test_a_repeated_json_key_is_named_as_such(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a cat"}\n{"prompt": "a", "prompt": "b"}\n')
+    with pytest.raises(BatchInputError, match=r"^line 2: repeated key 'prompt'; nothing was sent"):
+        batch(MockGateway(), source, tmp_path / "out")
+
+
+def test_a_changed_input_names_only_the_lines_that_changed(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+
+    def write(ids: list[str]) -> None:
+        source.write_text("".join(json.dumps({"id": i, "prompt": f"p {i}"}) + "\n" for i in ids))
+
+    ids = [f"i{n}" for n in range(1, 101)]
+    write(ids)
+    out = tmp_path / "out"
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    edited = [*ids[:2], "new", *ids[2:50], *ids[51:]]  # one inserted at 3, i51 (line 51) gone
+    write(edited)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert refused.code == 2
+    assert "1 line(s) new or changed: 3;" in refused.err
+    assert "1 line(s) removed, as the run's input numbered them: 51" in refused.err
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--allow-changes")
+    assert run.code == 0, run.err
+    assert "submitted as new requests: 3\n" in run.err
+    assert "nothing sent: 51\n" in run.err
+    assert gw.stats()["tasks_created"] == 101
+
+
+def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 5)
+    out = tmp_path / "out"
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    sent = requests(gw)
+    moved = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--surface", "alpha")
+    assert moved.code == 2
+    assert "this folder's run was made on surface beta, and this run is on alpha" in moved.err
+    assert "--surface beta" in moved.err
+    assert "5 line" not in moved.err
+    assert requests(gw) == sent
+    run_json = out / RUN_NAME  # a run.json of an older imggw: the ledger tells the surface
+    record = json.loads(run_json.read_text())
+    del record["surface"]
+    run_json.write_text(json.dumps(record))
+    with pytest.raises(InputChangedError) as info:
+        run_batch(source, out, surface="alpha",
+                  client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST))  # fmt: skip
+    assert (info.value.surface_was, info.value.surface) == ("beta", "alpha")
+    assert requests(gw) == sent
+
+
+# ---------------------------------------------------------------------------- 13: words
+
+
+def test_an_expired_line_is_failed_in_the_manifest_the_status_and_the_display(
+    tmp_path: Path,
+) -> None:
+    gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05, retention=0.0)
+    source = prompts(tmp_path / "in.txt", 1)
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        run = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert run.code == 1
+    (record,) = manifest(out)
+    assert (record["status"], record["error"]["code"]) == ("failed", "result_expired")
+    status = imggw("batch", "status", str(out), "--json")
+    assert status.records()[0]["counts"] == {"pending": 0, "running": 0, "succeeded": 0,
+                                             "failed": 1}  # fmt: skip
+    assert "batch: 1/1 finished (failed 1)" in run.err
+    assert "failed (1 of them: results expired)" in run.err
+    assert "done" not in run.err
+    assert "expired before download" not in run.err
+
+
+def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    run = imggw("batch", str(prompts(tmp_path / "in.txt", 3)), "-o", str(tmp_path / "out"),
+                "--base-url", url)  # fmt: skip
+    assert run.code == 0, run.err
+    assert "batch: 3/3 finished (succeeded 3)" in run.err
+    assert "done" not in run.err
+
+
+def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_before_download(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 2)
+    out = tmp_path / "out"
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    for png in out.glob("*.png"):
+        png.unlink()
+    gw.reset()  # the gateway's retention is over: tasks and files forgotten
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert run.code == 1
+    assert "expired before download" not in run.err
+    for record in manifest(out):
+        assert record["status"] == "failed"
+        assert record["error"]["message"].startswith("the files saved earlier are gone")
+
+
+def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 2)
+    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url,
+                "--surface", "alpha")  # fmt: skip
+    assert run.code == 0, run.err
+    # Nothing charged yet costs 0; two lines charged credits with no cost stated: unknown.
+    last = next(line for line in run.err.splitlines() if line.startswith("batch: 2/2"))
+    assert last.endswith("; credits 8, cost unknown")
+    summary = [line for line in run.err.splitlines() if "│ cost" in line]
+    assert len(summary) == 1
+    assert "unknown" in summary[0]
+    report = run_batch(source, tmp_path / "api", surface="alpha",
+                       client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST))  # fmt: skip
+    assert (report.credits, report.cost_unknown) == (8.0, 2)
+
+
+# ---------------------------------------------------------------------------- 14: leftovers
+
+
+def test_a_refused_input_leaves_no_ledger_and_no_folder(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
+    out = tmp_path / "out"
+    refused = imggw("batch", str(bad), "-o", str(out), "--base-url", url)
+    assert refused.code == 2
+    assert not out.exists()
+    kept = tmp_path / "kept"  # a folder that was there stays, with no ledger in it
+    kept.mkdir()
+    assert imggw("batch", str(bad), "-o", str(kept), "--base-url", url).code == 2
+    assert not (kept / LEDGER_NAME).exists()
+    assert gw.stats()["requests"] == {}
+
+
+WAL_BOUND = 1 << 20  # bytes
+
+
+def test_the_ledger_log_stays_small_while_a_run_goes(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.01, duration_max=0.03)
+    source = prompts(tmp_path / "in.txt", 400)
+    out = tmp_path / "out"
+    wal = out / f"{LEDGER_NAME}-wal"
+    largest = [0]
+    stop = threading.Event()
+
+    def look(_: object = None) -> None:
+        with contextlib.suppress(OSError):  # not made yet, or gone with the last connection
+            largest[0] = max(largest[0], wal.stat().st_size)
+
+    def watch() -> None:
+        while not stop.wait(0.005):
+            look()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        report = batch(gw, source, out, concurrency=16, on_progress=look)
+    finally:
+        stop.set()
+        watcher.join()
+    assert report.counts == {"done": 400}
+    assert 0 < largest[0] < WAL_BOUND, largest[0]
