@@ -4,6 +4,7 @@ reads when a task fails or is still running. Over loopback against the reference
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -242,3 +243,29 @@ def test_the_command_line_says_how_the_command_line_takes_its_key() -> None:
     assert none.code == 4
     assert "pass --base-url or set IMGGW_BASE_URL" in none.err
     assert "base_url=" not in none.err
+
+
+def test_a_batch_folder_that_cannot_be_made_exits_4_like_one_that_cannot_be_written(
+    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw, url = gateway
+    source = tmp_path / "in.txt"
+    source.write_text("a fox\n")
+    target = tmp_path / "ro" / "new"
+    real = Path.mkdir
+
+    def read_only(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self == target:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    run = imggw("batch", str(source), "-o", str(target), "--base-url", url)
+    assert run.code == 4, run.err
+    assert f"cannot create {target} (Read-only file system)" in run.err
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    clash = imggw("batch", str(source), "-o", str(a_file), "--base-url", url)
+    assert clash.code == 2
+    assert "a file is there" in clash.err
+    assert gw.stats()["requests"] == {}

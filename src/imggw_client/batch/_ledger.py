@@ -203,12 +203,14 @@ class Ledger:
         """The ledger in ``folder``, locked for this process, closed (and flushed) on exit.
         ``prepare`` runs once the lock is held, before the database is opened (a shard puts
         its checkpoint back there)."""
+        if folder.exists() and not folder.is_dir():  # the path is the mistake: a usage error
+            raise RequestValidationError(
+                "out_dir", f"cannot use {folder} as the output folder: a file is there"
+            )
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RequestValidationError(
-                "out_dir", f"cannot use {folder} as the output folder: {exc.strerror}"
-            ) from exc
+        except OSError as exc:  # a read-only or full disk: the place to write is the fault
+            raise storage_error(folder, exc, "create") from exc
         lock = filelock.FileLock(str(folder / LOCK_NAME), blocking=False)
         try:
             lock.acquire()
