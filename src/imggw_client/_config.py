@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import cast
 
+from ._core.spec import Surface as Surface  # its home is the wire spec; imported from here too
 from ._exceptions import ConfigurationError
 
 __all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings", "updated"]
@@ -14,7 +15,6 @@ __all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settin
 ENV_API_KEY = "IMGGW_API_KEY"
 ENV_BASE_URL = "IMGGW_BASE_URL"
 SURFACES = ("alpha", "beta")
-Surface = Literal["alpha", "beta"]
 
 
 MISSING_API_KEY = "missing_api_key"

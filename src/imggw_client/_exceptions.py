@@ -43,6 +43,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# The two errors the models raise live in ``_errors``, which imports nothing, so that the models
+# never import this module while it imports them for annotations; here is their public home.
+from ._errors import ImggwError, RequestValidationError
+
 if TYPE_CHECKING:
     from ._models import ImageRequest, Task
 
@@ -71,41 +75,6 @@ __all__ = [
 ]
 
 
-class ImggwError(Exception):
-    """Base of every error the SDK raises.
-
-    Every error carries ``message`` and, where they apply, ``status_code`` (HTTP status, or the
-    body code on surface A), ``code`` (the gateway's stable reason code) and ``surface``.
-
-    Example::
-
-        try:
-            client.get("12345")
-        except imggw_client.ImggwError as err:
-            print(err.code, err.message)
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int | None = None,
-        code: str | None = None,
-        surface: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.code = code
-        self.surface = surface
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(message={self.message!r}, status_code={self.status_code!r}, "
-            f"code={self.code!r}, surface={self.surface!r})"
-        )
-
-
 class ConfigurationError(ImggwError):
     """The client is misconfigured: no API key, no base URL, an invalid option, or a base URL
     whose submit route answers 404 (a submit names no task, so only a wrong base URL can make
@@ -131,37 +100,6 @@ class ClientClosedError(ImggwError):
     def __init__(self, message: str, *, request_sent: bool = False) -> None:
         super().__init__(message, code="client_closed")
         self.request_sent = request_sent
-
-
-class RequestValidationError(ImggwError, ValueError):
-    """A request broke a rule of the gateway contract; nothing was sent.
-
-    ``field`` names the offending field (``prompt``, ``aspect_ratio``, ``resolution``,
-    ``idempotency_key``, ``task_id``, ...), ``rule`` says which rule, and ``code`` is the same
-    stable reason code the reference gateway answers with (``invalid_prompt``,
-    ``unsupported_combination``, ...). ``errors`` lists every ``(field, rule)`` found. The prompt
-    is never echoed.
-
-    Example::
-
-        try:
-            ImageRequest("a cat", aspect_ratio="auto", resolution="4k")
-        except RequestValidationError as err:
-            assert err.field == "resolution"
-    """
-
-    def __init__(
-        self,
-        field: str,
-        rule: str,
-        *,
-        code: str = "invalid_request",
-        errors: list[tuple[str, str]] | None = None,
-    ) -> None:
-        super().__init__(f"{field}: {rule}", code=code)
-        self.field = field
-        self.rule = rule
-        self.errors = errors if errors is not None else [(field, rule)]
 
 
 class APIConnectionError(ImggwError):

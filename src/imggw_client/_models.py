@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from ._config import Surface
 from ._core import rules
-from ._exceptions import RequestValidationError
+from ._core.spec import Surface
+from ._errors import RequestValidationError
 
 __all__ = [
     "DownloadedFile",

@@ -1,9 +1,10 @@
 """Retry classification and backoff: which failures are retried, and how long to wait.
 
 Retried: connection errors, timeouts, incomplete or unparseable responses, 408, 409 while the
-same key is in flight, 429, 5xx. Never retried: other 4xx, and a reused idempotency key (read
-from the reason, whatever the status). A failure is *unknown* when the request may have been
-applied; a submit that gives up after an unknown failure raises UnknownOutcomeError.
+same key is in flight, 429, 5xx. Never retried: other 4xx. A failure is *unknown* when the
+request may have been applied; a submit that gives up after an unknown failure raises
+UnknownOutcomeError. The reasons whose row in ``reasons`` *decides* (a reused key, an
+indeterminate or unavailable idempotency check) are read before the status, whatever it is.
 """
 
 from __future__ import annotations
@@ -24,27 +25,42 @@ from .._exceptions import (
     RateLimitError,
     ServerError,
 )
-
-INDETERMINATE = "idempotency_result_indeterminate"
-NOT_EXECUTED = "idempotency_unavailable"
+from . import reasons
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """Whether a failure is retried, whether its request may have been applied, and the
+    server's ``Retry-After`` hint.
+
+    Example::
+
+        classify(RateLimitError("slow down", status_code=429))   # Verdict(True, False, None)
+    """
+
     retry: bool
     unknown: bool  # the failed request may have been applied
     retry_after: float | None = None
 
 
 def classify(err: ImggwError) -> Verdict:
+    """What to do after a failed attempt.
+
+    Example::
+
+        classify(ServerError("x", status_code=503, code="idempotency_unavailable"))
+        # Verdict(retry=True, unknown=False, ...): the gateway did nothing
+    """
     if isinstance(err, APIConnectionError):
         return Verdict(retry=True, unknown=err.request_sent)
     if isinstance(err, ClientClosedError):
         return Verdict(retry=False, unknown=err.request_sent)
     if not isinstance(err, APIError):
         return Verdict(retry=False, unknown=False)
-    if err.code == INDETERMINATE:
-        return Verdict(retry=False, unknown=True)
+    reason = reasons.find(err.code)
+    if reason is not None and reason.decides:
+        retry = reason.retry
+        return Verdict(retry.retried, retry.unknown, err.retry_after if retry.retried else None)
     if isinstance(err, IdempotencyConflictError):
         return Verdict(retry=False, unknown=False)
     if isinstance(err, RateLimitError):
@@ -54,8 +70,8 @@ def classify(err: ImggwError) -> Verdict:
         return Verdict(retry=True, unknown=True, retry_after=err.retry_after)
     if isinstance(err, ServerError):
         # A 5xx can come from a proxy after the gateway committed; only an explicit
-        # "not executed" reason proves nothing happened.
-        return Verdict(retry=True, unknown=err.code != NOT_EXECUTED, retry_after=err.retry_after)
+        # "not executed" reason (read above) proves nothing happened.
+        return Verdict(retry=True, unknown=True, retry_after=err.retry_after)
     if err.status_code == 408:
         return Verdict(retry=True, unknown=True, retry_after=err.retry_after)
     return Verdict(retry=False, unknown=False)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from . import reasons
+
 ASPECT_RATIOS: tuple[str, ...] = (
     "auto",
     "1:1",
@@ -59,14 +61,15 @@ _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
 # The Idempotency-Key rule as a JSON Schema (ECMA-262) pattern, for the OpenAPI document.
 IDEMPOTENCY_KEY_PATTERN = "^[!-~](?:[ -~]*[!-~])?$"
 
-# Stable reason codes, shared by RequestValidationError.code and the gateway's error bodies.
-INVALID_PROMPT = "invalid_prompt"
-INVALID_ASPECT_RATIO = "invalid_aspect_ratio"
-INVALID_RESOLUTION = "invalid_resolution"
-UNSUPPORTED_COMBINATION = "unsupported_combination"
-INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
-INVALID_TASK_ID = "invalid_task_id"
-BODY_TOO_LARGE = "body_too_large"
+# The reason codes of the rules (rows of the table in ``reasons``), shared by
+# RequestValidationError.code and the gateway's error bodies.
+INVALID_PROMPT = reasons.INVALID_PROMPT.code
+INVALID_ASPECT_RATIO = reasons.INVALID_ASPECT_RATIO.code
+INVALID_RESOLUTION = reasons.INVALID_RESOLUTION.code
+UNSUPPORTED_COMBINATION = reasons.UNSUPPORTED_COMBINATION.code
+INVALID_IDEMPOTENCY_KEY = reasons.INVALID_IDEMPOTENCY_KEY.code
+INVALID_TASK_ID = reasons.INVALID_TASK_ID.code
+BODY_TOO_LARGE = reasons.BODY_TOO_LARGE.code
 
 
 class Violation(NamedTuple):

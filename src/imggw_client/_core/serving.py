@@ -1,27 +1,10 @@
-"""The gateway side of both surfaces: reading submit requests strictly, writing submit
-responses, task records and error bodies. The reference gateway uses only this, and the SDK's
-``surfaces`` module reads what this writes, so the two cannot drift apart.
+"""The gateway codec of both surfaces: submit requests read strictly, answers written, routes
+matched, all from the facts in ``spec``. The reference gateway uses only this, and the SDK's
+``surfaces`` module reads what this writes from the same facts, so the two cannot drift apart.
 
-Reason codes (``error.code`` on B; the numeric ``code`` and ``msg`` on A):
-
-==========================  ======  ==============================================
-code                        status  when
-==========================  ======  ==============================================
-``invalid_json``            400     the body is not one well-formed JSON object (bad
-                                    syntax or encoding, nesting too deep to parse, a
-                                    repeated key)
-``body_too_large``          413     the body exceeds 256 KiB
-``unknown_field``           422     a field the schema does not define
-``missing_field``           422     a required field is absent
-``invalid_model``           422     the ``model`` constant is wrong
-``invalid_n``               422     ``n`` is not the integer 1 (B)
-``invalid_prompt``          422     prompt length, type, blankness (ECMA-262 ``\\S``)
-                                    or surrogate code points
-``invalid_aspect_ratio``    422     ``size`` / ``input.aspect_ratio`` outside the 16
-``invalid_resolution``      422     not the surface's exact wire form
-``unsupported_combination`` 422     a resolution the aspect ratio does not allow
-``rate_limited``            429     over the key's request limit (Retry-After)
-==========================  ======  ==============================================
+Reason codes, their statuses and messages: the table in :mod:`.reasons` (``help()`` on it
+renders the table). A refusal is one of its rows, with a message that names the field and
+the rule where there is one.
 """
 
 from __future__ import annotations
@@ -32,60 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import Surface
 from .._models import ImageRequest, TaskError, TaskStatus
-from . import jsonio, rules
-from .surfaces import (
-    ALPHA,
-    ALPHA_MODEL,
-    ALPHA_QUERY_PATH,
-    ALPHA_SUBMIT_PATH,
-    AUTHORIZATION_HEADER,
-    BETA,
-    BETA_MODEL,
-    BETA_QUERY_PATH,
-    BETA_SUBMIT_PATH,
-    encode_json,
-)
-
-INVALID_JSON = "invalid_json"
-UNKNOWN_FIELD = "unknown_field"
-MISSING_FIELD = "missing_field"
-INVALID_MODEL = "invalid_model"
-INVALID_N = "invalid_n"
-RATE_LIMITED = "rate_limited"
-
-WIRE_STATES: dict[Surface, dict[TaskStatus, str]] = {
-    ALPHA: {
-        TaskStatus.PENDING: "waiting",
-        TaskStatus.RUNNING: "generating",
-        TaskStatus.SUCCEEDED: "success",
-        TaskStatus.FAILED: "fail",
-    },
-    BETA: {
-        TaskStatus.PENDING: "pending",
-        TaskStatus.RUNNING: "processing",
-        TaskStatus.SUCCEEDED: "completed",
-        TaskStatus.FAILED: "failed",
-    },
-}
-# The extra active states real providers use (the ``extra_states`` quirk).
-EXTRA_STATES: dict[Surface, dict[TaskStatus, str]] = {
-    ALPHA: {TaskStatus.PENDING: "queuing"},
-    BETA: {TaskStatus.PENDING: "submitted", TaskStatus.RUNNING: "in_progress"},
-}
-_FIELDS: dict[Surface, dict[str, str]] = {
-    ALPHA: {
-        "prompt": "input.prompt",
-        "aspect_ratio": "input.aspect_ratio",
-        "resolution": "input.resolution",
-    },
-    BETA: {"prompt": "prompt", "aspect_ratio": "size", "resolution": "resolution"},
-}
-WIRE_RESOLUTIONS: dict[Surface, tuple[str, ...]] = {
-    ALPHA: tuple(r.upper() for r in rules.RESOLUTIONS),
-    BETA: rules.RESOLUTIONS,
-}
+from . import jsonio, reasons, rules, spec
+from .reasons import Reason
+from .spec import BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
+from .surfaces import encode_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,46 +29,78 @@ class Route:
     method: str
     template: str
     surface: Surface
-    operation: str  # "submit" or "query"
+    operation: Operation  # a submit or a query
 
 
-ROUTES = (
-    Route("POST", ALPHA_SUBMIT_PATH, ALPHA, "submit"),
-    Route("GET", ALPHA_QUERY_PATH, ALPHA, "query"),
-    Route("POST", BETA_SUBMIT_PATH, BETA, "submit"),
-    Route("GET", BETA_QUERY_PATH, BETA, "query"),
+ROUTES = tuple(
+    route
+    for wire in spec.SPECS.values()
+    for route in (
+        Route("POST", wire.submit_path, wire.name, spec.SUBMIT),
+        Route("GET", wire.query_path, wire.name, spec.QUERY),
+    )
 )
-_BETA_TASKS = BETA_QUERY_PATH.split("{id}")[0]
-_ALPHA_PREFIX = "/" + ALPHA + "/"
+
+
+def _template_prefix(template: str) -> str | None:
+    """The fixed part of a template that names its task in the path, else None."""
+    head, brace, _ = template.partition("{")
+    return head if brace else None
 
 
 def match_route(path: str) -> Route | None:
-    """The endpoint a path names, whatever the method; None for no endpoint."""
+    """The endpoint a path names, whatever the method; None for no endpoint.
+
+    Example::
+
+        match_route("/beta/v1/tasks/7").operation   # 'query'
+    """
     for route in ROUTES:
-        if path == route.template or (
-            route.template == BETA_QUERY_PATH and path.startswith(_BETA_TASKS)
-        ):
+        prefix = _template_prefix(route.template)
+        if path == route.template or (prefix is not None and path.startswith(prefix)):
             return route
     return None
 
 
 def surface_of(path: str) -> Surface:
-    """The surface whose error shape a path gets (B for paths of neither)."""
-    return ALPHA if path.startswith(_ALPHA_PREFIX) else BETA
+    """The surface whose error shape a path gets (B for paths of neither).
+
+    Example::
+
+        surface_of("/alpha/nowhere")   # 'alpha'
+    """
+    for wire in spec.SPECS.values():
+        if path.startswith(wire.prefix + "/"):
+            return wire.name
+    return BETA
 
 
 def query_task_id(surface: Surface, path: str, query: Mapping[str, str]) -> str:
-    """The task id a query names: A's ``taskId`` parameter, B's last path segment."""
-    if surface == ALPHA:
-        return query.get("taskId", "")
-    return path[len(_BETA_TASKS) :]
+    """The task id a query names: A's ``taskId`` parameter, B's last path segment.
+
+    Example::
+
+        query_task_id("beta", "/beta/v1/tasks/7", {})   # '7'
+    """
+    wire = spec.of(surface)
+    where, name = wire.task_id_param
+    if where == "query":
+        return query.get(name, "")
+    prefix = _template_prefix(wire.query_path)
+    assert prefix is not None, "a task named in the path needs a template"
+    return path[len(prefix) :]
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    """The key of an ``Authorization: Bearer`` header (lower-case header names), or None."""
-    scheme, _, token = headers.get(AUTHORIZATION_HEADER.lower(), "").partition(" ")
+    """The key of an ``Authorization: Bearer`` header (lower-case header names), or None.
+
+    Example::
+
+        bearer_token({"authorization": "Bearer test-key"})   # 'test-key'
+    """
+    scheme, _, token = headers.get(spec.AUTHORIZATION_HEADER.lower(), "").partition(" ")
     token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    return token if scheme.lower() == spec.BEARER.lower() and token else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,58 +112,108 @@ class Refusal:
     message: str
 
 
+def refuse(reason: Reason, message: str | None = None) -> Refusal:
+    """The refusal of a reason: its status and code, and ``message`` or the table's own.
+
+    Example::
+
+        refuse(reasons.TASK_NOT_FOUND)   # Refusal(404, 'task_not_found', 'No such task.')
+    """
+    return Refusal(reason.status, reason.code, reason.message if message is None else message)
+
+
 def _name(value: object) -> str:
     """A field name from the request, fit to quote: short and printable."""
     text = "".join(c for c in str(value) if c.isprintable())
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+Shape = dict[str, "Shape | None"]
+
+
+def request_shape(surface: Surface) -> Shape:
+    """The submit body's fields as a tree, in body order: a name maps to None for a value, to
+    the tree of its fields for an object.
+
+    Example::
+
+        request_shape("alpha")
+        # {'model': None, 'input': {'prompt': None, 'resolution': None, 'aspect_ratio': None}}
+    """
+    tree: Shape = {}
+    for path in spec.of(surface).request.values():
+        *parents, leaf = path.split(".")
+        place = tree
+        for parent in parents:
+            child = place.setdefault(parent, {})
+            assert child is not None
+            place = child
+        place[leaf] = None
+    return tree
+
+
+def _field(data: dict[str, Any], path: str) -> Any:
+    for name in path.split("."):
+        data = data[name]
+    return data
+
+
 def read_submit_request(surface: Surface, body: bytes) -> ImageRequest | Refusal:
-    """The request a submit body carries, checked strictly in the surface's wire form."""
+    """The request a submit body carries, checked strictly in the surface's wire form.
+
+    Example::
+
+        read_submit_request("beta", b'{"model": "imagegen-2"}')
+        # Refusal(422, 'missing_field', 'n: required')
+    """
     if len(body) > rules.BODY_MAX_BYTES:
-        return Refusal(413, rules.BODY_TOO_LARGE, f"the body exceeds {rules.BODY_MAX_BYTES} bytes")
+        return refuse(reasons.BODY_TOO_LARGE, f"the body exceeds {rules.BODY_MAX_BYTES} bytes")
     try:
         # Repeated keys are refused: what a proxy checked must be what is billed.
         data = jsonio.loads(body, unique_keys=True)
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        return Refusal(400, INVALID_JSON, "the body must be one JSON object without repeated keys")
-    if surface == ALPHA:
-        shape = _check_fields(data, {"model", "input"}, "")
-        if shape is None:
-            fields = data["input"]
-            if not isinstance(fields, dict):
-                return Refusal(422, MISSING_FIELD, "input: must be an object")
-            shape = _check_fields(fields, {"prompt", "resolution", "aspect_ratio"}, "input.")
-        model, ratio_key = ALPHA_MODEL, "aspect_ratio"
-    else:
-        fields = data
-        shape = _check_fields(data, {"model", "prompt", "size", "resolution", "n"}, "")
-        model, ratio_key = BETA_MODEL, "size"
+        return refuse(reasons.INVALID_JSON)
+    shape = _check_shape(data, request_shape(surface), "")
     if shape is not None:
         return shape
-    if data["model"] != model:
-        return Refusal(422, INVALID_MODEL, f"model: must be {model}")
-    if surface == BETA and (type(data["n"]) is not int or data["n"] != 1):
-        return Refusal(422, INVALID_N, "n: must be 1")
-    prompt, ratio, resolution = fields["prompt"], fields[ratio_key], fields["resolution"]
+    wire = spec.of(surface)
+    path = wire.request
+    if _field(data, path["model"]) != wire.model:
+        return refuse(reasons.INVALID_MODEL, f"{path['model']}: must be {wire.model}")
+    if "n" in path:
+        n = _field(data, path["n"])
+        if type(n) is not int or n != spec.N:
+            return refuse(reasons.INVALID_N, f"{path['n']}: must be {spec.N}")
+    prompt, ratio, resolution = (_field(data, path[name]) for name in
+                                 ("prompt", "aspect_ratio", "resolution"))  # fmt: skip
+    wire_resolutions = tuple(wire.wire_resolution(r) for r in rules.RESOLUTIONS)
     violations = rules.check_prompt(prompt) + rules.check_image(
-        ratio, resolution, resolutions=WIRE_RESOLUTIONS[surface]
+        ratio, resolution, resolutions=wire_resolutions
     )
     if violations:
         first = violations[0]
-        return Refusal(422, first.code, f"{_FIELDS[surface][first.field]}: {first.rule}")
+        return refuse(reasons.BY_CODE[first.code], f"{path[first.field]}: {first.rule}")
     return ImageRequest(prompt, ratio, resolution)
 
 
-def _check_fields(data: dict[str, Any], allowed: set[str], prefix: str) -> Refusal | None:
-    unknown = sorted(str(k) for k in data if k not in allowed)
+def _check_shape(data: dict[str, Any], shape: Shape, prefix: str) -> Refusal | None:
+    """Unknown fields first, then missing ones (the first of each, sorted), then each nested
+    object in turn."""
+    unknown = sorted(str(k) for k in data if k not in shape)
     if unknown:
-        return Refusal(422, UNKNOWN_FIELD, f"{prefix}{_name(unknown[0])}: unknown field")
-    missing = sorted(allowed - data.keys())
+        return refuse(reasons.UNKNOWN_FIELD, f"{prefix}{_name(unknown[0])}: unknown field")
+    missing = sorted(shape.keys() - data.keys())
     if missing:
-        return Refusal(422, MISSING_FIELD, f"{prefix}{missing[0]}: required")
+        return refuse(reasons.MISSING_FIELD, f"{prefix}{missing[0]}: required")
+    for name, inner in shape.items():
+        if inner is not None:
+            if not isinstance(data[name], dict):
+                return refuse(reasons.MISSING_FIELD, f"{prefix}{name}: must be an object")
+            nested = _check_shape(data[name], inner, f"{prefix}{name}.")
+            if nested is not None:
+                return nested
     return None
 
 
@@ -215,22 +231,42 @@ def canonical(body: bytes) -> bytes:
         return body
 
 
-def request_fingerprint(surface: Surface, body: bytes) -> bytes:
-    """What an ``Idempotency-Key`` is bound to: the surface and the canonical body. Keys
-    belong to the API key, not to a surface, so the same key on the other surface is another
-    wire request (a conflict), while an identical retry on the same surface replays.
+def request_digest(surface: Surface, body: bytes) -> bytes:
+    """What an ``Idempotency-Key`` is bound to: a digest of the surface and the canonical body.
+    Keys belong to the API key, not to a surface, so the same key on the other surface is
+    another wire request (a conflict), while an identical retry on the same surface replays.
 
     Example::
 
-        request_fingerprint("beta", body) != request_fingerprint("alpha", body)
+        request_digest("beta", body) != request_digest("alpha", body)
     """
     return hashlib.sha256(surface.encode() + b"\n" + canonical(body)).digest()
 
 
+def _answer(wire: SurfaceSpec, data: Any) -> dict[str, Any]:
+    """A successful answer around its ``data``, in the surface's envelope."""
+    envelope = wire.envelope
+    if isinstance(envelope, MessageEnvelope):
+        return {envelope.code: 200, envelope.message: envelope.success, envelope.data: data}
+    return {envelope.code: 200, envelope.data: data}
+
+
 def submit_response(surface: Surface, task_id: str) -> bytes:
-    if surface == ALPHA:
-        return encode_json({"code": 200, "msg": "success", "data": {"taskId": task_id}})
-    return encode_json({"code": 200, "data": [{"status": "submitted", "task_id": task_id}]})
+    """The answer to an accepted submit (and to its replays).
+
+    Example::
+
+        submit_response("beta", "7")
+        # b'{"code":200,"data":[{"status":"submitted","task_id":"7"}]}'
+    """
+    wire = spec.of(surface)
+    answer = wire.submit_answer
+    item: dict[str, Any] = {}
+    if answer.status is not None:
+        name, value = answer.status
+        item[name] = value
+    item[answer.task_id] = task_id
+    return encode_json(_answer(wire, [item] if answer.in_list else item))
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,41 +287,46 @@ class TaskView:
 def task_record(
     surface: Surface, view: TaskView, *, extra_states: bool = False, omit_progress: bool = False
 ) -> bytes:
-    state = WIRE_STATES[surface][view.status]
-    if extra_states and (surface == BETA or view.late):
-        state = EXTRA_STATES[surface].get(view.status, state)
+    """The answer to a query: the task record in the surface's fields. ``extra_states``: the
+    real providers' extra state names (``spec.SurfaceSpec.quirk_states``); ``omit_progress``:
+    no ``progress`` field, as real providers often send.
+
+    Example::
+
+        task_record("beta", TaskView("7", TaskStatus.RUNNING, 40, (), 4.0, 0.01, None))
+    """
+    wire = spec.of(surface)
+    fields = wire.record
+    state = wire.written[view.status.value]
+    if extra_states and (view.late or not wire.quirk_states_late):
+        state = wire.quirk_states.get(view.status.value, state)
     done = view.status is TaskStatus.SUCCEEDED
-    data: dict[str, Any]
-    if surface == ALPHA:
-        data = {
-            "taskId": view.id,
-            "state": state,
-            "resultJson": json.dumps({"resultUrls": list(view.urls)}) if done else "",
-            "creditsConsumed": f"{view.credits:g}",
-            "failCode": view.error.code if view.error else "",
-            "failMsg": view.error.message if view.error else "",
-        }
-        body: dict[str, Any] = {"code": 200, "msg": "success", "data": data}
+    data: dict[str, Any] = {fields.id: view.id, fields.state: state}
+    if fields.result_urls:
+        result: Any = {spec.RESULT_URLS: list(view.urls)} if done else None
     else:
-        data = {
-            "id": view.id,
-            "status": state,
-            "result": {"images": [_image(view)]} if done else None,
-            "cost": view.cost,
-            "credits_cost": view.credits,
-        }
-        if view.error is not None:
-            data["error"] = {"code": view.error.code, "message": view.error.message}
-        body = {"code": 200, "data": data}
+        result = {spec.RESULT_IMAGES: [_image(view)]} if done else None
+    if fields.result_as_text:
+        result = json.dumps(result) if result is not None else ""
+    data[fields.result] = result
+    if fields.cost is not None:
+        data[fields.cost] = view.cost
+    data[fields.credits] = f"{view.credits:g}" if fields.credits_as_text else view.credits
+    error = view.error
+    if fields.error is None:  # fields of the record itself, empty unless failed
+        data[fields.fail_code] = error.code if error else ""
+        data[fields.fail_message] = error.message if error else ""
+    elif error is not None:
+        data[fields.error] = {fields.fail_code: error.code, fields.fail_message: error.message}
     if not omit_progress:
-        data["progress"] = view.progress
-    return encode_json(body)
+        data[fields.progress] = view.progress
+    return encode_json(_answer(wire, data))
 
 
 def _image(view: TaskView) -> dict[str, Any]:
-    image: dict[str, Any] = {"url": list(view.urls)}
+    image: dict[str, Any] = {spec.IMAGE_URL: list(view.urls)}
     if view.expires_at is not None:
-        image["expires_at"] = view.expires_at
+        image[spec.IMAGE_EXPIRES_AT] = view.expires_at
     return image
 
 
@@ -294,15 +335,24 @@ def error_body(
 ) -> tuple[int, bytes]:
     """The HTTP status and body of an error. ``http_200``: surface A's quirk of answering every
     error with HTTP 200 and the code only in the body. ``omit_code``: surface B without the
-    top-level ``code``."""
-    if surface == ALPHA:
+    top-level ``code``.
+
+    Example::
+
+        error_body("alpha", refuse(reasons.TASK_NOT_FOUND))
+        # (404, b'{"code":404,"msg":"No such task.","data":null}')
+    """
+    envelope = spec.of(surface).envelope
+    if isinstance(envelope, MessageEnvelope):
         message = refusal.message
-        if refusal.code.startswith("idempotency_"):
-            # A has no string reason: idempotency reasons lead the message (DESIGN 8).
+        if refusal.code.startswith(envelope.leading_reasons):
+            # No string reason in this envelope: the reason leads the message (DESIGN 8).
             message = f"{refusal.code}: {message}"
-        body: dict[str, Any] = {"code": refusal.status, "msg": message, "data": None}
+        body: dict[str, Any] = {envelope.code: refusal.status, envelope.message: message,
+                                envelope.data: None}  # fmt: skip
         return (200 if http_200 else refusal.status), encode_json(body)
-    body = {"error": {"code": refusal.code, "message": refusal.message}}
+    detail = {envelope.error_code: refusal.code, envelope.error_message: refusal.message}
+    body = {envelope.error: detail}
     if not omit_code:
-        body = {"code": refusal.status, **body}
+        body = {envelope.code: refusal.status, **body}
     return refusal.status, encode_json(body)

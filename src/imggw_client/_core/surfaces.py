@@ -1,10 +1,11 @@
-"""Everything the SDK knows about the two wire surfaces: paths, bodies, states, error shapes.
+"""The client codec of both surfaces: requests built, replies read, from the facts in ``spec``.
 
 ``build_*`` turn SDK values into :class:`WireRequest` objects; ``read_*`` turn a driver's
 :class:`Reply` (or :class:`TransportFailure`) into SDK values or raise the matching
 :class:`ImggwError`. Decoding is lenient where the contract is loose (missing fields, extra
 states, ``resultJson`` shapes) and never crashes on garbage: a reply that cannot be understood
-becomes a retryable :class:`ServerError` with code ``malformed_response``.
+becomes a retryable :class:`ServerError` with code ``malformed_response``. Paths, field names,
+states and the error envelopes come from :mod:`.spec`, reason codes from :mod:`.reasons`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from .._config import Surface
 from .._exceptions import (
     APIConnectionError,
     APIError,
@@ -36,53 +36,30 @@ from .._exceptions import (
     ServerError,
 )
 from .._models import ImageRequest, Submission, Task, TaskError, TaskStatus
-from . import expiry, jsonio, rules
+from . import expiry, jsonio, reasons, rules, spec
 from .retry import parse_retry_after
+from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
+from .spec import MessageEnvelope, Surface, SurfaceSpec
 from .text import printable
 from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
 
 log = logging.getLogger("imggw_client")
 
-ALPHA: Surface = "alpha"
-BETA: Surface = "beta"
-ALPHA_MODEL = "imagegen-2-text-to-image"
-BETA_MODEL = "imagegen-2"
-ALPHA_SUBMIT_PATH = "/alpha/api/v1/jobs/createTask"
-ALPHA_QUERY_PATH = "/alpha/api/v1/jobs/recordInfo"
-BETA_SUBMIT_PATH = "/beta/v1/images/generations"
-BETA_QUERY_PATH = "/beta/v1/tasks/{id}"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-AUTHORIZATION_HEADER = "Authorization"
-REPLAYED_HEADER = "Idempotent-Replayed"
-
-# Idempotency reasons (DESIGN 8): B sends them as error.code, A at the start of msg.
-KEY_REUSED = "idempotency_key_reused"
-IN_PROGRESS = "idempotency_in_progress"
-INDETERMINATE = "idempotency_result_indeterminate"
-UNAVAILABLE = "idempotency_unavailable"
+# Codes the SDK gives its own errors, never sent by a gateway.
 MALFORMED = "malformed_response"
 RESPONSE_TOO_LARGE = "response_too_large"
 MAX_REPLY_BYTES = 4 * 1024 * 1024  # a task record is a few KB; a reply past this is hostile
-_REASON_AT_START = re.compile(r"\s*(idempotency_[a-z_]+)")
-
-STATES: dict[str, dict[str, TaskStatus]] = {
-    ALPHA: {
-        "waiting": TaskStatus.PENDING,
-        "queuing": TaskStatus.PENDING,
-        "generating": TaskStatus.RUNNING,
-        "success": TaskStatus.SUCCEEDED,
-        "fail": TaskStatus.FAILED,
-    },
-    BETA: {
-        "pending": TaskStatus.PENDING,
-        "submitted": TaskStatus.PENDING,
-        "processing": TaskStatus.RUNNING,
-        "in_progress": TaskStatus.RUNNING,
-        "completed": TaskStatus.SUCCEEDED,
-        "failed": TaskStatus.FAILED,
-    },
+_REASON_AT_START = {
+    name: re.compile(rf"\s*({re.escape(s.envelope.leading_reasons)}[a-z_]+)")
+    for name, s in spec.SPECS.items()
+    if isinstance(s.envelope, MessageEnvelope)
 }
-_CANCELLED = frozenset({"cancelled", "canceled"})
+
+# Every state each surface understands, as the SDK's status.
+STATES: dict[Surface, dict[str, TaskStatus]] = {
+    name: {state: TaskStatus(status) for state, status in s.states.items()}
+    for name, s in spec.SPECS.items()
+}
 CANCELLED_ERROR = TaskError(code="cancelled", message="The task was cancelled.")
 UNEXPLAINED_FAILURE = TaskError(code="failed", message="The task failed without a public reason.")
 _unknown_states_logged: set[str] = set()
@@ -99,28 +76,39 @@ MAX_URL_CHARS = 8192
 
 
 def authorization(api_key: str) -> str:
-    """The value of the Authorization header for a key."""
-    return f"Bearer {api_key}"
+    """The value of the Authorization header for a key.
+
+    Example::
+
+        authorization("test-key")   # 'Bearer test-key'
+    """
+    return f"{spec.BEARER} {api_key}"
 
 
 def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
-    """The JSON body of a submit, in the wire form of ``surface``."""
-    if surface == ALPHA:
-        return {
-            "model": ALPHA_MODEL,
-            "input": {
-                "prompt": request.prompt,
-                "resolution": request.resolution.upper(),
-                "aspect_ratio": request.aspect_ratio,
-            },
-        }
-    return {
-        "model": BETA_MODEL,
+    """The JSON body of a submit, in the wire form of ``surface`` (fields in body order).
+
+    Example::
+
+        submit_body("beta", ImageRequest("a cat"))
+        # {'model': 'imagegen-2', 'prompt': 'a cat', 'size': 'auto', 'resolution': '1k', 'n': 1}
+    """
+    wire = spec.of(surface)
+    values: dict[str, Any] = {
+        "model": wire.model,
         "prompt": request.prompt,
-        "size": request.aspect_ratio,
-        "resolution": request.resolution.lower(),
-        "n": 1,
+        "resolution": wire.wire_resolution(request.resolution),
+        "aspect_ratio": request.aspect_ratio,
+        "n": spec.N,
     }
+    body: dict[str, Any] = {}
+    for name, path in wire.request.items():
+        *parents, leaf = path.split(".")
+        place = body
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[leaf] = values[name]
+    return body
 
 
 def encode_json(body: Any) -> bytes:
@@ -140,6 +128,12 @@ def _encoded_submit(body: Any) -> bytes:
 def build_submit(
     surface: Surface, request: ImageRequest, idempotency_key: str, *, validate: bool = True
 ) -> WireRequest:
+    """The submit of one logical request; every retry sends these same bytes and key.
+
+    Example::
+
+        build_submit("beta", ImageRequest("a cat"), "key-1").path   # '/beta/v1/images/generations'
+    """
     body = _encoded_submit(submit_body(surface, request))
     if validate and len(body) > rules.BODY_MAX_BYTES:
         raise RequestValidationError(
@@ -147,16 +141,23 @@ def build_submit(
             f"the request body would exceed {rules.BODY_MAX_BYTES} bytes",
             code=rules.BODY_TOO_LARGE,
         )
-    path = ALPHA_SUBMIT_PATH if surface == ALPHA else BETA_SUBMIT_PATH
-    headers = {**_JSON_HEADERS, IDEMPOTENCY_HEADER: idempotency_key}
-    return WireRequest("POST", path, None, headers, body)
+    headers = {**_JSON_HEADERS, spec.IDEMPOTENCY_HEADER: idempotency_key}
+    return WireRequest("POST", spec.of(surface).submit_path, None, headers, body)
 
 
 def build_query(surface: Surface, task_id: str) -> WireRequest:
+    """One query of a task: by query parameter (A) or in the path (B).
+
+    Example::
+
+        build_query("beta", "7").path   # '/beta/v1/tasks/7'
+    """
     accept = {"Accept": "application/json"}
-    if surface == ALPHA:
-        return WireRequest("GET", ALPHA_QUERY_PATH, {"taskId": task_id}, accept)
-    return WireRequest("GET", BETA_QUERY_PATH.format(id=task_id), None, accept)
+    wire = spec.of(surface)
+    where, name = wire.task_id_param
+    if where == "query":
+        return WireRequest("GET", wire.query_path, {name: task_id}, accept)
+    return WireRequest("GET", wire.query_path.replace("{" + name + "}", task_id), None, accept)
 
 
 # ---------------------------------------------------------------------------- replies
@@ -199,9 +200,9 @@ _ERRORS_BY_STATUS: dict[int, type[APIError]] = {
 
 
 def _error_class(status: int, reason: str | None) -> type[APIError]:
-    if reason == KEY_REUSED:
+    if reason == reasons.IDEMPOTENCY_KEY_REUSED.code:
         return IdempotencyConflictError
-    if reason == UNAVAILABLE or status >= 500:
+    if reason == reasons.IDEMPOTENCY_UNAVAILABLE.code or status >= 500:
         return ServerError
     return _ERRORS_BY_STATUS.get(status, APIError)
 
@@ -221,7 +222,7 @@ def _api_error(
         status_code=status,
         code=code,
         surface=surface,
-        retry_after=parse_retry_after(reply.headers.get("retry-after"), now),
+        retry_after=parse_retry_after(reply.headers.get(spec.RETRY_AFTER_HEADER.lower()), now),
     )
 
 
@@ -232,23 +233,30 @@ def read_error(
     secrets: tuple[str, ...] = (),
     parsed: Any = _UNPARSED,
 ) -> APIError | None:
-    """The error a reply carries, or None. Surface A errors are seen from the body ``code`` even
-    on HTTP 200; surface B errors are read with or without a top-level ``code``. ``parsed`` is
-    the body already decoded, if the caller has it."""
+    """The error a reply carries, or None. A ``code``/``msg`` envelope (A) is an error by its
+    body ``code`` even on HTTP 200; an ``error`` object envelope (B) is read with or without a
+    top-level ``code``. ``parsed`` is the body already decoded, if the caller has it.
+
+    Example::
+
+        read_error("alpha", Reply(200, {}, b'{"code": 401, "msg": "no", "data": null}'), now)
+        # AuthenticationError('no', status_code=401, ...)
+    """
     body = _json(reply.content) if parsed is _UNPARSED else parsed
     body = body if isinstance(body, dict) else {}
-    body_code = body.get("code")
+    envelope = spec.of(surface).envelope
+    body_code = body.get(envelope.code)
     if not isinstance(body_code, int) or isinstance(body_code, bool):
         body_code = None
-    if surface == ALPHA:
+    if isinstance(envelope, MessageEnvelope):
         if reply.status >= 400:
             status = reply.status
         elif body_code is not None and body_code != 200 and 100 <= body_code <= 599:
             status = body_code
         else:
             return None
-        msg = body.get("msg")
-        match = _REASON_AT_START.match(msg) if isinstance(msg, str) else None
+        msg = body.get(envelope.message)
+        match = _REASON_AT_START[surface].match(msg) if isinstance(msg, str) else None
         return _api_error(
             surface,
             status,
@@ -257,21 +265,21 @@ def read_error(
             reply,
             now,
         )
-    error = body.get("error")
+    error = body.get(envelope.error)
     error = error if isinstance(error, dict) else None
     if reply.status >= 400:
         status = reply.status
-    elif error is not None and "data" not in body:
+    elif error is not None and envelope.data not in body:
         # An error object on HTTP 2xx: trust the body code if it is an error status.
         status = body_code if body_code is not None and body_code >= 400 else 500
     else:
         return None
-    code = error.get("code") if error else None
+    code = error.get(envelope.error_code) if error else None
     return _api_error(
         surface,
         status,
         safe_message(code, secrets) if isinstance(code, str) else None,
-        safe_message(error.get("message"), secrets) if error else None,
+        safe_message(error.get(envelope.error_message), secrets) if error else None,
         reply,
         now,
     )
@@ -286,12 +294,18 @@ def no_submit_route(surface: Surface, url: str, err: APIError) -> ConfigurationE
         f"no submit route at {url} (HTTP 404{reason}): the base URL is wrong; it is the "
         "gateway's root, the part before /alpha or /beta",
         status_code=404,
-        code=err.code or "not_found",
+        code=err.code or reasons.NOT_FOUND.code,
         surface=surface,
     )
 
 
 def malformed(surface: Surface, status: int, what: str) -> ServerError:
+    """The error of a reply that could not be understood (retried like a 5xx).
+
+    Example::
+
+        malformed("beta", 200, "no valid task id").code   # 'malformed_response'
+    """
     return ServerError(
         f"the gateway sent a response that could not be understood ({what})",
         status_code=status,
@@ -303,6 +317,13 @@ def malformed(surface: Surface, status: int, what: str) -> ServerError:
 def transport_error(
     surface: Surface, failure: TransportFailure
 ) -> APIConnectionError | ClientClosedError | ServerError:
+    """The error a failed exchange means: closed client, oversized reply, timeout, or no
+    connection.
+
+    Example::
+
+        raise transport_error("beta", failure) from failure.error
+    """
     if isinstance(failure.error, ClientClosed):
         return ClientClosedError("the client was closed; make a new one", request_sent=failure.sent)
     if isinstance(failure.error, ReplyTooLarge):
@@ -349,16 +370,22 @@ def read_submit(
     now: float,
     secrets: tuple[str, ...] = (),
 ) -> Submission:
+    """The submission a submit's answer names, or raises the error the answer means.
+
+    Example::
+
+        read_submit("beta", reply, "key-1", now).task_id   # '7'
+    """
     reply, body = _checked_reply(surface, outcome, now, secrets)
-    data = body.get("data")
-    if surface == ALPHA:
-        task_id = _task_id(data.get("taskId")) if isinstance(data, dict) else None
-    else:
-        first = data[0] if isinstance(data, list) and len(data) == 1 else None
-        task_id = _task_id(first.get("task_id")) if isinstance(first, dict) else None
+    wire = spec.of(surface)
+    data = body.get(wire.envelope.data)
+    answer = wire.submit_answer
+    if answer.in_list:
+        data = data[0] if isinstance(data, list) and len(data) == 1 else None
+    task_id = _task_id(data.get(answer.task_id)) if isinstance(data, dict) else None
     if task_id is None:
         raise malformed(surface, reply.status, "no valid task id")
-    replayed = reply.headers.get(REPLAYED_HEADER.lower(), "").strip().lower() == "true"
+    replayed = reply.headers.get(spec.REPLAYED_HEADER.lower(), "").strip().lower() == "true"
     return Submission(
         task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed
     )
@@ -371,25 +398,29 @@ def read_task(
     now: float,
     secrets: tuple[str, ...] = (),
 ) -> Task:
+    """The task a query's answer describes, decoded leniently, or raises the error the answer
+    means.
+
+    Example::
+
+        read_task("alpha", reply, "7", now).status   # TaskStatus.RUNNING
+    """
     reply, body = _checked_reply(surface, outcome, now, secrets)
-    data = body.get("data")
+    wire = spec.of(surface)
+    data = body.get(wire.envelope.data)
     if not isinstance(data, dict):
         raise malformed(surface, reply.status, "no task record")
-    seen_id = data.get("taskId" if surface == ALPHA else "id")
+    fields = wire.record
+    seen_id = data.get(fields.id)
     if seen_id is not None and str(seen_id) != task_id:
         raise malformed(surface, reply.status, "the record is for another task")
-    if surface == ALPHA:
-        state = data.get("state")
-        result = data.get("resultJson")
-        if isinstance(result, (str, bytes)):
-            result = _json(result)
-        cost, credits = None, number(data.get("creditsConsumed"))
-        fail_code, fail_message = data.get("failCode"), data.get("failMsg")
-    else:
-        state = data.get("status")
-        result = data.get("result")
-        cost, credits = number(data.get("cost")), number(data.get("credits_cost"))
-        fail_code, fail_message = _beta_error(data)
+    state = data.get(fields.state)
+    result = data.get(fields.result)
+    if fields.result_as_text and isinstance(result, (str, bytes)):
+        result = _json(result)
+    cost = number(data.get(fields.cost)) if fields.cost is not None else None
+    credits = number(data.get(fields.credits))
+    fail_code, fail_message = _failure(data, wire)
     urls = result_urls(result, secrets)
     status = task_status(surface, state)
     task_error = None
@@ -399,7 +430,7 @@ def read_task(
         id=task_id,
         surface=surface,
         status=status,
-        progress=progress(data.get("progress")),
+        progress=progress(data.get(fields.progress)),
         image_urls=urls,
         cost=cost,
         credits=credits,
@@ -409,20 +440,26 @@ def read_task(
     )
 
 
-def _beta_error(data: Mapping[str, Any]) -> tuple[object, object]:
-    error = data.get("error")
-    error = error if isinstance(error, dict) else {}
-    return error.get("code"), error.get("message")
+def _failure(data: Mapping[str, Any], wire: SurfaceSpec) -> tuple[object, object]:
+    """A record's failure code and message: in its error object, or fields of its own."""
+    fields = wire.record
+    holder: object = data if fields.error is None else data.get(fields.error)
+    holder = holder if isinstance(holder, dict) else {}
+    return holder.get(fields.fail_code), holder.get(fields.fail_message)
 
 
 def task_status(surface: Surface, state: object) -> TaskStatus:
-    """The normalised status of a raw state. Unknown states count as running (logged once)."""
+    """The normalised status of a raw state. Unknown states count as running (logged once).
+
+    Example::
+
+        task_status("beta", "in_progress")   # TaskStatus.RUNNING
+        task_status("alpha", "Canceled")     # TaskStatus.FAILED
+    """
     if isinstance(state, str):
         known = STATES[surface].get(state) or STATES[surface].get(state.lower())
         if known is not None:
             return known
-        if state.lower() in _CANCELLED:
-            return TaskStatus.FAILED
     shown = printable(state if isinstance(state, str) else repr(state), 40)
     label = f"{surface}:{shown}"
     if label not in _unknown_states_logged and len(_unknown_states_logged) < 100:
@@ -437,7 +474,7 @@ def _task_error(
     code_text = safe_message(code if not isinstance(code, (int, float)) else str(code), secrets)
     message_text = safe_message(message, secrets)
     if code_text is None and message_text is None:
-        cancelled = isinstance(state, str) and state.lower() in _CANCELLED
+        cancelled = isinstance(state, str) and state.lower() in spec.CANCELLED_STATES
         return CANCELLED_ERROR if cancelled else UNEXPLAINED_FAILURE
     return TaskError(
         code=code_text or UNEXPLAINED_FAILURE.code,
@@ -464,8 +501,8 @@ def number(value: object) -> float | None:
 
 
 def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
-    """Result URLs from a lenient reading of ``resultJson`` (A, a JSON string) or ``result``
-    (B): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings). Only
+    """Result URLs from a lenient reading of a record's result object (A's arrives as a JSON
+    string): ``resultUrls``, ``urls``, ``images[].url`` (a string or a list of strings). Only
     http(s) URLs without spaces or control characters count; repeats count once; past
     :data:`MAX_RESULT_URLS` the rest are left out. What is left out is said once, escaped.
 
@@ -479,11 +516,11 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
     if not isinstance(value, Mapping):
         return []
     found: list[Any] = []
-    for key in ("resultUrls", "urls"):
+    for key in spec.RESULT_URL_KEYS:
         found.extend(_as_list(value.get(key)))
-    for image in _as_list(value.get("images")):
+    for image in _as_list(value.get(spec.RESULT_IMAGES)):
         if isinstance(image, Mapping):
-            found.extend(_as_list(image.get("url")))
+            found.extend(_as_list(image.get(spec.IMAGE_URL)))
         else:
             found.append(image)
     urls: dict[str, None] = {}  # ordered, and a repeat costs O(1)

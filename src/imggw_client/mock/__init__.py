@@ -19,14 +19,8 @@ Also: ``python -m imggw_client.mock --port 8080`` and the pytest fixtures of
 """
 
 from ._config import DEFAULT_API_KEY, FAULT_KINDS, QUIRKS, MockConfig
-from ._gateway import (
-    IN_PROCESS_URL,
-    ManualClock,
-    MockGateway,
-    MockRequest,
-    MockResponse,
-    fingerprint,
-)
+from ._gateway import ManualClock, MockGateway, fingerprint
+from ._messages import IN_PROCESS_URL, MockRequest, MockResponse
 
 __all__ = [
     "DEFAULT_API_KEY",

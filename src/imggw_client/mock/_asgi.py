@@ -16,15 +16,12 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import AbstractContextManager as ContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from .._core import rules
-from ._gateway import MockRequest
-
-if TYPE_CHECKING:
-    from ._gateway import MockGateway
+from ._messages import Gateway, MockRequest
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -43,7 +40,7 @@ class ASGIApp:
         uvicorn.run(gateway.asgi(), host="127.0.0.1", port=8000)
     """
 
-    def __init__(self, gateway: MockGateway) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -211,7 +208,7 @@ def serve_app(
         thread.join(timeout=15)
 
 
-def serve(gateway: MockGateway, host: str = "127.0.0.1", port: int = 0) -> ContextManager[str]:
+def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> ContextManager[str]:
     """Serves the gateway over a real socket; see serve_app."""
     timeout = gateway.config.request_timeout
     return serve_app(ASGIApp(gateway), host, port, request_timeout=timeout)

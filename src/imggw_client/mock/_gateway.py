@@ -4,24 +4,11 @@ No sockets and no sleeping: time comes from an injected clock and every random c
 seeded generator, so a run is repeatable. Faults are part of the answer (``delay``, ``drop``,
 ``truncate``) and the adapters carry them out on the wire.
 
-HTTP statuses (error bodies per SPEC 7, reason codes in ``imggw_client._core.serving``):
-
-====  ===========================================================================
-400   ``invalid_json`` (also nesting too deep to parse, or a repeated key),
-      ``invalid_idempotency_key``, ``invalid_task_id``
-401   ``unauthorized``: no ``Authorization: Bearer`` header, or an unknown key
-403   a result link past its ``Expires``, or unsigned, or whose signature does not match
-404   ``task_not_found``: an unknown task id, or another key's task (indistinguishable);
-      ``not_found``: no such route; result links that never existed
-405   ``method_not_allowed``
-409   ``idempotency_in_progress``: the same key is still being processed (Retry-After)
-410   ``result_expired``: a result link past its retention window
-413   ``body_too_large``
-422   request rule violations; ``idempotency_key_reused`` (same key, another request)
-429   ``rate_limited``: over ``submit_limit`` / ``query_limit``, or injected (Retry-After)
-5xx   ``internal_error`` 500, ``bad_gateway`` 502, ``service_unavailable`` 503,
-      ``gateway_timeout`` 504 (injected; nothing was processed)
-====  ===========================================================================
+Error answers (bodies per SPEC 7) are the rows of the reason table in
+``imggw_client._core.reasons``: its status, code and message, with a message naming the field
+and the rule where there is one. Result links answer in plain text instead: 403 for a link past
+its ``Expires``, unsigned, or whose signature does not match; 404 for one that never existed;
+410 for a result past its retention window.
 
 Tasks are per surface: a task created on one surface is not found on the other. Idempotency
 keys belong to the API key, not to a surface: a key is bound to its first request (surface and
@@ -59,19 +46,20 @@ import threading
 import time
 import urllib.parse
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from .._config import Surface
-from .._core import rules, serving, surfaces
-from .._core.serving import Refusal, TaskView
+from .._core import reasons, rules, serving, spec
+from .._core.serving import Refusal, TaskView, refuse
+from .._core.spec import Surface
 from .._exceptions import ConfigurationError
 from .._models import ImageRequest, TaskError, TaskStatus
 from ._config import MockConfig, parse_limit
+from ._messages import IN_PROCESS_URL, JSON_CONTENT, MockRequest, MockResponse
 from ._openapi import openapi_document
 from ._png import png, size_for
 
@@ -86,9 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["IN_PROCESS_URL", "ManualClock", "MockGateway", "MockRequest", "MockResponse"]
 
-IN_PROCESS_URL = "http://imggw.mock"
-
-RESULTS_PREFIX = "/results/"
+RESULTS_PREFIX = spec.RESULTS_PREFIX
 QUEUE_SHARE = 0.2  # the first fifth of a task's duration is spent pending
 # Past its retention a task still answers (its links 410) for this long, then it is forgotten.
 FORGET_MARGIN = 60.0
@@ -103,47 +89,15 @@ PUBLIC_FAILURES = {
     "generation_failed": "The image could not be generated.",
     "upstream_timeout": "The generation took too long and was stopped.",
 }
+# The injected server faults, by the fault kind that names their status.
 _SERVER_FAULTS = {
-    "500": Refusal(500, "internal_error", "The gateway failed."),
-    "502": Refusal(502, "bad_gateway", "The upstream provider failed."),
-    "503": Refusal(503, "service_unavailable", "The gateway is overloaded."),
-    "504": Refusal(504, "gateway_timeout", "The upstream provider timed out."),
-}
-_JSON = ("content-type", "application/json")
+    str(reason.status): refuse(reason)
+    for reason in (reasons.INTERNAL_ERROR, reasons.BAD_GATEWAY, reasons.SERVICE_UNAVAILABLE,
+                   reasons.GATEWAY_TIMEOUT)
+}  # fmt: skip
+_JSON = JSON_CONTENT
+_RETRY_AFTER = spec.RETRY_AFTER_HEADER.lower()
 _TEXT = ("content-type", "text/plain; charset=utf-8")
-
-
-@dataclass(frozen=True, slots=True)
-class MockRequest:
-    """An HTTP request as the adapters hand it over. Header names are lower case; a ``path``
-    may carry its query (``/results/x.png?Expires=...``). ``base_url`` (``scheme://host[:port]``)
-    is the origin result links name: the in-process URL, or the socket the server answered on,
-    never a header the client chose.
-
-    Example::
-
-        gateway.handle(MockRequest("GET", "/beta/v1/tasks/1", headers={"authorization": ...}))
-    """
-
-    method: str
-    path: str
-    query: Mapping[str, str] = field(default_factory=dict)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    base_url: str = IN_PROCESS_URL
-
-
-@dataclass(frozen=True, slots=True)
-class MockResponse:
-    """The answer, and how to deliver it: after ``delay`` seconds; or never, the connection
-    dropped (``drop``); or with the body cut short of its Content-Length (``truncate``)."""
-
-    status: int
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = (_JSON,)
-    delay: float = 0.0
-    drop: bool = False
-    truncate: bool = False
 
 
 class ManualClock:
@@ -187,8 +141,10 @@ class _Task:
 
 
 @dataclass
-class _KeyRecord:
-    fingerprint: bytes  # of the surface and canonical body
+class _KeyBinding:
+    """An idempotency key bound to its first request."""
+
+    digest: bytes  # of the surface and canonical body (serving.request_digest)
     task_id: str
     created: float
     ready: float  # before this, the first request is still in flight
@@ -331,9 +287,9 @@ class MockGateway:
         self.config = config
         self._keys = [(k.encode(), fingerprint(k)) for k in config.api_keys]
         self._quirks = frozenset(config.quirks)
-        self._limits = {
-            "submit": parse_limit(config.submit_limit),
-            "query": parse_limit(config.query_limit),
+        self._limits: dict[str, tuple[int, float] | None] = {
+            spec.SUBMIT: parse_limit(config.submit_limit),
+            spec.QUERY: parse_limit(config.query_limit),
         }
         for (owner, kind), window in self._windows.items():
             limit = self._limits[kind]
@@ -346,10 +302,10 @@ class MockGateway:
             self._rng = random.Random(self.config.seed)
             self._tasks: dict[tuple[Surface, str], _Task] = {}
             self._tokens: dict[str, _Task] = {}
-            self._records: dict[tuple[str, str], _KeyRecord] = {}
+            self._bindings: dict[tuple[str, str], _KeyBinding] = {}
             # Creation order, for purging the oldest first in O(1) each.
             self._task_queue: deque[_Task] = deque()
-            self._record_queue: deque[tuple[tuple[str, str], _KeyRecord]] = deque()
+            self._binding_queue: deque[tuple[tuple[str, str], _KeyBinding]] = deque()
             self._windows.clear()
             self._stats = _Stats()
             self._next_id = self.config.first_task_id
@@ -381,7 +337,7 @@ class MockGateway:
                 "billing": {fp: dict(b) for fp, b in s.billing.items()},
                 "requests": dict(s.requests),
                 "faults": dict(s.faults),
-                "live": {"tasks": len(self._tasks), "idempotency_keys": len(self._records)},
+                "live": {"tasks": len(self._tasks), "idempotency_keys": len(self._bindings)},
                 "clock": self.clock(),
             }
 
@@ -393,7 +349,7 @@ class MockGateway:
             path, _, query = request.path.partition("?")
             params = {**dict(urllib.parse.parse_qsl(query)), **request.query}
             request = dataclasses.replace(request, path=path, query=params)
-        if request.path.startswith("/_mock/") or request.path == "/openapi.json":
+        if request.path.startswith(spec.CONTROL_PREFIX) or request.path == spec.OPENAPI_PATH:
             return self._control(request)  # never faulted; takes the lock where it needs it
         with self._lock:
             return self._handle(request)
@@ -414,14 +370,13 @@ class MockGateway:
             if fault == "latency":
                 delay = self._rng.uniform(0, self.config.latency)
         if handler is None:
-            response = self._error(surface, Refusal(404, "not_found", "No such route."))
+            response = self._error(surface, refuse(reasons.NOT_FOUND))
         elif not kind:  # public: result links (the link is the credential) and wrong methods
             response = handler(req, surface)
         else:
             owner = self._authenticate(req)
             if owner is None:
-                refusal = Refusal(401, "unauthorized", "A valid Bearer API key is required.")
-                response = self._error(surface, refusal)
+                response = self._error(surface, refuse(reasons.UNAUTHORIZED))
             else:
                 wait = self._admit(owner, kind, now)
                 if wait is not None:
@@ -440,7 +395,7 @@ class MockGateway:
         kind = ""
         if endpoint is not None:
             template, allowed, kind = endpoint.template, endpoint.method, endpoint.operation
-            handler = self._submit if endpoint.operation == "submit" else self._query
+            handler = self._submit if endpoint.operation == spec.SUBMIT else self._query
         elif req.path.startswith(RESULTS_PREFIX):
             template, allowed, handler = RESULTS_PREFIX + "{token}", "GET", self._result
         else:
@@ -451,8 +406,7 @@ class MockGateway:
 
     def _not_allowed(self, allowed: str) -> Callable[..., MockResponse]:
         def answer(req: MockRequest, surface: Surface, *_: object) -> MockResponse:
-            refusal = Refusal(405, "method_not_allowed", f"Use {allowed}.")
-            response = self._error(surface, refusal)
+            response = self._error(surface, refuse(reasons.METHOD_NOT_ALLOWED, f"Use {allowed}."))
             return MockResponse(
                 response.status, response.body, (*response.headers, ("allow", allowed))
             )
@@ -497,11 +451,11 @@ class MockGateway:
         message = f"Too many {kind} requests for this API key: at most {count} in {seconds:g} s."
         return self._too_many(surface, message, max(1, math.ceil(wait)))
 
-    def _too_many(self, surface: Surface, message: str, retry_after: int) -> MockResponse:
-        response = self._error(surface, Refusal(429, serving.RATE_LIMITED, message))
+    def _too_many(self, surface: Surface, message: str | None, retry_after: int) -> MockResponse:
+        response = self._error(surface, refuse(reasons.RATE_LIMITED, message))
         if "no_retry_after" in self._quirks:
             return response
-        retry = ("retry-after", str(retry_after))
+        retry = (_RETRY_AFTER, str(retry_after))
         return MockResponse(response.status, response.body, (*response.headers, retry))
 
     # ------------------------------------------------------------------------ faults
@@ -516,7 +470,7 @@ class MockGateway:
         if fault == "reset":
             return MockResponse(0, drop=True)
         if fault == "429":
-            return self._too_many(surface, "Too many requests; slow down.", self.config.retry_after)
+            return self._too_many(surface, None, self.config.retry_after)
         if fault in _SERVER_FAULTS:
             return self._error(surface, _SERVER_FAULTS[fault])
         return None
@@ -538,44 +492,36 @@ class MockGateway:
     # ------------------------------------------------------------------------ routes
 
     def _submit(self, req: MockRequest, surface: Surface, owner: str, delay: float) -> MockResponse:
-        key = req.headers.get(surfaces.IDEMPOTENCY_HEADER.lower())
+        key = req.headers.get(spec.IDEMPOTENCY_HEADER.lower())
         if key is not None and rules.check_idempotency_key(key):
             violation = rules.check_idempotency_key(key)[0]
-            refusal = Refusal(400, violation.code, f"Idempotency-Key: {violation.rule}")
-            return self._error(surface, refusal)
+            message = f"{spec.IDEMPOTENCY_HEADER}: {violation.rule}"
+            return self._error(surface, refuse(reasons.BY_CODE[violation.code], message))
         parsed = serving.read_submit_request(surface, req.body)
         if isinstance(parsed, Refusal):
             return self._error(surface, parsed)
         now = self.clock()
-        request_fp = serving.request_fingerprint(surface, req.body)
-        # Expired keys were purged: a record found here is live.
-        record = self._records.get((owner, key)) if key is not None else None
-        if record is not None:
-            if not hmac.compare_digest(record.fingerprint, request_fp):
+        digest = serving.request_digest(surface, req.body)
+        # Expired keys were purged: a binding found here is live.
+        binding = self._bindings.get((owner, key)) if key is not None else None
+        if binding is not None:
+            if not hmac.compare_digest(binding.digest, digest):
                 self._stats.conflicts += 1
-                refusal = Refusal(
-                    422,
-                    surfaces.KEY_REUSED,
-                    "This Idempotency-Key was used with a different request.",
-                )
-                return self._error(surface, refusal)
-            if now < record.ready:
+                return self._error(surface, refuse(reasons.IDEMPOTENCY_KEY_REUSED))
+            if now < binding.ready:
                 self._stats.conflicts += 1
-                refusal = Refusal(
-                    409, surfaces.IN_PROGRESS, "A request with this Idempotency-Key is in progress."
-                )
-                response = self._error(surface, refusal)
-                retry = ("retry-after", str(max(1, math.ceil(record.ready - now))))
+                response = self._error(surface, refuse(reasons.IDEMPOTENCY_IN_PROGRESS))
+                retry = (_RETRY_AFTER, str(max(1, math.ceil(binding.ready - now))))
                 return MockResponse(response.status, response.body, (*response.headers, retry))
             self._stats.replays += 1
-            body = serving.submit_response(surface, record.task_id)
-            return MockResponse(200, body, (_JSON, (surfaces.REPLAYED_HEADER.lower(), "true")))
+            body = serving.submit_response(surface, binding.task_id)
+            return MockResponse(200, body, (_JSON, (spec.REPLAYED_HEADER.lower(), "true")))
         task = self._create(surface, owner, parsed, now)
         if key is not None:
             # Under a latency fault the key stays in flight until its answer is due.
-            record = _KeyRecord(request_fp, task.id, now, now + delay)
-            self._records[(owner, key)] = record
-            self._record_queue.append(((owner, key), record))
+            binding = _KeyBinding(digest, task.id, now, now + delay)
+            self._bindings[(owner, key)] = binding
+            self._binding_queue.append(((owner, key), binding))
         return MockResponse(200, serving.submit_response(surface, task.id))
 
     def _create(self, surface: Surface, owner: str, request: ImageRequest, now: float) -> _Task:
@@ -616,19 +562,19 @@ class MockGateway:
             task = tasks.popleft()
             del self._tasks[(task.surface, task.id)]
             del self._tokens[task.token]
-        records, ttl = self._record_queue, self.config.idempotency_ttl
-        while records and now - records[0][1].created > ttl:
-            key, record = records.popleft()
-            if self._records.get(key) is record:
-                del self._records[key]
+        bindings, ttl = self._binding_queue, self.config.idempotency_ttl
+        while bindings and now - bindings[0][1].created > ttl:
+            key, binding = bindings.popleft()
+            if self._bindings.get(key) is binding:
+                del self._bindings[key]
 
     def _query(self, req: MockRequest, surface: Surface, owner: str, _: float) -> MockResponse:
         task_id = serving.query_task_id(surface, req.path, req.query)
         if rules.check_task_id(task_id):
-            return self._error(surface, Refusal(400, rules.INVALID_TASK_ID, "Invalid task id."))
+            return self._error(surface, refuse(reasons.INVALID_TASK_ID))
         task = self._tasks.get((surface, task_id))
         if task is None or task.owner != owner:
-            return self._error(surface, Refusal(404, "task_not_found", "No such task."))
+            return self._error(surface, refuse(reasons.TASK_NOT_FOUND))
         view = self._view(task, req.base_url)
         body = serving.task_record(
             surface,
@@ -670,7 +616,7 @@ class MockGateway:
         end = min(now + ttl, task.finished + config.retention)
         expires = math.ceil(end + self._epoch)
         query = urllib.parse.urlencode(
-            {"Expires": expires, "Signature": self._sign(task.token, expires)}
+            {spec.LINK_EXPIRES: expires, spec.LINK_SIGNATURE: self._sign(task.token, expires)}
         )
         return f"{base_url}{RESULTS_PREFIX}{task.token}.png?{query}", expires
 
@@ -680,7 +626,8 @@ class MockGateway:
 
     def _result(self, req: MockRequest, surface: Surface) -> MockResponse:
         token = req.path[len(RESULTS_PREFIX) :].removesuffix(".png")
-        expires, signature = req.query.get("Expires", ""), req.query.get("Signature", "")
+        expires = req.query.get(spec.LINK_EXPIRES, "")
+        signature = req.query.get(spec.LINK_SIGNATURE, "")
         # As an object store: the signature is checked before anything is looked up.
         signed = _LINK_QUERY.fullmatch(expires) is not None and hmac.compare_digest(
             self._sign(token, expires).encode(), signature.encode("utf-8", "replace")
@@ -713,20 +660,22 @@ class MockGateway:
         return MockResponse(status, body)
 
     def _control(self, req: MockRequest) -> MockResponse:
-        route = f"{req.method} {req.path}"
-        if route == "GET /openapi.json":
+        route = (req.method, req.path)
+        if route == ("GET", spec.OPENAPI_PATH):
             return MockResponse(200, self._openapi)
-        if route == "GET /_mock/stats":
+        if route == ("GET", spec.STATS_PATH):
             return MockResponse(200, json.dumps(self.stats()).encode())
-        if route == "POST /_mock/reset":
+        if route == ("POST", spec.RESET_PATH):
             self.reset()
             return MockResponse(200, b'{"reset":true}')
-        if route == "POST /_mock/advance":
+        if route == ("POST", spec.ADVANCE_PATH):
             try:
                 self.advance(float(req.query.get("seconds", "")))
             except (ValueError, RuntimeError) as exc:
+                # The control API's own code: tests call it, no client of the surfaces does.
                 problem = {"error": {"code": "bad_advance", "message": str(exc)}}
                 return MockResponse(400, json.dumps(problem).encode())
             return MockResponse(200, json.dumps({"clock": self.clock()}).encode())
-        missing = {"error": {"code": "not_found", "message": "No such route."}}
+        nowhere = reasons.NOT_FOUND
+        missing = {"error": {"code": nowhere.code, "message": nowhere.message}}
         return MockResponse(404, json.dumps(missing).encode())

@@ -1,32 +1,42 @@
-"""The OpenAPI 3.1 document of both surfaces and the result links, built from the core's rules
-and names. It declares every status the gateway can send on each route (faults included), the
-headers it sends (``Retry-After``, ``Idempotent-Replayed``), and the rules it enforces
-(``Idempotency-Key`` printable ASCII, the prompt's ECMA-262 ``\\S``); the test suite runs
-schemathesis and openapi-spec-validator against it, so the two cannot drift apart."""
+"""The OpenAPI 3.1 document of both surfaces and the result links, derived from the wire spec
+(``_core.spec``: paths, fields, states, envelopes), the reason table (``_core.reasons``: the
+statuses each route answers, and why) and the request rules (``_core.rules``). It declares
+every status the gateway can send on each route (faults included), the headers it sends
+(``Retry-After``, ``Idempotent-Replayed``), and the rules it enforces (``Idempotency-Key``
+printable ASCII, the prompt's ECMA-262 ``\\S``); the test suite runs schemathesis and
+openapi-spec-validator against it, so the two cannot drift apart."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._config import Surface
-from .._core import rules, surfaces
-from .._core.serving import EXTRA_STATES, WIRE_RESOLUTIONS, WIRE_STATES
-from .._core.surfaces import ALPHA, BETA
+from .._core import reasons, rules, spec
+from .._core.serving import Shape, request_shape
+from .._core.spec import ALPHA, BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
 
 VERSION = "1.0.0-stage3a2"
-_ABOUT = """The reference gateway of both surfaces.
+_REUSED, _LIMITED = reasons.IDEMPOTENCY_KEY_REUSED, reasons.RATE_LIMITED
+_ABOUT = f"""The reference gateway of both surfaces.
 
 - Idempotency keys belong to the API key, not to a surface: a key is bound to its first
   request (surface and body). The same request again replays the first answer
-  (`Idempotent-Replayed: true`); another request, or the same one on the other surface, is
-  refused (422 `idempotency_key_reused`).
+  (`{spec.REPLAYED_HEADER}: true`); another request, or the same one on the other surface, is
+  refused ({_REUSED.status} `{_REUSED.code}`).
 - Request limits, when the gateway is started with them: at most N submits (or queries) per API
-  key in any S seconds, both surfaces together; the excess gets 429 `rate_limited` with
-  `Retry-After` (whole seconds until a slot frees) and changes nothing.
-- Result links are signed (`Expires`, `Signature`) and valid for the link TTL; a dead or
-  tampered link answers 403, a result past its retention 410.
+  key in any S seconds, both surfaces together; the excess gets {_LIMITED.status}
+  `{_LIMITED.code}` with `{spec.RETRY_AFTER_HEADER}` (whole seconds until a slot frees) and
+  changes nothing.
+- Result links are signed (`{spec.LINK_EXPIRES}`, `{spec.LINK_SIGNATURE}`) and valid for the
+  link TTL; a dead or tampered link answers 403, a result past its retention 410.
 - 500, 502, 503 and 504 (and 429) are only sent when faults are injected.
 """
+# Names of operations in the document (client generators name methods after them).
+_OPERATION_IDS = {
+    (ALPHA, spec.SUBMIT): "alphaCreateTask",
+    (ALPHA, spec.QUERY): "alphaRecordInfo",
+    (BETA, spec.SUBMIT): "betaGenerate",
+    (BETA, spec.QUERY): "betaTask",
+}
 
 _PROMPT = {
     "type": "string",
@@ -39,8 +49,9 @@ _PROMPT = {
 }
 _RATIO = {"type": "string", "enum": list(rules.ASPECT_RATIOS)}
 _TASK_ID = {"type": "string", "pattern": f"^{rules.TASK_ID_REGEX}$"}
+_PROGRESS = {"type": "integer", "minimum": 0, "maximum": 100}
 _IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
+    "name": spec.IDEMPOTENCY_HEADER,
     "in": "header",
     "required": False,
     "description": "One opaque value per logical request; a retry reuses it. Always send it.",
@@ -51,75 +62,189 @@ _IDEMPOTENCY_KEY = {
         "pattern": rules.IDEMPOTENCY_KEY_PATTERN,
     },
 }
-
-
-def _states(surface: Surface) -> list[str]:
-    """Every state a record of the surface may show, the quirks' extra ones included."""
-    return [*WIRE_STATES[surface].values(), *EXTRA_STATES[surface].values()]
-
-
-def _combination_rules(
-    ratio_path: list[str], resolution_path: list[str], surface: Surface
-) -> list[Any]:
-    """SPEC 2.4's combination rules as JSON Schema if/then clauses, in the surface's wire form."""
-
-    def nest(path: list[str], schema: dict[str, Any]) -> dict[str, Any]:
-        for name in reversed(path):
-            schema = {"properties": {name: schema}, "required": [name]}
-        return schema
-
-    one_k, _, four_k = WIRE_RESOLUTIONS[surface]
-    return [
-        {
-            "if": nest(ratio_path, {"enum": list(rules.ONLY_1K)}),
-            "then": nest(resolution_path, {"const": one_k}),
-        },
-        {
-            "if": nest(ratio_path, {"enum": list(rules.NO_4K)}),
-            "then": nest(resolution_path, {"not": {"const": four_k}}),
-        },
-    ]
-
-
-_DESCRIPTIONS = {
-    400: "Malformed request (invalid_json: not one JSON object, nested too deep, or a repeated "
-    "key; invalid_idempotency_key; invalid_task_id)",
-    401: "Missing or unknown API key (unauthorized)",
-    404: "Unknown task, or another key's task (task_not_found)",
-    409: "The same Idempotency-Key is in flight (idempotency_in_progress); see Retry-After",
-    413: "Body larger than 256 KiB (body_too_large)",
-    422: "A request rule was broken, or the key was bound to another request, on either "
-    "surface (idempotency_key_reused)",
-    429: "Over the key's request limit, or injected (rate_limited); see Retry-After",
-    500: "Server error (internal_error), injected; nothing was processed",
-    502: "Upstream failure (bad_gateway), injected; nothing was processed",
-    503: "Overloaded (service_unavailable), injected; nothing was processed",
-    504: "Upstream timeout (gateway_timeout), injected; nothing was processed",
-}
-_SERVER_ERRORS = (500, 502, 503, 504)
 _RETRY_AFTER = {
-    "Retry-After": {
+    spec.RETRY_AFTER_HEADER: {
         "description": "Whole seconds to wait before trying again",
         "schema": {"type": "integer", "minimum": 0},
     }
 }
 _REPLAYED = {
-    surfaces.REPLAYED_HEADER: {
+    spec.REPLAYED_HEADER: {
         "description": "Sent on a replay: the first answer to this Idempotency-Key, no new task",
         "schema": {"type": "string", "enum": ["true"]},
     }
 }
 
 
+def _schema_name(surface: Surface, what: str) -> str:
+    return surface.capitalize() + what
+
+
+def _states(wire: SurfaceSpec) -> list[str]:
+    """Every state a record of the surface may show, the quirks' extra ones included, in
+    lifecycle order."""
+    written = {*wire.written.values(), *wire.quirk_states.values()}
+    return [state for state in wire.states if state in written]
+
+
+def _nest(path: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema that requires the dotted ``path`` and puts ``schema`` on it."""
+    for name in reversed(path.split(".")):
+        schema = {"properties": {name: schema}, "required": [name]}
+    return schema
+
+
+def _combination_rules(wire: SurfaceSpec) -> list[Any]:
+    """SPEC 2.4's combination rules as JSON Schema if/then clauses, in the surface's wire form."""
+    ratio, resolution = wire.request["aspect_ratio"], wire.request["resolution"]
+    one_k, four_k = wire.wire_resolution("1k"), wire.wire_resolution("4k")
+    return [
+        {
+            "if": _nest(ratio, {"enum": list(rules.ONLY_1K)}),
+            "then": _nest(resolution, {"const": one_k}),
+        },
+        {
+            "if": _nest(ratio, {"enum": list(rules.NO_4K)}),
+            "then": _nest(resolution, {"not": {"const": four_k}}),
+        },
+    ]
+
+
+def _request(wire: SurfaceSpec) -> dict[str, Any]:
+    """The submit body's schema: every field required, nothing else allowed."""
+    values: dict[str, Any] = {
+        "model": {"const": wire.model},
+        "prompt": _PROMPT,
+        "resolution": {
+            "type": "string",
+            "enum": [wire.wire_resolution(r) for r in rules.RESOLUTIONS],
+        },
+        "aspect_ratio": _RATIO,
+        "n": {"const": spec.N},
+    }
+    by_path = {path: values[name] for name, path in wire.request.items()}
+
+    def shape(tree: Shape, prefix: str) -> dict[str, Any]:
+        properties = {
+            name: by_path[prefix + name] if inner is None else shape(inner, f"{prefix}{name}.")
+            for name, inner in tree.items()
+        }
+        return {"type": "object", "additionalProperties": False, "required": list(tree),
+                "properties": properties}  # fmt: skip
+
+    return {**shape(request_shape(wire.name), ""), "allOf": _combination_rules(wire)}
+
+
+def _envelope(wire: SurfaceSpec, data: dict[str, Any], code: dict[str, Any] | None = None
+              ) -> dict[str, Any]:  # fmt: skip
+    """An answer's schema around the schema of its ``data``."""
+    envelope = wire.envelope
+    if isinstance(envelope, MessageEnvelope):
+        return {
+            "type": "object",
+            "required": [envelope.code, envelope.message, envelope.data],
+            "properties": {envelope.code: code or {"type": "integer"},
+                           envelope.message: {"type": "string"}, envelope.data: data},
+        }  # fmt: skip
+    return {
+        "type": "object",
+        "required": [envelope.code, envelope.data],
+        "properties": {envelope.code: code or {"type": "integer"}, envelope.data: data},
+    }
+
+
+def _submit_answer(wire: SurfaceSpec) -> dict[str, Any]:
+    answer = wire.submit_answer
+    item: dict[str, Any] = {"type": "object", "required": [], "properties": {}}
+    if answer.status is not None:
+        name, value = answer.status
+        item["required"].append(name)
+        item["properties"][name] = {"const": value}
+    item["required"].append(answer.task_id)
+    item["properties"][answer.task_id] = _TASK_ID
+    data = (
+        {"type": "array", "minItems": 1, "maxItems": 1, "items": item} if answer.in_list else item
+    )
+    return _envelope(wire, data, code={"const": 200} if answer.constant_code else None)
+
+
+def _result(wire: SurfaceSpec) -> dict[str, Any]:
+    fields = wire.record
+    if fields.result_as_text:
+        return {"type": "string",
+                "description": f'On success: {{"{spec.RESULT_URLS}": [url, ...]}}'}  # fmt: skip
+    image = {
+        spec.IMAGE_URL: {"type": "array", "items": {"type": "string"}},
+        spec.IMAGE_EXPIRES_AT: {
+            "type": "integer",
+            "description": "Unix seconds at which the links stop working",
+        },
+    }
+    images = {"type": "array", "items": {"type": "object", "properties": image}}
+    return {"type": ["object", "null"], "properties": {spec.RESULT_IMAGES: images}}
+
+
+def _record(wire: SurfaceSpec) -> dict[str, Any]:
+    fields = wire.record
+    text_or_number = {"type": "string" if fields.credits_as_text else "number"}
+    properties: dict[str, Any] = {
+        fields.id: _TASK_ID,
+        fields.state: {"type": "string", "enum": _states(wire)},
+        fields.progress: _PROGRESS,
+        fields.result: _result(wire),
+    }
+    if fields.cost is not None:
+        properties[fields.cost] = {"type": "number"}
+    properties[fields.credits] = text_or_number
+    if fields.error is None:
+        properties[fields.fail_code] = {"type": "string"}
+        properties[fields.fail_message] = {"type": "string"}
+    else:
+        detail = _schema_name(wire.name, "ErrorDetail")
+        properties[fields.error] = {"$ref": f"#/components/schemas/{detail}"}
+    data = {"type": "object", "required": [fields.id, fields.state], "properties": properties}
+    return _envelope(wire, data)
+
+
+def _error_schemas(wire: SurfaceSpec) -> dict[str, Any]:
+    envelope = wire.envelope
+    if isinstance(envelope, MessageEnvelope):
+        return {_schema_name(wire.name, "Error"): _envelope(wire, {"type": "null"})}
+    detail = _schema_name(wire.name, "ErrorDetail")
+    return {
+        detail: {
+            "type": "object",
+            "required": [envelope.error_code, envelope.error_message],
+            "properties": {
+                envelope.error_code: {"type": "string"},
+                envelope.error_message: {"type": "string"},
+            },
+        },
+        _schema_name(wire.name, "Error"): {
+            "type": "object",
+            "required": [envelope.error],
+            "properties": {
+                envelope.code: {"type": "integer"},
+                envelope.error: {"$ref": f"#/components/schemas/{detail}"},
+            },
+        },
+    }
+
+
 def _json(schema: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
 
 
-def _errors(schema: str, *statuses: int) -> dict[str, Any]:
+def _errors(schema: str, route: Operation) -> dict[str, Any]:
+    """Every error status a route answers, each described by its reasons' rows."""
+    sent = [r for r in reasons.REASONS if route in r.routes]
     responses: dict[str, Any] = {}
-    for status in statuses:
-        response = {"description": _DESCRIPTIONS[status], "content": _json(schema)}
-        if status in (409, 429):
+    for status in sorted({r.status for r in sent}):
+        rows = [r for r in sent if r.status == status]
+        why = "; ".join(f"{r.code}: {r.when}" for r in rows)
+        response: dict[str, Any] = {"description": why, "content": _json(schema)}
+        if any(r.retry_after for r in rows):
+            response["description"] = f"{why}; see {spec.RETRY_AFTER_HEADER}"
             response["headers"] = _RETRY_AFTER
         responses[str(status)] = response
     return responses
@@ -153,14 +278,14 @@ def _results_path() -> dict[str, Any]:
                     "schema": {"type": "string", "pattern": "^[0-9a-f]{32}\\.png$"},
                 },
                 {
-                    "name": "Expires",
+                    "name": spec.LINK_EXPIRES,
                     "in": "query",
                     "required": True,
                     "description": "Unix seconds at which the link stops working",
                     "schema": {"type": "integer", "minimum": 0},
                 },
                 {
-                    "name": "Signature",
+                    "name": spec.LINK_SIGNATURE,
                     "in": "query",
                     "required": True,
                     "description": "HMAC of the path and Expires, lower-case hex",
@@ -178,154 +303,65 @@ def _results_path() -> dict[str, Any]:
                 ),
                 "404": _text("No such result (unknown, failed or unfinished task)"),
                 "410": _text("The result is past its retention window and no longer kept"),
-                **_errors("BetaError", 429, *_SERVER_ERRORS),
+                # Faults and limits answer in B's shape, the shape of paths of neither surface.
+                **_errors(_schema_name(BETA, "Error"), spec.RESULT),
             },
         }
     }
 
 
-def _alpha_envelope(data: dict[str, Any]) -> dict[str, Any]:
+def _paths(wire: SurfaceSpec) -> dict[str, Any]:
+    name = wire.name
+    error = _schema_name(name, "Error")
+    where, param = wire.task_id_param
     return {
-        "type": "object",
-        "required": ["code", "msg", "data"],
-        "properties": {"code": {"type": "integer"}, "msg": {"type": "string"}, "data": data},
-    }
-
-
-def _beta_envelope(data: dict[str, Any], code: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["code", "data"],
-        "properties": {"code": code or {"type": "integer"}, "data": data},
+        wire.submit_path: {
+            "post": {
+                "operationId": _OPERATION_IDS[(name, spec.SUBMIT)],
+                "parameters": [_IDEMPOTENCY_KEY],
+                "requestBody": {
+                    "required": True,
+                    "content": _json(_schema_name(name, "SubmitRequest")),
+                },
+                "responses": {
+                    **_ok(_schema_name(name, "SubmitResponse"), _REPLAYED),
+                    **_errors(error, spec.SUBMIT),
+                },
+            }
+        },
+        wire.query_path: {
+            "get": {
+                "operationId": _OPERATION_IDS[(name, spec.QUERY)],
+                "parameters": [{"name": param, "in": where, "required": True, "schema": _TASK_ID}],
+                "responses": {
+                    **_ok(_schema_name(name, "TaskRecord")),
+                    **_errors(error, spec.QUERY),
+                },
+            }
+        },
     }
 
 
 def openapi_document() -> dict[str, Any]:
-    alpha_request = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["model", "input"],
-        "properties": {
-            "model": {"const": surfaces.ALPHA_MODEL},
-            "input": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["prompt", "resolution", "aspect_ratio"],
-                "properties": {
-                    "prompt": _PROMPT,
-                    "resolution": {"type": "string", "enum": list(WIRE_RESOLUTIONS[ALPHA])},
-                    "aspect_ratio": _RATIO,
-                },
-            },
-        },
-        "allOf": _combination_rules(["input", "aspect_ratio"], ["input", "resolution"], ALPHA),
-    }
-    beta_request = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["model", "prompt", "size", "resolution", "n"],
-        "properties": {
-            "model": {"const": surfaces.BETA_MODEL},
-            "prompt": _PROMPT,
-            "size": _RATIO,
-            "resolution": {"type": "string", "enum": list(WIRE_RESOLUTIONS[BETA])},
-            "n": {"const": 1},
-        },
-        "allOf": _combination_rules(["size"], ["resolution"], BETA),
-    }
-    schemas = {
-        "AlphaSubmitRequest": alpha_request,
-        "BetaSubmitRequest": beta_request,
-        "AlphaSubmitResponse": _alpha_envelope(
-            {"type": "object", "required": ["taskId"], "properties": {"taskId": _TASK_ID}}
-        ),
-        "AlphaTaskRecord": _alpha_envelope(
-            {
-                "type": "object",
-                "required": ["taskId", "state"],
-                "properties": {
-                    "taskId": _TASK_ID,
-                    "state": {
-                        "type": "string",
-                        "enum": ["waiting", "queuing", "generating", "success", "fail"],
-                    },
-                    "progress": {"type": "integer", "minimum": 0, "maximum": 100},
-                    "resultJson": {
-                        "type": "string",
-                        "description": 'On success: {"resultUrls": [url, ...]}',
-                    },
-                    "creditsConsumed": {"type": "string"},
-                    "failCode": {"type": "string"},
-                    "failMsg": {"type": "string"},
-                },
-            }
-        ),
-        "BetaSubmitResponse": _beta_envelope(
-            {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["status", "task_id"],
-                    "properties": {"status": {"const": "submitted"}, "task_id": _TASK_ID},
-                },
-            },
-            code={"const": 200},
-        ),
-        "BetaTaskRecord": _beta_envelope(
-            {
-                "type": "object",
-                "required": ["id", "status"],
-                "properties": {
-                    "id": _TASK_ID,
-                    "status": {
-                        "type": "string",
-                        "enum": _states(BETA),
-                    },
-                    "progress": {"type": "integer", "minimum": 0, "maximum": 100},
-                    "result": {
-                        "type": ["object", "null"],
-                        "properties": {
-                            "images": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "properties": {
-                                        "url": {"type": "array", "items": {"type": "string"}},
-                                        "expires_at": {
-                                            "type": "integer",
-                                            "description": "Unix seconds at which the links "
-                                            "stop working",
-                                        },
-                                    },
-                                },
-                            }
-                        },
-                    },
-                    "cost": {"type": "number"},
-                    "credits_cost": {"type": "number"},
-                    "error": {"$ref": "#/components/schemas/BetaErrorDetail"},
-                },
-            }
-        ),
-        "AlphaError": _alpha_envelope({"type": "null"}),
-        "BetaErrorDetail": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-        },
-        "BetaError": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {
-                "code": {"type": "integer"},
-                "error": {"$ref": "#/components/schemas/BetaErrorDetail"},
-            },
-        },
-    }
-    submit_errors = (400, 401, 409, 413, 422, 429, *_SERVER_ERRORS)
-    query_errors = (400, 401, 404, 429, *_SERVER_ERRORS)
+    """The document served at ``/openapi.json``.
+
+    Example::
+
+        openapi_document()["info"]["version"]   # '1.0.0-stage3a2'
+    """
+    wires = list(spec.SPECS.values())
+    schemas: dict[str, Any] = {}
+    for wire in wires:
+        schemas[_schema_name(wire.name, "SubmitRequest")] = _request(wire)
+    for wire in wires:
+        schemas[_schema_name(wire.name, "SubmitResponse")] = _submit_answer(wire)
+        schemas[_schema_name(wire.name, "TaskRecord")] = _record(wire)
+    for wire in wires:
+        schemas.update(_error_schemas(wire))
+    paths: dict[str, Any] = {}
+    for wire in wires:
+        paths.update(_paths(wire))
+    paths[spec.RESULTS_PREFIX + "{file}"] = _results_path()
     return {
         "openapi": "3.1.0",
         "info": {
@@ -335,64 +371,8 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": spec.BEARER.lower()}},
         },
         "security": [{"bearer": []}],
-        "paths": {
-            surfaces.ALPHA_SUBMIT_PATH: {
-                "post": {
-                    "operationId": "alphaCreateTask",
-                    "parameters": [_IDEMPOTENCY_KEY],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/AlphaSubmitRequest"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        **_ok("AlphaSubmitResponse", _REPLAYED),
-                        **_errors("AlphaError", *submit_errors),
-                    },
-                }
-            },
-            surfaces.ALPHA_QUERY_PATH: {
-                "get": {
-                    "operationId": "alphaRecordInfo",
-                    "parameters": [
-                        {"name": "taskId", "in": "query", "required": True, "schema": _TASK_ID}
-                    ],
-                    "responses": {**_ok("AlphaTaskRecord"), **_errors("AlphaError", *query_errors)},
-                }
-            },
-            surfaces.BETA_SUBMIT_PATH: {
-                "post": {
-                    "operationId": "betaGenerate",
-                    "parameters": [_IDEMPOTENCY_KEY],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/BetaSubmitRequest"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        **_ok("BetaSubmitResponse", _REPLAYED),
-                        **_errors("BetaError", *submit_errors),
-                    },
-                }
-            },
-            surfaces.BETA_QUERY_PATH: {
-                "get": {
-                    "operationId": "betaTask",
-                    "parameters": [
-                        {"name": "id", "in": "path", "required": True, "schema": _TASK_ID}
-                    ],
-                    "responses": {**_ok("BetaTaskRecord"), **_errors("BetaError", *query_errors)},
-                }
-            },
-            "/results/{file}": _results_path(),
-        },
+        "paths": paths,
     }

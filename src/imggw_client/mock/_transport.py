@@ -7,15 +7,11 @@ names, so that origin reaches this gateway from any client built on the transpor
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
-from ._gateway import MockRequest, MockResponse
-
-if TYPE_CHECKING:
-    from ._gateway import MockGateway
+from ._messages import Gateway, MockRequest, MockResponse
 
 
 class MockTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -26,7 +22,7 @@ class MockTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         http = httpx.Client(transport=gateway.transport())
     """
 
-    def __init__(self, gateway: MockGateway) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
