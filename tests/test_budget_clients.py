@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Hashable
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ import pytest
 from imggw_client import (
     AsyncClient,
     Client,
+    ConfigurationError,
     PollPolicy,
     RateLimit,
     RetryPolicy,
@@ -24,6 +26,7 @@ from imggw_client import (
 )
 from imggw_client.mock import MockGateway
 
+from .conftest import Driven, beta_error, beta_task
 from .loopback import http_json, raw_server
 from .test_core_flows import Script, error, flows, task
 
@@ -192,3 +195,85 @@ def test_a_wait_retrying_up_to_its_deadline_sends_nothing_with_no_time_left() ->
         script.run(waiting.wait("9", surface=None, timeout=3))
     assert script.now == pytest.approx(3.0)
     assert all(send.timeout > 0 for _, send in script.sent)
+
+
+# ---------------------------------------------------------------------------- held elsewhere
+
+
+class Holder:
+    """A budget held elsewhere (a SyncBudgetService) that notes every question; the first slot
+    it hands out comes ``first_wait`` seconds later, every other at once."""
+
+    def __init__(self, first_wait: float = 0.0) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.first_wait = first_wait
+
+    def reserve(self, kind: str) -> tuple[Hashable, float]:
+        self.calls.append(("reserve", kind))
+        ticket = sum(1 for call in self.calls if call[0] == "reserve")
+        return ticket, self.first_wait if ticket == 1 else 0.0
+
+    def wait_time(self, ticket: Hashable) -> float:
+        self.calls.append(("wait_time", ticket))
+        return 0.0
+
+    def release(self, ticket: Hashable) -> None:
+        self.calls.append(("release", ticket))
+
+    def finished(self, ticket: Hashable, **how: Any) -> None:  # limited, retry_after, backoff
+        self.calls.append(("finished", ticket, how["limited"], how["retry_after"]))
+
+
+class AsyncHolder:
+    """The same, as a BudgetService: every method a coroutine function."""
+
+    def __init__(self, holder: Holder) -> None:
+        self.holder = holder
+
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        return self.holder.reserve(kind)
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        return self.holder.wait_time(ticket)
+
+    async def release(self, ticket: Hashable) -> None:
+        self.holder.release(ticket)
+
+    async def finished(self, ticket: Hashable, **how: Any) -> None:
+        self.holder.finished(ticket, **how)
+
+
+def service_for(client: Driven, holder: Holder) -> Any:
+    return holder if isinstance(client.inner, Client) else AsyncHolder(holder)
+
+
+@pytest.mark.anyio
+async def test_both_clients_ask_a_shared_budget_for_every_request(client: Driven, gw: Any) -> None:
+    holder = Holder(first_wait=2.0)
+    client.inner.share_budget(service_for(client, holder))
+    gw.get("/beta/v1/tasks/42").mock(
+        side_effect=[beta_error(429, "rate_limited", retry_after="1"), beta_task("42")]
+    )
+    task = await client.get("42")
+    assert task.id == "42"
+    assert holder.calls == [
+        ("reserve", "query"),
+        ("wait_time", 1),  # after the wait the holder asked for
+        ("finished", 1, True, 1.0),  # the 429 and its hint, for the holder's whole budget
+        ("reserve", "query"),
+        ("finished", 2, False, None),
+    ]
+    assert client.fake.slept[0] == 2.0
+    copy = client.inner.with_options(timeout=5)  # a copy made from now on shares it too
+    assert copy._flows.budget is client.inner._flows.budget
+
+
+@pytest.mark.anyio
+async def test_a_shared_budget_of_the_wrong_kind_is_refused(client: Driven) -> None:
+    wrong = AsyncHolder(Holder()) if isinstance(client.inner, Client) else Holder()
+    with pytest.raises(ConfigurationError, match="BudgetService"):
+        client.inner.share_budget(wrong)
+
+
+def test_the_dask_drivers_name_for_sharing_a_budget_still_works() -> None:
+    assert AsyncClient._use_budget is AsyncClient.share_budget

@@ -9,6 +9,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from imggw_client import (
     RetryPolicy,
     UnknownOutcomeError,
 )
-from imggw_client.mock import MockGateway
+from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
 from .loopback import raw_server
 
@@ -48,17 +49,17 @@ def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(url: str)
     client = Client(api_key="test-key", base_url=url, timeout=30, poll=FAST,
                     rate_limit=RateLimit(queries_per_second=50))  # fmt: skip
     quick = client.with_options(timeout=5, max_retries=1, poll=PollPolicy(initial_interval=2.0))
-    assert quick._settings.timeout == 5.0
-    assert quick._settings.retry.max_attempts == 2
-    assert quick._settings.poll.initial_interval == 2.0
-    assert client._settings.timeout == 30.0  # the original is unchanged
-    assert client._settings.retry.max_attempts == 6
-    assert client._settings.poll == FAST
+    assert quick.timeout == 5.0
+    assert quick.retry.max_attempts == 2
+    assert quick.poll.initial_interval == 2.0
+    assert client.timeout == 30.0  # the original is unchanged
+    assert client.retry.max_attempts == 6
+    assert client.poll == FAST
     assert quick._http is client._http  # one connection pool
     assert quick._flows.budget is client._flows.budget  # one budget
     assert quick.rate_limit == client.rate_limit
     retry = RetryPolicy(max_attempts=9)
-    assert client.with_options(retry=retry)._settings.retry is retry
+    assert client.with_options(retry=retry).retry is retry
     sub = quick.submit("a lighthouse")
     assert client.get(sub.task_id).id == sub.task_id
     quick.close()  # closing the copy leaves the original working
@@ -180,3 +181,94 @@ def test_a_gateway_wired_async_client_works_under_a_second_event_loop() -> None:
     asyncio.run(client.submit("a red fox"))
     assert gateway.stats()["tasks_created"] == 2
     asyncio.run(client.close())
+
+
+# ---------------------------------------------------------------------------- transport=
+
+
+class Recording(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """A transport (both kinds) over another that notes whether it was closed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.closed = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response: httpx.Response = self.inner.handle_request(request)
+        return response
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response: httpx.Response = await self.inner.handle_async_request(request)
+        return response
+
+    def close(self) -> None:
+        self.closed += 1
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+def test_a_client_over_a_transport_owns_the_http_client_it_makes() -> None:
+    gateway = MockGateway(duration_min=30, duration_max=30)
+    transport = Recording(gateway.transport())
+    client = Client(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
+                    transport=transport)  # fmt: skip
+    copy = client.with_options(timeout=5)
+    sub = copy.submit("a lighthouse")
+    copy.close()  # a copy borrows the connection: it stays open
+    assert transport.closed == 0
+    assert client.get(sub.task_id).id == sub.task_id
+    client.close()
+    assert transport.closed == 1  # closed with the client that made it
+    assert gateway.stats()["tasks_created"] == 1
+
+
+@pytest.mark.anyio
+async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes() -> None:
+    gateway = MockGateway(duration_min=30, duration_max=30)
+    transport = Recording(gateway.transport())
+    async with AsyncClient(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
+                           transport=transport) as client:  # fmt: skip
+        sub = await client.submit("a lighthouse")
+        assert (await client.get(sub.task_id)).id == sub.task_id
+        assert transport.closed == 0
+    assert transport.closed == 1
+
+
+def test_an_async_client_over_a_transport_makes_its_http_client_again_on_a_new_loop() -> None:
+    gateway = MockGateway(duration_min=30, duration_max=30)
+    transport = Recording(gateway.transport())
+    client = AsyncClient(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
+                         transport=transport)  # fmt: skip
+
+    async def then_close() -> None:
+        await client.submit("a red fox")  # over the same transport: it holds no connections
+        await client.close()
+
+    asyncio.run(client.submit("a lighthouse"))
+    asyncio.run(then_close())
+    assert gateway.stats()["tasks_created"] == 2
+    assert transport.closed == 1  # the HTTP client made on the second loop, closed there
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_pooling_transport_on_another_loop_is_refused_before_sending(
+    gateway: MockGateway, url: str
+) -> None:
+    client = AsyncClient(api_key="test-key", base_url=url, transport=httpx.AsyncHTTPTransport())
+    asyncio.run(client.submit("a lighthouse"))
+    with pytest.raises(ConfigurationError, match="event loop"):
+        asyncio.run(client.submit("a red fox"))  # its pool's sockets died with the first loop
+    assert gateway.stats()["tasks_created"] == 1  # nothing sent, nothing billed
+    del client
+    gc.collect()  # the pool died with its loop: reported here, under these filters
+
+
+def test_the_settings_a_client_shows_are_read_only() -> None:
+    client = Client(api_key="test-key", base_url="http://127.0.0.1:9", timeout=7, poll=FAST)
+    assert (client.timeout, client.retry.max_attempts, client.poll) == (7.0, 6, FAST)
+    for name in ("timeout", "retry", "poll"):
+        with pytest.raises(AttributeError):
+            setattr(client, name, None)
+    client.close()

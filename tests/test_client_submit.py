@@ -12,6 +12,7 @@ import respx
 from imggw_client import (
     APIConnectionError,
     AuthenticationError,
+    ConfigurationError,
     IdempotencyConflictError,
     InvalidRequestError,
     NotFoundError,
@@ -22,6 +23,7 @@ from imggw_client import (
 )
 
 from .conftest import (
+    BASE_URL,
     CANARY_KEY,
     Driven,
     FakeTime,
@@ -201,7 +203,6 @@ async def test_retryable_submit_faults_are_retried_with_the_same_key_and_body(
     [
         (beta_error(400, "bad_request"), InvalidRequestError),
         (beta_error(401, "unauthorized"), AuthenticationError),
-        (beta_error(404, "not_found"), NotFoundError),
         (beta_error(422, "idempotency_key_reused"), IdempotencyConflictError),
         (beta_error(409, "idempotency_key_reused"), IdempotencyConflictError),
     ],
@@ -216,6 +217,22 @@ async def test_non_retryable_submit_errors_are_raised_after_one_attempt(
     assert info.value.status_code == fault.status_code
     assert info.value.surface == "beta"
     assert info.value.message == "refused"
+
+
+@pytest.mark.parametrize("surface", ["alpha", "beta"])
+async def test_a_submit_answered_404_is_a_wrong_base_url_not_a_missing_task(
+    client: Driven, gw: respx.MockRouter, surface: str
+) -> None:
+    # A submit names no task: only its route can be missing, which is the base URL's fault.
+    fault = beta_error(404, "not_found") if surface == "beta" else alpha_error(404, "no route")
+    route = gw.post(BETA_SUBMIT if surface == "beta" else ALPHA_SUBMIT).mock(return_value=fault)
+    with pytest.raises(ConfigurationError) as info:
+        await client.submit("a cat", surface=surface)
+    assert route.call_count == 1
+    assert info.value.status_code == 404
+    assert info.value.code == "not_found"
+    assert f"no submit route at {BASE_URL}" in info.value.message
+    assert not isinstance(info.value, NotFoundError)
 
 
 async def test_alpha_error_on_http_200_is_detected(client: Driven, gw: respx.MockRouter) -> None:

@@ -6,13 +6,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from imggw_client import (
+    APITimeoutError,
     AsyncClient,
     Client,
     PollPolicy,
@@ -22,7 +27,7 @@ from imggw_client import (
 )
 
 from .conftest import CANARY_KEY, PNG
-from .loopback import dropping_server, http_json, serve_asgi
+from .loopback import drip, dropping_server, http_json, raw_server, serve_asgi
 
 pytestmark = pytest.mark.anyio
 
@@ -166,3 +171,40 @@ async def test_nothing_listening_is_a_connection_error() -> None:
         with pytest.raises(APIConnectionError) as info:
             await client.submit("a cat")
     assert info.value.request_sent is False
+
+
+def test_an_http_client_made_like_the_clients_own_keeps_its_whole_request_deadline() -> None:
+    # A caller who needs their own httpx.Client (a User-Agent, here) keeps what the SDK's own
+    # has: a reply that drips its headers a byte at a time still ends within the timeout.
+    stop = threading.Event()
+    running = json.dumps({"code": 200, "data": {"id": "1", "status": "processing"}}).encode()
+    agents: list[bytes] = []
+
+    def answer(conn: socket.socket, n: int, head: bytes) -> None:
+        agents.append(
+            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"user-agent"))
+        )
+        drip(conn, http_json(200, running), 0.3, stop)
+
+    with raw_server(answer) as url:
+        http = Client.make_http_client(headers={"User-Agent": "my-app/2.1"})
+        client = Client(api_key=CANARY_KEY, base_url=url, timeout=1, http_client=http,
+                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+        started = time.monotonic()
+        with client, pytest.raises(APITimeoutError):
+            client.get("1")
+        took = time.monotonic() - started
+        stop.set()
+    assert took < 1.6  # its 1 s, however slowly the headers come
+    assert not http.is_closed  # the caller's, to close
+    http.close()
+    assert agents[0].startswith(b"User-Agent: my-app/2.1 imggw-python/")
+
+
+async def test_an_async_http_client_made_like_the_clients_own() -> None:
+    http = AsyncClient.make_http_client(headers={"User-Agent": "my-app/2.1"})
+    assert isinstance(http, httpx.AsyncClient)
+    async with http, AsyncClient(api_key=CANARY_KEY, base_url="http://127.0.0.1:9",
+                                 http_client=http) as client:  # fmt: skip
+        assert not client.is_closed
+    assert http.is_closed

@@ -46,8 +46,10 @@ PINNED |= API_ERRORS
 ADDED = {
     "APIConnectionError",
     "APITimeoutError",
+    "BudgetService",
     "ClientClosedError",
     "ConflictError",
+    "SyncBudgetService",
     "__version__",
 }
 
@@ -93,6 +95,16 @@ def test_public_names_have_docstrings_with_an_example(name: str) -> None:
 
 
 PUBLIC_METHODS = ["submit", "get", "wait", "generate", "download", "close"]
+# What other packages (the batch runner, the Dask driver, the CLI, the reference gateway) use
+# instead of a client's privates; each documented on both clients.
+SEAMS = ["make_http_client", "share_budget", "redact", "timeout", "retry", "poll"]
+
+
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+@pytest.mark.parametrize("name", SEAMS)
+def test_the_seams_are_public_and_documented_with_an_example(cls: type, name: str) -> None:
+    doc = inspect.getdoc(getattr(cls, name)) or ""
+    assert "Example" in doc, (cls, name)
 
 
 def test_sync_and_async_clients_have_the_same_public_methods_and_parameters() -> None:
@@ -133,6 +145,7 @@ def test_client_signature_matches_the_design() -> None:
         "poll",
         "rate_limit",
         "http_client",
+        "transport",
     ]
     defaults = {k: p.default for k, p in sig.parameters.items()}
     assert defaults["surface"] == "beta"
@@ -141,6 +154,8 @@ def test_client_signature_matches_the_design() -> None:
     assert defaults["retry"] is None
     assert defaults["poll"] == imggw_client.PollPolicy()
     assert defaults["rate_limit"] is None
+    assert defaults["http_client"] is None
+    assert defaults["transport"] is None
     submit = inspect.signature(Client.submit).parameters
     assert submit["aspect_ratio"].default == "auto"
     assert submit["resolution"].default == "1k"

@@ -120,6 +120,21 @@ def test_configuration_comes_from_arguments_then_environment(
             {},
             "httpx.Client",
         ),
+        (
+            {"api_key": "k", "base_url": BASE_URL, "transport": httpx.AsyncHTTPTransport()},
+            {},
+            r"transport must be an httpx\.BaseTransport",
+        ),
+        (
+            {
+                "api_key": "k",
+                "base_url": BASE_URL,
+                "http_client": httpx.Client(),
+                "transport": httpx.HTTPTransport(),
+            },
+            {},
+            "either http_client= or transport=",
+        ),
     ],
 )
 def test_configuration_errors(
@@ -139,15 +154,30 @@ def test_async_client_wants_an_async_http_client() -> None:
         AsyncClient(api_key="k", base_url=BASE_URL, http_client=httpx.Client())  # type: ignore[arg-type]
 
 
+def test_async_client_wants_an_async_transport() -> None:
+    with pytest.raises(ConfigurationError, match=r"httpx\.AsyncBaseTransport"):
+        AsyncClient(api_key="k", base_url=BASE_URL, transport=httpx.HTTPTransport())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="not both"):
+        AsyncClient(api_key="k", base_url=BASE_URL, http_client=httpx.AsyncClient(),
+                    transport=httpx.AsyncHTTPTransport())  # fmt: skip
+
+
 def test_max_retries_is_the_retry_policy_shortcut() -> None:
     with Client(api_key="k", base_url=BASE_URL, max_retries=2) as client:
-        assert client._settings.retry.max_attempts == 3
+        assert client.retry.max_attempts == 3
     policy = RetryPolicy(max_attempts=9)
     with Client(
         api_key="k", base_url=BASE_URL, retry=policy, poll=PollPolicy(max_interval=5)
     ) as client:
-        assert client._settings.retry is policy
-        assert client._settings.poll.max_interval == 5
+        assert client.retry is policy
+        assert client.poll.max_interval == 5
+
+
+async def test_redact_blanks_the_key_in_any_text(client: Driven) -> None:
+    text = f"refused: Bearer {CANARY_KEY} (key {CANARY_KEY})"
+    assert client.inner.redact(text) == "refused: Bearer [redacted] (key [redacted])"
+    assert client.inner.redact("nothing secret") == "nothing secret"
+    assert client.inner.with_options(timeout=3).redact(CANARY_KEY) == "[redacted]"
 
 
 def test_a_callers_http_client_is_used_and_left_open() -> None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from ._async_client import AsyncClient
     from ._client import Client
     from ._config import PollPolicy, RateLimit, RetryPolicy
+    from ._core.budget import BudgetService, SyncBudgetService
     from ._exceptions import (
         APIConnectionError,
         APIError,
@@ -50,6 +51,7 @@ __all__ = [
     "APITimeoutError",
     "AsyncClient",
     "AuthenticationError",
+    "BudgetService",
     "Client",
     "ClientClosedError",
     "ConfigurationError",
@@ -71,6 +73,7 @@ __all__ = [
     "RetryPolicy",
     "ServerError",
     "Submission",
+    "SyncBudgetService",
     "Task",
     "TaskError",
     "TaskFailedError",
@@ -88,6 +91,8 @@ _HOMES = {
     "PollPolicy": "._config",
     "RateLimit": "._config",
     "RetryPolicy": "._config",
+    "BudgetService": "._core.budget",
+    "SyncBudgetService": "._core.budget",
     **dict.fromkeys(
         ["DownloadedFile", "ImageRequest", "Submission", "Task", "TaskError", "TaskStatus"],
         "._models",

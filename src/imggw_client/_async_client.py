@@ -1,20 +1,19 @@
-"""The asynchronous client: performs the core's actions with an ``httpx.AsyncClient`` and
-``anyio`` (so it runs under asyncio and trio)."""
+"""The ``AsyncClient``: it performs the core's actions with the I/O of ``_io_async``.
+
+This file is the single source of both clients: ``scripts/unasync.py`` generates the other
+from it. Every way in which the two differ lives in ``_io_async`` (and its twin): edit this
+file, then run the script."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-import anyio
 import httpx
 
+from . import _io_async as _io
 from . import _transport
 from ._base_client import (
     DEFAULT_DOWNLOAD_CONCURRENCY,
@@ -40,11 +39,10 @@ from ._core.wire import (
     TransportFailure,
 )
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
-from ._exceptions import ConfigurationError, DownloadError, ImggwError
+from ._exceptions import ImggwError
 from ._models import DownloadedFile, Submission, Task
 
 T = TypeVar("T")
-OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
 
 __all__ = ["AsyncClient"]
 
@@ -53,13 +51,16 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     """The asynchronous imggw client: the same API as :class:`Client`, awaited.
 
     ``api_key`` and ``base_url`` fall back to ``IMGGW_API_KEY`` and ``IMGGW_BASE_URL``. Pass
-    ``http_client=`` to use your own ``httpx.Client`` (proxies, custom transports); it is not
-    closed by :meth:`close`. Share one client between tasks.
+    ``http_client=`` to use your own ``httpx.AsyncClient`` (proxies, mounts); it is not closed
+    by :meth:`close`. Or pass ``transport=`` (an ``httpx.AsyncBaseTransport``): the client
+    makes its own HTTP client over it, and closes both.
+    Share one client between tasks.
 
     An ``AsyncClient`` may be used under one event loop after another (several
     ``asyncio.run()`` calls): the HTTP client it made is replaced on the new loop. A caller's
-    own ``http_client`` belongs to its loop: using it under another raises
-    :class:`ConfigurationError` before anything is sent.
+    own ``http_client``, or a transport that pools connections (``httpx.AsyncHTTPTransport``),
+    belongs to its loop: using it under another raises :class:`ConfigurationError` before
+    anything is sent.
 
     Example::
 
@@ -69,6 +70,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     """
 
     _http_type = httpx.AsyncClient
+    _transport_type = httpx.AsyncBaseTransport
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         poll: PollPolicy = DEFAULT_POLL,
         rate_limit: RateLimit | None = None,
         http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(
             api_key,
@@ -93,8 +96,23 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             poll=poll,
             rate_limit=rate_limit,
             http_client=http_client,
+            transport=transport,
         )
-        self._sleep: Callable[[float], Awaitable[None]] = anyio.sleep
+        self._sleep = _io.sleep
+
+    @staticmethod
+    def make_http_client(**options: Any) -> httpx.AsyncClient:
+        """A new ``httpx.AsyncClient`` (``options`` as for httpx), made as this client makes
+        its own: for an ``http_client=`` of yours (headers, proxies, limits) that keeps what
+        the client's own has (``Client``'s has a network layer that ends each whole request
+        within its timeout, however slowly a server answers). Yours to close.
+
+        Example::
+
+            http = AsyncClient.make_http_client(headers={"User-Agent": "my-app/2.1"})
+            client = AsyncClient(http_client=http)
+        """
+        return _io.new_http(**options)
 
     async def submit(
         self,
@@ -142,13 +160,13 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         *,
         surface: str | None = None,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
-        on_update: OnUpdate | None = None,
+        on_update: _io.OnUpdate | None = None,
     ) -> Task:
         """Polls until the task succeeds (returned) or fails (:class:`TaskFailedError`).
 
         Past ``timeout`` seconds it raises :class:`WaitTimeoutError`, which is not a failure:
         wait again on ``err.task_id``. ``on_update(task)`` is called on every new status or
-        progress. A wait never submits.
+        progress (a coroutine it returns is awaited). A wait never submits.
 
         Example::
 
@@ -168,7 +186,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         idempotency_key: str | None = None,
         validate: bool = True,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
-        on_update: OnUpdate | None = None,
+        on_update: _io.OnUpdate | None = None,
     ) -> Task:
         """Submits and waits: :meth:`submit` then :meth:`wait`.
 
@@ -225,26 +243,31 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             timeout=timeout,
             prefix=prefix,
         )
-        limiter = anyio.CapacityLimiter(check_concurrency(concurrency))
-        results: list[DownloadedFile | BaseException] = [
-            DownloadError("not started") for _ in flows
-        ]
+        limit = check_concurrency(concurrency)
+        return first_error(await _io.map_concurrently(self._run_catching, flows, limit))
 
-        async def run(index: int) -> None:
-            async with limiter:
-                results[index] = await self._run_catching(flows[index])
+    def share_budget(self, service: BudgetService) -> None:
+        """Makes every request of this client (and of the ``with_options`` copies made from
+        now on) wait for a slot of a request budget held elsewhere and shared with other
+        processes: one budget for a whole run on many machines, as the Dask driver of
+        ``imggw_client.batch`` holds on its scheduler. ``service`` is a
+        :class:`BudgetService`, whose methods this client awaits. Its ceilings are the
+        holder's; this client's own ``rate_limit`` no longer applies.
 
-        async with anyio.create_task_group() as group:
-            for index in range(len(flows)):
-                group.start_soon(run, index)
-        return first_error(results)
+        Example::
+
+            client.share_budget(service)   # from now on every request waits for a slot
+        """
+        self._flows.budget = RemoteBudget(_io.checked_service(service))
+
+    _use_budget = share_budget  # the name the Dask driver used; to go once it calls the above
 
     async def close(self) -> None:
         """Closes the HTTP client if this client created it. Calls made after it, or cut short
-        by it, raise :class:`ClientClosedError` (a submit whose outcome is unknown:
-        :class:`UnknownOutcomeError` with its key)."""
+        by it from another task, raise :class:`ClientClosedError` (a submit whose outcome is
+        unknown: :class:`UnknownOutcomeError` with its key)."""
         self._closed = True
-        if self._owns_http and self._conn.loop in (None, _current_loop()):
+        if self._owns_http and self._conn.loop in (None, _io.current_loop()):
             await self._http.aclose()
         # Else its connections belong to an event loop that is gone: nothing can close them.
 
@@ -261,7 +284,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
     # ------------------------------------------------------------------------ driver
 
-    async def _run(self, flow: Flow[T], on_update: OnUpdate | None = None) -> T:
+    async def _run(self, flow: Flow[T], on_update: _io.OnUpdate | None = None) -> T:
         outcome: Any = None
         while True:
             try:
@@ -280,33 +303,24 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         except Exception as exc:
             return exc
 
-    async def _perform(self, action: Action, on_update: OnUpdate | None) -> Any:
+    async def _perform(self, action: Action, on_update: _io.OnUpdate | None) -> Any:
         if isinstance(action, Send):
             return await self._send(action)
         if isinstance(action, Sleep):
             await self._sleep(action.seconds)
         elif isinstance(action, Notify):
             if on_update is not None:
-                result = on_update(action.task)
-                if inspect.isawaitable(result):
-                    await result
+                await _io.notify(on_update, action.task)
         elif isinstance(action, Fetch):
             return await self._fetch(action)
         else:
             return await self._budget_call(action)
         return None
 
-    def _use_budget(self, service: BudgetService) -> None:
-        """Makes every request of this client (and of copies made from now on) wait for a slot
-        of a budget held elsewhere, shared with other processes: one budget for a whole run on
-        many machines (DESIGN 9, 10). Its ceilings are the holder's; this client's own
-        ``rate_limit`` no longer applies."""
-        self._flows.budget = RemoteBudget(service)
-
     async def _budget_call(self, action: Pace | Paced) -> Any:
         budget = self._flows.budget
         assert isinstance(budget, RemoteBudget), "only a shared budget yields these"
-        service = budget.service
+        service = cast(BudgetService, budget.service)  # share_budget checked its kind
         if isinstance(action, Pace):
             if action.ticket is None:
                 return await service.reserve(action.kind)
@@ -321,40 +335,24 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             )  # fmt: skip
         return None
 
-    def _on_this_loop(self) -> None:
-        """Connections belong to the event loop that opened them; one used from a later loop
-        fails after the request was written (a task billed, the answer lost). So on a new
-        loop our own HTTP client is replaced before anything is sent, and a caller's is
-        refused."""
-        loop = _current_loop()
-        conn = self._conn
-        if conn.loop is None or conn.loop is loop:
-            conn.loop = loop
-            return
-        if conn.factory is None:
-            raise ConfigurationError(
-                "this AsyncClient's http_client was used under another event loop; make the "
-                "client (and its http_client) inside the event loop that uses it"
-            )
-        conn.http, conn.loop = conn.factory(), loop  # the old loop is gone, and its sockets
-
     async def _send(self, send: Send) -> Reply | TransportFailure:
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._on_this_loop()
+        self._conn.claim(_io.current_loop())
         request = _transport.build_request(self._http, self._settings, send, self._agent)
         started = time.perf_counter()
         body = _transport.Body()
         try:
-            with anyio.fail_after(send.timeout):
+            with _io.bounded(send.timeout) as deadline:
                 response = await self._http.send(request, stream=True)
                 try:
                     async for chunk in response.aiter_bytes():
                         body.add(chunk)
+                        _io.check_deadline(deadline)
                 finally:
                     await response.aclose()
-        except (*_transport.FAILURES, TimeoutError) as exc:
+        except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except Exception as exc:
             return self._failure(exc)
@@ -364,10 +362,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._on_this_loop()
+        self._conn.claim(_io.current_loop())
         sink = Sink(fetch)
         try:
-            with anyio.fail_after(fetch.timeout):
+            with _io.bounded(fetch.timeout) as deadline:
                 async with self._http.stream(
                     "GET",
                     fetch.url,
@@ -381,9 +379,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                         sink.write(chunk)
                         if sink.too_large:
                             return Fetched(200, too_large=True)
-                    # fsync can take long on a busy disk: off the event loop, others go on.
-                    return await anyio.to_thread.run_sync(sink.finish, response.headers)
-        except (*_transport.FAILURES, TimeoutError) as exc:
+                        _io.check_deadline(deadline)
+                    return await _io.run_sync(sink.finish, response.headers)
+        except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except ImggwError:
             raise  # the disk, not the network: never retried as a fault of the link
@@ -391,10 +389,3 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             return self._failure(exc)
         finally:
             sink.discard()
-
-
-def _current_loop() -> object:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio: anyio's other backend
-        return importlib.import_module("trio").lowlevel.current_trio_token()

@@ -1,10 +1,11 @@
 """What Client and AsyncClient share: settings, the core flows, the HTTP connection and its
-ownership, ``with_options``. The drivers add only how actions are performed (blocking or
-awaited)."""
+ownership, ``with_options``, the read-only views of the settings. The drivers add only how
+actions are performed (blocking or awaited)."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import random
 from collections.abc import Callable
@@ -14,11 +15,13 @@ import httpx
 
 from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
 from ._core.flows import Flows, log
+from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
 from ._exceptions import ConfigurationError
 from ._transport import user_agent
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 B = TypeVar("B", bound="BaseClient[Any]")
 
 DEFAULT_TIMEOUT = 30.0
@@ -43,7 +46,8 @@ def key_fingerprint(api_key: str) -> str:
 
 class Connection(Generic[H]):
     """The HTTP client behind a client and all its ``with_options`` copies. ``factory`` makes a
-    fresh one (None for a caller's own client, which we never replace)."""
+    fresh one (None for a caller's own client, or one over a transport that pools connections:
+    neither can be replaced)."""
 
     def __init__(self, http: H, *, owned: bool, factory: Callable[[], H] | None) -> None:
         self.http: H = http
@@ -51,10 +55,28 @@ class Connection(Generic[H]):
         self.factory: Callable[[], H] | None = factory
         self.loop: object = None  # the event loop an AsyncClient's connections belong to
 
+    def claim(self, loop: object) -> None:
+        """Connections belong to the event loop that opened them; one used from a later loop
+        fails after the request was written (a task billed, the answer lost). So on a new
+        loop our own HTTP client is replaced before anything is sent, and one that cannot be
+        is refused. Threads have no loop (``None``): nothing to do."""
+        if self.loop is None or self.loop is loop:
+            self.loop = loop
+            return
+        if self.factory is None:
+            raise ConfigurationError(
+                "this AsyncClient's connections were opened under another event loop (its "
+                "http_client's, or its transport's pool); make the client (and its http_client "
+                "or transport) inside the event loop that uses it"
+            )
+        self.http, self.loop = self.factory(), loop  # the old loop is gone, and its sockets
+
 
 class BaseClient(Generic[H]):
     _http_type: type[H]
+    _transport_type: type[Any]
     _conn: Connection[H]
+    make_http_client: Callable[..., H]  # the driver's: how it makes its own HTTP client
 
     def __init__(
         self,
@@ -68,6 +90,7 @@ class BaseClient(Generic[H]):
         poll: PollPolicy | None,
         rate_limit: RateLimit | None,
         http_client: H | None,
+        transport: Transport | None,
     ) -> None:
         self._settings: Settings = resolve_settings(
             api_key,
@@ -80,21 +103,24 @@ class BaseClient(Generic[H]):
             rate_limit=rate_limit,
         )
         self._flows = Flows(self._settings)
-        if http_client is not None and not isinstance(http_client, self._http_type):
-            raise ConfigurationError(
-                f"http_client must be an {self._http_type.__module__}.{self._http_type.__name__}"
-            )
-        if http_client is None:
-            factory = self._new_http
-            self._conn = Connection(factory(), owned=True, factory=factory)
-        else:
-            self._conn = Connection(http_client, owned=False, factory=None)
+        self._conn = self._connect(http_client, transport)
         self._agent = user_agent(self._conn.http)
         self._closed = False
         self._copy = False  # a with_options copy never closes the connection it borrows
 
-    def _new_http(self) -> H:
-        return self._http_type()
+    def _connect(self, http_client: H | None, transport: Transport | None) -> Connection[H]:
+        if http_client is not None:
+            _require_type("http_client", http_client, self._http_type)
+            if transport is not None:
+                raise ConfigurationError("pass either http_client= or transport=, not both")
+            return Connection(http_client, owned=False, factory=None)
+        if transport is not None:
+            _require_type("transport", transport, self._transport_type)
+        factory = functools.partial(self.make_http_client, transport=transport)
+        # A pool's connections belong to the event loop that opened them: one made again
+        # over the same pool would be no fresher.
+        pooled = isinstance(transport, (httpx.HTTPTransport, httpx.AsyncHTTPTransport))
+        return Connection(factory(), owned=True, factory=None if pooled else factory)
 
     @property
     def _http(self) -> H:
@@ -132,6 +158,47 @@ class BaseClient(Generic[H]):
             cached = key_fingerprint(self._settings.api_key)
             self.__dict__["_key_fingerprint"] = cached
         return cached
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each request may take, from sending it to its last byte.
+
+        Example::
+
+            client.with_options(timeout=120).timeout    # 120.0
+        """
+        return self._settings.timeout
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The :class:`RetryPolicy` of this client's requests (``max_retries`` included).
+
+        Example::
+
+            Client(max_retries=2).retry.max_attempts    # 3
+        """
+        return self._settings.retry
+
+    @property
+    def poll(self) -> PollPolicy:
+        """The :class:`PollPolicy` of this client's waits.
+
+        Example::
+
+            delay = client.poll.initial_interval
+        """
+        return self._settings.poll
+
+    def redact(self, text: str) -> str:
+        """``text`` with every occurrence of this client's API key replaced by ``[redacted]``:
+        for a log line built from an exception or a gateway's words, without ever holding the
+        key.
+
+        Example::
+
+            log.warning("line 7 failed: %s", client.redact(str(err)))
+        """
+        return text.replace(self._settings.api_key, REDACTED)
 
     @property
     def rate_limit(self) -> RateLimit:
@@ -193,3 +260,8 @@ class BaseClient(Generic[H]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, surface={self.surface!r})"
+
+
+def _require_type(name: str, value: object, expected: type[Any]) -> None:
+    if not isinstance(value, expected):
+        raise ConfigurationError(f"{name} must be an {expected.__module__}.{expected.__name__}")

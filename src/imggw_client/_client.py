@@ -1,17 +1,23 @@
-"""The blocking client: performs the core's actions with an ``httpx.Client`` and ``time.sleep``."""
+# Generated from src/imggw_client/_async_client.py by `python scripts/unasync.py`: do not edit.
+# Edit that file (or the primitives in _io_async.py / _io_sync.py) and run the command again;
+# `python scripts/unasync.py --check` (tests/test_sync_generated.py) fails while the two differ.
+# This file mirrors _async_client.py line for line by design: a duplicate finder pairs them.
+"""The ``Client``: it performs the core's actions with the I/O of ``_io_sync``.
+
+Generated from ``_async_client.py``, the single source of both clients (see the comment
+above): every way in which the two differ lives in ``_io_sync`` and its twin."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 
-from . import _deadline, _transport
+from . import _io_sync as _io
+from . import _transport
 from ._base_client import (
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
@@ -21,14 +27,25 @@ from ._base_client import (
     BaseClient,
 )
 from ._config import PollPolicy, RateLimit, RetryPolicy
+from ._core.budget import RemoteBudget, SyncBudgetService
 from ._core.flows import Flow
-from ._core.wire import Action, Fetch, Fetched, Notify, Reply, Send, Sleep, TransportFailure
+from ._core.wire import (
+    Action,
+    Fetch,
+    Fetched,
+    Notify,
+    Pace,
+    Paced,
+    Reply,
+    Send,
+    Sleep,
+    TransportFailure,
+)
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._exceptions import ImggwError
 from ._models import DownloadedFile, Submission, Task
 
 T = TypeVar("T")
-OnUpdate = Callable[[Task], Any]
 
 __all__ = ["Client"]
 
@@ -37,8 +54,10 @@ class Client(BaseClient[httpx.Client]):
     """The blocking imggw client.
 
     ``api_key`` and ``base_url`` fall back to ``IMGGW_API_KEY`` and ``IMGGW_BASE_URL``. Pass
-    ``http_client=`` to use your own ``httpx.Client`` (proxies, custom transports); it is not
-    closed by :meth:`close`. Thread-safe: share one client between threads.
+    ``http_client=`` to use your own ``httpx.Client`` (proxies, mounts); it is not closed
+    by :meth:`close`. Or pass ``transport=`` (an ``httpx.BaseTransport``): the client
+    makes its own HTTP client over it, and closes both.
+    Thread-safe: share one client between threads.
 
     Example::
 
@@ -48,9 +67,7 @@ class Client(BaseClient[httpx.Client]):
     """
 
     _http_type = httpx.Client
-
-    def _new_http(self) -> httpx.Client:
-        return _deadline.bounded_client()
+    _transport_type = httpx.BaseTransport
 
     def __init__(
         self,
@@ -64,6 +81,7 @@ class Client(BaseClient[httpx.Client]):
         poll: PollPolicy = DEFAULT_POLL,
         rate_limit: RateLimit | None = None,
         http_client: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(
             api_key,
@@ -75,8 +93,23 @@ class Client(BaseClient[httpx.Client]):
             poll=poll,
             rate_limit=rate_limit,
             http_client=http_client,
+            transport=transport,
         )
-        self._sleep: Callable[[float], None] = time.sleep
+        self._sleep = _io.sleep
+
+    @staticmethod
+    def make_http_client(**options: Any) -> httpx.Client:
+        """A new ``httpx.Client`` (``options`` as for httpx), made as this client makes
+        its own: for an ``http_client=`` of yours (headers, proxies, limits) that keeps what
+        the client's own has (``Client``'s has a network layer that ends each whole request
+        within its timeout, however slowly a server answers). Yours to close.
+
+        Example::
+
+            http = Client.make_http_client(headers={"User-Agent": "my-app/2.1"})
+            client = Client(http_client=http)
+        """
+        return _io.new_http(**options)
 
     def submit(
         self,
@@ -124,7 +157,7 @@ class Client(BaseClient[httpx.Client]):
         *,
         surface: str | None = None,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
-        on_update: OnUpdate | None = None,
+        on_update: _io.OnUpdate | None = None,
     ) -> Task:
         """Polls until the task succeeds (returned) or fails (:class:`TaskFailedError`).
 
@@ -150,7 +183,7 @@ class Client(BaseClient[httpx.Client]):
         idempotency_key: str | None = None,
         validate: bool = True,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
-        on_update: OnUpdate | None = None,
+        on_update: _io.OnUpdate | None = None,
     ) -> Task:
         """Submits and waits: :meth:`submit` then :meth:`wait`.
 
@@ -207,17 +240,33 @@ class Client(BaseClient[httpx.Client]):
             timeout=timeout,
             prefix=prefix,
         )
-        workers = min(check_concurrency(concurrency), len(flows))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return first_error(list(pool.map(self._run_catching, flows)))
+        limit = check_concurrency(concurrency)
+        return first_error(_io.map_concurrently(self._run_catching, flows, limit))
+
+    def share_budget(self, service: SyncBudgetService) -> None:
+        """Makes every request of this client (and of the ``with_options`` copies made from
+        now on) wait for a slot of a request budget held elsewhere and shared with other
+        processes: one budget for a whole run on many machines, as the Dask driver of
+        ``imggw_client.batch`` holds on its scheduler. ``service`` is a
+        :class:`SyncBudgetService`, whose methods this client calls. Its ceilings are the
+        holder's; this client's own ``rate_limit`` no longer applies.
+
+        Example::
+
+            client.share_budget(service)   # from now on every request waits for a slot
+        """
+        self._flows.budget = RemoteBudget(_io.checked_service(service))
+
+    _use_budget = share_budget  # the name the Dask driver used; to go once it calls the above
 
     def close(self) -> None:
         """Closes the HTTP client if this client created it. Calls made after it, or cut short
-        by it from another thread, raise :class:`ClientClosedError` (a submit whose outcome
-        is unknown: :class:`UnknownOutcomeError` with its key)."""
+        by it from another thread, raise :class:`ClientClosedError` (a submit whose outcome is
+        unknown: :class:`UnknownOutcomeError` with its key)."""
         self._closed = True
-        if self._owns_http:
+        if self._owns_http and self._conn.loop in (None, _io.current_loop()):
             self._http.close()
+        # Else its connections belong to an event loop that is gone: nothing can close them.
 
     def __enter__(self) -> Client:
         return self
@@ -232,7 +281,7 @@ class Client(BaseClient[httpx.Client]):
 
     # ------------------------------------------------------------------------ driver
 
-    def _run(self, flow: Flow[T], on_update: OnUpdate | None = None) -> T:
+    def _run(self, flow: Flow[T], on_update: _io.OnUpdate | None = None) -> T:
         outcome: Any = None
         while True:
             try:
@@ -251,37 +300,56 @@ class Client(BaseClient[httpx.Client]):
         except Exception as exc:
             return exc
 
-    def _perform(self, action: Action, on_update: OnUpdate | None) -> Any:
+    def _perform(self, action: Action, on_update: _io.OnUpdate | None) -> Any:
         if isinstance(action, Send):
             return self._send(action)
         if isinstance(action, Sleep):
             self._sleep(action.seconds)
         elif isinstance(action, Notify):
             if on_update is not None:
-                on_update(action.task)
+                _io.notify(on_update, action.task)
         elif isinstance(action, Fetch):
             return self._fetch(action)
-        else:  # Pace / Paced: only an AsyncClient shares a budget held elsewhere
-            raise TypeError(f"a Client cannot perform {type(action).__name__}")
+        else:
+            return self._budget_call(action)
+        return None
+
+    def _budget_call(self, action: Pace | Paced) -> Any:
+        budget = self._flows.budget
+        assert isinstance(budget, RemoteBudget), "only a shared budget yields these"
+        service = cast(SyncBudgetService, budget.service)  # share_budget checked its kind
+        if isinstance(action, Pace):
+            if action.ticket is None:
+                return service.reserve(action.kind)
+            return action.ticket, service.wait_time(action.ticket)
+        ticket: Any = action.ticket
+        if not action.sent:
+            service.release(ticket)
+        else:
+            service.finished(
+                ticket, limited=action.limited, retry_after=action.retry_after,
+                backoff=action.backoff,
+            )  # fmt: skip
         return None
 
     def _send(self, send: Send) -> Reply | TransportFailure:
         closed = self._closed_failure()
         if closed is not None:
             return closed
+        self._conn.claim(_io.current_loop())
         request = _transport.build_request(self._http, self._settings, send, self._agent)
         started = time.perf_counter()
         body = _transport.Body()
         try:
-            with _deadline.bounded(send.timeout) as deadline:
+            with _io.bounded(send.timeout) as deadline:
                 response = self._http.send(request, stream=True)
                 try:
                     for chunk in response.iter_bytes():
                         body.add(chunk)
-                        _transport.check_deadline(deadline)
+                        _io.check_deadline(deadline)
                 finally:
                     response.close()
-        except _transport.FAILURES as exc:
+        except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except Exception as exc:
             return self._failure(exc)
@@ -291,10 +359,11 @@ class Client(BaseClient[httpx.Client]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
+        self._conn.claim(_io.current_loop())
         sink = Sink(fetch)
         try:
             with (
-                _deadline.bounded(fetch.timeout) as deadline,
+                _io.bounded(fetch.timeout) as deadline,
                 self._http.stream(
                     "GET",
                     fetch.url,
@@ -309,9 +378,9 @@ class Client(BaseClient[httpx.Client]):
                     sink.write(chunk)
                     if sink.too_large:
                         return Fetched(200, too_large=True)
-                    _transport.check_deadline(deadline)
-                return sink.finish(response.headers)
-        except _transport.FAILURES as exc:
+                    _io.check_deadline(deadline)
+                return _io.run_sync(sink.finish, response.headers)
+        except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except ImggwError:
             raise  # the disk, not the network: never retried as a fault of the link

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import httpx
 
@@ -71,12 +70,6 @@ class Body:
     @property
     def content(self) -> bytes:
         return b"".join(self.parts)
-
-
-def check_deadline(deadline: float) -> None:
-    """Between chunks: a body that keeps trickling in must still end by the deadline."""
-    if time.monotonic() > deadline:
-        raise httpx.ReadTimeout("the request's deadline passed")
 
 
 def to_reply(response: httpx.Response, content: bytes, elapsed: float) -> Reply:

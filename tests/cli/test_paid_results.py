@@ -40,9 +40,7 @@ def limited(limit: int, *args: str, key: str = CANARY) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("key", ["e", "1", "png", "http", "ab"])
-def test_a_short_key_that_occurs_in_result_links_loses_no_result(
-    key: str, tmp_path: Path
-) -> None:
+def test_a_short_key_that_occurs_in_result_links_loses_no_result(key: str, tmp_path: Path) -> None:
     gateway = MockGateway(api_keys=[key], duration_min=0.02, duration_max=0.05)
     env = {"IMGGW_API_KEY": key}
     with gateway.serve() as url:
@@ -192,7 +190,7 @@ def test_json_poll_and_generate_print_the_record_of_a_failed_or_unfinished_task(
 def test_download_of_several_ids_exits_1_when_some_could_not_be_had(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    _, url = gateway
     sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
     run = imggw("download", sub["task_id"], "99999", "--wait", "--base-url", url, "--json",
                 "-o", str(tmp_path))  # fmt: skip

@@ -333,8 +333,23 @@ def _accepted_per_second(lane: _Lane, now: float) -> float:
 
 class BudgetService(Protocol):
     """A :class:`Budget` held elsewhere, asked over the network (by the driver, never by the
-    flows): the same four operations, on the holder's clock. A Dask scheduler plugin holds one
-    for a whole run (``imggw_client.batch``); any service that can hold one may do."""
+    flows), as an ``AsyncClient`` asks it: the same four operations, awaited, on the holder's
+    clock. A Dask scheduler plugin holds one for a whole run (``imggw_client.batch``); any
+    service that can hold one may do. Its blocking twin, for a ``Client``, is
+    :class:`SyncBudgetService`.
+
+    Example::
+
+        class Unpaced:                             # the shape of one: every request goes now
+            async def reserve(self, kind: str) -> tuple[Hashable, float]:
+                return kind, 0.0                   # a ticket (never None), no wait
+            async def wait_time(self, ticket: Hashable) -> float:
+                return 0.0
+            async def release(self, ticket: Hashable) -> None: ...
+            async def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
+
+        async_client.share_budget(Unpaced())
+    """
 
     async def reserve(self, kind: str) -> tuple[Hashable, float]:
         """A new slot of ``kind``: its ticket, and the seconds to wait before it (0: go now)."""
@@ -356,15 +371,53 @@ class BudgetService(Protocol):
         """The request of ``ticket`` ended (see :meth:`Budget.finished`)."""
 
 
-class RemoteBudget:
-    """The budget of a client that shares one with other processes: the flows then hand each
-    slot to the driver (``Pace`` and ``Paced`` actions), which asks ``service``. The logic stays
-    in the :class:`Budget` the service holds; a local client never sees this class.
+class SyncBudgetService(Protocol):
+    """:class:`BudgetService` for a blocking ``Client``: the same four operations, each a plain
+    call that blocks until the holder answers (threads of one client may call at once).
 
     Example::
 
-        client._use_budget(service)   # AsyncClient only: every request now waits for service
+        class Unpaced:                             # the shape of one: every request goes now
+            def reserve(self, kind: str) -> tuple[Hashable, float]:
+                return kind, 0.0                   # a ticket (never None), no wait
+            def wait_time(self, ticket: Hashable) -> float:
+                return 0.0
+            def release(self, ticket: Hashable) -> None: ...
+            def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
+
+        client.share_budget(Unpaced())
     """
 
-    def __init__(self, service: BudgetService) -> None:
+    def reserve(self, kind: str) -> tuple[Hashable, float]:
+        """See :meth:`BudgetService.reserve`."""
+
+    def wait_time(self, ticket: Hashable) -> float:
+        """See :meth:`BudgetService.wait_time`."""
+
+    def release(self, ticket: Hashable) -> None:
+        """See :meth:`BudgetService.release`."""
+
+    def finished(
+        self,
+        ticket: Hashable,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        """See :meth:`BudgetService.finished`."""
+
+
+class RemoteBudget:
+    """The budget of a client that shares one with other processes: the flows then hand each
+    slot to the driver (``Pace`` and ``Paced`` actions), which asks ``service`` (awaited by an
+    ``AsyncClient``, called by a ``Client``). The logic stays in the :class:`Budget` the service
+    holds; a local client never sees this class.
+
+    Example::
+
+        client.share_budget(service)   # every request now waits for service
+    """
+
+    def __init__(self, service: BudgetService | SyncBudgetService) -> None:
         self.service = service

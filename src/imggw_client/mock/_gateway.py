@@ -51,8 +51,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from .._core import reasons, rules, serving, spec
 from .._core.serving import Refusal, TaskView, refuse
 from .._core.spec import Surface
@@ -248,26 +246,20 @@ class MockGateway:
         """A :class:`Client` wired to this gateway in-process (the first API key)."""
         from .._client import Client
 
-        return self._wire(Client, httpx.Client, kwargs)
+        return self._wire(Client, kwargs)
 
     def async_client(self, **kwargs: Any) -> AsyncClient:
         """An :class:`AsyncClient` wired to this gateway in-process (the first API key)."""
         from .._async_client import AsyncClient
 
-        return self._wire(AsyncClient, httpx.AsyncClient, kwargs)
+        return self._wire(AsyncClient, kwargs)
 
-    def _wire(self, cls: type[C], http_type: type[Any], kwargs: dict[str, Any]) -> C:
+    def _wire(self, cls: type[C], kwargs: dict[str, Any]) -> C:
         kwargs.setdefault("api_key", self.config.api_keys[0])
         kwargs.setdefault("base_url", IN_PROCESS_URL)
-
-        def make() -> Any:
-            return http_type(transport=self.transport())
-
-        client = cls(http_client=make(), **kwargs)
-        # The client owns this httpx client (closing one closes the other) and may make another
-        # one like it, as it does for its own: under a new event loop, for instance.
-        client._conn.owned, client._conn.factory = True, make
-        return client
+        # Over a transport, the client makes its own HTTP client, so owns it (closed with the
+        # client) and makes another under a new event loop; the transport holds no connections.
+        return cls(transport=self.transport(), **kwargs)
 
     # ------------------------------------------------------------------------ control
 

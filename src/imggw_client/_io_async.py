@@ -1,0 +1,93 @@
+"""What ``AsyncClient`` does its I/O with: every way in which it differs from ``Client``.
+
+``_client.py`` is generated from ``_async_client.py`` (``scripts/unasync.py``), with this
+module's name turned into ``_io_sync``: the two modules offer the same names, awaited here and
+blocking there, so that the client itself is one text. Under asyncio or trio (through anyio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from . import _transport
+from ._core.budget import BudgetService
+from ._exceptions import ConfigurationError
+from ._models import Task
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
+
+# A cancel scope bounds each whole request; when it ends one, the scope raises TimeoutError.
+FAILURES = (*_transport.FAILURES, TimeoutError)
+
+sleep = anyio.sleep
+
+
+def new_http(**options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(**options)
+
+
+def bounded(seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+    """Ends the block (TimeoutError) ``seconds`` from now, however slowly bytes come."""
+    return anyio.fail_after(seconds)
+
+
+def check_deadline(scope: anyio.CancelScope) -> None:
+    """Between chunks of a body: nothing to do, the cancel scope ends the request on time."""
+
+
+async def notify(on_update: OnUpdate, task: Task) -> None:
+    result = on_update(task)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def run_sync(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a worker thread, so that a slow disk (an fsync) holds up no other
+    task of the event loop."""
+    return await anyio.to_thread.run_sync(func, *args)
+
+
+async def map_concurrently(
+    func: Callable[[T], Awaitable[R]], items: Sequence[T], limit: int
+) -> list[R]:
+    """``func`` of every item, at most ``limit`` at once (tasks); results in the items' order."""
+    limiter = anyio.CapacityLimiter(limit)
+    results: dict[int, R] = {}
+
+    async def run(index: int) -> None:
+        async with limiter:
+            results[index] = await func(items[index])
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(items)):
+            group.start_soon(run, index)
+    return [results[index] for index in range(len(items))]
+
+
+def current_loop() -> object:
+    """The running event loop: asyncio's, or trio's token."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio: anyio's other backend
+        return importlib.import_module("trio").lowlevel.current_trio_token()
+
+
+def checked_service(service: BudgetService) -> BudgetService:
+    if not inspect.iscoroutinefunction(getattr(service, "reserve", None)):
+        raise ConfigurationError(
+            "an AsyncClient shares a BudgetService, whose methods are coroutine functions "
+            "(async def); a service whose methods block goes with a Client"
+        )
+    return service

@@ -1,0 +1,67 @@
+"""What ``Client`` does its I/O with: the blocking twins of ``_io_async``, name for name (the
+generated ``_client.py`` imports this module where ``_async_client.py`` imports that one).
+Threads instead of tasks; time bounded by ``_deadline`` instead of a cancel scope."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import httpx
+
+from . import _deadline, _transport
+from ._core.budget import SyncBudgetService
+from ._exceptions import ConfigurationError
+from ._models import Task
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+OnUpdate = Callable[[Task], Any]
+
+FAILURES = _transport.FAILURES
+
+sleep = time.sleep
+
+# A blocking read cannot be cancelled: the HTTP client a Client makes bounds every network
+# operation by the time left to its request.
+new_http = _deadline.bounded_client
+bounded = _deadline.bounded
+
+
+def check_deadline(deadline: float) -> None:
+    """Between chunks of a body: one that keeps trickling in must still end by the deadline
+    (a caller's own ``httpx.Client`` has no bounded network layer)."""
+    if time.monotonic() > deadline:
+        raise httpx.ReadTimeout("the request's deadline passed")
+
+
+def notify(on_update: OnUpdate, task: Task) -> None:
+    on_update(task)
+
+
+def run_sync(func: Callable[..., T], *args: Any) -> T:
+    return func(*args)
+
+
+def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> list[R]:
+    """``func`` of every item, at most ``limit`` at once (threads); results in the items' order."""
+    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(items)))) as pool:
+        return list(pool.map(func, items))
+
+
+def current_loop() -> object:
+    """Threads have no event loop: a Client's connections are never made again."""
+    return None
+
+
+def checked_service(service: SyncBudgetService) -> SyncBudgetService:
+    if inspect.iscoroutinefunction(getattr(service, "reserve", None)):
+        raise ConfigurationError(
+            "a Client shares a SyncBudgetService, whose methods block; a service whose "
+            "methods are coroutine functions (async def) goes with an AsyncClient"
+        )
+    return service
