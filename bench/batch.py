@@ -207,7 +207,7 @@ def scale_child(
     sample()
     stats = gateway.stats()
     assert report.exit_code == 0, report.counts
-    assert report.counts == {"done": lines}, report.counts
+    assert report.counts == {"saved": lines}, report.counts
     assert stats["tasks_created"] == lines, stats["tasks_created"]
     saved = sum(1 for _ in os.scandir(folder) if _.name.endswith(".png"))
     assert saved == lines, saved

@@ -237,8 +237,8 @@ def child(mode: str, tasks: int, concurrency: int, latency: float, lead: float, 
     cpu = usage.ru_utime + usage.ru_stime - cpu
     counts = report.counts
     saved = len(list((work / "out").glob("*.png")))
-    assert saved == counts.get("done", 0), (saved, counts)
-    assert set(counts) <= {"done", "expired"}, counts
+    assert saved == counts.get("saved", 0), (saved, counts)
+    assert set(counts) <= {"saved", "expired"}, counts
     assert gateway.stats()["tasks_created"] == tasks  # a collect creates none
     starts = transport.starts
     return {
@@ -247,7 +247,7 @@ def child(mode: str, tasks: int, concurrency: int, latency: float, lead: float, 
         "seconds": seconds,
         "cpu_seconds": cpu,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "saved": counts.get("done", 0),
+        "saved": counts.get("saved", 0),
         "lost": counts.get("expired", 0),
         "first_download": (min(starts) - begin) if starts else None,
         "last_download": (max(starts) - begin) if starts else None,

@@ -50,7 +50,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             client_factory=lambda: AsyncClient(base_url=args.url, poll=poll, rate_limit=rate),
         )  # fmt: skip
         return {"wall": time.perf_counter() - started, "exit": report.exit_code}
-    from imggw_client.batch import ClientSpec, run_sharded
+    from imggw_client.batch import ClientSpec, _dask, run_sharded
 
     spec = ClientSpec(base_url=args.url, poll=poll)
     lines = len(Path(args.source).read_text().splitlines())
@@ -85,8 +85,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             killed.append(time.perf_counter() - started)
 
         threading.Thread(target=kill, daemon=True).start()
+        _dask._FAULTS[1] = max(1, size // 4)  # shard 1's first try raises: the driver's fault
         report = run_sharded(args.source, args.out, address=cluster.scheduler_address,
-                             faults={1: max(1, size // 4)}, **options)  # fmt: skip
+                             **options)  # fmt: skip
     return {"wall": time.perf_counter() - started, "startup": report.startup,
             "exit": report.exit_code, "retried": report.retried,
             "killed_at": killed[0] if killed else None}  # fmt: skip

@@ -51,7 +51,16 @@ ADDED = {
     "ConflictError",
     "SyncBudgetService",
     "__version__",
+    "new_idempotency_key",
 }
+# The codes an error of the SDK's own carries in ``.code`` (values pinned: scripts compare them).
+CODES = {
+    "FILE_EXISTS": "file_exists",
+    "WRITE_FAILED": "write_failed",
+    "MISSING_API_KEY": "missing_api_key",
+    "MISSING_BASE_URL": "missing_base_url",
+}
+ADDED |= set(CODES)
 
 
 def test_exported_names_are_exactly_the_pinned_set_plus_documented_additions() -> None:
@@ -66,7 +75,7 @@ def test_sdk_never_imports_cli_or_server_libraries() -> None:
     import sys
 
     code = (
-        "import sys, imggw_client, imggw_client._core.flows;"
+        "import sys, imggw_client, imggw_client._core.flows, imggw_client.rules, imggw_client.text;"
         "bad = {'typer', 'rich', 'uvicorn'} & set(sys.modules);"
         "sys.exit(1 if bad else 0)"
     )
@@ -75,7 +84,7 @@ def test_sdk_never_imports_cli_or_server_libraries() -> None:
 
 def test_error_tree_matches_the_design() -> None:
     e = imggw_client
-    for name in PINNED | ADDED - {"__version__"}:
+    for name in PINNED | ADDED - {"__version__"} - set(CODES):
         obj = getattr(e, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, e.ImggwError), name
@@ -86,12 +95,76 @@ def test_error_tree_matches_the_design() -> None:
     assert issubclass(e.APITimeoutError, e.APIConnectionError)
 
 
-@pytest.mark.parametrize("name", sorted(PINNED | ADDED - {"__version__"}))
+@pytest.mark.parametrize("name", sorted(PINNED | ADDED - {"__version__"} - set(CODES)))
 def test_public_names_have_docstrings_with_an_example(name: str) -> None:
     obj = getattr(imggw_client, name)
     doc = inspect.getdoc(obj) or ""
     assert doc, name
     assert "Example" in doc, name
+
+
+def test_error_codes_keep_their_values_and_the_package_documents_them() -> None:
+    package_doc = inspect.getdoc(imggw_client) or ""
+    for name, value in CODES.items():
+        assert getattr(imggw_client, name) == value
+        assert f"``{name}``" in package_doc, name
+    assert "imggw_client.FILE_EXISTS" in package_doc  # in the example
+
+
+def test_a_new_idempotency_key_is_fresh_and_valid() -> None:
+    from imggw_client._core import rules
+
+    keys = {imggw_client.new_idempotency_key() for _ in range(100)}
+    assert len(keys) == 100
+    assert all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
+    assert all(not rules.check_idempotency_key(k) for k in keys)  # a key a submit takes
+
+
+# Public modules beside the package face: each documented with an example, and each of their
+# functions too (their constants are described in the module's docstring).
+PUBLIC_MODULES = {
+    "imggw_client.rules": ["ASPECT_RATIOS", "COMBINATIONS_TEXT", "RESOLUTIONS", "Violation",
+                           "check_prompt"],
+    "imggw_client.text": ["printable", "redact_url"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC_MODULES))
+def test_public_modules_export_documented_names(module_name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    assert module.__all__ == PUBLIC_MODULES[module_name]
+    doc = inspect.getdoc(module) or ""
+    assert "Example" in doc, module_name
+    for name in module.__all__:
+        obj = getattr(module, name)
+        assert f"{name}" in doc, (module_name, name)
+        if inspect.isfunction(obj):
+            assert "Example" in (inspect.getdoc(obj) or ""), (module_name, name)
+
+
+def test_the_rules_are_the_cores() -> None:
+    from imggw_client import rules
+    from imggw_client._core import rules as core
+
+    assert rules.ASPECT_RATIOS == core.ASPECT_RATIOS
+    assert len(rules.ASPECT_RATIOS) == 16
+    assert rules.RESOLUTIONS == ("1k", "2k", "4k")
+    assert rules.check_prompt is core.check_prompt
+    assert [v.field for v in rules.check_prompt(" ")] == ["prompt"]
+
+
+def test_the_mock_gateway_can_be_served_from_another_program(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from imggw_client import mock
+
+    assert "main" in mock.__all__
+    assert "Example" in (inspect.getdoc(mock.main) or "")
+    assert mock.main(["--help"], prog="mytool gateway") == 0
+    assert capsys.readouterr().out.startswith("usage: mytool gateway ")
+    assert mock.main(["--port", "not-a-port"]) == 2
 
 
 PUBLIC_METHODS = ["submit", "get", "wait", "generate", "download", "close"]

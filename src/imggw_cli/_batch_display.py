@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from imggw_client._core.text import printable
+from imggw_client.text import printable
 
 from ._output import Output
 from ._when import span, until
@@ -20,24 +20,9 @@ if TYPE_CHECKING:
 # One word per line state, as the manifest and `imggw batch status` say them: pending,
 # running, succeeded (files saved), failed (results that expired before they were saved
 # included: error result_expired). The display alone splits `running` in two: `running` while
-# the task runs, `downloading` once it succeeded and its files are being saved.
+# the task runs, `downloading` once it succeeded and its files are being saved (the SDK's
+# `words` of a progress or a report).
 WORDS = ("pending", "running", "downloading", "succeeded", "failed")
-
-
-def words(counts: dict[str, int]) -> dict[str, int]:
-    """Lines per word of :data:`WORDS` (every word, zeros included), from the runner's counts
-    per ledger state."""
-    # Here, not at the top: importing this module stays cheap (imggw_client.batch is not).
-    from imggw_client.batch._ledger import DONE, EXPIRED, FAILED, PENDING, SUBMITTED, SUCCEEDED
-
-    states = {
-        "pending": (PENDING,),
-        "running": (SUBMITTED,),
-        "downloading": (SUCCEEDED,),
-        "succeeded": (DONE,),
-        "failed": (FAILED, EXPIRED),
-    }
-    return {word: sum(counts.get(state, 0) for state in states[word]) for word in WORDS}
 
 
 @contextmanager
@@ -94,7 +79,7 @@ def _budget(p: BatchProgress) -> str | None:
         return None
     text = "budget " + ", ".join(rates)
     if p.least_time_left is not None:
-        left = p.counts.get("pending", 0)
+        left = p.words["pending"]
         text += f"; the {left} lines left need at least {span(p.least_time_left)}"
     return text
 
@@ -126,7 +111,7 @@ def _money(p: BatchProgress) -> str:
 
 def progress_text(p: BatchProgress) -> str:
     """One line, ``; ``-separated parts, the first three always there: for logs and scripts."""
-    counts = ", ".join(f"{word} {n}" for word, n in words(p.counts).items() if n)
+    counts = ", ".join(f"{word} {n}" for word, n in p.words.items() if n)
     eta = "" if p.eta is None else f", eta {p.eta:.0f}s"
     parts = [
         f"batch: {p.finished}/{p.total} finished ({counts})",
@@ -154,7 +139,7 @@ def progress_view(p: BatchProgress) -> Any:
         f"{p.finished}/{p.total}  {p.throughput:.1f} lines/s  eta {eta}  {_money(p)}",
     )
     counts = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    per_word = words(p.counts)
+    per_word = p.words
     for word in WORDS:
         counts.add_column(word, justify="right")
     counts.add_row(*(str(n) for n in per_word.values()))
@@ -169,12 +154,11 @@ def batch_summary(out: Output, report: BatchReport) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from imggw_client.batch._input import SHOWN_BAD_LINES
-    from imggw_client.batch._ledger import EXPIRED
+    from imggw_client.batch import SHOWN_BAD_LINES, LineState
 
     table = Table(title="batch summary", title_justify="left", show_header=False)
-    per_word = words(report.counts)
-    expired = report.counts.get(EXPIRED, 0)
+    per_word = report.words
+    expired = report.counts.get(LineState.EXPIRED, 0)
     labels = {
         "succeeded": "succeeded (files saved)",
         "failed": f"failed ({expired} of them: results expired)" if expired else "failed",

@@ -25,7 +25,6 @@ EPILOG = (
 
 def code_for(err: ImggwError) -> int:
     import imggw_client as sdk
-    from imggw_client._download import FILE_EXISTS, WRITE_FAILED
     from imggw_client.batch import (
         BatchInputError,
         BatchLockedError,
@@ -39,9 +38,9 @@ def code_for(err: ImggwError) -> int:
         return USAGE
     if isinstance(err, StorageError):  # the place to write is the thing to fix
         return AUTH_OR_CONFIG
-    if isinstance(err, sdk.DownloadError) and err.code == FILE_EXISTS:
+    if isinstance(err, sdk.DownloadError) and err.code == sdk.FILE_EXISTS:
         return USAGE
-    if isinstance(err, sdk.DownloadError) and err.code == WRITE_FAILED:
+    if isinstance(err, sdk.DownloadError) and err.code == sdk.WRITE_FAILED:
         return AUTH_OR_CONFIG
     if isinstance(err, sdk.WaitTimeoutError):
         return WAIT_TIMEOUT
@@ -96,8 +95,7 @@ def message_for(
     ``resume`` is the command that picks up a wait that timed out (the command's own choice:
     ``poll`` only waits, ``download --wait`` also saves)."""
     import imggw_client as sdk
-    from imggw_client._config import MISSING_API_KEY, MISSING_BASE_URL
-    from imggw_client._core.text import printable
+    from imggw_client.text import printable
 
     text = printable(err.message)
     flag = f" --surface {surface}"
@@ -109,9 +107,9 @@ def message_for(
         )
     if isinstance(err, sdk.AuthenticationError):
         return f"the API key was refused ({err.status_code}): set IMGGW_API_KEY to a valid key"
-    if isinstance(err, sdk.ConfigurationError) and err.code == MISSING_API_KEY:
+    if isinstance(err, sdk.ConfigurationError) and err.code == sdk.MISSING_API_KEY:
         return "no API key: set IMGGW_API_KEY (the command line reads the key nowhere else)"
-    if isinstance(err, sdk.ConfigurationError) and err.code == MISSING_BASE_URL:
+    if isinstance(err, sdk.ConfigurationError) and err.code == sdk.MISSING_BASE_URL:
         return "no base URL: pass --base-url or set IMGGW_BASE_URL (or try --mock)"
     if isinstance(err, sdk.NotFoundError) and mock:
         return (

@@ -133,14 +133,16 @@ _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_global
 def _per_second(flag: str, text: str) -> float:
     """A request rate from the command line: what RateLimit accepts (a finite number, at
     least one request an hour), else exit 2 with one line saying so."""
-    from imggw_client._config import _rate
+    from imggw_client import ConfigurationError, RateLimit
 
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not _rate(value):  # the SDK's own check: finite, at least MIN_RATE (1/3600)
-        from imggw_client._core.text import printable
+    try:  # RateLimit's own check (finite, at least one an hour), not a copy of it
+        RateLimit(submits_per_second=value)
+    except ConfigurationError:
+        from imggw_client.text import printable
 
         print(
             f"error: {flag} must be a number of requests per second, at least 1/3600 "
@@ -148,7 +150,7 @@ def _per_second(flag: str, text: str) -> float:
             file=sys.stderr,
             flush=True,
         )
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     return value
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from imggw_client._core.text import printable
+from imggw_client.text import printable
 
 from ._globals import Globals
 from ._when import iso_utc, links_expire
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def shown_urls(task: Task) -> list[str]:
     """The task's result links as they may be printed: a link in which the gateway put the API
     key itself has the key blanked (the command line reads the key from the environment only)."""
-    from imggw_client._core.surfaces import redact_url  # here: --help never loads pydantic
+    from imggw_client.text import redact_url  # on first use it loads pydantic: not for --help
 
     secrets = (os.environ.get("IMGGW_API_KEY", ""),)
     return [redact_url(url, secrets) for url in task.image_urls]

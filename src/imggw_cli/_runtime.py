@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from imggw_client._version import __version__
+import imggw_client
 
 from ._globals import Globals
 from ._output import safe
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client
 
 # Every request the CLI makes names it; the SDK appends its own name after ours.
-USER_AGENT = f"imggw-cli/{__version__}"
+USER_AGENT = f"imggw-cli/{imggw_client.__version__}"
 
 # --mock: tasks of a second or so, so that a demo ends in seconds, and images worth looking at.
 MOCK_SETTINGS: dict[str, Any] = {"duration_min": 0.5, "duration_max": 1.5, "image_size": 512}
@@ -30,29 +30,26 @@ def make_client(options: Globals) -> Iterator[Client]:
     """A client for the options, closed with its HTTP connections when the command ends: the
     in-process reference gateway with --mock, else the gateway at --base-url / IMGGW_BASE_URL
     with the key from IMGGW_API_KEY (the only place it is read)."""
-    import httpx
-
     from imggw_client import Client
-    from imggw_client._deadline import bounded_client
 
     settings, http_options = _target(options)
-    # The SDK's own bounded client when there are real sockets: a whole request, headers
-    # included, then ends within its timeout however slowly a gateway answers.
-    make = httpx.Client if "transport" in http_options else bounded_client
-    with make(**http_options) as http, Client(http_client=http, **settings) as client:
+    # Made as the client makes its own (a whole request, headers included, ends within its
+    # timeout however slowly a gateway answers), with our User-Agent on it.
+    with (
+        Client.make_http_client(**http_options) as http,
+        Client(http_client=http, **settings) as client,
+    ):
         yield client
 
 
 @asynccontextmanager
 async def make_async_client(options: Globals) -> AsyncIterator[AsyncClient]:
     """The same as make_client, asynchronous (for batches)."""
-    import httpx
-
     from imggw_client import AsyncClient
 
     settings, http_options = _target(options)
     async with (
-        httpx.AsyncClient(**http_options) as http,
+        AsyncClient.make_http_client(**http_options) as http,
         AsyncClient(http_client=http, **settings) as client,
     ):
         yield client

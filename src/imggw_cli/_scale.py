@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -18,10 +19,7 @@ from ._output import Output
 from ._when import span
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from imggw_client.batch import RunStatus, ShardReport
-    from imggw_client.batch._dask import ShardedProgress
+    from imggw_client.batch import RunStatus, ShardedProgress, ShardReport
 
 
 # What the dask extra installs: a ModuleNotFoundError naming another module is a bug, not a
@@ -33,27 +31,34 @@ QUIET_FOR = 30.0
 PROGRESS_EVERY = 2.0  # seconds between two readings of a Dask run's progress
 
 
+@dataclass(frozen=True)
+class Modes:
+    """How a batch beyond one process runs: ``--engine``, ``--address``, ``--workers``,
+    ``--shard``, ``--shard-size``, ``--scratch``."""
+
+    engine: str | None = None
+    address: str | None = None
+    workers: int | None = None
+    shard: str | None = None
+    shard_size: int | None = None
+    scratch: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) is not None for name in self.__dataclass_fields__)
+
+
 def usage(out: Output, message: str) -> None:
     out.error(message)
     raise typer.Exit(_exit.USAGE)
 
 
-def check_modes(
-    out: Output,
-    flags: Globals,
-    *,
-    source: str,
-    dest: str,
-    engine: str | None,
-    address: str | None,
-    workers: int | None,
-    shard: str | None,
-    shard_size: int | None,
-    scratch: Path | None,
-) -> None:
+def check_modes(out: Output, flags: Globals, source: str, dest: str, modes: Modes) -> None:
     """Options that do not go together end the command before anything is read or sent."""
-    from imggw_client.batch._storage import is_url
+    from imggw_client.batch import is_url
 
+    engine, address, workers, shard = modes.engine, modes.address, modes.workers, modes.shard
+    shard_size, scratch = modes.shard_size, modes.scratch
     if shard is not None and engine is not None:
         usage(out, "--shard runs one shard with no engine: give --shard or --engine, not both")
     if engine is None and (address is not None or workers is not None or shard_size is not None):
@@ -83,16 +88,18 @@ def run_shard(
     index: int,
     count: int,
     options: dict[str, Any],
+    scratch: str | None,
 ) -> ShardReport:
     """One shard in this process, with the live display; its manifest is in the output folder."""
     import anyio
 
-    from imggw_client.batch import ShardSpec, arun_shard
+    from imggw_client.batch import BatchOptions, ShardSpec, arun_shard
 
     from ._batch_display import batch_display
     from ._runtime import make_async_client
 
-    spec = ShardSpec(source=source, dest=dest, index=index, count=count, **options)
+    spec = ShardSpec(source=source, dest=dest, index=index, count=count,
+                     options=BatchOptions.of(options), scratch=scratch)  # fmt: skip
 
     async def main() -> ShardReport:
         async with make_async_client(flags) as client:
@@ -102,21 +109,47 @@ def run_shard(
     return anyio.run(main)
 
 
-def shard_summary(out: Output, report: ShardReport, manifest: str) -> None:
+def run_scaled(
+    out: Output, flags: Globals, source: str, dest: str, modes: Modes, options: dict[str, Any]
+) -> int:
+    """A batch cut into shards (modes already checked): on the engine, or one shard here (all
+    of them, merged, for one process into a remote folder); its exit code."""
+    if modes.engine is not None:
+        return run_engine(out, flags, source, dest, modes, options)
+    from imggw_client.batch import MANIFEST_NAME, merge, parse_shard
+
+    shard = modes.shard
+    index, count = parse_shard(shard) if shard is not None else (1, 1)
+    report = run_shard(out, flags, source, dest, index=index, count=count,
+                       options={**options, "surface": flags.surface},
+                       scratch=modes.scratch)  # fmt: skip
+    if shard is None:  # one process into a remote folder: the merge is ours to do
+        code = merge(dest).exit_code
+        print_manifest(flags, dest, MANIFEST_NAME)
+        return code
+    print_manifest(flags, dest, f"{report.folder}/{MANIFEST_NAME}")
+    shard_summary(out, report)
+    return report.exit_code
+
+
+def shard_summary(out: Output, report: ShardReport) -> None:
     if out.quiet:
         return
+    from ._batch_display import cost_text
+
     counts = ", ".join(f"{n} {state}" for state, n in sorted(report.counts.items()))
     first, last = report.lines.start, report.lines.stop - 1
+    cost = cost_text(report.cost, report.cost_unknown)
     out.note(
         f"shard {report.index}/{report.count} (lines {first}-{last}): {counts or 'no lines'}; "
-        f"credits {report.credits:g}, cost {report.cost:g}, {report.elapsed:.1f}s"
+        f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s"
     )
     if report.changed_count:
         shown = ", ".join(str(n) for n in report.changed_lines[:10])
         out.note(f"lines changed since the last run, submitted as new requests: {shown}")
     if report.exit_code == 3:
         out.note("some lines are unfinished: run the same command again to resume them")
-    out.note(f"shard manifest: {manifest}; when every shard has run: imggw batch merge DEST")
+    out.note(f"shard manifest: {report.manifest}; when every shard has run: imggw batch merge DEST")
 
 
 def sharded_text(p: ShardedProgress) -> str:
@@ -183,15 +216,7 @@ def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] |
 
 
 def run_engine(
-    out: Output,
-    flags: Globals,
-    source: str,
-    dest: str,
-    *,
-    address: str | None,
-    workers: int | None,
-    shard_size: int | None,
-    options: dict[str, Any],
+    out: Output, flags: Globals, source: str, dest: str, modes: Modes, options: dict[str, Any]
 ) -> int:
     """A run on Dask: shards dispatched, each reported as it ends, then the merge."""
     import anyio
@@ -199,12 +224,7 @@ def run_engine(
     from imggw_client.batch import MANIFEST_NAME
 
     try:
-        from imggw_client.batch._dask import (
-            DEFAULT_SHARD_SIZE,
-            ClientSpec,
-            ShardOutcome,
-            arun_sharded,
-        )
+        from imggw_client.batch import DEFAULT_SHARD_SIZE, ClientSpec, ShardOutcome, arun_sharded
     except ModuleNotFoundError as exc:
         if exc.name not in DASK_MODULES:
             raise
@@ -213,10 +233,11 @@ def run_engine(
 
     # --base-url reads IMGGW_BASE_URL itself (its envvar): flags.base_url has it already.
     client = ClientSpec(base_url=flags.base_url or None, surface=flags.chosen_surface)
-    if shard_size is not None:
-        options = {**options, "shard_size": shard_size}
-    where = address or f"a local cluster of {workers} worker(s)"
-    size = DEFAULT_SHARD_SIZE if shard_size is None else shard_size
+    engine_options: dict[str, Any] = {"scratch": modes.scratch}
+    if modes.shard_size is not None:
+        engine_options["shard_size"] = modes.shard_size
+    where = modes.address or f"a local cluster of {modes.workers} worker(s)"
+    size = DEFAULT_SHARD_SIZE if modes.shard_size is None else modes.shard_size
     out.note(f"running shards of {size} lines on {where}")
 
     def on_shard(outcome: ShardOutcome) -> None:
@@ -225,16 +246,16 @@ def run_engine(
             counts = ", ".join(f"{n} {s}" for s, n in sorted(outcome.report.counts.items()))
             out.note(f"shard {outcome.name} ended{tries}: {counts}")
         else:
-            from imggw_client._core.text import printable
+            from imggw_client.text import printable
 
             out.warn(f"shard {outcome.name} failed{tries}: {printable(str(outcome.error))}")
 
     with sharded_display(out) as on_progress:
         report = anyio.run(
             lambda: arun_sharded(
-                source, dest, address=address, workers=workers, client=client,
+                source, dest, address=modes.address, workers=modes.workers, client=client,
                 rate_limit=flags.rate_limit, on_shard=on_shard, on_progress=on_progress,
-                progress_every=PROGRESS_EVERY, **options,
+                progress_every=PROGRESS_EVERY, **engine_options, **options,
             )
         )  # fmt: skip
     print_manifest(flags, dest, MANIFEST_NAME)
@@ -255,9 +276,9 @@ def run_engine(
 
 
 def print_manifest(flags: Globals, dest: str, rel: str) -> None:
-    """The manifest ``rel`` (in the output folder) on stdout, a record a line, with --json;
-    else where it is."""
-    from imggw_client.batch._storage import open_storage
+    """The manifest ``rel`` (in the output folder) on stdout, a row a line, with --json; else
+    where it is."""
+    from imggw_client.batch import open_storage
 
     storage = open_storage(dest)
     if not flags.json:

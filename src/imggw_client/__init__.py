@@ -8,6 +8,23 @@ Example::
         task = client.generate("a lighthouse at dusk", aspect_ratio="16:9")
         for f in client.download(task, "out/"):
             print(f.path, f.sha256)
+
+Beside the gateway's reason codes, an error of the SDK's own carries one of these in ``.code``:
+``FILE_EXISTS`` (a :class:`DownloadError`: a file of that name is there and ``overwrite`` was
+not asked for), ``WRITE_FAILED`` (a :class:`DownloadError`: the disk refused; downloading
+again will not help), ``MISSING_API_KEY`` and ``MISSING_BASE_URL`` (a
+:class:`ConfigurationError`: neither the argument nor the environment gave one).
+
+Example::
+
+    import imggw_client
+
+    try:
+        client.download(task, "out/")
+    except imggw_client.DownloadError as err:
+        if err.code != imggw_client.FILE_EXISTS:
+            raise
+        client.download(task, "out/again/")
 """
 
 import importlib
@@ -18,8 +35,9 @@ from ._version import __version__
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
     from ._async_client import AsyncClient
     from ._client import Client
-    from ._config import PollPolicy, RateLimit, RetryPolicy
+    from ._config import MISSING_API_KEY, MISSING_BASE_URL, PollPolicy, RateLimit, RetryPolicy
     from ._core.budget import BudgetService, SyncBudgetService
+    from ._download import FILE_EXISTS, WRITE_FAILED
     from ._exceptions import (
         APIConnectionError,
         APIError,
@@ -58,11 +76,14 @@ __all__ = [
     "ConflictError",
     "DownloadError",
     "DownloadedFile",
+    "FILE_EXISTS",
     "IdempotencyConflictError",
     "ImageRequest",
     "ImggwError",
     "InsufficientCreditsError",
     "InvalidRequestError",
+    "MISSING_API_KEY",
+    "MISSING_BASE_URL",
     "NotFoundError",
     "PermissionDeniedError",
     "PollPolicy",
@@ -79,8 +100,10 @@ __all__ = [
     "TaskFailedError",
     "TaskStatus",
     "UnknownOutcomeError",
+    "WRITE_FAILED",
     "WaitTimeoutError",
     "__version__",
+    "new_idempotency_key",
 ]
 
 # Where each public name lives. Loading on first use (PEP 562) keeps light entry points, such
@@ -88,16 +111,36 @@ __all__ = [
 _HOMES = {
     "AsyncClient": "._async_client",
     "Client": "._client",
+    "MISSING_API_KEY": "._config",
+    "MISSING_BASE_URL": "._config",
     "PollPolicy": "._config",
     "RateLimit": "._config",
     "RetryPolicy": "._config",
     "BudgetService": "._core.budget",
     "SyncBudgetService": "._core.budget",
+    "FILE_EXISTS": "._download",
+    "WRITE_FAILED": "._download",
     **dict.fromkeys(
         ["DownloadedFile", "ImageRequest", "Submission", "Task", "TaskError", "TaskStatus"],
         "._models",
     ),
 }
+
+
+def new_idempotency_key() -> str:
+    """A fresh idempotency key (128 random bits, as 32 hex characters), as a submit given none
+    makes for itself: for code that records a request's key before sending it, so that a crash
+    or a lost answer can never make it pay twice (the same key replays the same task).
+
+    Example::
+
+        key = new_idempotency_key()
+        journal.write(key)                              # kept before anything is sent
+        client.submit("a lighthouse", idempotency_key=key)
+    """
+    from ._core.flows import new_idempotency_key as new  # here: importing the package stays light
+
+    return new()
 
 
 def __getattr__(name: str) -> Any:

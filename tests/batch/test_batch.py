@@ -58,7 +58,7 @@ def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -
                    extra="\n# a comment\n   \n")  # fmt: skip
     report = batch(gw, source, tmp_path / "out", concurrency=4)
     assert report.exit_code == 0
-    assert report.counts == {"done": 20}
+    assert report.counts == {"saved": 20}
     assert gw.stats()["tasks_created"] == 20
     assert report.credits == 80.0
     records = manifest(report)
@@ -92,7 +92,7 @@ def test_text_input_and_iterables(tmp_path: Path) -> None:
     assert [r["line"] for r in manifest(report)] == [1, 4]  # numbers from the file
     mixed = [ImageRequest("a fox", "3:2", "2k"), {"prompt": "an owl", "id": 7}, "a bee"]
     report = batch(gw, mixed, tmp_path / "out2")
-    assert report.counts == {"done": 3}
+    assert report.counts == {"saved": 3}
     assert [r["id"] for r in manifest(report)] == [None, "7", None]
 
 
@@ -116,7 +116,7 @@ def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
     assert "line 2" in str(info.value)
     assert gw.stats()["requests"] == {}  # nothing was sent
     report = batch(gw, source, tmp_path / "out", skip_bad_lines=True)
-    assert report.counts == {"done": 2}
+    assert report.counts == {"saved": 2}
     assert report.exit_code == 1
     records = {r["line"]: r for r in manifest(report)}
     assert records[3]["error"]["code"] == "invalid_line"
@@ -198,7 +198,7 @@ def test_timeout_leaves_running_tasks_for_the_next_run(tmp_path: Path) -> None:
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
     first = batch(gw, source, tmp_path / "out", timeout=0.3)
     assert first.exit_code == 3
-    assert first.counts == {"submitted": 4}
+    assert first.counts == {"running": 4}
     assert {r["status"] for r in manifest(first)} == {"running"}
     second = batch(gw, source, tmp_path / "out")
     assert second.exit_code == 0
@@ -283,14 +283,14 @@ def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest
         report = run_batch(source, tmp_path / "out",
                            client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
     assert report.exit_code == 3  # unfinished: run again
-    assert report.counts == {"done": 5, "submitted": 1}
+    assert report.counts == {"saved": 5, "running": 1}
     (logged,) = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage()]
     assert "unexpected RuntimeError at test_batch.py:" in logged
     assert "stays unfinished for the next run" in logged
     assert key not in caplog.text
     again = run_batch(source, tmp_path / "out",
                       client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
-    assert again.counts == {"done": 6}
+    assert again.counts == {"saved": 6}
     assert gw.stats()["tasks_created"] == 6
 
 
@@ -327,7 +327,7 @@ def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(tmp_path: Pa
     hiding = Hiding(gw, first=2)  # as a replica that has not seen the new task yet
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     report = batch(gw, source, tmp_path / "out")
-    assert report.counts == {"done": 3}
+    assert report.counts == {"saved": 3}
     assert len(hiding.seen) == 3  # every task was hidden, and asked for again
     assert all(n >= 3 for n in hiding.seen.values())
     assert gw.stats()["tasks_created"] == 3
@@ -345,7 +345,7 @@ def test_a_rerun_looks_again_at_unknown_tasks_and_dead_results_and_never_resubmi
     assert all(n == 4 for n in hiding.seen.values())  # NOT_FOUND_TRIES, then the line fails
     hiding.on = False
     second = batch(gw, source, tmp_path / "out")  # looked at again: a query, not a submit
-    assert second.counts == {"done": 3}
+    assert second.counts == {"saved": 3}
     assert posts(gw) == 3
     assert gw.stats()["tasks_created"] == 3
 
@@ -359,7 +359,7 @@ def test_results_whose_links_died_are_looked_at_again_by_a_rerun(tmp_path: Path)
     assert first.counts == {"expired": 2}
     hiding.results = 0  # the gateway serves them again after all
     second = batch(gw, source, tmp_path / "out")
-    assert second.counts == {"done": 2}
+    assert second.counts == {"saved": 2}
     assert len(list((tmp_path / "out").glob("*.png"))) == 2
     assert gw.stats()["tasks_created"] == 2
 
@@ -372,10 +372,10 @@ def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
     hiding.on, hiding.results = False, 503
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "p"}])
     first = batch(gw, source, tmp_path / "out", timeout=2.0)
-    assert first.counts == {"succeeded": 1}  # not expired: the link never said so
+    assert first.counts == {"downloading": 1}  # not expired: the link never said so
     assert first.exit_code == 3
     hiding.results = 0
-    assert batch(gw, source, tmp_path / "out").counts == {"done": 1}
+    assert batch(gw, source, tmp_path / "out").counts == {"saved": 1}
 
 
 def test_a_page_served_in_place_of_a_result_fails_the_line_until_a_rerun_saves_it(
@@ -395,5 +395,5 @@ def test_a_page_served_in_place_of_a_result_fails_the_line_until_a_rerun_saves_i
     assert not list((tmp_path / "out").glob("*.png"))
     hiding.results = 0
     second = batch(gw, source, tmp_path / "out")  # looked at again: saved, nothing resubmitted
-    assert second.counts == {"done": 1}
+    assert second.counts == {"saved": 1}
     assert posts(gw) == 1

@@ -220,7 +220,7 @@ def test_a_batch_resumed_after_its_links_died_saves_every_file_through_fresh_lin
         queries = gw.stats()["requests"].get("GET /beta/v1/tasks/{id}", 0)
         second = batch()
     assert second.exit_code == 0, second.counts
-    assert second.counts == {"done": 4}  # not "expired": the gateway still had every file
+    assert second.counts == {"saved": 4}  # not "expired": the gateway still had every file
     assert [r["files"][0]["sha256"] for r in manifest(tmp_path / "out")] == [
         r["files"][0]["sha256"] for r in saved
     ]
@@ -261,7 +261,7 @@ def test_finished_tasks_are_downloaded_soonest_expiry_first(tmp_path: Path) -> N
     with serve_asgi(gateway_app) as base_url:
         report = run_batch(source, tmp_path / "out", collect=True, concurrency=1,
                            client_factory=lambda: _client(base_url))  # fmt: skip
-    assert report.counts == {"done": 10}
+    assert report.counts == {"saved": 10}
     assert len(fetched) == 10
     later = fetched[1:]  # the first may start before the others are queued
     assert later == sorted(later, key=lambda task_id: expiry[task_id])

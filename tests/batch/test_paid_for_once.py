@@ -123,7 +123,7 @@ def test_an_existing_run_json_keeps_its_id(gw: MockGateway, tmp_path: Path) -> N
     assert json.loads((out / RUN_NAME).read_text())["run_id"] == "an-older-random-id"
     with Ledger.open(out) as ledger:
         for row in ledger.iter_rows():
-            expected = idempotency_key("an-older-random-id", row.identity, row.fingerprint)
+            expected = idempotency_key("an-older-random-id", row.identity, row.digest)
             assert row.idempotency_key == expected
 
 
@@ -249,7 +249,7 @@ def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
         db.execute("UPDATE lines SET state='failed', error_code='not_found', "
                    "error_message='No such route.'")  # fmt: skip
     report = batch(gw, source, out)
-    assert report.counts == {"done": 3}
+    assert report.counts == {"saved": 3}
     assert gw.stats()["tasks_created"] == 3
 
 
@@ -463,5 +463,5 @@ def test_the_ledger_log_stays_small_while_a_run_goes(tmp_path: Path) -> None:
     finally:
         stop.set()
         watcher.join()
-    assert report.counts == {"done": 400}
+    assert report.counts == {"saved": 400}
     assert 0 < largest[0] < WAL_BOUND, largest[0]

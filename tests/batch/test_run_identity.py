@@ -80,7 +80,7 @@ def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(tmp_path: 
     with Ledger.open(out) as ledger:
         rows = list(ledger.iter_rows())
     for row in rows:
-        assert row.idempotency_key == idempotency_key(run_id, row.identity, row.fingerprint)
+        assert row.idempotency_key == idempotency_key(run_id, row.identity, row.digest)
     assert set(sent) == {row.idempotency_key for row in rows}  # never any other key
 
 

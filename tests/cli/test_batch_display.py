@@ -33,7 +33,7 @@ AT_RISK = (
 def progress(**fields: Any) -> BatchProgress:
     base: dict[str, Any] = {
         "total": 10,
-        "counts": {"pending": 5, "submitted": 2, "done": 3},
+        "counts": {"pending": 5, "running": 2, "saved": 3},
         "credits": 12.0,
         "cost": 0.03,
         "elapsed": 6.0,

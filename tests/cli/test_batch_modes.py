@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from imggw_cli._app import BATCH_INTERRUPTED
+import imggw_client.batch
+from imggw_cli._batch import BATCH_INTERRUPTED
 
 from .helpers import imggw
 
@@ -55,6 +56,8 @@ def test_without_dask_the_engine_exits_4_saying_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
     monkeypatch.delitem(sys.modules, "imggw_client.batch._dask", raising=False)
+    # An imported submodule is also an attribute of its package: gone too, as never imported.
+    monkeypatch.delattr(imggw_client.batch, "_dask", raising=False)
     run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
                 "--workers", "1", "--base-url", "http://127.0.0.1:9")  # fmt: skip
     assert run.code == 4

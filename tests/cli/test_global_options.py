@@ -46,16 +46,20 @@ def test_a_base_url_option_beats_the_environment_before_or_after_the_command(
 
 @pytest.fixture
 def budgets(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
-    """Records the rate_limit each Client and AsyncClient was made with."""
+    """Records the rate_limit each Client and AsyncClient was made with. A subclass, not a
+    function: the CLI also calls the class's own methods (make_http_client)."""
     seen: list[tuple[str, Any]] = []
     for name in ("Client", "AsyncClient"):
         real = getattr(imggw_client, name)
 
-        def recording(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            seen.append((_name, kwargs.get("rate_limit")))
-            return _real(*args, **kwargs)
+        class Recording(real):
+            kind = name
 
-        monkeypatch.setattr(imggw_client, name, recording)
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                seen.append((self.kind, kwargs.get("rate_limit")))
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setattr(imggw_client, name, Recording)
     return seen
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from imggw_client.batch import iter_manifest
 from imggw_client.batch._gallery import (
     GALLERY_DIR,
     GALLERY_NAME,
     PAGE_SIZE,
     PROMPT_CHARS,
-    iter_manifest,
     write_gallery,
 )
 

@@ -26,8 +26,8 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from imggw_client import PollPolicy
-from imggw_client.batch import run_batch
-from imggw_client.batch._gallery import PAGE_SIZE, iter_manifest, write_gallery
+from imggw_client.batch import iter_manifest, run_batch
+from imggw_client.batch._gallery import PAGE_SIZE, write_gallery
 from imggw_client.mock import MockGateway
 from imggw_client.mock._png import png
 
@@ -148,7 +148,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     with ThreadPoolExecutor(1) as pool:
         report = pool.submit(run_batch, source, out, skip_bad_lines=True,
                              client_factory=lambda: gateway.async_client(poll=FAST_POLL)).result()  # fmt: skip
-    assert report.counts == {"done": 5, "failed": 1}
+    assert report.counts == {"saved": 5, "failed": 1}
     assert (out / "index.html").is_file()  # the batch writes its gallery itself ...
     # ... and `imggw gallery` rewrites it from the manifest, here under a title of our own.
     write_gallery(out, iter_manifest(out / "manifest.jsonl"), title="Spring set")

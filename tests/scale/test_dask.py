@@ -22,15 +22,10 @@ from typer.testing import CliRunner
 from imggw_cli import _scale
 from imggw_cli._app import app
 from imggw_client import RateLimit
-from imggw_client.batch import status
-from imggw_client.batch._dask import (
-    BudgetPlugin,
-    ClientSpec,
-    ShardedProgress,
-    ShardedReport,
-    _ProgressReader,
-    run_sharded,
-)
+from imggw_client.batch import _dask, status
+from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
+from imggw_client.batch._dask_budget import BudgetPlugin
+from imggw_client.batch._dask_progress import ProgressReader
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
@@ -50,10 +45,14 @@ def spec(url: str) -> ClientSpec:
 
 
 def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
-    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+    gateway: tuple[MockGateway, str],
+    dask_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     gw, url = gateway
     lines = 60
+    monkeypatch.setattr(_dask, "_FAULTS", {2: 3})  # shard 2's first try raises after 3 lines
     source = write_prompts(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out"
     pids = dask_client.run(os.getpid)
@@ -64,7 +63,7 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
         try:
             done.append(run_sharded(
                 source, out, address=dask_client.scheduler.address, shard_size=10,
-                client=spec(url), concurrency=4, faults={2: 3},  # shard 2 raises after 3 lines
+                client=spec(url), concurrency=4,
             ))  # fmt: skip
         except BaseException as exc:  # reported below, in the test's thread
             failure.append(exc)
@@ -237,17 +236,17 @@ def test_progress_across_shards_shows_between_shard_completions(
     seen: list[tuple[float, ShardedProgress, int]] = []
     ended: list[float] = []
     reads: list[int] = []
-    real = _ProgressReader._shard
+    real = ProgressReader._shard
     failing = [3]  # the first readings fail: skipped, tried again, never the run's failure
 
-    def flaky(reader: _ProgressReader, name: str, tmp: Path) -> dict[str, int] | None:
+    def flaky(reader: ProgressReader, name: str, tmp: Path) -> dict[str, int] | None:
         reads.append(threading.get_ident())
         if failing[0]:
             failing[0] -= 1
             raise sqlite3.OperationalError("database is locked")
         return real(reader, name, tmp)
 
-    monkeypatch.setattr(_ProgressReader, "_shard", flaky)
+    monkeypatch.setattr(ProgressReader, "_shard", flaky)
     report = run_sharded(
         source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=6,
         client=spec(url), concurrency=2, progress_every=0.1,
@@ -277,7 +276,7 @@ def test_progress_across_shards_shows_between_shard_completions(
     assert {thread for _, _, thread in seen} == {threading.get_ident()}
     # Once ended, a shard's ledger (closed now) still reads: its last state.
     names = [f"{i:04d}-of-0004" for i in range(1, 5)]
-    reader = _ProgressReader(open_storage(tmp_path / "out"), names, [6] * 4, 0,
+    reader = ProgressReader(open_storage(tmp_path / "out"), names, [6] * 4, 0,
                              checkpoint_every=30.0)  # fmt: skip
     final = reader.read(None, set(names), 1.0)
     assert final.counts == {"pending": 0, "running": 0, "succeeded": lines, "failed": 0}

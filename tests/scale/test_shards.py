@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from imggw_cli._app import app
 from imggw_client import RequestValidationError
 from imggw_client.batch import (
+    BatchOptions,
     InputChangedError,
     StorageError,
     merge,
@@ -28,8 +29,8 @@ from imggw_client.batch import (
     shard_range,
     status,
 )
-from imggw_client.batch._identity import RUN_NAME, RunIdentity
-from imggw_client.batch._shards import Scan, claim_identity, scan_input
+from imggw_client.batch._identity import RUN_NAME, RunIdentity, claim
+from imggw_client.batch._plan import Scan, scan_input
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
 
@@ -65,9 +66,12 @@ def test_concurrent_first_runs_agree_on_one_run_id(tmp_path: Path) -> None:
     def racer(i: int) -> None:
         work = tmp_path / f"w{i}"
         work.mkdir()
-        scan: Scan = scan_input(str(source), work, surface="beta", old=None)
+        scan: Scan = scan_input(str(source), work, surface="beta", record=None,
+                                options=BatchOptions())  # fmt: skip
         start.wait()
-        won.append(claim_identity(storage, scan))
+        # Each racer derives its own id here: which one wins must not matter to the others.
+        won.append(claim(storage, scan.digests, scan.plan.input_digest, run_id=f"run-{i}",
+                         surface="beta"))  # fmt: skip
 
     racers = [threading.Thread(target=racer, args=(i,)) for i in range(6)]
     for t in racers:
@@ -293,7 +297,8 @@ def test_the_driver_slices_the_input_it_checked_not_a_later_edit(
     work = tmp_path / "work"
     work.mkdir()
     prepared = _dask._prepare(str(source), storage, work, surface="beta", shard_size=2,
-                              skip_bad_lines=False, allow_changes=False)  # fmt: skip
+                              options=BatchOptions(), run_id=lambda: "run-1",
+                              with_entries=False)  # fmt: skip
     assert prepared.count == 2
     sliced = "".join(p.read_text() for p in sorted((tmp_path / "out").glob("shards/*/*.jsonl")))
     assert sliced == checked

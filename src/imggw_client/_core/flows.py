@@ -35,7 +35,7 @@ from .._exceptions import (
     WaitTimeoutError,
 )
 from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
-from . import rules, surfaces
+from . import reasons, rules, surfaces
 from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
 from .poll import poll_interval
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
@@ -573,7 +573,7 @@ def _expired(task: Task, stem: str, why: str, status: int | None = None) -> Resu
     return ResultExpiredError(
         f"{what} can no longer be downloaded ({why}); its retention window has passed",
         status_code=status,
-        code="result_expired",
+        code=reasons.RESULT_EXPIRED.code,
         surface=task.surface,
     )
 

@@ -4,10 +4,10 @@ saved.
 Each output folder belongs to one run: its identity (``run.json``) is written before anything
 is sent, and every line's idempotency key follows from it, so any re-run of a line, after a
 crash, a kill, Ctrl-C or a lost ledger, sends the same key and the gateway replays the task. A
-SQLite ledger records each line's task id, state and files; results are downloaded as soon as
-each task succeeds (the soonest-expiring first), verified by sha256, and listed in
-``manifest.jsonl``; ``index.html`` shows them. Lines with ``task_id`` collect tasks made
-elsewhere.
+SQLite ledger records each line's task id, state (:class:`LineState`) and files; results are
+downloaded as soon as each task succeeds (the soonest-expiring first), verified by sha256, and
+listed in ``manifest.jsonl``; ``index.html`` shows them. Lines with ``task_id`` collect tasks
+made elsewhere. Options are those of :class:`BatchOptions`, passed as keywords.
 
 Beyond one machine, a run is cut into shards (contiguous ranges of lines) that run anywhere into
 one output folder, a local path or an fsspec URL (``s3://...``): :func:`run_shard` runs one in
@@ -24,75 +24,87 @@ Example::
     print(report.counts, report.credits, report.cost)   # then see out/manifest.jsonl
 """
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ._gallery import GALLERY_NAME, iter_manifest, write_gallery
+from ._cuts import parse_shard, shard_range
+from ._folder import MergeReport, RunStatus, merge, status
+from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError
-from ._input import BadLine, BatchInputError, InputLine, iter_lines, read_lines
+from ._input import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine, iter_lines, read_lines
 from ._ledger import LEDGER_NAME, BatchLockedError, StorageError
-from ._runner import (
-    MANIFEST_NAME,
-    BatchProgress,
-    BatchReport,
-    arun_batch,
-    manifest_record,
-    run_batch,
-    write_manifest,
-)
-from ._shards import (
-    MergeReport,
-    RunStatus,
-    ShardReport,
-    ShardSpec,
-    arun_shard,
-    merge,
-    parse_shard,
-    run_shard,
-    shard_range,
-    status,
-)
+from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
+from ._options import BatchOptions, RunOptions
+from ._reports import BatchProgress, BatchReport
+from ._shards import ShardReport, ShardSpec, arun_shard, run_shard
+from ._single import arun_batch, run_batch
+from ._states import ExitCode, LineState
+from ._storage import Storage, is_url, open_storage
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time they load on first use
+    from ._dask import (
+        DEFAULT_SHARD_SIZE,
+        ClientSpec,
+        ShardedProgress,
+        ShardedReport,
+        ShardOutcome,
+        arun_sharded,
+        run_sharded,
+    )
 
 # The Dask engine's names, imported on first use: the SDK never loads Dask unasked.
 _DASK_NAMES = (
-    "ClientSpec", "ShardOutcome", "ShardedProgress", "ShardedReport", "arun_sharded", "run_sharded",
+    "DEFAULT_SHARD_SIZE", "ClientSpec", "ShardOutcome", "ShardedProgress", "ShardedReport",
+    "arun_sharded", "run_sharded",
 )  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
     if name in _DASK_NAMES:
-        from . import _dask
-
-        return getattr(_dask, name)
+        # Through sys.modules, not the package's attributes: an import that cannot happen (no
+        # Dask) fails here every time, whatever was imported before.
+        dask_driver = importlib.import_module(f"{__name__}._dask")
+        return getattr(dask_driver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "DEFAULT_SHARD_SIZE",
     "GALLERY_NAME",
     "LEDGER_NAME",
     "MANIFEST_NAME",
+    "SHOWN_BAD_LINES",
     "BadLine",
     "BatchInputError",
     "BatchLockedError",
+    "BatchOptions",
     "BatchProgress",
     "BatchReport",
     "ClientSpec",
+    "ExitCode",
     "InputChangedError",
     "InputLine",
+    "LineState",
     "MergeReport",
+    "RunOptions",
     "RunStatus",
     "ShardOutcome",
     "ShardReport",
     "ShardSpec",
     "ShardedProgress",
     "ShardedReport",
+    "Storage",
     "StorageError",
     "arun_batch",
     "arun_shard",
     "arun_sharded",
+    "is_url",
     "iter_lines",
     "iter_manifest",
     "manifest_record",
+    "manifest_row",
     "merge",
+    "open_storage",
     "parse_shard",
     "read_lines",
     "run_batch",

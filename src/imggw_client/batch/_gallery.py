@@ -29,14 +29,14 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 from urllib.parse import quote
 
-from .._core import jsonio
+from .._core import reasons
 
 GALLERY_NAME = "index.html"
 GALLERY_DIR = "gallery"
@@ -106,23 +106,6 @@ def write_gallery(
         raise
     _sweep(root, generation)
     return page
-
-
-def iter_manifest(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The records of a ``manifest.jsonl``, one at a time (blank lines skipped).
-
-    Example::
-
-        write_gallery("out/", iter_manifest("out/manifest.jsonl"))
-    """
-    with Path(path).open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, 1):
-            if not text.strip():
-                continue
-            record = jsonio.loads(text)
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {number} is not a JSON object")
-            yield record
 
 
 # ---------------------------------------------------------------------------- pages on disk
@@ -224,7 +207,7 @@ def _card(record: dict[str, Any]) -> tuple[str, list[Any]]:
         [_src(f.get("path")), _number(f.get("size"))] if isinstance(f, dict) else [None, None]
         for f in files[:FILES_PER_CARD]
     ]
-    if code == "result_expired":
+    if code == reasons.RESULT_EXPIRED.code:
         category = "expired"
     elif status == "failed" or code is not None:
         category = "failed"

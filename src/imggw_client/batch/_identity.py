@@ -2,7 +2,7 @@
 same idempotency key, and what tells a changed input from the one the run was made for.
 
 - ``run.json``: the run id (made by the first run on the folder, before anything is sent), the
-  input's fingerprint and the surface the run is made on. A new folder's run id is derived from
+  input's digest and the surface the run is made on. A new folder's run id is derived from
   the folder, the gateway and the API key (:func:`derive_run_id`), so a folder deleted and made
   again gives the run its old id back, and its lines their old keys: the gateway replays their
   tasks for as long as it remembers keys. ``new_run`` asks for a random one instead.
@@ -10,7 +10,7 @@ same idempotency key, and what tells a changed input from the one the run was ma
   identity and its request. A rerun compares its input with it, line by line, keyed by
   identity, so it can name the lines that changed even when every ledger was deleted.
 
-Each line's key is a pure function of (run id, line identity, request fingerprint): a worker
+Each line's key is a pure function of (run id, line identity, request digest): a worker
 death, a lost disk, a deleted ledger or a restarted driver all send the same key again, and the
 gateway replays the task instead of billing a second one.
 """
@@ -32,6 +32,8 @@ from typing import BinaryIO
 
 from .._core import jsonio
 from .._exceptions import ImggwError, RequestValidationError
+from ._ledger import StorageError
+from ._storage import Storage
 
 RUN_NAME = "run.json"
 LINES_NAME = "lines.fp"
@@ -42,11 +44,11 @@ _ID = 8  # the bytes of a digest that name the line
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """The run id, the fingerprint of the input it was made for and the surface it runs on
-    (None in a ``run.json`` written before runs kept it)."""
+    """The run id, the digest of the input it was made for and the surface it runs on (None in
+    a ``run.json`` written before runs kept it)."""
 
     run_id: str
-    input_fingerprint: str
+    input_digest: str
     surface: str | None = None
 
 
@@ -132,16 +134,16 @@ class InputChangedError(ImggwError):
         self.surface: str | None = surfaces[1] if surfaces is not None else None
 
 
-def idempotency_key(run_id: str, identity: str, fingerprint: str) -> str:
+def idempotency_key(run_id: str, identity: str, request_digest: str) -> str:
     """The key of one line: the same on every re-run of it, anywhere."""
-    digest = hashlib.sha256(f"{run_id}\0{identity}\0{fingerprint}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{run_id}\0{identity}\0{request_digest}".encode()).hexdigest()
     return f"imggw-{digest[:40]}"
 
 
-def line_digest(identity: str, fingerprint: str) -> bytes:
+def line_digest(identity: str, request_digest: str) -> bytes:
     """A line's entry in ``lines.fp``: 8 bytes naming the line, 4 naming its request."""
     named = hashlib.blake2b(identity.encode(), digest_size=_ID).digest()
-    return named + hashlib.blake2b(fingerprint.encode(), digest_size=12 - _ID).digest()
+    return named + hashlib.blake2b(request_digest.encode(), digest_size=12 - _ID).digest()
 
 
 def load(folder: Path) -> RunIdentity | None:
@@ -155,11 +157,11 @@ def load(folder: Path) -> RunIdentity | None:
         raise RequestValidationError(
             "out_dir", f"{path} is unreadable ({exc}); it is not a run's folder"
         ) from exc
-    return parse_record(data, str(path))
+    return parse_identity(data, str(path))
 
 
 def save(folder: Path, identity: RunIdentity) -> None:
-    _write_atomic(folder / RUN_NAME, record_bytes(identity))
+    _write_atomic(folder / RUN_NAME, identity_bytes(identity))
 
 
 class LineDigests:
@@ -187,7 +189,7 @@ class LineDigests:
         self._in_step = True  # every entry so far matched the old one at its place
         self._tmp = folder / f".{LINES_NAME}.{secrets.token_hex(4)}.part"
         self._out: BinaryIO = self._tmp.open("wb")
-        self._fingerprint = hashlib.sha256()
+        self._input_digest = hashlib.sha256()
         # Every change (new, changed and removed lines: what needs consent), and apart: the
         # new or changed lines (numbered as in this input) and the removed ones (numbered as
         # in the run's), each the first ones in order and how many in all.
@@ -201,22 +203,22 @@ class LineDigests:
     def add(self, line: int, digest: bytes) -> None:
         entry = _ENTRY.pack(line, digest)
         self._out.write(entry)
-        self._fingerprint.update(entry)
+        self._input_digest.update(entry)
         if self._in_step:
             previous = next(self._old, None)
             self._in_step = previous is not None and previous[1] == digest
 
     def finish(self) -> str:
-        """Ends the comparison; returns the new input's fingerprint. The new entries are kept
+        """Ends the comparison; returns the new input's digest. The new entries are kept
         aside until :meth:`commit`."""
         self._out.close()
         if not self._had_old:
-            return self._fingerprint.hexdigest()
+            return self._input_digest.hexdigest()
         if self._in_step and next(self._old, None) is None:
-            return self._fingerprint.hexdigest()
+            return self._input_digest.hexdigest()
         self._old.close()
         self._compare_by_identity()
-        return self._fingerprint.hexdigest()
+        return self._input_digest.hexdigest()
 
     def _compare_by_identity(self) -> None:
         # An anonymous SQLite database lives in a temporary file: a million lines' entries
@@ -301,20 +303,21 @@ def entry_lines(path: Path) -> Iterator[int]:
         yield line
 
 
-def record_bytes(identity: RunIdentity) -> bytes:
+def identity_bytes(identity: RunIdentity) -> bytes:
     """``run.json``'s content for ``identity``."""
-    record: dict[str, object] = {
+    fields: dict[str, object] = {
         "format": FORMAT,
         "run_id": identity.run_id,
-        "input_fingerprint": identity.input_fingerprint,
+        # The file's field keeps its first name: run.json is a format other versions read.
+        "input_fingerprint": identity.input_digest,
         "updated_at": time.time(),
     }
     if identity.surface is not None:
-        record["surface"] = identity.surface
-    return json.dumps(record, indent=1).encode() + b"\n"
+        fields["surface"] = identity.surface
+    return json.dumps(fields, indent=1).encode() + b"\n"
 
 
-def parse_record(data: bytes, where: str) -> RunIdentity:
+def parse_identity(data: bytes, where: str) -> RunIdentity:
     """The identity in a ``run.json``'s content (``where`` names it in errors)."""
     try:
         parsed = jsonio.loads(data)
@@ -347,3 +350,50 @@ def _write_atomic(path: Path, data: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- in a storage
+
+
+IDENTITY_WAIT = 30.0  # how long a shard waits for the run's lines.fp its creator is writing
+
+
+def load_stored(storage: Storage) -> RunIdentity | None:
+    """The identity a (maybe remote) output folder keeps, or None if no run began there."""
+    data = storage.read(RUN_NAME)
+    if data is None:
+        return None
+    return parse_identity(data, storage.where(RUN_NAME))
+
+
+def claim(
+    storage: Storage, digests: LineDigests, input_digest: str, *, run_id: str, surface: str
+) -> tuple[RunIdentity, bool]:
+    """The run's identity in ``storage``: created here, exactly once, if the folder has none
+    (an exclusive create: of shards started at once on a fresh folder, one wins and every
+    other loads its run id; each derives the same id, so none depends on which wins). Returns
+    it and whether it was made here; its maker publishes the input's record at once."""
+    identity = RunIdentity(run_id, input_digest, surface)
+    if storage.create(RUN_NAME, identity_bytes(identity)):
+        publish_lines(storage, digests)
+        return identity, True
+    found = load_stored(storage)
+    if found is None:  # pragma: no cover - a run.json deleted in that very instant
+        raise StorageError(f"{storage.where(RUN_NAME)} vanished", code="storage_failed")
+    return found, False
+
+
+def publish_lines(storage: Storage, digests: LineDigests) -> None:
+    """Makes the compared input the run's record of its input (``lines.fp``), whole."""
+    storage.write(LINES_NAME, digests.new_entries())
+
+
+def wait_for_lines(storage: Storage, timeout: float = IDENTITY_WAIT) -> bool:
+    """Waits (a little) for the run's ``lines.fp``, which its maker writes just after
+    ``run.json``. False if it never came (its maker died between the two)."""
+    deadline = time.monotonic() + timeout
+    while storage.size(LINES_NAME) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -82,8 +82,8 @@ class InputLine:
             return f"task:{self.surface or default_surface}:{self.task_id}"
         return f"line:{self.entry or self.line}"
 
-    def fingerprint(self, surface: str) -> str:
-        """What the line asks for, on the surface it runs on: a new fingerprint is a new
+    def digest(self, surface: str) -> str:
+        """What the line asks for, on the surface it runs on: a new digest is a new
         request (and a new idempotency key)."""
         if self.request is not None:
             r = self.request

@@ -25,28 +25,23 @@ from typing import Any
 import filelock
 
 from .._exceptions import ImggwError, RequestValidationError
+from ._input import GENERATE
+from ._states import DOWNLOADING, EXPIRED, FAILED, LEGACY, PENDING, RUNNING, STATUS, LineState
 
 LEDGER_NAME = "ledger.sqlite"
 LOCK_NAME = ".imggw-batch.lock"
-SCHEMA_VERSION = 2  # PRAGMA user_version; 0 or 1 is the first ledger format
-
-# Row states. A line only moves forward; `done` may fall back to `succeeded` if its files are
-# missing or damaged, which means "download again".
-PENDING = "pending"  # not submitted yet (or the answer was lost: its key replays it)
-SUBMITTED = "submitted"  # task id known, not finished
-SUCCEEDED = "succeeded"  # task succeeded, results not (all) saved
-DONE = "done"  # results saved and verified
-FAILED = "failed"  # the task failed, the gateway refused the request, or the line is bad
-EXPIRED = "expired"  # results gone before they could be saved (fresh links failed too)
-FINAL = frozenset({DONE, FAILED, EXPIRED})
-STATES = (PENDING, SUBMITTED, SUCCEEDED, DONE, FAILED, EXPIRED)
-INVALID_LINE = "invalid_line"
+# PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
+# states (see _states.LEGACY) and `fingerprint` to `digest`, and added when a task was
+# submitted and first seen finished.
+SCHEMA_VERSION = 3
+INVALID_LINE = "invalid_line"  # a bad input line's error code
 NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
+BAD = "bad"  # the kind of a bad input line's row (the others: _input.GENERATE, COLLECT)
 
 _COLUMNS = (
-    "identity", "line", "caller_id", "kind", "fingerprint", "fields", "surface",
-    "idempotency_key", "task_id", "state", "urls", "expires_at", "error_code", "error_message",
-    "files", "credits", "cost", "finished_at",
+    "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
+    "task_id", "state", "urls", "expires_at", "error_code", "error_message", "files",
+    "credits", "cost", "finished_at", "submitted_at", "completed_at",
 )  # fmt: skip
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (
@@ -54,7 +49,7 @@ CREATE TABLE IF NOT EXISTS lines (
     line            INTEGER NOT NULL,
     caller_id       TEXT,
     kind            TEXT NOT NULL DEFAULT 'generate',
-    fingerprint     TEXT NOT NULL,
+    digest          TEXT NOT NULL,
     fields          TEXT NOT NULL DEFAULT '{}',
     surface         TEXT NOT NULL,
     idempotency_key TEXT,
@@ -68,6 +63,8 @@ CREATE TABLE IF NOT EXISTS lines (
     credits         REAL,
     cost            REAL,
     finished_at     REAL,
+    submitted_at    REAL,
+    completed_at    REAL,
     planned         INTEGER NOT NULL DEFAULT 0,
     created_at      REAL NOT NULL,
     updated_at      REAL NOT NULL
@@ -75,10 +72,11 @@ CREATE TABLE IF NOT EXISTS lines (
 CREATE INDEX IF NOT EXISTS lines_by_line ON lines (planned, line);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# The first format (user_version 0): a lines table without these columns.
-_ADDED_IN_2 = {
+# Columns that earlier formats lack, with how they are added.
+_ADDED = {
     "kind": "TEXT NOT NULL DEFAULT 'generate'", "fields": "TEXT NOT NULL DEFAULT '{}'",
     "expires_at": "REAL", "finished_at": "REAL", "planned": "INTEGER NOT NULL DEFAULT 0",
+    "submitted_at": "REAL", "completed_at": "REAL",
 }  # fmt: skip
 
 
@@ -113,16 +111,22 @@ def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> 
 
 @dataclass(slots=True)
 class Row:
+    """One input line as the ledger keeps it: what it asks for (``digest`` of its request,
+    ``fields`` for the manifest), its key, its task and where it stands (``state``, see
+    ``_states``), its results, money and times (``submitted_at``: its submit was answered;
+    ``completed_at``: its task was first seen finished; ``finished_at``: the line reached a
+    final state; Unix seconds)."""
+
     identity: str
     line: int
     caller_id: str | None
     kind: str
-    fingerprint: str
+    digest: str
     fields: dict[str, Any]
     surface: str
     idempotency_key: str | None
     task_id: str | None
-    state: str
+    state: LineState
     urls: list[str] = field(default_factory=list)
     expires_at: float | None = None
     error_code: str | None = None
@@ -131,14 +135,16 @@ class Row:
     credits: float | None = None
     cost: float | None = None
     finished_at: float | None = None
+    submitted_at: float | None = None
+    completed_at: float | None = None
 
     def values(self) -> tuple[Any, ...]:
         return (
-            self.identity, self.line, self.caller_id, self.kind, self.fingerprint,
+            self.identity, self.line, self.caller_id, self.kind, self.digest,
             json.dumps(self.fields, ensure_ascii=False), self.surface, self.idempotency_key,
-            self.task_id, self.state, json.dumps(self.urls), self.expires_at, self.error_code,
-            self.error_message, json.dumps(self.files), self.credits, self.cost,
-            self.finished_at,
+            self.task_id, self.state.value, json.dumps(self.urls), self.expires_at,
+            self.error_code, self.error_message, json.dumps(self.files), self.credits, self.cost,
+            self.finished_at, self.submitted_at, self.completed_at,
         )  # fmt: skip
 
     @classmethod
@@ -146,7 +152,18 @@ class Row:
         named = dict(zip(_COLUMNS, values, strict=True))
         for name in ("fields", "urls", "files"):
             named[name] = json.loads(named[name])
+        named["state"] = state_of(named["state"])
         return cls(**named)
+
+    @property
+    def is_bad(self) -> bool:
+        """A bad input line: not work, reported apart."""
+        return self.kind == BAD
+
+
+def state_of(stored: str) -> LineState:
+    """The state a ledger row keeps, whatever format wrote it."""
+    return LEGACY.get(stored) or LineState(stored)
 
 
 @dataclass
@@ -155,7 +172,7 @@ class Totals:
     lines charged in credits whose gateway stated no cost (surface alpha): their cost is not
     zero, it is not known."""
 
-    counts: Counter[str] = field(default_factory=Counter)
+    counts: Counter[LineState] = field(default_factory=Counter)
     credits: float = 0.0
     cost: float = 0.0
     cost_unknown: int = 0
@@ -209,6 +226,10 @@ class Ledger:
             )
         try:
             folder.mkdir(parents=True, exist_ok=True)
+        except (NotADirectoryError, FileExistsError) as exc:  # a file on the way: the path
+            raise RequestValidationError(
+                "out_dir", f"cannot use {folder} as the output folder: {exc.strerror}"
+            ) from exc
         except OSError as exc:  # a read-only or full disk: the place to write is the fault
             raise storage_error(folder, exc, "create") from exc
         lock = filelock.FileLock(str(folder / LOCK_NAME), blocking=False)
@@ -245,12 +266,18 @@ class Ledger:
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='lines'"
         ).fetchone()
         if exists and version < SCHEMA_VERSION:
+            self._db.execute("BEGIN IMMEDIATE")
             have = {r[1] for r in self._db.execute("PRAGMA table_info(lines)")}
-            for name, kind in _ADDED_IN_2.items():
+            if "fingerprint" in have:
+                self._db.execute("ALTER TABLE lines RENAME COLUMN fingerprint TO digest")
+            for name, kind in _ADDED.items():
                 if name not in have:
                     self._db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
             if "request" in have:  # the first format kept the request under this name
                 self._db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
+            for old, new in LEGACY.items():
+                self._db.execute("UPDATE lines SET state=? WHERE state=?", (new.value, old))
+            self._db.execute("COMMIT")
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -275,7 +302,7 @@ class Ledger:
             return None
         if found is not None:
             old = Row.from_values(found[1:])
-            if old.fingerprint == row.fingerprint:
+            if old.digest == row.digest:
                 old.line, old.fields = row.line, row.fields or old.fields
                 self._db.execute(
                     "UPDATE lines SET line=?, fields=?, planned=? WHERE identity=?",
@@ -291,26 +318,26 @@ class Ledger:
         return row, True
 
     def recheck(self) -> None:
-        """Within a plan: lines that failed for what a later look may find otherwise, at no
-        cost (a task the gateway did not know; a task that succeeded but whose results could
-        not be saved: links that died, a document served in place of an image), are looked
-        at again by this run: a query and a download, never a submit."""
+        """Within a plan: the moves back of ``_states.RECHECKS``. Lines that failed for what a
+        later look may find otherwise, at no cost (a task the gateway did not know; a task
+        that succeeded but whose results could not be saved: links that died, a document
+        served in place of an image; a submit answered 404, which made nothing), are looked at
+        again by this run: a query and a download, or a submit with the line's own key."""
+        clear = "error_code=NULL, error_message=NULL"
         self._db.execute(
-            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
-            "WHERE planned=? AND task_id IS NOT NULL AND (state=? OR (state=? AND urls != '[]'))",
-            (SUCCEEDED, self._plan, EXPIRED, FAILED),
+            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND task_id IS NOT NULL "
+            "AND (state=? OR (state=? AND urls != '[]'))",
+            (DOWNLOADING.value, self._plan, EXPIRED.value, FAILED.value),
         )
         self._db.execute(
-            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
-            "WHERE planned=? AND state=? AND error_code=? AND task_id IS NOT NULL",
-            (SUBMITTED, self._plan, FAILED, NOT_FOUND),
+            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND state=? AND error_code=? "
+            "AND task_id IS NOT NULL",
+            (RUNNING.value, self._plan, FAILED.value, NOT_FOUND),
         )
-        # A submit answered 404 (a base URL with a wrong path) made no task and billed
-        # nothing; earlier versions failed its line for good. Its key submits it now.
         self._db.execute(
-            "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
-            "WHERE planned=? AND state=? AND error_code=? AND task_id IS NULL AND kind=?",
-            (PENDING, self._plan, FAILED, NOT_FOUND, "generate"),
+            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND state=? AND error_code=? "
+            "AND task_id IS NULL AND kind=?",
+            (PENDING.value, self._plan, FAILED.value, NOT_FOUND, GENERATE),
         )
 
     def end_plan(self, *, commit: bool) -> None:
@@ -330,8 +357,8 @@ class Ledger:
         """The surfaces the last plan's generate lines ran on (at most two are told apart):
         a run whose ``run.json`` predates keeping it is told by its ledger."""
         found = self._db.execute(
-            "SELECT DISTINCT surface FROM lines WHERE planned=? AND kind='generate' LIMIT 2",
-            (self._plan,),
+            "SELECT DISTINCT surface FROM lines WHERE planned=? AND kind=? LIMIT 2",
+            (self._plan, GENERATE),
         )
         return {surface for (surface,) in found}
 
@@ -344,22 +371,24 @@ class Ledger:
             for state, n, credits, cost, unknown in self._db.execute(
                 "SELECT state, COUNT(*), TOTAL(credits), TOTAL(cost), "
                 "SUM(credits IS NOT NULL AND cost IS NULL) FROM lines "
-                "WHERE planned=? AND kind!='bad' GROUP BY state",
-                (self._plan,),
+                "WHERE planned=? AND kind!=? GROUP BY state",
+                (self._plan, BAD),
             ):
-                totals.counts[state] = n
+                totals.counts[state_of(state)] += n
                 totals.credits += credits
                 totals.cost += cost
                 totals.cost_unknown += unknown or 0
         return totals
 
-    def rows(self, *, after: int = 0, limit: int = 1000, states: tuple[str, ...] = ()) -> list[Row]:
+    def rows(
+        self, *, after: int = 0, limit: int = 1000, states: tuple[LineState, ...] = ()
+    ) -> list[Row]:
         """The plan's rows in line order, past line ``after``: one chunk of a stream."""
         where = "planned=? AND line>?"
         args: list[Any] = [self._plan, after]
         if states:
             where += f" AND state IN ({', '.join('?' * len(states))})"
-            args += states
+            args += [state.value for state in states]
         try:
             with self._read_lock:
                 cursor = self._db.execute(
@@ -374,7 +403,7 @@ class Ledger:
         """The next chunk of the plan's rows past line ``after`` (for a streaming reader)."""
         return self.rows(after=after, limit=500)
 
-    def iter_rows(self, states: tuple[str, ...] = (), chunk: int = 1000) -> Iterator[Row]:
+    def iter_rows(self, states: tuple[LineState, ...] = (), chunk: int = 1000) -> Iterator[Row]:
         """Every row of the plan in line order, read a chunk at a time."""
         after = 0
         while batch := self.rows(after=after, limit=chunk, states=states):
@@ -457,3 +486,95 @@ class Ledger:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(OSError):
                     Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- reading one
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
+    """A ledger file opened read only (a live run, another process, may be writing it), and
+    its last plan; None when it holds no plan (or is no ledger)."""
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        yield None
+        return
+    with contextlib.closing(db):
+        try:
+            found = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+        except sqlite3.Error:
+            found = None
+        yield (db, int(found[0])) if found is not None else None
+
+
+def read_rows(path: Path) -> Iterator[Row]:
+    """Every row of a ledger file's last plan, in line order, read only: what ``status`` and
+    ``merge`` read of a shard's ledger or checkpoint. Whatever cannot be read ends the rows."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return
+        db, plan = opened
+        try:
+            cursor = db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM lines WHERE planned=? ORDER BY line", (plan,)
+            )
+            for values in cursor:
+                yield Row.from_values(values)
+        except sqlite3.Error:
+            return
+
+
+def count_statuses(path: Path) -> dict[str, int] | None:
+    """Lines per word of ``_states.STATUSES`` in a ledger file's last plan (bad input lines
+    as ``bad``), read only and summed by SQLite: cheap enough to read every few seconds while
+    a shard runs. None when the file holds no plan yet."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return None
+        db, plan = opened
+        found: Counter[str] = Counter()
+        for bad, state, n in db.execute(
+            "SELECT kind=?, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
+            (BAD, plan),
+        ):
+            found["bad" if bad else STATUS[state_of(state)]] += n
+        return dict(found)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+_CHECKPOINT_KEY = "checkpoint"
+
+
+def checkpoint_number(path: Path) -> int:
+    """The checkpoint number a ledger file holds: 0 for a ledger never copied, -1 for no
+    ledger there (or none that can be read)."""
+    if not path.exists():
+        return -1
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            found = db.execute("SELECT value FROM meta WHERE key=?", (_CHECKPOINT_KEY,)).fetchone()
+    except sqlite3.Error:
+        return -1
+    return int(found[0]) if found else 0
+
+
+def copy_ledger(path: Path, copy: Path) -> None:
+    """A consistent copy of the ledger at ``path`` into ``copy``, while a run writes on (SQLite's
+    backup API), numbered one past its last checkpoint: a shard's ledger on its way to a
+    remote output folder. Blocking."""
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=10.0)) as db:
+            number = max(checkpoint_number(path), 0) + 1
+            with db:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    (_CHECKPOINT_KEY, str(number)),
+                )
+            with contextlib.closing(sqlite3.connect(copy)) as into:
+                db.backup(into)
+    except sqlite3.Error as exc:
+        raise StorageError(
+            f"cannot checkpoint {path} ({exc}); the same command resumes", code="storage_failed"
+        ) from exc

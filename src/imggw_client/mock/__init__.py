@@ -14,9 +14,13 @@ Example::
         task = client.generate("a lighthouse")
     assert gateway.stats()["tasks_created"] == 1
 
-Also: ``python -m imggw_client.mock --port 8080`` and the pytest fixtures of
-``imggw_client.mock.pytest_plugin``.
+Also: ``python -m imggw_client.mock --port 8080`` (or :func:`main` from your own tool) and the
+pytest fixtures of ``imggw_client.mock.pytest_plugin``.
 """
+
+from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ._config import DEFAULT_API_KEY, FAULT_KINDS, QUIRKS, MockConfig
 from ._gateway import ManualClock, MockGateway, fingerprint
@@ -33,4 +37,26 @@ __all__ = [
     "MockRequest",
     "MockResponse",
     "fingerprint",
+    "main",
 ]
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_client.mock") -> int:
+    """Serves the reference gateway over HTTP until Ctrl-C, as ``python -m imggw_client.mock``
+    does: the same options (``argv``; None reads the command line), the URL on stdout, notes and
+    errors on stderr. Returns the exit code: 0 stopped by Ctrl-C, 1 could not serve (port in
+    use), 2 bad option (``--help`` 0), 4 uvicorn missing. ``prog`` names the command in usage
+    and ``--help``, for a tool that serves it under its own name (as ``imggw mock serve`` does).
+
+    Example::
+
+        import sys
+        from imggw_client.mock import main
+
+        sys.exit(main(["--port", "8080", "--fault-rate", "0.2"], prog="mytool gateway"))
+    """
+    # Imported on call: the package importing its own __main__ would make runpy warn on every
+    # ``python -m imggw_client.mock``.
+    from .__main__ import main as serve
+
+    return serve(argv, prog=prog)

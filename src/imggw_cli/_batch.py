@@ -1,0 +1,313 @@
+"""``imggw batch`` (a run, one shard, a run on Dask) and its subcommands ``batch merge`` and
+``batch status``. What runs beyond one process is in ``_scale``; the live display and the
+summary in ``_batch_display``."""
+
+# No `from __future__ import annotations` here: Typer reads these annotations at run time.
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from . import _exit
+from ._command import Concurrency, RunTimeout, SkipBadLines, refuse, session
+from ._globals import current, with_globals
+from ._runtime import make_async_client
+
+BATCH_INTERRUPTED = "interrupted; every line's progress is saved: run the same command to resume"
+
+
+class BatchGroup(TyperGroup):
+    """``imggw batch``: the batch command itself, and its subcommands ``merge`` and ``status``.
+
+    A Click group takes its own options, then a subcommand's name: it cannot also take a
+    positional FILE. ``imggw batch FILE -o DEST`` came first and keeps its form, so this group
+    decides by the first argument alone: a subcommand's name (``merge``, ``status``) runs that
+    subcommand with the rest; anything else is the batch command's own FILE and options, parsed
+    as a plain command's (options before or after FILE, nothing left over). A file named
+    ``merge`` or ``status`` is given as ``./merge``.
+    """
+
+    # The batch command is parsed as a plain command is: options may follow FILE, nothing is
+    # left over. super(TyperGroup, self) below is that plain Command (its parsing, usage and
+    # invocation), skipping the group's, which would take what follows FILE for a subcommand.
+    allow_extra_args = False
+    allow_interspersed_args = True
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            ctx.args = args  # the subcommand and its arguments, for invoke
+            return args
+        result: list[str] = super(TyperGroup, self).parse_args(ctx, args)
+        return result
+
+    def invoke(self, ctx: Any) -> Any:
+        if not ctx.args:
+            return super(TyperGroup, self).invoke(ctx)
+        name, *args = ctx.args
+        ctx.args, ctx.invoked_subcommand = [], name
+        command = self.commands[name]
+        with command.make_context(name, args, parent=ctx) as sub_ctx:
+            return command.invoke(sub_ctx)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces: list[str] = super(TyperGroup, self).collect_usage_pieces(ctx)
+        return pieces  # `imggw batch [OPTIONS] FILE`: merge and status show their own usage
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        # Click writes a parent's arguments into its children's usage (`imggw batch FILE
+        # merge`): merge and status take no FILE, so theirs read `imggw batch merge`.
+        if ctx.command is not self:
+            return []
+        params: list[Any] = super().get_params(ctx)
+        return params
+
+
+# Named where the root adds it (``batch``). merge and status are hidden from this help's
+# command list: the batch command's help names them, as it always has.
+app = typer.Typer(cls=BatchGroup, invoke_without_command=True)
+
+
+class EngineChoice(str, Enum):
+    dask = "dask"
+
+
+SCALE = "Beyond one machine"
+
+
+@app.callback(epilog=_exit.EPILOG)
+@with_globals
+def batch(
+    file: Annotated[
+        str,
+        typer.Argument(
+            help="JSONL (prompt, aspect_ratio, resolution, id; or task_id to collect a task made "
+            "elsewhere) or text, a prompt a line; - reads standard input. Told by its name "
+            "(.jsonl, .ndjson), else line by line for .json and -, else text (see --format)."
+        ),
+    ],
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="DEST",
+            help="Folder for images, ledger and manifest.jsonl; for shards also an fsspec URL "
+            "(s3://bucket/prefix, memory://...).",
+        ),
+    ],
+    concurrency: Concurrency = 8,
+    timeout: RunTimeout = None,
+    skip_bad_lines: SkipBadLines = False,
+    allow_changes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changes",
+            help="Run lines that changed since this folder's run began, as new (billed) requests.",
+        ),
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
+    ] = False,
+    input_format: Annotated[
+        Optional[str],  # noqa: UP045 - Typer wants this spelling on Python 3.10
+        typer.Option(
+            "--format",
+            metavar="jsonl|text",
+            help="Read FILE as JSONL (a JSON object a line) or as text (a prompt a line), "
+            "whatever its name.",
+        ),
+    ] = None,
+    new_run: Annotated[
+        bool,
+        typer.Option(
+            "--new-run",
+            help="Start a new run (new keys: every line billed anew) in a folder that holds "
+            "none. By default a folder made again resumes its run: the same keys, no new tasks.",
+        ),
+    ] = False,
+    engine: Annotated[
+        Optional[EngineChoice],  # noqa: UP045
+        typer.Option(
+            "--engine",
+            help="Run the shards on Dask (pip install 'imggw[dask]').",
+            rich_help_panel=SCALE,
+        ),
+    ] = None,
+    address: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--address",
+            metavar="tcp://HOST:PORT",
+            rich_help_panel=SCALE,
+            help="A running Dask scheduler (with --engine dask).",
+        ),
+    ] = None,
+    workers: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--workers",
+            min=1,
+            metavar="N",
+            rich_help_panel=SCALE,
+            help="Start (and stop) a local Dask cluster of N workers.",
+        ),
+    ] = None,
+    shard_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--shard-size",
+            min=1,
+            metavar="N",
+            rich_help_panel=SCALE,
+            help="Input lines per shard on the engine [default: 1000].",
+        ),
+    ] = None,
+    shard: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--shard",
+            metavar="I/N",
+            rich_help_panel=SCALE,
+            help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
+            "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
+        ),
+    ] = None,
+    scratch: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--scratch",
+            metavar="DIR",
+            rich_help_panel=SCALE,
+            help="Local folder where shards of a remote DEST keep their ledgers "
+            "[default: the system's temp folder].",
+        ),
+    ] = None,
+) -> None:
+    """Generate every line of FILE exactly once, downloading each result as it is ready.
+
+    Re-running the same command resumes: nothing is submitted twice, unfinished tasks are
+    waited on, missing or damaged files are downloaded again; a folder deleted and made again
+    sends the same keys, so the gateway replays the tasks it remembers (--new-run: new keys).
+    An input that changed since the folder's run began, or another surface, is refused (exit
+    2) unless --allow-changes. Writes manifest.jsonl and index.html (a gallery to open in a
+    browser). Exit 0 if every line succeeded, 1 if some failed, 3 if some are unfinished.
+
+    Beyond one machine: --engine dask runs shards of the input on a Dask cluster (one request
+    budget for the whole run, held by the scheduler); --shard I/N runs one shard here. DEST may
+    then be a URL. Also: imggw batch merge DEST (manifest.jsonl from the shards), imggw batch
+    status DEST [--json] (progress, read from DEST alone).
+    """
+    from . import _scale
+
+    modes = _scale.Modes(
+        engine=engine.value if engine else None, address=address, workers=workers, shard=shard,
+        shard_size=shard_size, scratch=None if scratch is None else str(scratch),
+    )  # fmt: skip
+    scaled = modes.any
+    if input_format not in (None, "jsonl", "text"):
+        refuse(f"--format must be jsonl or text, not {input_format!r}; nothing was sent")
+    if new_run and (scaled or _is_remote(output)):
+        refuse("--new-run is for one process into a local folder: give shards a new DEST")
+    options: dict[str, Any] = {
+        "concurrency": concurrency, "timeout": timeout, "skip_bad_lines": skip_bad_lines,
+        "allow_changes": allow_changes, "verify": verify, "format": input_format,
+    }  # fmt: skip
+    if not scaled and not _is_remote(output):
+        run_local(file, _local(output), collect=False, wait=True, new_run=new_run, **options)
+        return
+    flags = current()
+    with session() as out:
+        _scale.check_modes(out, flags, file, output, modes)
+        try:
+            code = _scale.run_scaled(out, flags, file, output, modes, options)
+        except KeyboardInterrupt:
+            out.error(BATCH_INTERRUPTED)
+            raise typer.Exit(_exit.INTERRUPTED) from None
+    raise typer.Exit(code)
+
+
+def _is_remote(dest: str) -> bool:
+    from imggw_client.batch import is_url
+
+    return is_url(dest)
+
+
+def _local(dest: str) -> Path:
+    from imggw_client.batch import open_storage
+
+    local = open_storage(dest).local
+    assert local is not None  # only asked of a local DEST
+    return local
+
+
+Dest = Annotated[
+    str, typer.Argument(metavar="DEST", help="A batch's output folder (a path or an fsspec URL).")
+]
+
+
+@app.command("merge", hidden=True, epilog=_exit.EPILOG)
+@with_globals
+def merge(
+    dest: Dest,
+    title: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--title", help="The gallery's title [default: the folder's name]."),
+    ] = None,
+) -> None:
+    """Write DEST/manifest.jsonl from the shards' manifests (one row per input line, in line
+    order; lines no shard reached yet are pending), and the gallery DEST/index.html. Exit codes
+    as imggw batch."""
+    from . import _scale
+
+    with session() as out:
+        code = _scale.merge_command(out, current(), dest, title)
+    raise typer.Exit(code)
+
+
+@app.command("status", hidden=True, epilog=_exit.EPILOG)
+@with_globals
+def status(dest: Dest) -> None:
+    """Print a batch's progress, read from DEST alone (a single run's or a sharded one's):
+    lines per state (pending, running, succeeded, failed). --json prints one object with total
+    and counts. Exit 0 if every line succeeded, 1 if some failed, 3 if some are unfinished."""
+    from . import _scale
+
+    with session() as out:
+        code = _scale.status_command(out, current(), dest)
+    raise typer.Exit(code)
+
+
+def run_local(source: str, output: Path, **options: Any) -> None:
+    """A batch (or a collect, for ``download --from``) in this process into a local folder: its
+    live display, the manifest on stdout, the summary; exits with the run's code."""
+    import anyio
+
+    from imggw_client.batch import arun_batch
+
+    from ._batch_display import batch_display, batch_summary
+
+    flags = current()
+    with session() as out:
+
+        async def main() -> Any:
+            async with make_async_client(flags) as client:
+                with batch_display(out) as on_progress:
+                    return await arun_batch(source, output, client=client,
+                                            on_progress=on_progress, **options)  # fmt: skip
+
+        try:
+            report = anyio.run(main)
+        except KeyboardInterrupt:
+            out.error(BATCH_INTERRUPTED)
+            raise typer.Exit(_exit.INTERRUPTED) from None
+        if flags.json:
+            with report.manifest.open(encoding="utf-8") as manifest:
+                for line in manifest:
+                    print(line.rstrip("\n"), flush=True)
+        else:
+            print(report.manifest, flush=True)
+        batch_summary(out, report)
+    raise typer.Exit(report.exit_code)

@@ -1,0 +1,200 @@
+"""What every command shares: the session that turns any error into one line on stderr and an
+exit code, what a command tracks for its error and Ctrl-C messages, the checks made before
+anything is paid for (the output folder, a prompt read from stdin), and the options that
+several commands take alike.
+"""
+
+# No `from __future__ import annotations` here: Typer reads these annotations at run time.
+
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+
+from imggw_client import rules
+
+from . import _exit
+from ._globals import current
+from ._output import Output, task_record, unfinished_record
+from ._runtime import setup_logging
+
+OutputDir = Annotated[Path, typer.Option("--output", "-o", help="Folder for the images.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace files that exist.")]
+Concurrency = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Submits (and downloads) at once.")
+]
+RunTimeout = Annotated[
+    Optional[float],  # noqa: UP045 - Typer wants this spelling on Python 3.10
+    typer.Option(
+        "--timeout", "-t", min=0, help="Stop after this many seconds; run again to resume."
+    ),
+]
+SkipBadLines = Annotated[
+    bool, typer.Option("--skip-bad-lines", help="Report bad lines and go on (default: stop).")
+]
+
+
+class Tracked:
+    """What a command works on, once known, for its error and Ctrl-C messages: the submit under
+    way (its key and request), then its task, and the folder its results go to."""
+
+    def __init__(
+        self,
+        task_id: Optional[str] = None,  # noqa: UP045
+        command: str = "submit",
+        output: Optional[Path] = None,  # noqa: UP045
+    ) -> None:
+        self.id = task_id
+        self.command = command
+        self.output = output  # set for commands that save results (generate, download)
+        self.key: Optional[str] = None  # noqa: UP045
+        self.request: tuple[str, str] = ("auto", "1k")
+
+    def submitting(self, key: Optional[str], aspect_ratio: str, resolution: str) -> str:  # noqa: UP045
+        """The key the submit sends (the caller's, else a fresh one made here, so that an
+        interrupted submit can be sent again safely)."""
+        from imggw_client import new_idempotency_key
+
+        self.key = key or new_idempotency_key()
+        self.request = (aspect_ratio, resolution)
+        return self.key
+
+    def resume(self, surface: str) -> str:
+        """The command that picks the task up: one that also saves its results when this one
+        was to save them (``poll`` only waits), so that nothing is submitted, or paid, again."""
+        if self.output is not None:
+            folder = shlex.quote(str(self.output))
+            return f"imggw download {self.id} --wait --surface {surface} -o {folder}"
+        return f"imggw poll {self.id} --surface {surface}"
+
+
+@contextmanager
+def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
+    """Output for a command, and every error turned into one line and an exit code. With
+    --json, a task that failed or is still running at the timeout is printed too (stdout), so
+    that a script always has a record to read beside the exit code."""
+    from imggw_client import (
+        FILE_EXISTS,
+        DownloadError,
+        ImggwError,
+        TaskFailedError,
+        WaitTimeoutError,
+    )
+
+    options = current()
+    setup_logging(options)
+    out = Output(options)
+    surface = options.chosen_surface
+    try:
+        yield out
+    except ImggwError as err:
+        if options.verbose:
+            import traceback
+
+            traceback.print_exception(err, file=sys.stderr)
+        import os
+
+        if out.json and isinstance(err, TaskFailedError):
+            out.data(task_record(err.task), [])
+        elif out.json and isinstance(err, WaitTimeoutError):
+            out.data(unfinished_record(err.task_id, err.last_task), [])
+        base_url = options.base_url or os.environ.get("IMGGW_BASE_URL")
+        resume = tracked.resume(surface) if tracked is not None and tracked.id else None
+        message = _exit.message_for(
+            err, surface=surface, mock=options.mock, base_url=base_url, resume=resume
+        )
+        if (
+            isinstance(err, DownloadError)
+            and tracked is not None
+            and tracked.command == "generate"  # imggw download itself failed: no hint
+            and tracked.id is not None
+        ):
+            # The task is done and paid for: its results are still to be had, without
+            # running generate again (which would pay for a new task).
+            command = f"imggw download {tracked.id} --surface {surface}"
+            if err.code == FILE_EXISTS or tracked.output is None:
+                command += " -o DIR (another folder, or add --overwrite)"
+            else:
+                command += f" -o {shlex.quote(str(tracked.output))}"
+            message += f"\n  the task succeeded and is paid for; save its results with: {command}"
+        out.error(message)
+        raise typer.Exit(_exit.code_for(err)) from None
+    except KeyboardInterrupt:
+        if tracked is not None and tracked.id is not None:
+            resume = tracked.resume(surface)
+            out.error(f"interrupted; task {tracked.id} goes on. Resume with: {resume}")
+        elif tracked is not None and tracked.key is not None:
+            hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
+            out.error(f"interrupted during the submit: a task may have been created.\n{hint}")
+        else:
+            out.error("interrupted")
+        raise typer.Exit(_exit.INTERRUPTED) from None
+
+
+def refuse(message: str) -> NoReturn:
+    """A usage error found before anything was read or sent: one line, exit 2."""
+    with session() as out:
+        out.error(message)
+    raise typer.Exit(_exit.USAGE)
+
+
+STDIN = "-"
+
+# The room a result of each resolution may plausibly need: a 1k PNG is about 1 to 3 MB and a
+# 4K one up to a few tens of MB. A folder with less free space would take the task's money and
+# then fail to save its image.
+RESULT_ROOM = {"1k": 4 << 20, "2k": 16 << 20, "4k": 64 << 20}
+
+
+def ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:
+    """The output folder, made if missing, checked writable and with ``room`` bytes free,
+    before anything is paid for."""
+    import os
+    import shutil
+
+    if folder.exists() and not folder.is_dir():
+        out.error(f"-o {folder}: a file is there, not a folder; nothing was sent")
+        raise typer.Exit(_exit.USAGE)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        out.error(f"cannot create {folder}: {exc.strerror}; nothing was sent")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        out.error(f"cannot write in {folder}: permission denied; nothing was sent")
+        raise typer.Exit(_exit.AUTH_OR_CONFIG)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # a filesystem that cannot tell: the download still checks every write
+        return
+    if free < room:
+        out.error(
+            f"{folder} has {free / (1 << 20):.1f} MiB free; a result may need about "
+            f"{room >> 20} MiB: make room, then run the same command (nothing was sent)"
+        )
+        raise typer.Exit(_exit.AUTH_OR_CONFIG)
+
+
+def resolve_prompt(prompt: str, out: Output) -> str:
+    """The prompt; with ``-``, all of standard input less one trailing newline (so that
+    ``echo "a cat" | imggw submit -`` submits ``a cat``). A prompt read there that breaks a
+    rule stops the command before anything is sent."""
+    if prompt != STDIN:
+        return prompt
+    if sys.stdin.isatty():
+        out.note("reading the prompt from standard input; end it with Ctrl-D")
+    buffer = getattr(sys.stdin, "buffer", None)
+    try:  # bytes, decoded here: the terminal's encoding has no say in what the prompt is
+        text = sys.stdin.read() if buffer is None else buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        out.error(f"cannot read standard input: not UTF-8 text ({exc.reason})")
+        raise typer.Exit(_exit.USAGE) from None
+    text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+    for violation in rules.check_prompt(text):
+        out.error(f"the prompt read from standard input {violation.rule}")
+        raise typer.Exit(_exit.USAGE)
+    return text

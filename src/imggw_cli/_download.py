@@ -1,0 +1,118 @@
+"""``imggw download``: the results of tasks given by id, or collected from a list (``--from``,
+a batch run that keeps a ledger and resumes)."""
+
+# No `from __future__ import annotations` here: Typer reads these annotations at run time.
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import _exit
+from ._batch import run_local
+from ._command import (
+    Concurrency,
+    OutputDir,
+    Overwrite,
+    RunTimeout,
+    SkipBadLines,
+    Tracked,
+    refuse,
+    session,
+)
+from ._globals import current, with_globals
+from ._output import task_record
+from ._runtime import make_client
+
+app = typer.Typer()
+
+
+@app.command(epilog=_exit.EPILOG)
+@with_globals
+def download(
+    task_ids: Annotated[
+        Optional[list[str]],  # noqa: UP045 - Typer wants this spelling on Python 3.10
+        typer.Argument(help="Task ids (or --from FILE for many).", show_default=False),
+    ] = None,
+    output: OutputDir = Path("."),
+    overwrite: Overwrite = False,
+    source: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Collect the tasks FILE lists (- reads standard input): bare ids or JSON lines "
+            "with task_id (and surface), as submit --json and a batch manifest print them. "
+            "Keeps a ledger and manifest.jsonl in --output; rerun to resume.",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for unfinished tasks (default: report them).")
+    ] = False,
+    timeout: RunTimeout = None,
+    concurrency: Concurrency = 8,
+    skip_bad_lines: SkipBadLines = False,
+) -> None:
+    """Download the results of finished tasks; print the saved paths.
+
+    Without --wait, unfinished tasks are reported (exit 3) and the rest saved. With --from,
+    results are saved the soonest-expiring first, a dead link is asked again for a fresh one,
+    and the run resumes where it stopped (exit codes as imggw batch).
+    """
+    if (source is None) == (not task_ids):
+        refuse("give task ids, or --from FILE (one of them)")
+    if source is not None:
+        run_local(source, output, collect=True, wait=wait, timeout=timeout,
+                  concurrency=concurrency, skip_bad_lines=skip_bad_lines)  # fmt: skip
+        return
+    assert task_ids is not None
+    _download_ids(task_ids, output, overwrite=overwrite, wait=wait, timeout=timeout)
+
+
+def _download_ids(
+    task_ids: list[str],
+    output: Path,
+    *,
+    overwrite: bool,
+    wait: bool,
+    timeout: Optional[float],  # noqa: UP045
+) -> None:
+    from imggw_client import TaskFailedError, TaskStatus, WaitTimeoutError
+    from imggw_client.text import printable
+
+    codes: list[int] = []
+    with session(), make_client(current()) as client:
+        for task_id in task_ids:
+            code = _exit.OK
+            try:
+                with session(Tracked(task_id, "download", output)) as out:
+                    if wait:
+                        with out.progress(task_id) as on_update:
+                            try:
+                                task = client.wait(
+                                    task_id,
+                                    timeout=600.0 if timeout is None else timeout,
+                                    on_update=on_update,
+                                )
+                            except TaskFailedError as failed:  # reported below, like the rest
+                                task = failed.task
+                    else:
+                        task = client.get(task_id)
+                    if not task.is_terminal:
+                        raise WaitTimeoutError(task_id, task, timeout=0)
+                    if task.status is TaskStatus.SUCCEEDED:
+                        files = client.download(task, output, overwrite=overwrite)
+                    else:
+                        files = []
+                        reason = printable(task.error.message) if task.error else ""
+                        out.error(f"task {task_id} failed: {reason}")
+                        code = _exit.TASK_FAILED
+                    out.data(task_record(task, files), [str(f.path) for f in files])
+            except typer.Exit as failed:
+                if failed.exit_code == _exit.INTERRUPTED:
+                    raise
+                code = int(failed.exit_code)
+            codes.append(code)
+    worst = _exit.download_code(codes)
+    if worst:
+        raise typer.Exit(worst)

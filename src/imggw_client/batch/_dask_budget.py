@@ -1,0 +1,129 @@
+"""The request budget of a whole Dask run, held on the scheduler (DESIGN 9, 10): a scheduler
+plugin keeps the pure ``Budget`` (a scheduler outlives any worker); every worker's client asks
+it for each request's slot and tells it how each ended, so a 429 seen by any worker slows
+every worker."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Hashable
+from typing import Any
+
+from distributed import get_worker
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .._config import RateLimit
+from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
+
+__all__ = ["HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget"]
+
+PLUGIN_NAME = "imggw-budgets"
+HANDLER = "imggw_budget"
+TICKET_TTL = 900.0  # a slot neither used nor given back this long belonged to a dead worker
+
+
+class BudgetPlugin(SchedulerPlugin):
+    """Request budgets on the scheduler, one per run (by run id), asked by every worker through
+    the scheduler handler ``imggw_budget``. The logic is the pure :class:`Budget`'s, on the
+    scheduler's clock; tickets live here, so a worker only holds their numbers.
+
+    Example::
+
+        await dask_client.register_plugin(BudgetPlugin(), name=PLUGIN_NAME)
+    """
+
+    idempotent = True  # registering it again (another run) keeps the budgets it holds
+    name = PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, Budget] = {}
+        self.tickets: dict[int, tuple[str, Ticket, float]] = {}
+        self.numbers = itertools.count(1)
+        self.swept = 0.0
+
+    async def start(self, scheduler: Any) -> None:
+        scheduler.handlers[HANDLER] = self.handle
+
+    def handle(
+        self,
+        budget: str,
+        action: str,
+        kind: str | None = None,
+        ticket: int | None = None,
+        limit: dict[str, float | None] | None = None,
+        limited: bool = False,
+        retry_after: float | None = None,
+        backoff: tuple[float, float] | list[float] | None = None,
+    ) -> dict[str, Any]:
+        now = time.monotonic()
+        self._sweep(now)
+        if action == "open":
+            if budget not in self.budgets:
+                self.budgets[budget] = Budget(RateLimit(**(limit or {})))
+            return {"ok": True}
+        held = self.budgets.setdefault(budget, Budget(RateLimit()))
+        if action == "reserve":
+            assert kind is not None
+            new = held.reserve(kind, now)
+            number = next(self.numbers)
+            self.tickets[number] = (budget, new, now)
+            return {"ticket": number, "wait": held.wait_time(new, now)}
+        found = self.tickets.get(ticket) if ticket is not None else None
+        if found is None:  # swept, or the scheduler restarted: nothing to wait for
+            return {"wait": 0.0}
+        slot = found[1]
+        if action == "wait":
+            return {"wait": held.wait_time(slot, now)}
+        del self.tickets[ticket]  # type: ignore[arg-type]
+        if action == "release":
+            held.release(slot)
+        else:
+            first, longest = backoff or DEFAULT_BACKOFF
+            held.finished(slot, now, limited=limited, retry_after=retry_after,
+                          backoff=(first, longest))  # fmt: skip
+        return {"ok": True}
+
+    def _sweep(self, now: float) -> None:
+        if now - self.swept < 60.0:
+            return
+        self.swept = now
+        for number, (budget, slot, since) in list(self.tickets.items()):
+            if now - since > TICKET_TTL:
+                del self.tickets[number]
+                self.budgets[budget].release(slot)
+
+
+class SchedulerBudget:
+    """The budget a worker's client asks: the run's, on the scheduler (a ``BudgetService``)."""
+
+    def __init__(self, budget: str) -> None:
+        self.budget = budget
+        self.scheduler = get_worker().scheduler
+
+    async def _ask(self, **message: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = await getattr(self.scheduler, HANDLER)(
+            budget=self.budget, **message
+        )
+        return answer
+
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        answer = await self._ask(action="reserve", kind=kind)
+        return answer["ticket"], float(answer["wait"])
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        return float((await self._ask(action="wait", ticket=ticket))["wait"])
+
+    async def release(self, ticket: Hashable) -> None:
+        await self._ask(action="release", ticket=ticket)
+
+    async def finished(
+        self,
+        ticket: Hashable,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        await self._ask(action="finished", ticket=ticket, limited=limited, retry_after=retry_after,
+                        backoff=list(backoff))  # fmt: skip

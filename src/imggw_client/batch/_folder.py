@@ -1,0 +1,296 @@
+"""A run read from its output folder alone, local or remote, single or sharded: its progress
+(:func:`status`) and its merged manifest and gallery (:func:`merge`).
+
+Every record of a line in the folder (a single run's ledger, each shard's manifest, ledger or
+checkpoint) is read in line order and merged: the furthest any of them got wins, since a line
+only moves forward, and a line of the input no record speaks of yet is pending.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import RequestValidationError
+from . import _identity
+from ._cuts import SHARD_NAME, SHARDS_DIR
+from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
+from ._ledger import INVALID_LINE, LEDGER_NAME, StorageError, read_rows
+from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
+from ._states import STATUSES, ExitCode, exit_code
+from ._storage import Storage, open_storage
+
+__all__ = ["MergeReport", "RunStatus", "merge", "status"]
+
+# How far a line has come, to pick the furthest of its records: files saved, then a final
+# failure, then a task on its way. A manifest older than the states' one word per state says
+# "succeeded" for a task whose files are not saved yet: it ranks as on its way.
+_MISSING, _PENDING, _RUNNING, _FINAL, _SAVED = range(5)
+_STATUS_OF_RANK = {_SAVED: "succeeded", _FINAL: "failed", _RUNNING: "running"}
+
+
+def _rank(row: dict[str, Any]) -> int:
+    status = row.get("status")
+    if status == "succeeded" and row.get("files"):
+        return _SAVED
+    if status == "failed" or row.get("error") is not None:
+        return _FINAL
+    if status in ("running", "succeeded"):
+        return _RUNNING
+    return _PENDING if status == "pending" else _MISSING
+
+
+def _placeholder(line: int) -> dict[str, Any]:
+    return {"line": line, "task_id": None, "status": "pending", "files": [], "error": None}
+
+
+def _ledger_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """A ledger's (or a checkpoint's) last plan as manifest rows; read only."""
+    for row in read_rows(path):
+        shown = manifest_row(row)
+        shown["_bad"] = row.is_bad
+        yield shown
+
+
+def _manifest_rows(path: Path, where: str) -> Iterator[dict[str, Any]]:
+    """A shard's manifest, written when it ended. A damaged one stops the reading with what to
+    do: without it, the same command runs the shard again, which rewrites it from its ledger."""
+    try:
+        for row in iter_manifest(path):
+            line = row.get("line")
+            if isinstance(line, int) and not isinstance(line, bool):
+                error = row.get("error")
+                row["_bad"] = isinstance(error, dict) and error.get("code") == INVALID_LINE
+                yield row
+    except (OSError, ValueError) as exc:
+        raise StorageError(
+            f"{where} is damaged ({exc}); delete it, then run the same command: the shard "
+            "writes it again from its ledger",
+            code="storage_failed",
+        ) from exc
+
+
+class _Snapshot:
+    """The files of an output folder that tell its progress, on this machine's disk (copied to
+    a temp folder when the output folder is remote)."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if storage.local is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="imggw-")
+
+    def path(self, rel: str) -> Path | None:
+        local = self.storage.local
+        if local is not None:
+            path = local / rel
+            return path if path.exists() else None
+        assert self._tmp is not None
+        path = Path(self._tmp.name) / rel.replace("/", "__")
+        return path if self.storage.get(rel, path) else None
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def _sources(
+    storage: Storage, snap: _Snapshot
+) -> tuple[list[Iterator[dict[str, Any]]], list[dict[str, Any]]]:
+    """Every record of progress in the folder, and each shard found."""
+    sources: list[Iterator[dict[str, Any]]] = []
+    shards: list[dict[str, Any]] = []
+    single = snap.path(LEDGER_NAME)
+    if single is not None:
+        sources.append(_ledger_rows(single))
+    for name in storage.listdir(SHARDS_DIR):
+        match = SHARD_NAME.fullmatch(name)
+        if match is None:
+            continue
+        manifest = snap.path(f"{SHARDS_DIR}/{name}/{MANIFEST_NAME}")
+        ledger = snap.path(f"{SHARDS_DIR}/{name}/{LEDGER_NAME}")
+        if manifest is not None:
+            where = storage.where(f"{SHARDS_DIR}/{name}/{MANIFEST_NAME}")
+            sources.append(_manifest_rows(manifest, where))
+        if ledger is not None:
+            sources.append(_ledger_rows(ledger))
+        shards.append({"shard": name, "index": int(match[1]), "count": int(match[2]),
+                       "ended": manifest is not None})  # fmt: skip
+    return sources, shards
+
+
+def _merged(
+    storage: Storage, snap: _Snapshot
+) -> tuple[Iterator[dict[str, Any]], list[dict[str, Any]]]:
+    """One row per line, in line order: the furthest any record of the folder got, or
+    pending for a line of the input no record speaks of yet."""
+    sources, shards = _sources(storage, snap)
+    lines_fp = snap.path(_identity.LINES_NAME)
+    placeholders: Iterator[dict[str, Any]] = iter(())
+    if lines_fp is not None:
+        placeholders = (_placeholder(n) for n in _identity.entry_lines(lines_fp))
+
+    def tagged(i: int, source: Iterable[dict[str, Any]]) -> Iterator[tuple[int, int, int, Any]]:
+        for row in source:
+            yield row["line"], -_rank(row), i, row
+
+    streams = [tagged(i, s) for i, s in enumerate([placeholders, *sources])]
+
+    def best() -> Iterator[dict[str, Any]]:
+        last = None
+        for line, _, _, row in heapq.merge(*streams):
+            if line != last:  # the first of a line is its furthest (ranks sort descending)
+                last = line
+                yield row
+
+    return best(), shards
+
+
+@dataclass
+class RunStatus:
+    """A run's progress, read from its output folder alone: ``total`` lines, ``counts`` per
+    status as the CLI and the manifest name them (pending, running, succeeded, failed: a line
+    whose task succeeded but whose files are not saved yet is running, one whose results
+    expired before they were saved failed), lines of bad input apart in ``bad``, and each
+    shard's state. ``exit_code`` as ``imggw batch``: 0 all saved, 1 some failed, 3 unfinished.
+
+    Example::
+
+        st = status("out/")
+        print(st.total, st.counts)
+    """
+
+    total: int
+    counts: dict[str, int]
+    bad: int
+    shards: list[dict[str, Any]]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return exit_code(self.counts, bad=self.bad)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "counts": self.counts, "bad": self.bad,
+                "shards": self.shards}  # fmt: skip
+
+
+def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
+            ledger_will_do: bool) -> Storage:  # fmt: skip
+    storage = open_storage(os.fspath(dest), options)
+    known = _identity.load_stored(storage) is not None
+    if not known and not (ledger_will_do and storage.size(LEDGER_NAME) is not None):
+        raise RequestValidationError(
+            "dest", f"{storage.url} is not a batch's output folder (no run.json)"
+        )
+    return storage
+
+
+def status(
+    dest: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+) -> RunStatus:
+    """A run's progress from its output folder alone (a single run's, or a sharded one's,
+    local or remote): what ``imggw batch status DEST`` prints.
+
+    Example::
+
+        print(status("s3://bucket/run").counts)
+    """
+    storage = _opened(dest, storage_options, ledger_will_do=True)
+    snap = _Snapshot(storage)
+    try:
+        rows, shards = _merged(storage, snap)
+        counts: Counter[str] = Counter()
+        bad = 0
+        for row in rows:
+            if row.get("_bad"):
+                bad += 1
+                continue
+            counts[_STATUS_OF_RANK.get(_rank(row), "pending")] += 1
+    finally:
+        snap.close()
+    ordered = {word: counts.get(word, 0) for word in STATUSES}
+    return RunStatus(sum(ordered.values()), ordered, bad, shards)
+
+
+@dataclass
+class MergeReport:
+    """What :func:`merge` wrote: the manifest's location, lines per status, and the exit code
+    as ``imggw batch`` gives it (0 all saved, 1 some failed, 3 some unfinished).
+
+    Example::
+
+        report = merge("out/")
+        print(report.manifest, report.counts)
+    """
+
+    manifest: str
+    counts: dict[str, int]
+    shards: list[dict[str, Any]]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return exit_code(self.counts)
+
+
+def merge(
+    dest: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    gallery: bool = True,
+    title: str | None = None,
+) -> MergeReport:
+    """Writes ``DEST/manifest.jsonl`` (whole) from the shards' manifests (and, for shards
+    still running or cut short, their ledgers): one row per input line in line order, DESIGN
+    7's pinned fields and the engine's others, ``files[].path`` relative to ``DEST``; lines no
+    shard has reached yet are pending. With ``gallery``, ``DEST/index.html`` too.
+
+    Example::
+
+        report = merge("out/")
+        sys.exit(report.exit_code)
+    """
+    storage = _opened(dest, storage_options, ledger_will_do=False)
+    snap = _Snapshot(storage)
+    work = Path(tempfile.mkdtemp(prefix="imggw-merge-"))
+    counts: Counter[str] = Counter()
+    try:
+        rows, shards = _merged(storage, snap)
+
+        def counted() -> Iterator[dict[str, Any]]:
+            for row in rows:
+                row.pop("_bad", None)
+                counts[_STATUS_OF_RANK.get(_rank(row), "pending")] += 1
+                yield row
+
+        local = storage.local
+        written = write_manifest(local if local is not None else work, counted())
+        if local is None:
+            storage.put(written, MANIFEST_NAME)
+        if gallery:
+            _merge_gallery(storage, work, title or f"imggw batch: {Path(storage.url).name}")
+    finally:
+        snap.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return MergeReport(storage.where(MANIFEST_NAME), dict(counts), shards)
+
+
+def _merge_gallery(storage: Storage, work: Path, title: str) -> None:
+    local = storage.local
+    if local is not None:
+        write_gallery(local, iter_manifest(local / MANIFEST_NAME), title=title)
+        return
+    manifest = work / MANIFEST_NAME
+    storage.get(MANIFEST_NAME, manifest)
+    page = write_gallery(work, iter_manifest(manifest), title=title)
+    # The pages first, then the page that names them: a reader never sees a half gallery.
+    for path in sorted((work / GALLERY_DIR).rglob("*")):
+        if path.is_file():
+            storage.put(path, path.relative_to(work).as_posix())
+    storage.put(page, GALLERY_NAME)

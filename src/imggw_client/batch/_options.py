@@ -1,0 +1,129 @@
+"""The options of a batch run, checked once and passed whole: one object from the entry point
+(``run_batch``, ``run_shard``, ``run_sharded``, the CLI) down to the engine.
+
+``RunOptions`` types the keywords the entry points take (``run_batch(..., concurrency=16)``);
+:class:`BatchOptions` is what they become. Both list the same names (a test holds them
+together).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
+
+from .._config import check_surface
+from .._exceptions import RequestValidationError
+from ._input import FORMATS
+
+__all__ = ["BatchOptions", "RunOptions"]
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords of a run (see :class:`BatchOptions` for each one's meaning)."""
+
+    concurrency: int
+    timeout: float | None
+    surface: str | None
+    skip_bad_lines: bool
+    allow_changes: bool
+    collect: bool
+    wait: bool
+    verify: bool
+    gallery: bool
+    format: str | None
+    new_run: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchOptions:
+    """How a batch runs.
+
+    - ``concurrency``: submits (and downloads) at once.
+    - ``timeout``: seconds the run may take (None: no limit); what is left unfinished is
+      resumed by the next run on the same folder.
+    - ``surface``: the surface lines run on (default: the client's).
+    - ``skip_bad_lines``: report bad input lines and go on (default: refuse the input).
+    - ``allow_changes``: run lines new or changed since the folder's run began, as new
+      (billed) requests (default: refuse the input).
+    - ``collect``: the input lists tasks made elsewhere (ids or JSON objects with ``task_id``).
+    - ``wait``: wait for unfinished tasks (``False``: report them, as a collect without
+      ``--wait`` does).
+    - ``verify``: check every saved file's sha256 on resume (default: its size).
+    - ``gallery``: write ``index.html`` as lines finish and at the end.
+    - ``format``: ``"jsonl"`` or ``"text"``: how a file is read when its name does not say.
+    - ``new_run``: a random run id for a folder with no run (new keys, new tasks).
+
+    Example::
+
+        options = BatchOptions(concurrency=16, timeout=3600)
+        run_batch("prompts.jsonl", "out/", **options.as_keywords())
+    """
+
+    concurrency: int = 8
+    timeout: float | None = None
+    surface: str | None = None
+    skip_bad_lines: bool = False
+    allow_changes: bool = False
+    collect: bool = False
+    wait: bool = True
+    verify: bool = False
+    gallery: bool = True
+    format: str | None = None
+    new_run: bool = False
+
+    def __post_init__(self) -> None:
+        concurrency = self.concurrency
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise RequestValidationError(
+                "concurrency", "must be an integer >= 1", code="invalid_concurrency"
+            )
+        timeout = self.timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise RequestValidationError(
+                "timeout", "must be a finite number of seconds >= 0, or None for no limit",
+                code="invalid_option",
+            )  # fmt: skip
+        if self.surface is not None:
+            check_surface(self.surface)
+        if self.format is not None and self.format not in FORMATS:
+            raise RequestValidationError(
+                "format", f"must be one of {', '.join(FORMATS)}, or None", code="invalid_option"
+            )
+        for name in ("skip_bad_lines", "allow_changes", "collect", "wait", "verify", "gallery",
+                     "new_run"):  # fmt: skip
+            if not isinstance(getattr(self, name), bool):
+                raise RequestValidationError(name, "must be True or False", code="invalid_option")
+
+    @classmethod
+    def of(cls, options: RunOptions | dict[str, Any]) -> BatchOptions:
+        """The options the keywords name; an unknown keyword is one clear error.
+
+        Example::
+
+            BatchOptions.of({"concurrency": 4})
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            names = ", ".join(sorted(known))
+            raise RequestValidationError(
+                unknown[0],
+                f"is not an option of a batch run (they are: {names})",
+                code="invalid_option",
+            )
+        return cls(**options)
+
+    @property
+    def seconds(self) -> float:
+        """The run's time budget: ``timeout``, or no end."""
+        return math.inf if self.timeout is None else float(self.timeout)
+
+    def as_keywords(self) -> dict[str, Any]:
+        """The options as the entry points' keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

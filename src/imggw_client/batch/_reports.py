@@ -1,0 +1,122 @@
+"""What a run tells while it goes (:class:`BatchProgress`) and when it ends
+(:class:`BatchReport`); the exit code of both comes from ``_states.exit_code``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from .._config import RateLimit
+from ._input import BadLine
+from ._states import FINAL, ExitCode, LineState, exit_code, statuses, words
+
+__all__ = ["BatchProgress", "BatchReport"]
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """A snapshot for progress displays: lines per state (:class:`LineState`), money, speed,
+    the request budget and the results waiting for download.
+
+    ``rate_limit`` is the client's budget; ``least_time_left`` the fewest seconds it allows for
+    the lines not yet submitted (None without a submit ceiling). ``awaiting_download`` counts
+    finished results waiting for a download slot, ``soonest_expiry`` is the earliest link
+    expiry among them, and ``at_risk`` how many of them will, at the current pace, expire
+    before their turn. ``cost_unknown`` counts lines charged whose gateway stated no cost
+    (surface alpha states credits only): ``cost`` leaves them out.
+
+    Example::
+
+        run_batch("prompts.jsonl", "out/", on_progress=lambda p: print(p.counts, p.eta))
+    """
+
+    total: int
+    counts: dict[LineState, int]
+    credits: float
+    cost: float
+    elapsed: float
+    finished_this_run: int
+    rate_limit: RateLimit | None = None
+    least_time_left: float | None = None
+    awaiting_download: int = 0
+    soonest_expiry: datetime | None = None
+    at_risk: int = 0
+    cost_unknown: int = 0
+
+    @property
+    def words(self) -> dict[str, int]:
+        """Lines per word as a display shows them: pending, running (the task), downloading
+        (its files), succeeded (saved), failed (expired included), zeros included."""
+        return words(self.counts)
+
+    @property
+    def finished(self) -> int:
+        """Lines in a final state: saved, failed or expired."""
+        return sum(self.counts.get(state, 0) for state in FINAL)
+
+    @property
+    def throughput(self) -> float:
+        """Lines finished per second in this run."""
+        return self.finished_this_run / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds until every line is finished at the current pace, if it can be told."""
+        left = self.total - self.finished
+        return left / self.throughput if self.throughput > 0 else None
+
+
+@dataclass
+class BatchReport:
+    """What a run did: lines per state (:class:`LineState`), money, and how it ended.
+    ``exit_code``: 0 all saved, 3 some still unfinished (run again to resume), 1 some failed,
+    expired or were bad input.
+
+    ``bad_lines`` and ``changed_lines`` hold the first ones (up to 1,000); ``bad_count`` and
+    ``changed_count`` count them all. ``changed_lines`` are the lines run as new requests (new
+    or changed since the folder's run, with ``allow_changes``); ``removed_lines`` (and
+    ``removed_count``) the lines the run's input had and this one has not, numbered as they
+    were. ``bad_lines_file`` lists every bad line when there are more than 10.
+    ``previous_surface`` is the surface the folder's run was made on when this one moved it to
+    another (with ``allow_changes``). ``cost_unknown`` counts lines charged whose gateway
+    stated no cost: ``cost`` leaves them out.
+
+    Example::
+
+        report = run_batch("prompts.jsonl", "out/")
+        print(report.counts, report.credits, report.manifest)
+    """
+
+    counts: dict[LineState, int]
+    bad_lines: list[BadLine]
+    changed_lines: list[int]
+    manifest: Path
+    elapsed: float
+    credits: float = 0.0
+    cost: float = 0.0
+    bad_count: int = 0
+    changed_count: int = 0
+    removed_lines: list[int] = field(default_factory=list)
+    removed_count: int = 0
+    bad_lines_file: Path | None = None
+    previous_surface: str | None = None
+    cost_unknown: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def words(self) -> dict[str, int]:
+        """Lines per word as a display shows them (see :attr:`BatchProgress.words`)."""
+        return words(self.counts)
+
+    @property
+    def statuses(self) -> dict[str, int]:
+        """Lines per status as the manifest and ``imggw batch status`` name them."""
+        return statuses(self.counts)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return exit_code(self.statuses, bad=self.bad_count)

@@ -1,0 +1,154 @@
+"""A batch in one process into one local folder: :func:`arun_batch` and :func:`run_batch`, a
+thin driver over the engine (``_engine``) whose folder is its own result store."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from .._async_client import AsyncClient
+from .._config import RateLimit, check_surface
+from .._exceptions import RequestValidationError
+from . import _identity
+from ._engine import LocalStore, Workspace, execute
+from ._input import BatchInputError
+from ._ledger import LOCK_NAME, Ledger
+from ._options import BatchOptions
+from ._plan import FolderIdentity
+from ._reports import BatchProgress, BatchReport
+from ._storage import destination_name
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._options import RunOptions
+
+__all__ = ["arun_batch", "client_maker", "run_batch", "run_id_for"]
+
+
+def run_id_for(dest: str | Path, client: AsyncClient) -> str:
+    """The run id a new run on ``dest`` gets with ``client``: the same for the same folder,
+    gateway and API key, on any machine (the key's slow fingerprint makes it: blocking, a few
+    tens of milliseconds the first time a client is asked).
+
+    Example::
+
+        run_id_for("out/", client)   # what out/run.json will hold, if out/ holds no run
+    """
+    place = destination_name(dest)
+    return _identity.derive_run_id(place, client.base_url, client.key_fingerprint)
+
+
+async def arun_batch(
+    source: str | Path | Iterable[Any],
+    out_dir: str | Path,
+    *,
+    client: AsyncClient,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    **options: Unpack[RunOptions],
+) -> BatchReport:
+    """Runs (or resumes) a batch: every line submitted once, waited on, downloaded, verified.
+
+    ``source`` is a JSONL or text file (``-``: standard input), or an iterable of requests
+    (``ImageRequest``, dicts with the JSONL fields, or prompts); ``options`` are those of
+    :class:`BatchOptions` (``concurrency``, ``timeout``, ``surface``, ``skip_bad_lines``,
+    ``allow_changes``, ``collect``, ``wait``, ``verify``, ``gallery``, ``format``,
+    ``new_run``). A line with ``task_id`` names a task made elsewhere: it is collected (waited
+    on and downloaded), never submitted. Bad lines stop the run before anything is sent
+    (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an input that changed since
+    the folder's run began, or a surface other than its run's (:class:`InputChangedError`),
+    unless ``allow_changes``. What ``timeout`` leaves unfinished is resumed by the next run with
+    the same ``out_dir``.
+
+    The first run on a folder keeps its run id there; every line's key follows from it. That
+    id is derived from the folder, the client's gateway and API key (never kept), so a run on
+    a folder deleted and made again sends the same keys, and the gateway replays the tasks it
+    still remembers instead of billing them again. ``new_run=True`` makes a random id instead
+    (new keys, new tasks), in a folder that holds no run.
+
+    Example::
+
+        async with AsyncClient() as client:
+            report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
+    """
+    chosen = BatchOptions.of(options)
+    folder = Path(out_dir)
+    made = not folder.exists()
+    surface = check_surface(chosen.surface or client.surface)
+    named = isinstance(source, (str, Path)) and str(source) != "-"
+    title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
+
+    def identity() -> FolderIdentity:
+        derive = lambda: run_id_for(folder, client)  # noqa: E731 - called once, if at all
+        return FolderIdentity(folder, surface=surface, derive=derive, new_run=chosen.new_run)
+
+    try:
+        with Ledger.open(folder) as ledger:
+            try:
+                kept = await anyio.to_thread.run_sync(identity)
+            except BaseException:
+                ledger.discard()
+                raise
+            work = Workspace(folder, ledger, kept, LocalStore(folder),
+                             gallery=title if chosen.gallery else None)  # fmt: skip
+            return await execute(source, work, client=client, options=chosen,
+                                 on_progress=on_progress)  # fmt: skip
+    except (BatchInputError, _identity.InputChangedError, RequestValidationError):
+        if made:  # refused before anything was kept: no empty folder left behind either
+            _remove_if_empty(folder)
+        raise
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # never made, or not empty (it lists the bad lines)
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def client_maker(
+    client_factory: Callable[[], AsyncClient] | None, rate_limit: RateLimit | None
+) -> Callable[[], AsyncClient]:
+    """What the blocking entry points make their client with: the caller's factory, or an
+    ``AsyncClient`` from the environment with ``rate_limit`` (not both)."""
+    if client_factory is not None and rate_limit is not None:
+        raise RequestValidationError(
+            "rate_limit", "give it to the client your client_factory makes", code="invalid_option"
+        )
+    if client_factory is not None:
+        return client_factory
+    return lambda: AsyncClient(rate_limit=rate_limit)
+
+
+def run_batch(
+    source: str | Path | Iterable[Any],
+    out_dir: str | Path,
+    *,
+    client_factory: Callable[[], AsyncClient] | None = None,
+    rate_limit: RateLimit | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    **options: Unpack[RunOptions],
+) -> BatchReport:
+    """The blocking form of :func:`arun_batch`. ``client_factory`` makes the AsyncClient to use
+    (default: ``AsyncClient(rate_limit=rate_limit)`` from ``IMGGW_API_KEY`` /
+    ``IMGGW_BASE_URL``); ``rate_limit`` is the request budget of that default client (give
+    your factory's client its own).
+
+    Example::
+
+        report = run_batch("prompts.jsonl", "out/", concurrency=16, timeout=3600)
+        sys.exit(report.exit_code)
+    """
+    make = client_maker(client_factory, rate_limit)
+    BatchOptions.of(options)  # a bad option is refused before a client is made
+
+    async def main() -> BatchReport:
+        async with make() as client:
+            return await arun_batch(source, out_dir, client=client, on_progress=on_progress,
+                                    **options)  # fmt: skip
+
+    return anyio.run(main)

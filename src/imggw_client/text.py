@@ -1,0 +1,37 @@
+"""Text from a gateway, made fit for a terminal or a log line: the sanitizer the SDK and the
+``imggw`` command use, for code of yours that prints what a gateway sent.
+
+- :func:`printable`: every control, C1 code, bidi override or line separator shown escaped
+  (never acted on by the terminal), the text cut to a length when asked;
+- :func:`redact_url`: a result link with the API key blanked wherever a gateway put it.
+
+Example::
+
+    from imggw_client.text import printable, redact_url
+
+    print(printable(task.error.message))           # 'done\\x1b]0;owned\\x07', inert
+    for url in task.image_urls:
+        print(redact_url(url, (api_key,)))          # '...?key=[redacted]'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._core.text import printable
+
+if TYPE_CHECKING:
+    from ._core.surfaces import redact_url
+
+__all__ = ["printable", "redact_url"]
+
+
+def __getattr__(name: str) -> Any:
+    # redact_url lives with the wire code, which loads pydantic: it is loaded on first use, so
+    # that printing a line (``imggw --help`` included) never pays for it.
+    if name != "redact_url":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ._core.surfaces import redact_url
+
+    globals()[name] = redact_url
+    return redact_url
