@@ -144,12 +144,17 @@ def shard_summary(out: Output, report: ShardReport) -> None:
         f"shard {report.index}/{report.count} (lines {first}-{last}): {counts or 'no lines'}; "
         f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s"
     )
-    if report.changed_count:
-        shown = ", ".join(str(n) for n in report.changed_lines[:10])
-        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+    _changed(out, report.changed_lines)
     if report.exit_code == 3:
         out.note("some lines are unfinished: run the same command again to resume them")
     out.note(f"shard manifest: {report.manifest}; when every shard has run: imggw batch merge DEST")
+
+
+def _changed(out: Output, lines: list[int]) -> None:
+    """The lines a run sent as new requests, since they changed (with --allow-changes)."""
+    if lines:
+        shown = ", ".join(str(n) for n in lines[:10])
+        out.note(f"lines changed since the last run, submitted as new requests: {shown}")
 
 
 def sharded_text(p: ShardedProgress) -> str:
@@ -265,9 +270,7 @@ def run_engine(
             f"{len(report.shards)} shard(s) in {report.elapsed:.1f}s (engine ready in "
             f"{report.startup:.1f}s): {counts}"
         )
-        if report.changed_count:
-            shown = ", ".join(str(n) for n in report.changed_lines[:10])
-            out.note(f"lines changed since the last run, submitted as new requests: {shown}")
+        _changed(out, report.changed_lines)
     for failed in report.failed_shards:
         out.warn(f"shard {failed.name} kept failing; run the same command again to resume it")
     if report.exit_code == 3 and not report.failed_shards:

@@ -161,7 +161,8 @@ def load(folder: Path) -> RunIdentity | None:
 
 
 def save(folder: Path, identity: RunIdentity) -> None:
-    _write_atomic(folder / RUN_NAME, identity_bytes(identity))
+    """Keeps ``identity`` as the folder's ``run.json``, whole (a temp file, then a rename)."""
+    Storage(folder).write(RUN_NAME, identity_bytes(identity))
 
 
 class LineDigests:
@@ -341,15 +342,6 @@ def parse_identity(data: bytes, where: str) -> RunIdentity:
         str(parsed.get("input_fingerprint", "")),
         surface if isinstance(surface, str) else None,
     )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- in a storage
