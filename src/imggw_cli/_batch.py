@@ -75,6 +75,26 @@ class EngineChoice(str, Enum):
 
 
 SCALE = "Beyond one machine"
+GUARDS = "Spend and failure guards"
+
+
+def _limit(flag: str, text: Optional[str], *, whole: bool = False) -> Any:  # noqa: UP045
+    """A guard's limit from the command line: a number > 0 (a whole one for --max-failures),
+    else exit 2 with one line saying so (Click's own message comes with a usage block)."""
+    if text is None:
+        return None
+    import math
+
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        from imggw_client.text import printable
+
+        kind = "a whole number of lines >= 1" if whole else "a number > 0"
+        refuse(f"{flag} must be {kind} (got {printable(text, 40)!r}); nothing was sent")
+    return value
 
 
 @app.callback(epilog=_exit.EPILOG)
@@ -126,6 +146,43 @@ def batch(
             "--new-run",
             help="Start a new run (new keys: every line billed anew) in a folder that holds "
             "none. By default a folder made again resumes its run: the same keys, no new tasks.",
+        ),
+    ] = False,
+    max_credits: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--max-credits",
+            metavar="N",
+            rich_help_panel=GUARDS,
+            help="Stop submitting before the folder's run is charged more than N credits in "
+            "all (across reruns); lines sent are finished and saved, then exit 6.",
+        ),
+    ] = None,
+    max_cost: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--max-cost",
+            metavar="X",
+            rich_help_panel=GUARDS,
+            help="The same for the cost the gateway states.",
+        ),
+    ] = None,
+    max_failures: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--max-failures",
+            metavar="N",
+            rich_help_panel=GUARDS,
+            help="Stop submitting once N lines failed in this run (exit 6).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            rich_help_panel=GUARDS,
+            help="Check everything a run checks, then say what it would do and cost: nothing "
+            "is sent (--json: one object).",
         ),
     ] = False,
     engine: Annotated[
@@ -214,7 +271,17 @@ def batch(
     options: dict[str, Any] = {
         "concurrency": concurrency, "timeout": timeout, "skip_bad_lines": skip_bad_lines,
         "allow_changes": allow_changes, "verify": verify, "format": input_format,
+        "max_credits": _limit("--max-credits", max_credits),
+        "max_cost": _limit("--max-cost", max_cost),
+        "max_failures": _limit("--max-failures", max_failures, whole=True),
     }  # fmt: skip
+    if dry_run:
+        if scaled or _is_remote(output):
+            refuse("--dry-run plans one process into a local folder; nothing was sent")
+        from ._dry_run import dry_run_local
+
+        dry_run_local(file, _local(output), new_run=new_run, **options)
+        return
     if not scaled and not _is_remote(output):
         run_local(file, _local(output), collect=False, wait=True, new_run=new_run, **options)
         return
@@ -287,7 +354,7 @@ def run_local(source: str, output: Path, **options: Any) -> None:
 
     from imggw_client.batch import arun_batch
 
-    from ._batch_display import batch_display, batch_summary
+    from ._batch_display import batch_display, batch_summary, report_stop_line
 
     flags = current()
     with session() as out:
@@ -310,4 +377,7 @@ def run_local(source: str, output: Path, **options: Any) -> None:
         else:
             print(report.manifest, flush=True)
         batch_summary(out, report)
+        stopped = report_stop_line(report)
+        if stopped is not None:  # said even with --quiet: it is why the run ends with 6
+            out.warn(stopped)
     raise typer.Exit(report.exit_code)

@@ -106,7 +106,44 @@ def cost_text(cost: float, unknown: int) -> str:
 
 
 def _money(p: BatchProgress) -> str:
-    return f"credits {p.credits:g}, cost {cost_text(p.cost, p.cost_unknown)}"
+    """``credits 36/40, cost 0.09``: what the folder's run was charged, against its caps."""
+    credits = f"{p.credits:g}" + ("" if p.max_credits is None else f"/{p.max_credits:g}")
+    cost = cost_text(p.cost, p.cost_unknown) + ("" if p.max_cost is None else f"/{p.max_cost:g}")
+    stopped = f" (stopped by {p.stopped_by}: lines sent are finishing)" if p.stopped_by else ""
+    return f"credits {credits}, cost {cost}{stopped}"
+
+
+# Each guard's flag, and what resumes a run it stopped.
+_GUARDS = {
+    "max_credits": ("--max-credits", "raise --max-credits"),
+    "max_cost": ("--max-cost", "raise --max-cost"),
+    "max_failures": ("--max-failures", "raise --max-failures (or mend the failing lines)"),
+    "insufficient_credits": ("the gateway (insufficient_credits)", "top up the account"),
+}
+
+
+def stop_line(stopped_by: str | None, why: str, spent: str | None = None) -> str | None:
+    """The one line of a run a guard stopped: which, what it saw (what was spent against the
+    cap, or the most frequent error), and what resumes it; None for a run none stopped."""
+    if stopped_by is None:
+        return None
+    flag, then = _GUARDS.get(stopped_by, (stopped_by, "raise the limit"))
+    said = f" ({printable(why)})" if why else ""
+    charged = f"; the run's lines were charged {spent}" if spent else ""
+    return (
+        f"stopped by {flag}{said}{charged}; lines already sent were finished and saved. "
+        f"To resume: {then} and run the same command again"
+    )
+
+
+def report_stop_line(report: BatchReport) -> str | None:
+    """:func:`stop_line` of a run's report, with what its lines were charged against the caps."""
+    limits = ((report.max_credits, "credits"), (report.max_cost, "cost"))
+    caps = [f"{cap:g} {unit}" for cap, unit in limits if cap is not None]
+    spent = f"{report.credits:g} credits, cost {cost_text(report.cost, report.cost_unknown)}"
+    if caps:
+        spent += f" (caps: {' and '.join(caps)})"
+    return stop_line(report.stopped_by, report.stop_reason, spent)
 
 
 def progress_text(p: BatchProgress) -> str:
@@ -175,8 +212,10 @@ def batch_summary(out: Output, report: BatchReport) -> None:
         table.add_row("new or changed lines (new requests)", str(report.changed_count))
     if report.removed_count:
         table.add_row("removed lines (nothing sent)", str(report.removed_count))
-    table.add_row("credits", f"{report.credits:g}")
-    table.add_row("cost", cost_text(report.cost, report.cost_unknown))
+    cap = "" if report.max_credits is None else f" of {report.max_credits:g}"
+    table.add_row("credits", f"{report.credits:g}{cap}")
+    cap = "" if report.max_cost is None else f" of {report.max_cost:g}"
+    table.add_row("cost", cost_text(report.cost, report.cost_unknown) + cap)
     table.add_row("elapsed", f"{report.elapsed:.1f}s")
     table.add_row("manifest", Text(printable(report.manifest)))  # a path: no markup
     Console(stderr=True).print(table)

@@ -13,13 +13,17 @@ USAGE = 2
 WAIT_TIMEOUT = 3
 AUTH_OR_CONFIG = 4
 API_OR_NETWORK = 5
+STOPPED = 6  # a batch guard stopped new submits (its lines sent were finished)
 INTERRUPTED = 130
 
 EPILOG = (
     "Exit codes: 0 ok; 1 task failed (or some batch items failed); 2 usage or invalid request; "
     "3 wait timed out, task still running; 4 authentication or configuration (or the output "
     "folder cannot be written); "
-    "5 other API or network error, including an unknown submit outcome; 130 interrupted."
+    "5 other API or network error, including an unknown submit outcome; "
+    "6 stopped by a batch guard (a spend cap, --max-failures, or credits ran out: raise the "
+    "limit or top up, then run the same command again); "
+    "130 interrupted."
 )
 
 

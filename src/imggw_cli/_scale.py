@@ -134,6 +134,7 @@ def run_scaled(
 
 def shard_summary(out: Output, report: ShardReport) -> None:
     if out.quiet:
+        _stopped(out, report.stopped_by, report.stop_reason)
         return
     from ._batch_display import cost_text
 
@@ -148,6 +149,16 @@ def shard_summary(out: Output, report: ShardReport) -> None:
     if report.exit_code == 3:
         out.note("some lines are unfinished: run the same command again to resume them")
     out.note(f"shard manifest: {report.manifest}; when every shard has run: imggw batch merge DEST")
+    _stopped(out, report.stopped_by, report.stop_reason)
+
+
+def _stopped(out: Output, stopped_by: str | None, why: str) -> None:
+    """A guard's stop, said even with --quiet: it is why the command ends with 6."""
+    from ._batch_display import stop_line
+
+    line = stop_line(stopped_by, why)
+    if line is not None:
+        out.warn(line)
 
 
 def _changed(out: Output, lines: list[int]) -> None:
@@ -273,6 +284,7 @@ def run_engine(
         _changed(out, report.changed_lines)
     for failed in report.failed_shards:
         out.warn(f"shard {failed.name} kept failing; run the same command again to resume it")
+    _stopped(out, report.stopped_by, report.stop_reason)
     if report.exit_code == 3 and not report.failed_shards:
         out.note("some lines are unfinished: run the same command again to resume them")
     return report.exit_code
@@ -314,5 +326,9 @@ def status_command(out: Output, flags: Globals, dest: str) -> int:
         line += f"; {st.bad} bad input line(s)"
     if st.shards:
         line += f"; shards: {ended} of {len(st.shards)} ended at least once"
-    out.data(record, [line])
+    cost = "unknown" if st.spent.cost is None else f"{st.spent.cost:g}"
+    lines = [line, f"spent: {st.spent.credits or 0:g} credits, cost {cost}"]
+    if st.stopped_by is not None:
+        lines.append(f"stopped by: {st.stopped_by} (raise the limit, or top up, and run again)")
+    out.data(record, lines)
     return st.exit_code

@@ -21,7 +21,7 @@ def test_version_and_help() -> None:
     assert imggw("--version").out.strip().startswith("imggw 0.")
     help_text = imggw("--help").out
     for code in ("0 ok", "1 task failed", "2 usage", "3 wait timed out", "4 authentication",
-                 "5 other API", "130 interrupted"):  # fmt: skip
+                 "5 other API", "6 stopped by a batch guard", "130 interrupted"):  # fmt: skip
         assert code in help_text
     generate_help = imggw("generate", "--help").out
     assert "auto|1:1|3:2" in generate_help

@@ -107,7 +107,7 @@ UNAUTHORIZED = Reason(
 )  # fmt: skip
 INSUFFICIENT_CREDITS = Reason(
     "insufficient_credits", 402, "The account's credits do not cover this request.", _NEVER,
-    "the account cannot pay for the request",
+    "the key's balance cannot pay for the request (nothing is created)", _on(SUBMIT),
 )  # fmt: skip
 TASK_NOT_FOUND = Reason(
     "task_not_found", 404, "No such task.", _NEVER,

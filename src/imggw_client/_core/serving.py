@@ -285,11 +285,17 @@ class TaskView:
 
 
 def task_record(
-    surface: Surface, view: TaskView, *, extra_states: bool = False, omit_progress: bool = False
+    surface: Surface,
+    view: TaskView,
+    *,
+    extra_states: bool = False,
+    omit_progress: bool = False,
+    omit_charge: bool = False,
 ) -> bytes:
     """The answer to a query: the task record in the surface's fields. ``extra_states``: the
     real providers' extra state names (``spec.SurfaceSpec.quirk_states``); ``omit_progress``:
-    no ``progress`` field, as real providers often send.
+    no ``progress`` field, as real providers often send; ``omit_charge``: no credits nor cost,
+    as a gateway that bills elsewhere sends.
 
     Example::
 
@@ -309,9 +315,10 @@ def task_record(
     if fields.result_as_text:
         result = json.dumps(result) if result is not None else ""
     data[fields.result] = result
-    if fields.cost is not None:
-        data[fields.cost] = view.cost
-    data[fields.credits] = f"{view.credits:g}" if fields.credits_as_text else view.credits
+    if not omit_charge:
+        if fields.cost is not None:
+            data[fields.cost] = view.cost
+        data[fields.credits] = f"{view.credits:g}" if fields.credits_as_text else view.credits
     error = view.error
     if fields.error is None:  # fields of the record itself, empty unless failed
         data[fields.fail_code] = error.code if error else ""

@@ -28,6 +28,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._cuts import parse_shard, shard_range
+from ._dryrun import BatchPlan, plan_batch
 from ._folder import MergeReport, RunStatus, merge, status
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError
@@ -78,6 +79,7 @@ __all__ = [
     "BatchInputError",
     "BatchLockedError",
     "BatchOptions",
+    "BatchPlan",
     "BatchProgress",
     "BatchReport",
     "ClientSpec",
@@ -106,6 +108,7 @@ __all__ = [
     "merge",
     "open_storage",
     "parse_shard",
+    "plan_batch",
     "read_lines",
     "run_batch",
     "run_shard",

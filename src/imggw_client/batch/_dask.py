@@ -53,10 +53,18 @@ from .._exceptions import (
 )
 from . import _identity
 from ._cuts import scratch_folder, shard_folder, shard_name, shard_range, slice_name, write_slices
-from ._dask_budget import HANDLER, PLUGIN_NAME, BudgetPlugin, SchedulerBudget
+from ._dask_budget import (
+    GUARD_HANDLER,
+    HANDLER,
+    PLUGIN_NAME,
+    BudgetPlugin,
+    SchedulerBudget,
+    scheduler_guard,
+)
 from ._dask_progress import PROGRESS_EVERY, SHARD_KEY, ProgressReader, ShardedProgress, entries
 from ._dask_progress import watch as watch_progress
-from ._folder import MergeReport, merge
+from ._folder import MergeReport, charges, merge
+from ._guards import Charge
 from ._input import count_lines
 from ._options import BatchOptions
 from ._plan import Scan, scan_input
@@ -172,7 +180,8 @@ async def _shard_task(
     async with client.make() as made:
         made.share_budget(SchedulerBudget(budget))
         try:
-            return await arun_shard(spec, client=made, on_progress=on_progress)
+            return await arun_shard(spec, client=made, on_progress=on_progress,
+                                    guard=scheduler_guard(budget))  # fmt: skip
         except ImggwError as err:
             return _Failed(_portable(err), isinstance(err, RUN_FATAL))
 
@@ -201,8 +210,9 @@ class ShardOutcome:
 class ShardedReport:
     """What a sharded run did: each shard's outcome, the merged manifest, and the exit code as
     ``imggw batch`` gives it (0 all succeeded, 1 some failed, 3 some unfinished: run the same
-    command again to resume). ``startup`` is the seconds the engine took to be ready;
-    ``retried`` how many shard tries failed and ran again.
+    command again to resume; 6 a guard stopped new submits, ``stopped_by`` names it).
+    ``startup`` is the seconds the engine took to be ready; ``retried`` how many shard tries
+    failed and ran again.
 
     Example::
 
@@ -217,6 +227,8 @@ class ShardedReport:
     changed_lines: list[int] = field(default_factory=list)
     changed_count: int = 0
     bad_count: int = 0
+    stopped_by: str | None = None
+    stop_reason: str = ""
 
     @property
     def failed_shards(self) -> list[ShardOutcome]:
@@ -228,6 +240,8 @@ class ShardedReport:
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.stopped_by is not None:
+            return ExitCode.STOPPED
         return ExitCode.UNFINISHED if self.failed_shards else self.merged.exit_code
 
 
@@ -388,6 +402,8 @@ async def arun_sharded(
         scratch=None if scratch is None else os.fspath(scratch), checkpoint_every=checkpoint_every,
     )  # fmt: skip
     dispatch = _Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard)
+    # One count for the whole run, on the scheduler, from what the folder's run was charged.
+    dispatch.charged = await anyio.to_thread.run_sync(charges, storage)
     progress = None
     if on_progress is not None:
         names = [shard_name(i, prepared.count) for i in range(1, prepared.count + 1)]
@@ -405,7 +421,8 @@ async def arun_sharded(
     return ShardedReport(
         shards=dispatch.outcomes, merged=merged, elapsed=time.monotonic() - started,
         startup=startup, changed_lines=plan.changed, changed_count=plan.changed_count,
-        bad_count=plan.bad_count,
+        bad_count=plan.bad_count, stopped_by=dispatch.stopped_by,
+        stop_reason=dispatch.stop_reason,
     )  # fmt: skip
 
 
@@ -424,6 +441,9 @@ class _Dispatch:
     ) -> None:
         self.prepared, self.slice_file, self.template = prepared, slice_file, template
         self.client, self.retries, self.on_shard = client, retries, on_shard
+        self.charged: tuple[Charge, dict[str, Charge]] = (Charge(), {})
+        self.stopped_by: str | None = None  # the guard that stopped the run's submits, if one
+        self.stop_reason = ""
         count = prepared.count
         self.outcomes = [
             ShardOutcome(i, count, shard_range(i, count, prepared.total), 0)
@@ -460,6 +480,14 @@ class _Dispatch:
                     limit={"submits_per_second": limit.submits_per_second,
                            "queries_per_second": limit.queries_per_second},
                 )  # fmt: skip
+                spent, prices = self.charged
+                caps = self.template.options.caps
+                await getattr(dask.scheduler, GUARD_HANDLER)(
+                    run=run_id, action="open",
+                    caps=[caps.max_credits, caps.max_cost, caps.max_failures],
+                    spent=[spent.credits, spent.cost],
+                    prices={res: [c.credits, c.cost] for res, c in prices.items()},
+                )  # fmt: skip
                 startup = time.monotonic() - began
                 async with anyio.create_task_group() as watching:
                     if progress is not None:
@@ -471,6 +499,8 @@ class _Dispatch:
                         for outcome in self.outcomes:
                             group.start_soon(self.one, dask, outcome, run_id)
                     watching.cancel_scope.cancel()
+                state = await getattr(dask.scheduler, GUARD_HANDLER)(run=run_id, action="state")
+                self.stopped_by, self.stop_reason = state.get("stopped_by"), state.get("why", "")
         finally:
             if cluster is not None:
                 await cluster.close()  # type: ignore[misc]  # awaitable when asynchronous

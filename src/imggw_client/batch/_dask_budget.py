@@ -1,7 +1,7 @@
-"""The request budget of a whole Dask run, held on the scheduler (DESIGN 9, 10): a scheduler
-plugin keeps the pure ``Budget`` (a scheduler outlives any worker); every worker's client asks
-it for each request's slot and tells it how each ended, so a 429 seen by any worker slows
-every worker."""
+"""What a whole Dask run shares, held on the scheduler (a scheduler outlives any worker): the
+request budget (DESIGN 9, 10; a pure ``Budget``: every worker's client asks it for each
+request's slot and tells it how each ended, so a 429 seen by any worker slows every worker) and
+the run's spend and failure guards (DESIGN 14; a pure ``Spending``: one count for every shard)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._config import RateLimit
 from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
+from ._guards import Caps, RemoteGuard, Spending, charge_of, handle
 
-__all__ = ["HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget"]
+__all__ = ["GUARD_HANDLER", "HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget",
+           "scheduler_guard"]  # fmt: skip
 
 PLUGIN_NAME = "imggw-budgets"
 HANDLER = "imggw_budget"
+GUARD_HANDLER = "imggw_guard"
 TICKET_TTL = 900.0  # a slot neither used nor given back this long belonged to a dead worker
 
 
@@ -37,6 +40,7 @@ class BudgetPlugin(SchedulerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self) -> None:
+        self.guards: dict[str, Spending] = {}
         self.budgets: dict[str, Budget] = {}
         self.tickets: dict[int, tuple[str, Ticket, float]] = {}
         self.numbers = itertools.count(1)
@@ -44,6 +48,18 @@ class BudgetPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         scheduler.handlers[HANDLER] = self.handle
+        scheduler.handlers[GUARD_HANDLER] = self.guard
+
+    def guard(self, run: str, action: str, **message: Any) -> dict[str, Any]:
+        """The run's guards: opened by the driver (caps, what the folder's run was charged so
+        far and the highest charge per resolution), then asked by every shard's engine."""
+        if action == "open":
+            caps, spent = message.get("caps") or [None, None, None], message.get("spent")
+            prices = {str(res): charge_of(charge) for res, charge in
+                      (message.get("prices") or {}).items()}  # fmt: skip
+            self.guards[run] = Spending(Caps(*caps), spent=charge_of(spent), prices=prices)
+            return {"ok": True}
+        return handle(self.guards.setdefault(run, Spending(Caps())), action, **message)
 
     def handle(
         self,
@@ -127,3 +143,14 @@ class SchedulerBudget:
     ) -> None:
         await self._ask(action="finished", ticket=ticket, limited=limited, retry_after=retry_after,
                         backoff=list(backoff))  # fmt: skip
+
+
+def scheduler_guard(run: str) -> RemoteGuard:
+    """The guard a worker's engine asks: the run's, on the scheduler."""
+    scheduler = get_worker().scheduler
+
+    async def ask(**message: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = await getattr(scheduler, GUARD_HANDLER)(run=run, **message)
+        return answer
+
+    return RemoteGuard(ask)

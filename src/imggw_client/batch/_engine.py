@@ -12,6 +12,7 @@ change goes through :meth:`Engine.move`, which holds it to ``_states.MOVES``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import heapq
@@ -60,8 +61,9 @@ from .._exceptions import (
 )
 from .._models import DownloadedFile, Task, TaskStatus
 from ._gallery import write_gallery
+from ._guards import Caps, Charge, Guard, LocalGuard, Spending
 from ._input import COLLECT
-from ._ledger import NOT_FOUND, Ledger, Row, StorageError, Totals, storage_error
+from ._ledger import NOT_FOUND, STOPPED_BY, Ledger, Row, StorageError, Totals, storage_error
 from ._manifest import manifest_rows, write_manifest
 from ._options import BatchOptions
 from ._plan import WHOLE, IdentityStore, Plan, Slice, plan_run
@@ -76,13 +78,7 @@ UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are
 # Failures that doom every line alike: the run stops, and its unfinished lines wait for a rerun
 # (a submit answered 404, a base URL with a wrong path, is a ConfigurationError: nothing was
 # made, nothing billed, and the same command with the right URL resumes every line).
-FATAL = (
-    AuthenticationError,
-    PermissionDeniedError,
-    InsufficientCreditsError,
-    ConfigurationError,
-    StorageError,
-)
+FATAL = (AuthenticationError, PermissionDeniedError, ConfigurationError, StorageError)
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
 MIN_IN_FLIGHT = 1024  # lines in flight (submitted, waiting, queued for download) at most ...
 IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
@@ -195,8 +191,13 @@ class Engine:
         surface: str,
         deadline: float,
         on_progress: Callable[[BatchProgress], None] | None,
+        guard: Guard,
     ) -> None:
         self.client = client
+        self.guard = guard
+        self.stopped = False  # a guard stopped new submits ...
+        self.stopped_by: str | None = None  # ... this one, having seen this
+        self.stop_reason = ""
         self.work = work
         self.ledger = work.ledger
         self.options = options
@@ -208,6 +209,10 @@ class Engine:
         self.deadline = deadline
         self.on_progress = on_progress
         self.submits = anyio.CapacityLimiter(options.concurrency)
+        # With guards, at most `concurrency` lines are between their guards' yes and their
+        # submit's answer; without, nothing waits for one.
+        guarded = options.caps != Caps()
+        self.admitting = anyio.CapacityLimiter(options.concurrency) if guarded else None
         window = max(MIN_IN_FLIGHT, options.concurrency * IN_FLIGHT_PER_SLOT)
         self.in_flight = anyio.Semaphore(window)
         self.active = 0
@@ -252,6 +257,9 @@ class Engine:
             soonest_expiry=soonest,
             at_risk=self._at_risk(expiries),
             cost_unknown=self.cost_unknown,
+            max_credits=self.options.max_credits,
+            max_cost=self.options.max_cost,
+            stopped_by=self.stopped_by,
         )
 
     def _at_risk(self, expiries: list[float]) -> int:
@@ -271,20 +279,12 @@ class Engine:
 
     # ------------------------------------------------------------------------ moves
 
-    def move(
-        self, row: Row, state: LineState, *, billed: Task | None = None, at_once: bool = False
-    ) -> None:
+    def move(self, row: Row, state: LineState, *, at_once: bool = False) -> None:
         """Moves the row to ``state`` (one of the moves ``_states.MOVES`` allows), keeps the
-        counts and money, and queues the row for the ledger (``at_once``: writes it now, in
-        this thread, before a run begins)."""
+        counts, and queues the row for the ledger (``at_once``: writes it now, in this thread,
+        before a run begins)."""
         if state not in MOVES[row.state]:
             raise AssertionError(f"line {row.line}: no move from {row.state} to {state}")
-        if billed is not None:
-            self.credits += (billed.credits or 0) - (row.credits or 0)
-            self.cost += (billed.cost or 0) - (row.cost or 0)
-            self.cost_unknown += _unknown_cost(billed.credits, billed.cost)
-            self.cost_unknown -= _unknown_cost(row.credits, row.cost)
-            row.credits, row.cost = billed.credits, billed.cost
         self.counts[row.state] -= 1
         self.counts[state] += 1
         row.state = state
@@ -302,9 +302,25 @@ class Engine:
         self.ledger.save(row)
         self.report_progress()
 
-    def fail(self, row: Row, code: str, message: str, *, billed: Task | None = None) -> None:
+    async def charge(self, row: Row, task: Task, *, final: bool) -> None:
+        """What the line's task reports it cost, as soon as any answer states it: the run's
+        money, the row, and the guard (a cap is kept by charges, not by guesses)."""
+        before, now = Charge(row.credits, row.cost), Charge(task.credits, task.cost)
+        if now != before and now.known:
+            self.credits += (now.credits or 0) - (before.credits or 0)
+            self.cost += (now.cost or 0) - (before.cost or 0)
+            self.cost_unknown += _unknown_cost(now.credits, now.cost)
+            self.cost_unknown -= _unknown_cost(before.credits, before.cost)
+            row.credits, row.cost = now.credits, now.cost
+            if not final:  # the line's state will not move yet: keep the charge now
+                self.ledger.save(row)
+        if row.kind != COLLECT and (now != before or final):
+            resolution = str(row.fields.get("resolution", ""))
+            await self.guard.charged(row.identity, resolution, before, now, final=final)
+
+    def fail(self, row: Row, code: str, message: str) -> None:
         row.error_code, row.error_message = code, message
-        self.move(row, FAILED, billed=billed)
+        self.move(row, FAILED)
 
     def stop(self, err: ImggwError) -> None:
         self.fatal = self.fatal or err
@@ -354,8 +370,8 @@ class Engine:
                 return
             after = chunk[-1].line
             for row in chunk:
-                if row.state in FINAL:
-                    continue
+                if row.state in FINAL or (self.stopped and row.state is PENDING):
+                    continue  # a guard stopped new submits: pending lines wait for a rerun
                 await self.in_flight.acquire()
                 self.active += 1
                 group.start_soon(self.line, row)
@@ -386,6 +402,17 @@ class Engine:
 
     async def submit(self, row: Row) -> None:
         fields = row.fields
+        resolution = str(fields.get("resolution", ""))
+        # Lines queued for a submit slot must not all pass the guards at once, before the
+        # failures and charges of those ahead are known.
+        async with self.admitting or contextlib.nullcontext():
+            if self.stopped or not await self.guard.admit(row.identity, resolution):
+                await self.note_stop()
+                return  # a guard stopped new submits: the line waits for a rerun, with its key
+            await self.send(row)
+
+    async def send(self, row: Row) -> None:
+        fields = row.fields
         try:
             async for attempt in self.retrying():
                 with attempt:
@@ -397,14 +424,29 @@ class Engine:
                             surface=row.surface,
                             idempotency_key=row.idempotency_key,
                         )
+        except InsufficientCreditsError:  # nothing was made: the line waits for a top-up
+            await self.guard.release(row.identity)
+            await self.guard.out_of_credits()
+            await self.note_stop()
+            return
         except FATAL:
             raise
         except ImggwError as err:
-            if not _retry_later(err):
+            if not _retry_later(err):  # refused: nothing made, nothing charged
+                await self.guard.release(row.identity)
+                await self.guard.failed(err.code or "refused")
                 self.fail(row, err.code or "refused", err.message)
-            return  # out of time: the line stays pending; its key resumes it
+            return  # out of time: the line stays pending; its key resumes it (still counted)
         row.task_id = sub.task_id
         self.move(row, RUNNING)
+
+    async def note_stop(self) -> None:
+        """A guard refused a submit: no more are tried in this run."""
+        if not self.stopped:
+            self.stopped = True
+            state = await self.guard.state()
+            self.stopped_by, self.stop_reason = state.stopped_by, state.why
+            self.report_progress(force=True)  # a display says so at once, not at the next line
 
     async def wait(self, row: Row) -> None:
         if self.remaining() <= 0:
@@ -424,16 +466,20 @@ class Engine:
             if not _retry_later(err):
                 self.fail(row, err.code or "query_failed", err.message)
             return
+        if not task.is_terminal:
+            await self.charge(row, task, final=False)
+            return  # unfinished, and not waited on (collect without --wait)
+        await self.charge(row, task, final=True)
         if task.status is TaskStatus.FAILED:
             error = task.error
-            self.fail(row, error.code if error else "failed", error.message if error else "",
-                      billed=task)  # fmt: skip
+            code = error.code if error else "failed"
+            if row.kind != COLLECT:
+                await self.guard.failed(code)
+            self.fail(row, code, error.message if error else "")
             return
-        if task.status is not TaskStatus.SUCCEEDED:
-            return  # unfinished, and not waited on (collect without --wait)
         row.urls = list(task.image_urls)
         row.expires_at = task.expires_at.timestamp() if task.expires_at else None
-        self.move(row, DOWNLOADING, billed=task)
+        self.move(row, DOWNLOADING)
 
     async def query(self, row: Row) -> Task:
         """The task of a submitted line: waited on until it ends (or the run's deadline), or
@@ -454,7 +500,13 @@ class Engine:
                 if not self.options.wait:
                     return await self.client.get(row.task_id, surface=row.surface)
                 remaining = max(0.0, self.remaining())
-                return await self.client.wait(row.task_id, surface=row.surface, timeout=remaining)
+
+                async def seen(task: Task) -> None:  # a charge is kept as soon as it shows
+                    if not task.is_terminal:
+                        await self.charge(row, task, final=False)
+
+                return await self.client.wait(row.task_id, surface=row.surface, timeout=remaining,
+                                              on_update=seen)  # fmt: skip
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def download(self, row: Row) -> None:
@@ -577,11 +629,32 @@ class Engine:
             self.ledger.flush()
         except StorageError as err:
             self.fatal = self.fatal or err
+        # What stopped this run's submits, for `imggw batch status` (cleared by a run that was
+        # not stopped: its line states say the rest).
+        self.ledger.set_meta(STOPPED_BY, self.stopped_by)
         manifest = write_manifest(self.work.folder, manifest_rows(self.ledger.iter_rows()))
         if self.work.gallery is not None:
             self.write_gallery()
         self.work.store.finish(manifest)
         return manifest
+
+    async def count_in_flight(self) -> None:
+        """Lines sent by an earlier run whose charge is not known yet count in flight for the
+        guard, as if this run had sent them (a cap holds across reruns)."""
+        rows = await anyio.to_thread.run_sync(
+            lambda: [r for r in self.ledger.iter_rows(states=(RUNNING,)) if r.kind != COLLECT]
+        )
+        for row in rows:
+            if not Charge(row.credits, row.cost).known:
+                await self.guard.flying(row.identity, str(row.fields.get("resolution", "")))
+
+
+def local_guard(ledger: Ledger, totals: Totals, options: BatchOptions) -> LocalGuard:
+    """The guard of a run in one process: its caps, what the folder's run was charged so far
+    and the highest charge seen per resolution (from its ledger). Blocking."""
+    prices = {res: Charge(*charge) for res, charge in ledger.charges().items()}
+    spent = Charge(totals.credits, totals.cost)
+    return LocalGuard(Spending(options.caps, spent=spent, prices=prices))
 
 
 def _sweep_partial_files(folder: Path) -> None:
@@ -598,10 +671,13 @@ async def execute(
     client: AsyncClient,
     options: BatchOptions,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    guard: Guard | None = None,
 ) -> BatchReport:
     """Plans and runs a run in its workspace: the one engine of a single run, a shard and a
     shard on a Dask worker. A plan that may not go raises before anything is sent (and a
-    ledger this process made for it is removed)."""
+    ledger this process made for it is removed). ``guard`` keeps the run's caps (default:
+    one in this process, from ``options`` and the folder's ledger; a Dask run's is held by its
+    scheduler)."""
     started = time.monotonic()
     surface = check_surface(options.surface or client.surface)
     planning = functools.partial(plan_run, source, work.folder, work.ledger, work.identity,
@@ -611,8 +687,13 @@ async def execute(
     except BaseException:
         work.ledger.discard()  # a refused plan leaves no ledger where there was none
         raise
-    engine = Engine(client, work, work.ledger.totals(), options=options, surface=surface,
-                    deadline=started + options.seconds, on_progress=on_progress)  # fmt: skip
+    totals = work.ledger.totals()
+    if guard is None:
+        guard = await anyio.to_thread.run_sync(local_guard, work.ledger, totals, options)
+    engine = Engine(client, work, totals, options=options, surface=surface,
+                    deadline=started + options.seconds, on_progress=on_progress,
+                    guard=guard)  # fmt: skip
+    await engine.count_in_flight()
     await anyio.to_thread.run_sync(_sweep_partial_files, work.folder)
     await anyio.to_thread.run_sync(functools.partial(engine.verify_files, hashes=options.verify))
     engine.report_progress(force=True)
@@ -646,4 +727,9 @@ async def execute(
         bad_lines_file=plan.bad_file,
         previous_surface=plan.previous_surface,
         cost_unknown=engine.cost_unknown,
+        stopped_by=engine.stopped_by,
+        stop_reason=engine.stop_reason,
+        max_credits=options.max_credits,
+        max_cost=options.max_cost,
+        max_failures=options.max_failures,
     )

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ from .._exceptions import RequestValidationError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
-from ._ledger import INVALID_LINE, LEDGER_NAME, StorageError, read_rows
+from ._guards import Charge, charge_of
+from ._ledger import INVALID_LINE, LEDGER_NAME, STOPPED_BY, StorageError, read_meta, read_rows
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from ._states import STATUSES, ExitCode, exit_code
 from ._storage import Storage, open_storage
 
-__all__ = ["MergeReport", "RunStatus", "merge", "status"]
+__all__ = ["MergeReport", "RunStatus", "charges", "merge", "status"]
 
 # How far a line has come, to pick the furthest of its records: files saved, then a final
 # failure, then a task on its way. A manifest older than the states' one word per state says
@@ -158,8 +159,10 @@ class RunStatus:
     """A run's progress, read from its output folder alone: ``total`` lines, ``counts`` per
     status as the CLI and the manifest name them (pending, running, succeeded, failed: a line
     whose task succeeded but whose files are not saved yet is running, one whose results
-    expired before they were saved failed), lines of bad input apart in ``bad``, and each
-    shard's state. ``exit_code`` as ``imggw batch``: 0 all saved, 1 some failed, 3 unfinished.
+    expired before they were saved failed), lines of bad input apart in ``bad``, each shard's
+    state, what the run's lines were charged (``spent``: credits and cost, None where never
+    stated) and the guard that stopped its last run's submits (``stopped_by``, or None).
+    ``exit_code`` as ``imggw batch``: 0 all saved, 1 some failed, 3 unfinished, 6 stopped.
 
     Example::
 
@@ -171,14 +174,17 @@ class RunStatus:
     counts: dict[str, int]
     bad: int
     shards: list[dict[str, Any]]
+    spent: Charge = field(default_factory=Charge)
+    stopped_by: str | None = None
 
     @property
     def exit_code(self) -> ExitCode:
-        return exit_code(self.counts, bad=self.bad)
+        return exit_code(self.counts, bad=self.bad, stopped_by=self.stopped_by)
 
     def as_dict(self) -> dict[str, Any]:
+        spent = {"credits": self.spent.credits, "cost": self.spent.cost}
         return {"total": self.total, "counts": self.counts, "bad": self.bad,
-                "shards": self.shards}  # fmt: skip
+                "shards": self.shards, "spent": spent, "stopped_by": self.stopped_by}  # fmt: skip
 
 
 def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
@@ -190,6 +196,28 @@ def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
             "dest", f"{storage.url} is not a batch's output folder (no run.json)"
         )
     return storage
+
+
+def charges(storage: Storage) -> tuple[Charge, dict[str, Charge]]:
+    """What a run's folder says its lines were charged: in all, and the highest charge per
+    resolution (what a Dask run's guard starts from). Blocking."""
+    snap = _Snapshot(storage)
+    credits, cost, seen_cost = 0.0, 0.0, False
+    prices: dict[str, Charge] = {}
+    try:
+        rows, _ = _merged(storage, snap)
+        for row in rows:
+            charge = charge_of([row.get("credits"), row.get("cost")])
+            if not charge.known:
+                continue
+            credits += charge.credits or 0.0
+            cost += charge.cost or 0.0
+            seen_cost = seen_cost or charge.cost is not None
+            res = str(row.get("resolution") or "")
+            prices[res] = prices.get(res, Charge()).highest(charge)
+    finally:
+        snap.close()
+    return Charge(credits, cost if seen_cost else None), prices
 
 
 def status(
@@ -207,16 +235,33 @@ def status(
     try:
         rows, shards = _merged(storage, snap)
         counts: Counter[str] = Counter()
-        bad = 0
+        bad, credits, cost, seen_cost = 0, 0.0, 0.0, False
         for row in rows:
             if row.get("_bad"):
                 bad += 1
                 continue
             counts[_STATUS_OF_RANK.get(_rank(row), "pending")] += 1
+            charge = charge_of([row.get("credits"), row.get("cost")])
+            credits += charge.credits or 0.0
+            cost += charge.cost or 0.0
+            seen_cost = seen_cost or charge.cost is not None
+        stopped_by = _stopped_by(storage, snap, shards)
     finally:
         snap.close()
     ordered = {word: counts.get(word, 0) for word in STATUSES}
-    return RunStatus(sum(ordered.values()), ordered, bad, shards)
+    spent = Charge(credits, round(cost, 6) if seen_cost else None)
+    return RunStatus(sum(ordered.values()), ordered, bad, shards, spent, stopped_by)
+
+
+def _stopped_by(storage: Storage, snap: _Snapshot, shards: list[dict[str, Any]]) -> str | None:
+    """The guard the folder's ledgers say stopped their last run's submits, if one did."""
+    ledgers = [LEDGER_NAME] + [f"{SHARDS_DIR}/{s['shard']}/{LEDGER_NAME}" for s in shards]
+    for rel in ledgers:
+        path = snap.path(rel)
+        found = read_meta(path, STOPPED_BY) if path is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass

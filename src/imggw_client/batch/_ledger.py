@@ -37,6 +37,7 @@ SCHEMA_VERSION = 3
 INVALID_LINE = "invalid_line"  # a bad input line's error code
 NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
 BAD = "bad"  # the kind of a bad input line's row (the others: _input.GENERATE, COLLECT)
+STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 
 _COLUMNS = (
     "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
@@ -353,6 +354,59 @@ class Ledger:
             self._db.execute("ROLLBACK")
             self._plan -= 1
 
+    def charges(self) -> dict[str, tuple[float | None, float | None]]:
+        """The highest charge (credits, cost) seen per resolution among the plan's lines: what
+        the run's guards estimate a line at."""
+        with self._read_lock:
+            found = self._db.execute(
+                "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM lines "
+                "WHERE planned=? AND (credits IS NOT NULL OR cost IS NOT NULL) GROUP BY 1",
+                (self._plan,),
+            )
+            return {str(res or ""): (credits, cost) for res, credits, cost in found}
+
+    def waiting_by_resolution(self, state: LineState) -> dict[str, int]:
+        """Generate lines in ``state`` per resolution (``pending``: what is left to submit;
+        ``running``: what was sent and is not charged yet, with no charge stated)."""
+        uncharged = " AND credits IS NULL AND cost IS NULL" if state is RUNNING else ""
+        with self._read_lock:
+            found = self._db.execute(
+                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
+                f"WHERE planned=? AND kind=? AND state=?{uncharged} GROUP BY 1",
+                (self._plan, GENERATE, state.value),
+            )
+            return {str(res or ""): n for res, n in found}
+
+    def kinds(self) -> Counter[tuple[str, LineState]]:
+        """The plan's lines per (kind, state): what a dry run tells."""
+        found: Counter[tuple[str, LineState]] = Counter()
+        with self._read_lock:
+            for kind, state, n in self._db.execute(
+                "SELECT kind, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
+                (self._plan,),
+            ):
+                found[(str(kind), state_of(state))] += n
+        return found
+
+    def get_meta(self, key: str) -> str | None:
+        """A value the run keeps beside its lines (``stopped_by``, say)."""
+        with self._read_lock:
+            found = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        """Keeps (or with None, forgets) a value beside the run's lines. Blocking."""
+        with self._read_lock:
+            try:
+                if value is None:
+                    self._db.execute("DELETE FROM meta WHERE key=?", (key,))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)
+                    )
+            except sqlite3.Error as exc:
+                raise storage_error(self.path, exc) from exc
+
     def last_surfaces(self) -> set[str]:
         """The surfaces the last plan's generate lines ran on (at most two are told apart):
         a run whose ``run.json`` predates keeping it is told by its ledger."""
@@ -488,6 +542,13 @@ class Ledger:
                     Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
 
+def remove_if_empty(folder: Path) -> None:
+    """Removes a folder a refused run (or a dry run) made, if it holds nothing but the lock."""
+    with contextlib.suppress(OSError):  # never made, or not empty (it lists the bad lines)
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+        folder.rmdir()
+
+
 # ---------------------------------------------------------------------------- reading one
 
 
@@ -578,3 +639,16 @@ def copy_ledger(path: Path, copy: Path) -> None:
         raise StorageError(
             f"cannot checkpoint {path} ({exc}); the same command resumes", code="storage_failed"
         ) from exc
+
+
+def read_meta(path: Path, key: str) -> str | None:
+    """A value a ledger file keeps beside its lines (``stopped_by``, say), read only."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return None
+        db = opened[0]
+        try:
+            found = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return None if found is None else str(found[0])

@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 from .._config import check_surface
 from .._exceptions import RequestValidationError
+from ._guards import Caps
 from ._input import FORMATS
 
 __all__ = ["BatchOptions", "RunOptions"]
@@ -33,6 +34,9 @@ class RunOptions(TypedDict, total=False):
     gallery: bool
     format: str | None
     new_run: bool
+    max_credits: float | None
+    max_cost: float | None
+    max_failures: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +57,10 @@ class BatchOptions:
     - ``gallery``: write ``index.html`` as lines finish and at the end.
     - ``format``: ``"jsonl"`` or ``"text"``: how a file is read when its name does not say.
     - ``new_run``: a random run id for a folder with no run (new keys, new tasks).
+    - ``max_credits``, ``max_cost``: what the folder's run may be charged in all, across reruns
+      (and shards: see ``run_shard``); a run that reaches a cap stops submitting, finishes what
+      it sent, and ends with ``stopped_by`` (exit 6). ``max_failures``: stop submitting once
+      this many lines failed in this run.
 
     Example::
 
@@ -71,6 +79,9 @@ class BatchOptions:
     gallery: bool = True
     format: str | None = None
     new_run: bool = False
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None
 
     def __post_init__(self) -> None:
         concurrency = self.concurrency
@@ -95,6 +106,20 @@ class BatchOptions:
             raise RequestValidationError(
                 "format", f"must be one of {', '.join(FORMATS)}, or None", code="invalid_option"
             )
+        for name in ("max_credits", "max_cost"):
+            cap = getattr(self, name)
+            if cap is not None and not _positive(cap):
+                raise RequestValidationError(
+                    name, "must be a number > 0, or None for no cap", code="invalid_option"
+                )
+        failures = self.max_failures
+        if failures is not None and (
+            isinstance(failures, bool) or not isinstance(failures, int) or failures < 1
+        ):
+            raise RequestValidationError(
+                "max_failures", "must be an integer >= 1, or None for no limit",
+                code="invalid_option",
+            )  # fmt: skip
         for name in ("skip_bad_lines", "allow_changes", "collect", "wait", "verify", "gallery",
                      "new_run"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
@@ -120,6 +145,11 @@ class BatchOptions:
         return cls(**options)
 
     @property
+    def caps(self) -> Caps:
+        """The run's guards (spend caps, failures)."""
+        return Caps(self.max_credits, self.max_cost, self.max_failures)
+
+    @property
     def seconds(self) -> float:
         """The run's time budget: ``timeout``, or no end."""
         return math.inf if self.timeout is None else float(self.timeout)
@@ -127,3 +157,12 @@ class BatchOptions:
     def as_keywords(self) -> dict[str, Any]:
         """The options as the entry points' keywords."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

@@ -300,12 +300,14 @@ def plan_run(
     surface: str,
     options: BatchOptions,
     part: Slice = WHOLE,
+    dry: Callable[[Ledger, Plan], None] | None = None,
 ) -> Plan:
     """Plans a run (or a shard) into its ledger, in one transaction that commits only if the
     run may go: no bad line (unless skipped), no changed line and no other surface than the
     run's (unless allowed). Then the identity store keeps the input's record and the ledger
     moves back what a second look may mend (``Ledger.recheck``). Blocking: run it in a worker
-    thread."""
+    thread. ``dry``: a dry run: every check, then ``dry`` sees the planned ledger, and nothing
+    is kept (the transaction is rolled back, the identity left as it was)."""
     plan_surface = identity.previous_surface()
     if plan_surface is None and isinstance(identity, FolderIdentity):
         # A run.json written before runs kept their surface: the ledger tells it.
@@ -326,9 +328,12 @@ def plan_run(
         if moved:
             plan.previous_surface = plan_surface
         _refuse(plan, digests, options)
-        identity.accept(digests, plan.input_digest)
         ledger.recheck()
-        ok = True
+        if dry is not None:
+            dry(ledger, plan)
+        else:
+            identity.accept(digests, plan.input_digest)
+            ok = True
     except (OSError, sqlite3.Error) as exc:  # a full or failing disk, while planning
         raise storage_error(folder, exc) from exc
     finally:

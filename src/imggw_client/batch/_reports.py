@@ -24,7 +24,10 @@ class BatchProgress:
     finished results waiting for a download slot, ``soonest_expiry`` is the earliest link
     expiry among them, and ``at_risk`` how many of them will, at the current pace, expire
     before their turn. ``cost_unknown`` counts lines charged whose gateway stated no cost
-    (surface alpha states credits only): ``cost`` leaves them out.
+    (surface alpha states credits only): ``cost`` leaves them out. ``max_credits`` and
+    ``max_cost`` are the run's spend caps (None: none), against which ``credits`` and ``cost``
+    are what the folder's run was charged so far; ``stopped_by`` names the guard that stopped
+    new submits, once one did.
 
     Example::
 
@@ -43,6 +46,9 @@ class BatchProgress:
     soonest_expiry: datetime | None = None
     at_risk: int = 0
     cost_unknown: int = 0
+    max_credits: float | None = None
+    max_cost: float | None = None
+    stopped_by: str | None = None
 
     @property
     def words(self) -> dict[str, int]:
@@ -80,7 +86,12 @@ class BatchReport:
     were. ``bad_lines_file`` lists every bad line when there are more than 10.
     ``previous_surface`` is the surface the folder's run was made on when this one moved it to
     another (with ``allow_changes``). ``cost_unknown`` counts lines charged whose gateway
-    stated no cost: ``cost`` leaves them out.
+    stated no cost: ``cost`` leaves them out. ``credits`` and ``cost`` are what the folder's
+    run was charged in all.
+
+    ``stopped_by`` is None, or the guard that stopped new submits (``"max_credits"``,
+    ``"max_cost"``, ``"max_failures"``, ``"insufficient_credits"``; lines already sent were
+    finished and saved), with ``stop_reason`` saying what it saw; the exit code is then 6.
 
     Example::
 
@@ -102,6 +113,11 @@ class BatchReport:
     bad_lines_file: Path | None = None
     previous_surface: str | None = None
     cost_unknown: int = 0
+    stopped_by: str | None = None
+    stop_reason: str = ""
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None
 
     @property
     def total(self) -> int:
@@ -119,4 +135,4 @@ class BatchReport:
 
     @property
     def exit_code(self) -> ExitCode:
-        return exit_code(self.statuses, bad=self.bad_count)
+        return exit_code(self.statuses, bad=self.bad_count, stopped_by=self.stopped_by)

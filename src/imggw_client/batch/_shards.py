@@ -27,7 +27,7 @@ import secrets
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from .._models import DownloadedFile
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._engine import Workspace, execute
+from ._guards import Guard
 from ._input import count_lines
 from ._ledger import LEDGER_NAME, Ledger, StorageError, checkpoint_number, copy_ledger
 from ._manifest import MANIFEST_NAME
@@ -129,10 +130,12 @@ class ShardReport:
     bad_count: int = 0
     changed_lines: list[int] = field(default_factory=list)
     changed_count: int = 0
+    stopped_by: str | None = None
+    stop_reason: str = ""
 
     @property
     def exit_code(self) -> ExitCode:
-        return exit_code(statuses(self.counts), bad=self.bad_count)
+        return exit_code(statuses(self.counts), bad=self.bad_count, stopped_by=self.stopped_by)
 
     @classmethod
     def of(cls, spec: ShardSpec, lines: range, report: BatchReport, manifest: str) -> ShardReport:
@@ -142,6 +145,7 @@ class ShardReport:
             credits=report.credits, cost=report.cost,
             cost_unknown=report.cost_unknown, bad_count=report.bad_count,
             changed_lines=report.changed_lines, changed_count=report.changed_count,
+            stopped_by=report.stopped_by, stop_reason=report.stop_reason,
         )  # fmt: skip
 
 
@@ -310,9 +314,12 @@ async def arun_shard(
     *,
     client: AsyncClient,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    guard: Guard | None = None,
 ) -> ShardReport:
     """Runs (or resumes) one shard of a sharded run with the engine; any number of shards may
-    run at once, on any machines, into one output folder.
+    run at once, on any machines, into one output folder. ``guard`` is the run's, when one
+    holds it for every shard (a Dask scheduler); without, each shard holds 1/``count`` of the
+    spend caps, so that the shards of a run together stay within them.
 
     Example::
 
@@ -343,14 +350,25 @@ async def arun_shard(
             # A shard reads its part as a plain run (its gallery is the merge's).
             shard_options = BatchOptions.of({**options.as_keywords(), "gallery": False,
                                              "collect": False, "wait": True})  # fmt: skip
+            if guard is None:
+                shard_options = _share_of(shard_options, spec.count)
             space = Workspace(work, ledger, identity, store, part)
             report = await execute(source, space, client=client, options=shard_options,
-                                   on_progress=on_progress)  # fmt: skip
+                                   on_progress=on_progress, guard=guard)  # fmt: skip
         finally:
             store.close()
     if local is None and report.exit_code != ExitCode.UNFINISHED:  # nothing left to resume
         shutil.rmtree(work, ignore_errors=True)
     return ShardReport.of(spec, lines, report, storage.where(f"{spec.folder}/{MANIFEST_NAME}"))
+
+
+def _share_of(options: BatchOptions, count: int) -> BatchOptions:
+    """A shard's share of the run's spend caps when nothing holds them for every shard."""
+    return replace(
+        options,
+        max_credits=None if options.max_credits is None else options.max_credits / count,
+        max_cost=None if options.max_cost is None else options.max_cost / count,
+    )
 
 
 def run_shard(
@@ -371,8 +389,9 @@ def run_shard(
     runs, for Kubernetes indexed jobs, Slurm arrays or ``xargs -P``. Any number of shards may
     run at once on one output folder; the first one on a fresh folder makes its run id, the
     others load it (each derives the same one from the folder, the gateway and the API key, as
-    :func:`run_batch` does). ``options`` as :func:`run_batch` takes them. Then :func:`merge`
-    writes ``manifest.jsonl``.
+    :func:`run_batch` does). ``options`` as :func:`run_batch` takes them; the spend caps
+    (``max_credits``, ``max_cost``) are the whole run's: this shard holds 1/``count`` of them.
+    Then :func:`merge` writes ``manifest.jsonl``.
 
     Each process has its own request budget (``rate_limit``): divide the gateway's limit among
     the processes that run at once, or run on Dask (:func:`run_sharded`), whose budget is one.

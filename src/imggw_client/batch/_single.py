@@ -3,7 +3,6 @@ thin driver over the engine (``_engine``) whose folder is its own result store."
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from .._exceptions import RequestValidationError
 from . import _identity
 from ._engine import LocalStore, Workspace, execute
 from ._input import BatchInputError
-from ._ledger import LOCK_NAME, Ledger
+from ._ledger import Ledger, remove_if_empty
 from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
@@ -100,14 +99,8 @@ async def arun_batch(
                                  on_progress=on_progress)  # fmt: skip
     except (BatchInputError, _identity.InputChangedError, RequestValidationError):
         if made:  # refused before anything was kept: no empty folder left behind either
-            _remove_if_empty(folder)
+            remove_if_empty(folder)
         raise
-
-
-def _remove_if_empty(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # never made, or not empty (it lists the bad lines)
-        (folder / LOCK_NAME).unlink(missing_ok=True)
-        folder.rmdir()
 
 
 def client_maker(

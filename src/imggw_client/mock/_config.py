@@ -31,6 +31,7 @@ QUIRKS: tuple[str, ...] = (
     "no_progress",  # records omit `progress`
     "beta_no_code",  # surface B error bodies omit the top-level `code`
     "no_retry_after",  # 429 answers carry no Retry-After (as the provider behind surface A)
+    "no_charge",  # records state no credits nor cost (a gateway that bills elsewhere)
 )
 DEFAULT_API_KEY = "test-key"
 
@@ -101,6 +102,13 @@ class MockConfig:
         None, "at most N queries per API key in any S seconds, both surfaces: N/S [no limit]",
         type=str,
     )  # fmt: skip
+    credits: float | None = _option(
+        None,
+        "every API key's balance of credits; a submit it cannot cover answers 402 "
+        "insufficient_credits and creates nothing (tasks cost 4, 8, 16 credits at 1k, 2k, "
+        "4k) [no limit]",
+        type=float,
+    )
     request_timeout: float = _option(
         10.0, "seconds a client has to send a whole request over a socket before it is cut off"
     )
@@ -131,6 +139,8 @@ class MockConfig:
             (1 <= self.image_size <= 8192, "image_size must be within 1..8192"),
             (self.first_task_id >= 1, "first_task_id must be >= 1"),
             (0 <= self.result_size < 2**31, "result_size must be within 0..2**31-1"),
+            (self.credits is None or (math.isfinite(self.credits) and self.credits >= 0),
+             "credits must be a number >= 0, or None for no limit"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:

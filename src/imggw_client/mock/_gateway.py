@@ -266,6 +266,8 @@ class MockGateway:
     def configure(self, **changes: Any) -> None:
         """Changes settings on the fly (faults, quirks, rates, limits, ...); tasks and keys stay.
 
+        ``credits=N`` gives every key a balance of N from now on (a top-up, or None: no limit).
+
         Example::
 
             gateway.configure(fault_rate=0.0)   # the rest of this test runs without faults
@@ -274,6 +276,12 @@ class MockGateway:
             raise ConfigurationError("manual_clock is fixed when the gateway is made")
         with self._lock:
             self._apply(dataclasses.replace(self.config, **changes))
+            if "credits" in changes:
+                self._fill_balances()
+
+    def _fill_balances(self) -> None:
+        credits = self.config.credits
+        self._balances = {} if credits is None else {fp: credits for _, fp in self._keys}
 
     def _apply(self, config: MockConfig) -> None:
         self.config = config
@@ -301,6 +309,7 @@ class MockGateway:
             self._windows.clear()
             self._stats = _Stats()
             self._next_id = self.config.first_task_id
+            self._fill_balances()
 
     def advance(self, seconds: float) -> None:
         """Moves a manual clock forward (``manual_clock=True``)."""
@@ -311,8 +320,9 @@ class MockGateway:
     def stats(self) -> dict[str, Any]:
         """What ``GET /_mock/stats`` returns: created tasks (each billed once), replays,
         conflicts, requests refused by a limit (``rate_limited``), billing per key
-        fingerprint, requests per route, faults per kind, and what is held in memory
-        (``live``: tasks and idempotency keys not yet forgotten).
+        fingerprint, requests per route, faults per kind, what is held in memory (``live``:
+        tasks and idempotency keys not yet forgotten), and with ``credits``, each key's
+        remaining balance (``balances``, by key fingerprint; empty without).
 
         Example::
 
@@ -330,6 +340,7 @@ class MockGateway:
                 "requests": dict(s.requests),
                 "faults": dict(s.faults),
                 "live": {"tasks": len(self._tasks), "idempotency_keys": len(self._bindings)},
+                "balances": dict(self._balances),
                 "clock": self.clock(),
             }
 
@@ -508,6 +519,9 @@ class MockGateway:
             self._stats.replays += 1
             body = serving.submit_response(surface, binding.task_id)
             return MockResponse(200, body, (_JSON, (spec.REPLAYED_HEADER.lower(), "true")))
+        balance = self._balances.get(owner)
+        if balance is not None and balance < _credits(parsed):  # a replay above costs nothing
+            return self._error(surface, refuse(reasons.INSUFFICIENT_CREDITS))
         task = self._create(surface, owner, parsed, now)
         if key is not None:
             # Under a latency fault the key stays in flight until its answer is due.
@@ -543,6 +557,8 @@ class MockGateway:
         bill["tasks"] += 1
         bill["credits"] += task.credits
         bill["cost"] = round(bill["cost"] + task.cost, 6)
+        if owner in self._balances:
+            self._balances[owner] -= task.credits
         return task
 
     def _purge(self, now: float) -> None:
@@ -573,6 +589,7 @@ class MockGateway:
             view,
             extra_states="extra_states" in self._quirks,
             omit_progress="no_progress" in self._quirks,
+            omit_charge="no_charge" in self._quirks,
         )
         return MockResponse(200, body)
 

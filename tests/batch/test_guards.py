@@ -1,0 +1,384 @@
+"""Spend and failure guards: a batch never spends more than its owner allows, stops submitting
+when its lines keep failing or the account runs dry, and never abandons what it paid for.
+Over loopback against the reference gateway, through the command line where it is the user's
+way in."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import AsyncClient, PollPolicy, RetryPolicy
+from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
+from imggw_client.batch._guards import Caps, Charge, Spending, Verdict
+from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
+
+from ..cli.helpers import CANARY, imggw
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+
+def gateway(**options: Any) -> MockGateway:
+    return MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.06, **options)
+
+
+@pytest.fixture
+def gw() -> MockGateway:
+    return gateway()
+
+
+@pytest.fixture
+def url(gw: MockGateway) -> Iterator[str]:
+    with gw.serve() as base_url:
+        yield base_url
+
+
+def prompts(path: Path, count: int, *, resolution: str | None = None) -> Path:
+    if resolution is None:
+        path.write_text("".join(f"prompt {i}\n" for i in range(count)))
+    else:
+        lines = [{"prompt": f"prompt {i}", "resolution": resolution} for i in range(count)]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def jsonl(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def batch(url: str, source: Path, out: Path, **options: Any) -> BatchReport:
+    factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+    return run_batch(source, out, client_factory=factory, **options)
+
+
+def manifest(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+def submits(gw: MockGateway) -> int:
+    return sum(n for route, n in gw.stats()["requests"].items() if route.startswith("POST"))
+
+
+# ---------------------------------------------------------------------------- spend caps
+
+
+def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised_one(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 1000)  # 4 credits a line at 1k
+    out = tmp_path / "out"
+    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40",
+                  "-c", "8")  # fmt: skip
+    assert first.code == 6, first.err
+    assert gw.stats()["tasks_created"] == 10
+    (stop,) = [line for line in first.err.splitlines() if "stopped by --max-credits" in line]
+    assert "40 of 40 credits spent" in stop
+    assert "raise --max-credits and run the same command again" in stop
+    rows = manifest(out)
+    assert sum(r["status"] == "succeeded" for r in rows) == 10  # what was paid for is saved
+    assert len(list(out.glob("*.png"))) == 10
+    again = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40")
+    assert again.code == 6
+    assert gw.stats()["tasks_created"] == 10  # the same cap: nothing more
+    more = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "80")
+    assert more.code == 6
+    assert gw.stats()["tasks_created"] == 20
+    assert gw.stats()["billing"][fingerprint(CANARY)]["credits"] == 80  # none billed twice
+    assert len(list(out.glob("*.png"))) == 20
+    status_run = imggw("batch", "status", str(out), "--json")
+    record = status_run.records()[0]
+    assert record["spent"] == {"credits": 80.0, "cost": 0.2}
+    assert record["stopped_by"] == "max_credits"
+    assert status_run.code == 6
+
+
+def test_the_first_line_goes_alone_until_its_charge_is_known(tmp_path: Path) -> None:
+    events: list[str] = []
+    gw = gateway()
+    handle = gw.handle
+
+    def log(request: MockRequest) -> MockResponse:
+        answer = handle(request)
+        if request.method == "POST":
+            events.append("submit")
+        elif request.method == "GET" and "tasks/" in request.path and answer.status == 200:
+            events.append("charged" if b'"credits_cost"' in answer.body else "query")
+        return answer
+
+    gw.handle = log  # type: ignore[method-assign]
+    with gw.serve() as url:
+        report = batch(url, prompts(tmp_path / "in.txt", 6), tmp_path / "out", concurrency=6,
+                       max_credits=100)  # fmt: skip
+    assert report.exit_code == 0
+    assert events.count("submit") == 6
+    assert events.index("charged") < events.index("submit", 1)  # the second submit waited
+    assert events[0] == "submit"
+
+
+def test_lines_are_estimated_at_the_price_seen_for_their_resolution(tmp_path: Path) -> None:
+    gw = gateway()
+    lines = [{"prompt": "first", "resolution": "4k", "aspect_ratio": "16:9"}]
+    lines += [{"prompt": f"small {i}"} for i in range(6)]
+    lines += [{"prompt": "big", "resolution": "4k", "aspect_ratio": "16:9"}]
+    with gw.serve() as url:
+        # 16 (4k) + 4 x 4 (1k) = 32 <= 33; a fifth 1k line (36) and the 4k line (48) do not fit.
+        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
+                       concurrency=1, max_credits=33)  # fmt: skip
+    assert report.stopped_by == "max_credits"
+    assert report.exit_code == 6
+    assert gw.stats()["tasks_created"] == 5
+    assert report.credits == 32
+    created = [r for r in manifest(tmp_path / "out") if r["task_id"] is not None]
+    assert [r["resolution"] for r in created] == ["4k", "1k", "1k", "1k", "1k"]
+
+
+def test_a_gateway_that_states_no_charge_cannot_be_capped_and_stops_after_one_line(
+    tmp_path: Path,
+) -> None:
+    gw = gateway(quirks=["no_charge"])
+    with gw.serve() as url:
+        run = imggw("batch", str(prompts(tmp_path / "in.txt", 5)), "-o", str(tmp_path / "out"),
+                    "--base-url", url, "--max-credits", "100")  # fmt: skip
+    assert run.code == 6
+    assert gw.stats()["tasks_created"] == 1
+    assert "the gateway reports no charge" in run.err
+    assert len(list((tmp_path / "out").glob("*.png"))) == 1  # the one it made is saved
+
+
+def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
+    tmp_path: Path,
+) -> None:
+    gw = gateway()
+    with gw.serve() as url:
+        report = batch(url, prompts(tmp_path / "in.txt", 5), tmp_path / "out", surface="alpha",
+                       max_cost=1.0)  # fmt: skip
+    assert report.stopped_by == "max_cost"
+    assert "no cost" in report.stop_reason
+    assert gw.stats()["tasks_created"] == 1
+
+
+# ---------------------------------------------------------------------------- failures, 402
+
+
+def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Path) -> None:
+    gw = gateway()
+    handle, answered = gw.handle, [0]
+
+    def slow_after_three(request: MockRequest) -> MockResponse:
+        # The fourth submit on answers a second late: the failing tasks end long before, so
+        # the guard has seen them before more lines are let go.
+        answer = handle(request)
+        if request.method == "POST":
+            answered[0] += 1
+            if answered[0] > 3:
+                return MockResponse(answer.status, answer.body, answer.headers, delay=1.0)
+        return answer
+
+    gw.handle = slow_after_three  # type: ignore[method-assign]
+    lines = [{"prompt": f"bad {i} #fail:content_policy_violation"} for i in range(3)]
+    lines += [{"prompt": f"good {i}"} for i in range(30)]
+    with gw.serve() as url:
+        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
+                       concurrency=4, max_failures=2)  # fmt: skip
+    assert report.stopped_by == "max_failures"
+    assert report.exit_code == 6
+    assert "content_policy_violation" in report.stop_reason
+    made = gw.stats()["tasks_created"]
+    assert 3 <= made <= 3 + 4  # the failing three, and at most a window of submits after
+
+    rows = manifest(tmp_path / "out")
+    sent = [r for r in rows if r["task_id"] is not None]
+    assert len(sent) == made
+    # Every line that was sent finished: failed, or succeeded with its file saved.
+    assert all(r["status"] in ("failed", "succeeded") for r in sent)
+    for row in sent:
+        if row["status"] == "succeeded":
+            assert (tmp_path / "out" / row["files"][0]["path"]).is_file()
+    assert all(r["status"] == "pending" for r in rows if r["task_id"] is None)
+
+
+def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_resumes(
+    tmp_path: Path,
+) -> None:
+    gw = gateway(credits=20)  # five 1k tasks
+    source = prompts(tmp_path / "in.txt", 9)
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-c", "3")
+        assert run.code == 6, run.err
+        assert gw.stats()["tasks_created"] == 5
+        assert "stopped by the gateway (insufficient_credits)" in run.err
+        assert "top up the account" in run.err
+        assert len(list(out.glob("*.png"))) == 5
+        assert gw.stats()["balances"] == {next(iter(gw.stats()["balances"])): 0.0}
+        gw.configure(credits=100)
+        again = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+        assert again.code == 0, again.err
+    assert gw.stats()["tasks_created"] == 9
+    assert len(list(out.glob("*.png"))) == 9
+
+
+# ---------------------------------------------------------------------------- dry run
+
+
+def test_a_dry_run_sends_nothing_and_says_what_a_run_would_do(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 12)
+    out = tmp_path / "out"
+    fresh = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--dry-run", "--json")
+    assert fresh.code == 0, fresh.err
+    assert gw.stats()["requests"] == {}
+    assert not out.exists()  # nothing kept either
+    (plan,) = fresh.records()
+    pinned = {"total", "to_submit", "to_wait", "to_collect", "done", "changed", "bad", "estimate"}
+    assert pinned <= set(plan)
+    assert plan["total"] == plan["to_submit"] == 12
+    assert plan["estimate"] is None  # no charge seen yet
+    assert batch(url, source, out, max_credits=20).stopped_by == "max_credits"  # 5 made
+    sent = gw.stats()["requests"]
+    capped = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json",
+                   "--max-credits", "40")  # fmt: skip
+    assert capped.code == 0, capped.err
+    assert gw.stats()["requests"] == sent  # still nothing sent
+    (plan,) = capped.records()
+    assert (plan["to_submit"], plan["done"]) == (7, 5)
+    assert plan["estimate"] == {"credits": 28.0, "cost": 0.07}
+    assert plan["spent"] == {"credits": 20.0, "cost": 0.05}
+    assert plan["fit"] == 5  # 20 + 5 x 4 = 40
+    human = imggw("batch", str(source), "-o", str(out), "--dry-run", "--max-credits", "40")
+    assert "under the cap: 5 of the 7 lines to submit fit" in human.out
+    assert "nothing was sent" in human.out
+
+
+def test_a_dry_run_refuses_what_a_run_refuses(tmp_path: Path) -> None:
+    bad = jsonl(tmp_path / "in.jsonl", [{"prompt": "ok"}, {"nope": 1}])
+    run = imggw("batch", str(bad), "-o", str(tmp_path / "out"), "--dry-run")
+    assert run.code == 2
+    assert "line 2" in run.err
+    assert not (tmp_path / "out").exists()
+    plan = plan_batch(bad, tmp_path / "out", skip_bad_lines=True)
+    assert (plan.total, plan.bad, plan.to_submit) == (2, 1, 1)
+
+
+# ---------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-credits", "0"), ("--max-credits", "-4"), ("--max-cost", "lots"),
+     ("--max-failures", "0"), ("--max-failures", "1.5"), ("--max-cost", "nan")],
+)  # fmt: skip
+def test_a_bad_limit_is_one_line_and_exit_2(flag: str, value: str, tmp_path: Path) -> None:
+    run = imggw("batch", str(prompts(tmp_path / "in.txt", 2)), "-o", str(tmp_path / "out"),
+                flag, value, "--mock")  # fmt: skip
+    assert run.code == 2
+    assert run.err.count("\n") == 1
+    assert run.err.startswith(f"error: {flag} must be")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_sdk_refuses_a_bad_limit_before_anything_is_made(tmp_path: Path) -> None:
+    for options in ({"max_credits": 0}, {"max_cost": -1.0}, {"max_failures": 0}):
+        with pytest.raises(ValueError, match=next(iter(options))):
+            run_batch(prompts(tmp_path / "in.txt", 1), tmp_path / "out",
+                      client_factory=lambda: AsyncClient(api_key="k", base_url="http://x"),
+                      **options)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- shards, Dask
+
+
+def test_shard_processes_each_hold_their_share_of_the_cap(
+    gw: MockGateway, url: str, tmp_path: Path
+) -> None:
+    source = prompts(tmp_path / "in.txt", 40)
+    factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+    reports = [run_shard(source, tmp_path / "out", index=i, count=2, client_factory=factory,
+                         max_credits=40) for i in (1, 2)]  # fmt: skip
+    assert [r.stopped_by for r in reports] == ["max_credits", "max_credits"]
+    assert gw.stats()["tasks_created"] == 10  # 20 credits each: 5 + 5
+    assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
+
+
+def test_a_dask_run_holds_one_cap_for_every_shard(
+    gw: MockGateway, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from imggw_client.batch import ClientSpec, run_sharded
+
+    monkeypatch.setenv("IMGGW_API_KEY", CANARY)  # the workers' own environment has the key
+    source = prompts(tmp_path / "in.txt", 40)
+    report = run_sharded(
+        source, tmp_path / "out", workers=2, shard_size=10, concurrency=2, max_credits=40,
+        client=ClientSpec(base_url=url, poll=FAST["poll"], retry=FAST["retry"]),
+        cluster_options={"silence_logs": 40},
+    )  # fmt: skip
+    assert report.stopped_by == "max_credits"
+    assert report.exit_code == 6
+    assert gw.stats()["tasks_created"] == 10  # one count across the four shards
+    assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
+    assert len(list((tmp_path / "out").glob("*.png"))) == 10
+
+
+# ---------------------------------------------------------------------------- the pure guard
+
+
+def test_the_guard_never_passes_its_cap_with_lines_in_flight() -> None:
+    spending = Spending(Caps(max_credits=10))
+    assert spending.admit("a", "1k") is Verdict.GO
+    assert spending.admit("b", "1k") is Verdict.WAIT  # alone until its charge is known
+    spending.charged("a", "1k", Charge(), Charge(4.0, 0.01), final=False)
+    assert spending.admit("b", "1k") is Verdict.GO  # 4 + 4 <= 10
+    assert spending.admit("c", "1k") is Verdict.WAIT  # 4 + 4 + 4 > 10, b may be given back
+    spending.release("b")  # refused: nothing charged
+    assert spending.admit("c", "1k") is Verdict.GO
+    spending.charged("c", "1k", Charge(), Charge(4.0, 0.01), final=True)
+    assert spending.admit("d", "1k") is Verdict.STOP  # 8 + 4 > 10, nothing in flight
+    assert spending.stopped_by == "max_credits"
+    assert spending.charged_total == Charge(8.0, 0.02)
+
+
+def test_a_charge_reported_twice_counts_once() -> None:
+    spending = Spending(Caps(max_credits=8))
+    spending.admit("a", "1k")
+    spending.charged("a", "1k", Charge(), Charge(4.0), final=False)
+    spending.charged("a", "1k", Charge(4.0), Charge(4.0), final=True)  # again, at the end
+    assert spending.charged_total.credits == 4.0
+    assert spending.admit("b", "1k") is Verdict.GO
+
+
+# ---------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_path: Path) -> None:
+    gw = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)  # slow: it drains
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
+    env.update(IMGGW_API_KEY=CANARY, PYTHONUNBUFFERED="1")
+    with gw.serve() as url:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "imggw_cli", "batch", str(prompts(tmp_path / "in.txt", 20)),
+             "-o", str(tmp_path / "out"), "--base-url", url, "--max-credits", "12"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert child.stderr is not None
+        seen: list[str] = []
+        for line in child.stderr:  # the display says when the guard stopped the submits
+            seen.append(line)
+            if "stopped by max_credits" in line:
+                break
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    assert any("stopped by max_credits" in line for line in seen), seen
+    assert child.returncode == 130
+    assert "run the same command to resume" in err
+    assert gw.stats()["tasks_created"] == 3
