@@ -113,13 +113,17 @@ def _money(p: BatchProgress) -> str:
     return f"credits {credits}, cost {cost}{stopped}"
 
 
-# Each guard's flag, and what resumes a run it stopped.
-_GUARDS = {
-    "max_credits": ("--max-credits", "raise --max-credits"),
-    "max_cost": ("--max-cost", "raise --max-cost"),
-    "max_failures": ("--max-failures", "raise --max-failures (or mend the failing lines)"),
-    "insufficient_credits": ("the gateway (insufficient_credits)", "top up the account"),
-}
+def _guards() -> dict[str, tuple[str, str]]:
+    """Each guard's flag, and what resumes a run it stopped."""
+    from imggw_client import batch
+
+    return {
+        batch.MAX_CREDITS: ("--max-credits", "raise --max-credits"),
+        batch.MAX_COST: ("--max-cost", "raise --max-cost"),
+        batch.MAX_FAILURES: ("--max-failures", "raise --max-failures (or mend the failing lines)"),
+        batch.INSUFFICIENT_CREDITS: (f"the gateway ({batch.INSUFFICIENT_CREDITS})",
+                                     "top up the account"),
+    }  # fmt: skip
 
 
 def stop_line(stopped_by: str | None, why: str, spent: str | None = None) -> str | None:
@@ -127,7 +131,7 @@ def stop_line(stopped_by: str | None, why: str, spent: str | None = None) -> str
     cap, or the most frequent error), and what resumes it; None for a run none stopped."""
     if stopped_by is None:
         return None
-    flag, then = _GUARDS.get(stopped_by, (stopped_by, "raise the limit"))
+    flag, then = _guards().get(stopped_by, (stopped_by, "raise the limit"))
     said = f" ({printable(why)})" if why else ""
     charged = f"; the run's lines were charged {spent}" if spent else ""
     return (

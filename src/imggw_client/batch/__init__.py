@@ -31,6 +31,7 @@ from ._cuts import parse_shard, shard_range
 from ._dryrun import BatchPlan, plan_batch
 from ._folder import MergeReport, RunStatus, merge, status
 from ._gallery import GALLERY_NAME, write_gallery
+from ._guards import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._identity import InputChangedError
 from ._input import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine, iter_lines, read_lines
 from ._ledger import LEDGER_NAME, BatchLockedError, StorageError
@@ -73,7 +74,12 @@ __all__ = [
     "DEFAULT_SHARD_SIZE",
     "GALLERY_NAME",
     "LEDGER_NAME",
+    "GUARDS",
+    "INSUFFICIENT_CREDITS",
     "MANIFEST_NAME",
+    "MAX_COST",
+    "MAX_CREDITS",
+    "MAX_FAILURES",
     "SHOWN_BAD_LINES",
     "BadLine",
     "BatchInputError",

@@ -31,6 +31,10 @@ from .._core import reasons
 
 __all__ = [
     "GUARDS",
+    "INSUFFICIENT_CREDITS",
+    "MAX_COST",
+    "MAX_CREDITS",
+    "MAX_FAILURES",
     "Caps",
     "Charge",
     "Guard",
