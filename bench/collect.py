@@ -101,10 +101,10 @@ def simulate(
 def runner_window(concurrency: int) -> tuple[int, str]:
     """The runner's window of lines in flight, from its own constants if they are still there."""
     try:
-        from imggw_client.batch import _runner
+        from imggw_client.batch import _engine
 
-        low, per_slot = _runner.MIN_IN_FLIGHT, _runner.IN_FLIGHT_PER_SLOT
-        source = "the runner's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
+        low, per_slot = _engine.MIN_IN_FLIGHT, _engine.IN_FLIGHT_PER_SLOT
+        source = "the engine's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
     except (ImportError, AttributeError):
         low, per_slot = 1024, 64
         source = "assumed 1024 / 64 per slot (the runner's constants moved)"

@@ -6,7 +6,7 @@ the gallery's own. Prints seconds, records/s, peak RSS, the files written and th
 
 Targets: time per record flat across the sizes (the writer is one pass); peak RSS that does not
 grow with the records (pages are flushed as they fill); the page opened in a browser loads one
-page file of 200 cards whatever the size (the browser test, tests/gallery/, checks that).
+page file of 200 cards whatever the size (the browser test, tests/batch/gallery/, checks that).
 
 Run: python bench/gallery.py [--sizes 10000,100000,1000000] [--quick] [--json]
 """

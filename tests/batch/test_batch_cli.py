@@ -87,7 +87,9 @@ def test_batch_with_mock_needs_no_key(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_a_second_process_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=3, duration_max=3)
+    # A task that never finishes (the clock moves only when told): the first run holds the
+    # folder for as long as the second takes to start, however slow the machine.
+    gw = MockGateway(api_keys=[KEY], manual_clock=True)
     source = prompts(tmp_path / "in.txt", ["slow"])
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")},

@@ -1,32 +1,33 @@
 """A collect killed for real: the gateway in its own process (`imggw mock serve`, with faults),
-`imggw download --from ids --wait` SIGKILLed at random moments, then run again until done.
-Nothing lost, nothing submitted, and once done a rerun saves nothing again."""
+`imggw download --from ids --wait` SIGKILLed three times while it saves results (each when the
+gateway has served it more of them), then run again until done. Nothing lost, nothing
+submitted, and once done a rerun saves nothing again."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
 from imggw_client import Client, RetryPolicy
 
-from .test_crash import IMGGW, KEY, env, gateway_process  # noqa: F401 - the fixture
+from .test_crash import (
+    IMGGW,
+    KEY,
+    env,
+    fetched_more,
+    gateway_process,  # noqa: F401 - the fixture
+    kill_when,
+    results_fetched,
+)
 
 TASKS = 120
 
 
-def results_fetched(url: str) -> int:
-    requests = httpx.get(f"{url}/_mock/stats").json()["requests"]
-    return sum(n for route, n in requests.items() if "/results/" in route)
-
-
-def test_a_collect_killed_at_random_moments_loses_nothing_and_saves_nothing_twice(
+def test_a_collect_killed_mid_download_loses_nothing_and_saves_nothing_twice(
     gateway_process: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
@@ -41,19 +42,11 @@ def test_a_collect_killed_at_random_moments_loses_nothing_and_saves_nothing_twic
     out = tmp_path / "out"
     command = [*IMGGW, "download", "--from", str(source), "--wait", "-o", str(out),
                "--base-url", url, "-c", "4", "-q"]  # fmt: skip
-    rng = random.Random(11)
-    kills = 0
-    for _ in range(3):
+    for _ in range(3):  # each kill lands mid-collect: a run that ends first fails the test
+        reached = fetched_more(url, 10)
         child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  env=env())  # fmt: skip
-        time.sleep(rng.uniform(0.4, 1.2))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        if child.returncode == 0:
-            break
-        assert child.returncode == -signal.SIGKILL
-        kills += 1
-    assert kills >= 2
+        kill_when(child, reached)
     final = None
     for _ in range(5):
         final = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300,

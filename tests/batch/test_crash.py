@@ -1,22 +1,23 @@
 """Crash safety for real: the gateway runs as its own process (`imggw mock serve`), `imggw
-batch` runs as a subprocess and is SIGKILLed at random moments, with lost answers among the
-faults, then run again until done. Exactly 200 tasks billed; 200 files matching the manifest
-and the bytes the gateway serves."""
+batch` runs as a subprocess and is SIGKILLed three times (mid-submit, then twice mid-download,
+each when the gateway's counters show the run got there), with lost answers among the faults,
+then run again until done. Exactly 200 tasks billed; 200 files matching the manifest and the
+bytes the gateway serves."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import random
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +43,37 @@ def gateway_process() -> Iterator[str]:
         yield url
 
 
+def stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/_mock/stats").json()  # type: ignore[no-any-return]
+
+
+def results_fetched(url: str) -> int:
+    return sum(n for route, n in stats(url)["requests"].items() if "/results/" in route)
+
+
+def created(url: str, count: int) -> Callable[[], bool]:
+    return lambda: stats(url)["tasks_created"] >= count
+
+
+def fetched_more(url: str, count: int) -> Callable[[], bool]:
+    """True once ``count`` more results were fetched than now: a run downloading."""
+    start = results_fetched(url)
+    return lambda: results_fetched(url) >= start + count
+
+
+def kill_when(child: subprocess.Popen[bytes], reached: Callable[[], bool]) -> None:
+    """SIGKILLs ``child`` as soon as ``reached()`` holds; it must still be running then, so
+    every run the test means to kill is killed."""
+    deadline = time.monotonic() + 120
+    while not reached():
+        assert child.poll() is None, "the run ended before the point it was to be killed at"
+        assert time.monotonic() < deadline, "the run never got to the point to kill it at"
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, "the run ended before the kill landed"
+
+
 def ledger_rows(folder: Path) -> list[tuple[str | None, str, str]]:
     # closing(): a connection's own `with` only commits; it never closes (Python 3.13 warns).
     with closing(sqlite3.connect(folder / "ledger.sqlite")) as db:
@@ -62,7 +94,7 @@ def fetch(url: str) -> bytes:
     raise AssertionError(f"could not fetch {url}")
 
 
-def test_sigkill_at_random_moments_never_bills_twice_nor_loses_an_image(
+def test_sigkill_mid_submit_and_mid_download_never_bills_twice_nor_loses_an_image(
     gateway_process: str, tmp_path: Path
 ) -> None:
     url = gateway_process
@@ -71,32 +103,21 @@ def test_sigkill_at_random_moments_never_bills_twice_nor_loses_an_image(
                               for i in range(LINES)))  # fmt: skip
     out = tmp_path / "out"
     command = [*IMGGW, "batch", str(source), "-o", str(out), "--base-url", url, "-c", "8", "-q"]
-    rng = random.Random(7)
+    # Mid-submit for sure (once the gateway has made some tasks), then twice while results are
+    # being saved: each run is killed where the gateway's counters show it got, so all three
+    # kills land, whatever the machine's speed.
+    points = [(created, 10), (fetched_more, 15), (fetched_more, 15)]
     unknown_after_first_kill = None
-    kills = 0
-    for attempt in range(4):
+    for attempt, (point, count) in enumerate(points):
+        reached = point(url, count)  # counted from before this run starts
         child = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env()
         )
-        if attempt == 0:
-            # Mid-submit for sure: as soon as the gateway has made some tasks.
-            deadline = time.monotonic() + 30
-            while httpx.get(f"{url}/_mock/stats").json()["tasks_created"] < 10:
-                assert time.monotonic() < deadline, "the batch never started submitting"
-                time.sleep(0.01)
-        else:
-            time.sleep(rng.uniform(0.5, 1.5))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        if child.returncode == 0:
-            break  # it finished before the signal landed
-        assert child.returncode == -signal.SIGKILL
-        kills += 1
+        kill_when(child, reached)
         if attempt == 0:
             known = sum(1 for task_id, _, _ in ledger_rows(out) if task_id)
-            created = httpx.get(f"{url}/_mock/stats").json()["tasks_created"]
-            unknown_after_first_kill = created - known  # made by the gateway, not in the ledger
-    assert kills >= 2
+            created_now = stats(url)["tasks_created"]
+            unknown_after_first_kill = created_now - known  # made by the gateway, not in the ledger
     final = None
     for _ in range(5):  # run again until every line is finished
         final = subprocess.run([*command[:-1], "--json"], capture_output=True, text=True, timeout=300,
@@ -109,9 +130,9 @@ def test_sigkill_at_random_moments_never_bills_twice_nor_loses_an_image(
     assert unknown_after_first_kill is not None
     assert unknown_after_first_kill > 0
 
-    stats = httpx.get(f"{url}/_mock/stats").json()
-    assert stats["tasks_created"] == LINES  # billed exactly once per line
-    assert sum(b["tasks"] for b in stats["billing"].values()) == LINES
+    after = stats(url)
+    assert after["tasks_created"] == LINES  # billed exactly once per line
+    assert sum(b["tasks"] for b in after["billing"].values()) == LINES
     records = [json.loads(line) for line in final.stdout.splitlines()]
     assert len(records) == LINES
     assert records == [

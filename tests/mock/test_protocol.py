@@ -9,7 +9,7 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
-from ..test_rules import BLANK, NOT_BLANK
+from ..core.test_rules import BLANK, NOT_BLANK
 from .helpers import (
     ALPHA_SUBMIT,
     BETA_SUBMIT,

@@ -4,7 +4,7 @@ One frozen :class:`SurfaceSpec` per surface holds its paths, model, where each r
 goes, the submit answer, the task record's field names, the state map and the error envelope.
 Everything that speaks the protocol derives from it: the client codec (``surfaces``), the
 gateway codec (``serving``) and the OpenAPI document (``mock._openapi``); reason codes are
-the table in ``reasons``. ``tests/test_wire_facts.py`` fails when another module spells a
+the table in ``reasons``. ``tests/core/test_wire_facts.py`` fails when another module spells a
 path, a wire field, a state or a reason code.
 
 Example::

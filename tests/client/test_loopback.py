@@ -26,8 +26,8 @@ from imggw_client import (
     UnknownOutcomeError,
 )
 
-from .conftest import CANARY_KEY, PNG
-from .loopback import drip, dropping_server, http_json, raw_server, serve_asgi
+from ..conftest import CANARY_KEY, PNG
+from ..loopback import drip, dropping_server, http_json, raw_server, serve_asgi
 
 pytestmark = pytest.mark.anyio
 
@@ -39,13 +39,15 @@ FAST = {
 
 class TinyGateway:
     """Just enough gateway: idempotent submits (the first answer for each key is lost after the
-    task is created, by answering too late), tasks that finish on the third query, PNG results."""
+    task is created, by answering only once the client has left), tasks that finish on the
+    third query, PNG results."""
 
     def __init__(self) -> None:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.by_key: dict[str, str] = {}
         self.auth: set[str] = set()
         self.result_auth: list[str | None] = []
+        self.lost = 0  # submits whose answer the client never read
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
@@ -56,13 +58,13 @@ class TinyGateway:
             if not message.get("more_body"):
                 break
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        status, payload, content_type = await self.route(scope, headers, body)
+        status, payload, content_type = await self.route(scope, headers, body, receive)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
         await send({"type": "http.response.body", "body": payload})
 
     async def route(
-        self, scope: dict[str, Any], headers: dict[str, str], body: bytes
+        self, scope: dict[str, Any], headers: dict[str, str], body: bytes, receive: Any
     ) -> tuple[int, bytes, str]:
         path, query = scope["path"], scope["query_string"].decode()
         if path.startswith("/files/"):
@@ -75,7 +77,11 @@ class TinyGateway:
             if first:
                 self.by_key[key] = str(len(self.tasks) + 1)
                 self.tasks[self.by_key[key]] = {"queries": 0, "body": json.loads(body)}
-                await asyncio.sleep(0.5)  # the client has given up: this answer is lost
+                # The answer is lost: it is sent only once the client has given up on it and
+                # closed the connection (sent then, it goes nowhere).
+                message = await asyncio.wait_for(receive(), timeout=10)
+                assert message["type"] == "http.disconnect"
+                self.lost += 1
             task_id = self.by_key[key]
             if path.startswith("/alpha"):
                 return (
@@ -131,6 +137,7 @@ async def test_generate_and_download_over_loopback_with_a_lost_response(
             task = await aclient.generate("a cat", aspect_ratio="16:9")
             files = await aclient.download(task, tmp_path)
     assert task.status is TaskStatus.SUCCEEDED
+    assert app.lost == 1
     assert len(app.tasks) == 1  # the lost response did not create a second task
     assert files[0].path.read_bytes() == PNG
     assert files[0].sha256 == hashlib.sha256(PNG).hexdigest()

@@ -31,8 +31,8 @@ from imggw_client import (
 )
 from imggw_client._core.surfaces import MAX_REPLY_BYTES, MAX_RESULT_URLS
 
-from .conftest import PNG
-from .loopback import drip, http_json, raw_server
+from ..conftest import PNG
+from ..loopback import drip, http_json, raw_server
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from imggw_client import TaskStatus
 from imggw_client._core import reasons, retry, serving, spec, surfaces
 from imggw_client._core.wire import Reply
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 HOMES = {"imggw_client/_core/spec.py", "imggw_client/_core/reasons.py"}
 
 # Wire facts that are also plain words of the project with another meaning: ImageRequest's

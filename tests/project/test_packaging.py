@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ASSETS = "imggw_client/batch/gallery_assets"
 ASSET_FILES = ("gallery.css", "gallery.js", "page.html")
 

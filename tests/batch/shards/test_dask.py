@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from imggw_cli import _scale
 from imggw_cli._app import app
-from imggw_client import RateLimit
+from imggw_client import RateLimit, TaskStatus
 from imggw_client.batch import _dask, status
 from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
 from imggw_client.batch._dask_budget import BudgetPlugin
@@ -38,6 +39,9 @@ def gateway() -> Iterator[tuple[MockGateway, str]]:
     gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6)
     with gw.serve() as url:
         yield gw, url
+
+
+TERMINAL = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
 
 
 def spec(url: str) -> ClientSpec:
@@ -224,16 +228,102 @@ def test_workers_starts_and_stops_a_local_cluster(
     assert gw.stats()["tasks_created"] == 4
 
 
+@pytest.fixture
+def held_gateway() -> Iterator[tuple[MockGateway, str]]:
+    """A gateway whose tasks finish only when the test moves its clock."""
+    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6,
+                     manual_clock=True)  # fmt: skip
+    with gw.serve() as url:
+        yield gw, url
+
+
+class Readings:
+    """A run's progress readings as it reports them, for another thread to wait on."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, ShardedProgress, int]] = []
+        self.over = False
+        self.changed = threading.Condition()
+
+    def add(self, progress: ShardedProgress) -> None:
+        with self.changed:
+            self.seen.append((time.monotonic(), progress, threading.get_ident()))
+            self.changed.notify_all()
+
+    def end(self) -> None:
+        with self.changed:
+            self.over = True
+            self.changed.notify_all()
+
+    def wait_for(self, finished: int) -> None:
+        """Until a reading shows ``finished`` lines finished, or the run is over (the last
+        shard may end before the next reading)."""
+        with self.changed:
+            shown = self.changed.wait_for(
+                lambda: self.over or any(p.finished >= finished for _, p, _ in self.seen),
+                timeout=60,
+            )
+        assert shown, f"no reading showed {finished} line(s) finished"
+
+
+def move_clock(gw: MockGateway, readings: Readings, step: float) -> None:
+    """Moves the gateway's clock ``step`` seconds at a time while the run goes; before the first
+    step waits for a reading, and after each step for a reading that shows every task the
+    gateway has finished by then. So what the readings show follows from the clock, however
+    fast or slow the machine is."""
+    finished: set[str] = set()
+    try:
+        with gw.client() as asking:
+            readings.wait_for(0)
+            while not readings.over:
+                if len(finished) == gw.stats()["tasks_created"]:
+                    time.sleep(0.02)  # nothing is in flight: the next shards are on their way
+                    continue
+                gw.advance(step)
+                for n in range(1, gw.stats()["tasks_created"] + 1):
+                    if str(n) not in finished and asking.get(str(n)).status in TERMINAL:
+                        finished.add(str(n))
+                readings.wait_for(len(finished))
+    finally:
+        while not readings.over:  # failed: let the run end, so that the test can say why
+            gw.advance(step)
+            time.sleep(0.05)
+
+
+@contextmanager
+def clock_moved(gw: MockGateway, readings: Readings, step: float) -> Iterator[None]:
+    """``move_clock`` in a thread of its own while the body runs the batch; its failure is
+    the test's."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            move_clock(gw, readings, step)
+        except BaseException as exc:  # reported below, in the test's thread
+            failure.append(exc)
+
+    mover = threading.Thread(target=run)
+    mover.start()
+    try:
+        yield
+    finally:
+        readings.end()
+        mover.join(timeout=60)
+    assert not mover.is_alive()
+    if failure:
+        raise failure[0]
+
+
 def test_progress_across_shards_shows_between_shard_completions(
-    gateway: tuple[MockGateway, str],
+    held_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gw, url = gateway
+    gw, url = held_gateway
     lines = 24
     source = write_prompts(tmp_path / "in.jsonl", lines)
-    seen: list[tuple[float, ShardedProgress, int]] = []
+    readings = Readings()
     ended: list[float] = []
     reads: list[int] = []
     real = ProgressReader._shard
@@ -247,12 +337,15 @@ def test_progress_across_shards_shows_between_shard_completions(
         return real(reader, name, tmp)
 
     monkeypatch.setattr(ProgressReader, "_shard", flaky)
-    report = run_sharded(
-        source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=6,
-        client=spec(url), concurrency=2, progress_every=0.1,
-        on_shard=lambda outcome: ended.append(time.monotonic()),
-        on_progress=lambda p: seen.append((time.monotonic(), p, threading.get_ident())),
-    )  # fmt: skip
+    # Steps of 0.05 s over durations of 0.2 to 0.6 s: each finishes a few of the 12 lines in
+    # flight, never a whole shard's 6 at once, and a reading shows it before the next step.
+    with clock_moved(gw, readings, step=0.05):
+        report = run_sharded(
+            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=6,
+            client=spec(url), concurrency=2, progress_every=0.1,
+            on_shard=lambda outcome: ended.append(time.monotonic()), on_progress=readings.add,
+        )  # fmt: skip
+    seen = readings.seen
     assert report.exit_code == 0
     assert gw.stats()["tasks_created"] == lines
     assert len(ended) == 4
@@ -284,31 +377,42 @@ def test_progress_across_shards_shows_between_shard_completions(
 
 
 def test_cli_shows_progress_on_stderr_and_keeps_json_on_stdout(
-    gateway: tuple[MockGateway, str],
+    held_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gw, url = gateway
+    gw, url = held_gateway
     monkeypatch.setattr(_scale, "PROGRESS_EVERY", 0.1)  # a run of seconds, read often
+    readings = Readings()
+    shown = _scale.sharded_text
+
+    def line(progress: ShardedProgress) -> str:  # each progress line the CLI writes
+        readings.add(progress)
+        return shown(progress)
+
+    monkeypatch.setattr(_scale, "sharded_text", line)
     source = write_prompts(tmp_path / "in.jsonl", 8)
-    result = CliRunner().invoke(
-        app,
-        ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-         "--address", dask_client.scheduler.address, "--shard-size", "4", "-c", "1",
-         "--base-url", url],
-        env={"IMGGW_API_KEY": KEY},
-    )  # fmt: skip
+    # One step past the longest duration: whatever is in flight then finishes at once.
+    with clock_moved(gw, readings, step=1.0):
+        result = CliRunner().invoke(
+            app,
+            ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
+             "--address", dask_client.scheduler.address, "--shard-size", "4", "-c", "1",
+             "--base-url", url],
+            env={"IMGGW_API_KEY": KEY},
+        )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    line = re.compile(
+    line_text = re.compile(
         r"dask: (\d+)/8 lines finished \(pending \d+, running \d+, succeeded \d+, "
         r"failed \d+\); shards (\d)/2 ended; \d+\.\d lines/s(, eta \d+ s)?"
     )
     notes = result.stderr.splitlines()
-    progress = [(int(m[1]), int(m[2])) for m in map(line.fullmatch, notes) if m]
-    # The first reading goes as the shards set out; when lines finish relative to it is the
-    # machine's business (the SDK test above pins the counts between shard ends).
+    progress = [(int(m[1]), int(m[2])) for m in map(line_text.fullmatch, notes) if m]
     assert progress, result.stderr
+    # The first reading came before the clock moved: no line could have finished by then.
+    assert progress[0] == (0, 0), result.stderr
+    assert len(progress) == len(readings.seen)  # every reading the CLI showed, on stderr
     finished = [n for n, _ in progress]
     assert finished == sorted(finished)
     records = [json.loads(text) for text in result.stdout.splitlines()]  # --json: stdout clean

@@ -14,7 +14,7 @@ from imggw_client import (
     WaitTimeoutError,
 )
 
-from .conftest import (
+from ..conftest import (
     Driven,
     FakeTime,
     alpha_done,

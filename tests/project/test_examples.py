@@ -12,7 +12,7 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 KEY = "sk-example-key-0123"
 
 

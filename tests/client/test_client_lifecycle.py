@@ -26,7 +26,7 @@ from imggw_client import (
 )
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
-from .loopback import raw_server
+from ..loopback import raw_server
 
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.05)
 
@@ -107,34 +107,51 @@ def test_a_closed_client_says_so_and_sends_nothing(gateway: MockGateway, url: st
 def test_close_from_another_thread_ends_a_wait_with_an_imggw_error(url: str) -> None:
     client = Client(api_key="test-key", base_url=url, poll=FAST)
     sub = client.submit("a lighthouse")
-    threading.Timer(0.3, client.close).start()
+    waiting = threading.Event()  # the wait has had its first answer: it is under way
+
+    def close_once_waiting() -> None:
+        if waiting.wait(timeout=10):
+            client.close()
+
+    closer = threading.Thread(target=close_once_waiting)
+    closer.start()
     started = time.monotonic()
     with pytest.raises(ClientClosedError):
-        client.wait(sub, timeout=30)
+        client.wait(sub, timeout=30, on_update=lambda task: waiting.set())
     assert time.monotonic() - started < 5
+    closer.join(timeout=10)
+    assert waiting.is_set()
 
 
 @pytest.mark.anyio
 async def test_close_from_another_task_ends_an_async_wait_with_an_imggw_error(url: str) -> None:
     client = AsyncClient(api_key="test-key", base_url=url, poll=FAST)
     sub = await client.submit("a lighthouse")
+    waiting = asyncio.Event()  # the wait has had its first answer: it is under way
 
-    async def close_soon() -> None:
-        await asyncio.sleep(0.3)
+    async def close_once_waiting() -> None:
+        await asyncio.wait_for(waiting.wait(), timeout=10)
         await client.close()
 
-    closer = asyncio.ensure_future(close_soon())
+    closer = asyncio.ensure_future(close_once_waiting())
     with pytest.raises(ClientClosedError):
-        await client.wait(sub, timeout=30)
+        await client.wait(sub, timeout=30, on_update=lambda task: waiting.set())
     await closer
 
 
 def test_a_submit_cut_short_by_close_keeps_its_key() -> None:
-    # A gateway that takes the submit and never answers: close() lands while it is in flight.
-    with raw_server(lambda conn, n, request: time.sleep(3)) as base_url:
+    # A gateway that takes the submit and never answers: close() lands once it has the
+    # request, so while the request is in flight.
+    arrived = threading.Event()
+
+    def hold(conn: Any, n: int, request: bytes) -> None:
+        arrived.set()
+        time.sleep(3)
+
+    with raw_server(hold) as base_url:
         client = Client(api_key="test-key", base_url=base_url, timeout=1.0,
                         retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02))  # fmt: skip
-        threading.Timer(0.3, client.close).start()
+        threading.Thread(target=lambda: arrived.wait(timeout=10) and client.close()).start()
         started = time.monotonic()
         with pytest.raises(UnknownOutcomeError) as info:
             client.submit("a lighthouse", idempotency_key="key-cut-short-by-close")

@@ -34,7 +34,7 @@ from imggw_client.batch._plan import Scan, scan_input
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
 
-from ..loopback import mock_serve_process
+from ...loopback import mock_serve_process
 from .conftest import FAST, KEY, check_from_storage, local_env, write_prompts
 
 IMGGW = [sys.executable, "-m", "imggw_cli"]

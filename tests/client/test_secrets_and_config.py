@@ -21,7 +21,7 @@ from imggw_client import (
     TaskStatus,
 )
 
-from .conftest import BASE_URL, CANARY_KEY, CDN, Driven, beta_error, beta_task
+from ..conftest import BASE_URL, CANARY_KEY, CDN, Driven, beta_error, beta_task
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from imggw_client import (
     TaskStatus,
 )
 
-from .conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, beta_done, make_client
+from ..conftest import BASE_URL, CANARY_KEY, CDN, PNG, Driven, FakeTime, beta_done, make_client
 
 pytestmark = pytest.mark.anyio
 
@@ -378,10 +377,14 @@ async def test_async_downloads_run_at_once_within_the_bound(
     fake_time: FakeTime, tmp_path: Path, concurrency: int
 ) -> None:
     gauge = InFlight()
+    full = anyio.Event()  # as many downloads in flight as the bound allows
 
     async def handler(request: httpx.Request) -> httpx.Response:
         gauge.enter()
-        await anyio.sleep(0.02)
+        if gauge.now >= concurrency:
+            full.set()
+        with anyio.move_on_after(5):  # held until then: the bound, not the timing, decides
+            await full.wait()
         gauge.leave()
         return httpx.Response(200, content=PNG)
 
@@ -398,10 +401,13 @@ async def test_async_downloads_run_at_once_within_the_bound(
 
 async def test_sync_downloads_are_bounded_too(tmp_path: Path) -> None:
     gauge = InFlight()
+    full = threading.Event()  # as many downloads in flight as the bound allows
 
     def handler(request: httpx.Request) -> httpx.Response:
         gauge.enter()
-        time.sleep(0.02)
+        if gauge.now >= 2:
+            full.set()
+        full.wait(timeout=5)  # held until then: the bound, not the timing, decides
         gauge.leave()
         return httpx.Response(200, content=PNG)
 

@@ -13,7 +13,7 @@ import pytest
 
 from imggw_client import AsyncClient, Client
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "unasync.py"
 GENERATED = ROOT / "src" / "imggw_client" / "_client.py"
 

@@ -22,7 +22,7 @@ from imggw_client import (
     UnknownOutcomeError,
 )
 
-from .conftest import (
+from ..conftest import (
     BASE_URL,
     CANARY_KEY,
     Driven,

@@ -3,12 +3,14 @@ socket with threads of a Client, tasks of an AsyncClient, and the reference gate
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import socket
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import anyio
@@ -26,9 +28,9 @@ from imggw_client import (
 )
 from imggw_client.mock import MockGateway
 
-from .conftest import Driven, beta_error, beta_task
-from .loopback import http_json, raw_server
-from .test_core_flows import Script, error, flows, task
+from ..conftest import Driven, beta_error, beta_task
+from ..core.test_core_flows import Script, error, flows, task
+from ..loopback import http_json, raw_server
 
 QUICK = RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05)
 
@@ -84,6 +86,27 @@ def limited_then_fine(first: bytes) -> tuple[Any, list[tuple[int, float]]]:
     return answer, arrivals
 
 
+@contextlib.contextmanager
+def on_retry(callback: Callable[[], None]) -> Iterator[None]:
+    """Calls ``callback`` when a client says it will retry: it says so once the answer that
+    failed is in the budget, so a 429 has paused the whole client by then."""
+
+    class Hook(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("retrying "):
+                callback()
+
+    logger, hook = logging.getLogger("imggw_client"), Hook()
+    level = logger.level
+    logger.addHandler(hook)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(hook)
+        logger.setLevel(level)
+
+
 BETA_429 = (
     b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b'Content-Length: 61\r\n\r\n{"code":429,"error":{"code":"rate_limited","message":"slow"}}'
@@ -93,18 +116,19 @@ ALPHA_429 = http_json(200, b'{"code":429,"msg":"Too many requests","data":null}'
 
 def test_a_429_seen_by_one_thread_pauses_every_thread() -> None:
     answer, arrivals = limited_then_fine(BETA_429)
-    with raw_server(answer) as url, Client(api_key="k" * 12, base_url=url, retry=QUICK) as client:
-        first = threading.Thread(target=client.get, args=("7",))
-        first.start()
-        while not arrivals:
-            time.sleep(0.005)
-        time.sleep(0.05)  # the 429 is in: the others start now
-        limited_at = arrivals[0][1]
-        others = [threading.Thread(target=client.get, args=("7",)) for _ in range(4)]
-        for thread in [*others]:
-            thread.start()
-        for thread in [first, *others]:
-            thread.join(timeout=10)
+    limited = threading.Event()
+    with raw_server(answer) as url, on_retry(limited.set):
+        client = Client(api_key="k" * 12, base_url=url, retry=QUICK)
+        with client:
+            first = threading.Thread(target=client.get, args=("7",))
+            first.start()
+            assert limited.wait(timeout=10), "the first query never met its 429"
+            limited_at = arrivals[0][1]
+            others = [threading.Thread(target=client.get, args=("7",)) for _ in range(4)]
+            for thread in [*others]:
+                thread.start()
+            for thread in [first, *others]:
+                thread.join(timeout=10)
     later = [at for n, at in arrivals if n > 1]
     assert len(later) == 5  # the retry of the first, and the four others
     assert all(at - limited_at >= 1.0 for at in later)  # none before the pause was over
@@ -113,13 +137,13 @@ def test_a_429_seen_by_one_thread_pauses_every_thread() -> None:
 @pytest.mark.anyio
 async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
     answer, arrivals = limited_then_fine(ALPHA_429)
-    with raw_server(answer) as url:
+    limited = anyio.Event()  # set on the event loop's thread, where the flow logs
+    with raw_server(answer) as url, on_retry(limited.set):
         client = AsyncClient(api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK)
         async with client, anyio.create_task_group() as group:
             group.start_soon(client.get, "7")
-            while not arrivals:
-                await anyio.sleep(0.005)
-            await anyio.sleep(0.05)
+            with anyio.fail_after(10):
+                await limited.wait()
             limited_at = arrivals[0][1]
             for _ in range(4):
                 group.start_soon(client.get, "7")
