@@ -100,7 +100,8 @@ FORBIDDEN = re.compile(r"\b(async|await\w*|anyio|asyncio|trio|coroutines?|AsyncC
 HEADER = f"""\
 # Generated from src/imggw_client/_async_client.py by `{COMMAND}`: do not edit.
 # Edit that file (or the primitives in _io_async.py / _io_sync.py) and run the command again;
-# `{COMMAND} --check` (tests/client/test_sync_generated.py) fails while the two differ.
+# `{COMMAND} --check` (run by tests/client/test_sync_generated.py) fails while the
+# two differ.
 # This file mirrors _async_client.py line for line by design: a duplicate finder pairs them.
 """
 

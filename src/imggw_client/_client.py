@@ -1,6 +1,7 @@
 # Generated from src/imggw_client/_async_client.py by `python scripts/unasync.py`: do not edit.
 # Edit that file (or the primitives in _io_async.py / _io_sync.py) and run the command again;
-# `python scripts/unasync.py --check` (tests/client/test_sync_generated.py) fails while the two differ.
+# `python scripts/unasync.py --check` (run by tests/client/test_sync_generated.py) fails while the
+# two differ.
 # This file mirrors _async_client.py line for line by design: a duplicate finder pairs them.
 """The ``Client``: it performs the core's actions with the I/O of ``_io_sync``.
 
