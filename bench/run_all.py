@@ -16,7 +16,8 @@ SUITE = [
     ("overhead", ["overhead.py"], ["overhead.py", "--rounds", "5", "--per-round", "100"]),
     ("gateway", ["gateway.py"], ["gateway.py", "--seconds", "2", "--rounds", "1"]),
     ("startup", ["startup.py"], ["startup.py", "--runs", "5"]),
-    ("polling", ["polling.py"], ["polling.py", "--tasks", "1000"]),
+    ("polling", ["polling.py", "--virtual"], ["polling.py", "--virtual", "--tasks", "1000"]),
+    ("polls that learn", ["polling.py"], ["polling.py", "--quick"]),
     ("scale", ["scale.py"], ["scale.py", "--tasks", "2000"]),
     ("downloads", ["downloads.py"], ["downloads.py", "--files", "10", "--big-mb", "64"]),
     ("batch", ["batch.py"], ["batch.py", "--quick"]),
@@ -25,6 +26,7 @@ SUITE = [
     ("soak", ["soak.py"], ["soak.py", "--requests", "100"]),
     ("budget", ["budget.py"], ["budget.py", "--quick"]),
     ("scale_out", ["scale_out.py"], ["scale_out.py", "--lines", "200"]),
+    ("guards", ["guards.py"], ["guards.py", "--quick"]),
 ]
 
 

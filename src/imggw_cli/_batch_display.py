@@ -84,6 +84,18 @@ def _budget(p: BatchProgress) -> str | None:
     return text
 
 
+def _typical(p: BatchProgress) -> str | None:
+    """``tasks take about 42 s (1k), 1 min 20 s (4k)``: what the polls go by (DESIGN 15)."""
+    if not p.typical_durations:
+        return None
+    times = [f"{_seconds(took)} ({res})" for res, took in p.typical_durations.items()]
+    return "tasks take about " + ", ".join(times)
+
+
+def _seconds(took: float) -> str:
+    return f"{took:.1f} s" if took < 10 else span(took)
+
+
 def _downloads(p: BatchProgress) -> str | None:
     """``awaiting download 3, soonest expiry in 23 h 59 min``."""
     if not p.awaiting_download and p.soonest_expiry is None:
@@ -159,6 +171,7 @@ def progress_text(p: BatchProgress) -> str:
         f"{p.throughput:.1f}/s{eta}",
         _money(p),
         _budget(p),
+        _typical(p),
         _downloads(p),
     ]
     return "; ".join(part for part in parts if part)
@@ -184,7 +197,7 @@ def progress_view(p: BatchProgress) -> Any:
     for word in WORDS:
         counts.add_column(word, justify="right")
     counts.add_row(*(str(n) for n in per_word.values()))
-    notes = [f"elapsed {span(p.elapsed)}", _budget(p), _downloads(p)]
+    notes = [f"elapsed {span(p.elapsed)}", _budget(p), _typical(p), _downloads(p)]
     return Group(bar, counts, *(note for note in notes if note))
 
 

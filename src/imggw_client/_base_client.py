@@ -220,8 +220,8 @@ class BaseClient(Generic[H]):
         poll: PollPolicy | None = None,
     ) -> B:
         """A copy of this client with other settings for the calls made through it. It shares
-        the HTTP connection pool and the request budget; this client is unchanged. Closing the
-        copy closes only the copy.
+        the HTTP connection pool, the request budget and what the client learned of its tasks'
+        durations; this client is unchanged. Closing the copy closes only the copy.
 
         Example::
 
@@ -238,6 +238,7 @@ class BaseClient(Generic[H]):
             wall=self._flows.wall,
             rng=random.Random(),
             budget=self._flows.budget,
+            durations=self._flows.durations,
         )
         clone._closed = self._closed
         clone._copy = True

@@ -67,24 +67,36 @@ class RetryPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class PollPolicy:
-    """How a wait polls: a jittered, growing interval, capped.
+    """How a wait polls.
 
-    The *n*-th sleep (0-based) is ``min(max_interval, initial_interval * multiplier**n)``
-    scaled by a random factor in ``[0.8, 1.0]``, and never past the wait's deadline.
+    With ``learn=False`` the *n*-th sleep (0-based) is ``min(max_interval, initial_interval *
+    multiplier**n)`` scaled by a random factor in ``[0.8, 1.0]``, and never past the wait's
+    deadline. The defaults come from ``bench/polling.py`` (tasks of 5 s to 10 min): a finished
+    task is seen within 15% of its duration plus 1 s (p95), with 0.3x the polls of a fixed 2 s
+    interval.
 
-    The defaults come from ``bench/polling.py`` (tasks of 5 s to 10 min): a finished task is
-    seen within 15% of its duration plus 1 s (p95), with 0.3x the polls of a fixed 2 s interval.
+    With ``learn=True`` (the default) a client also learns how long its tasks take, per surface
+    and resolution, and a wait that knows when its task was submitted (one on a
+    :class:`Submission`, ``generate``, a batch line) sends no query while the task is almost
+    surely still running, then queries where its finish is likely. It keeps a promise: a
+    finished task is seen within ``multiplier - 1`` of its running time (15%) plus one
+    ``initial_interval``, and never later than ``max_interval`` after it finished, for every
+    task at least as slow as the fastest of its kind recently seen; a faster one is seen at the
+    first query. It never queries more often than ``learn=False`` would.
 
     Example::
 
         client = Client(poll=PollPolicy(initial_interval=2.0, max_interval=15.0))
+        client = Client(poll=PollPolicy(learn=False))   # the fixed schedule alone
     """
 
     initial_interval: float = 1.0
     max_interval: float = 30.0
     multiplier: float = 1.15
+    learn: bool = True
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.learn, bool), "PollPolicy.learn must be True or False")
         _require(_positive(self.initial_interval), "PollPolicy.initial_interval must be > 0")
         _require(
             _positive(self.max_interval) and self.max_interval >= self.initial_interval,

@@ -88,12 +88,17 @@ class Submission(BaseModel):
     """What a submit returns: the task id, the idempotency key that created it, the surface.
 
     ``replayed`` is True when the gateway answered from its idempotency record (the task already
-    existed and nothing new was billed).
+    existed and nothing new was billed). ``resolution`` is the one requested, and
+    ``submitted_at`` (an aware UTC ``datetime``) when the gateway's answer created the task;
+    None for a replayed task, whose start is not known. A wait on a submission polls by what
+    the client learned of such tasks (:class:`PollPolicy`), also in another process: a
+    submission saved as JSON and read back keeps both.
 
     Example::
 
         sub = client.submit("a lighthouse")
-        task = client.wait(sub)
+        saved = sub.model_dump_json()
+        task = client.wait(Submission.model_validate_json(saved))
     """
 
     model_config = ConfigDict(frozen=True)
@@ -102,6 +107,8 @@ class Submission(BaseModel):
     idempotency_key: str
     surface: Surface
     replayed: bool = False
+    resolution: str | None = None
+    submitted_at: datetime | None = None
     # When the submit returned (monotonic seconds): a wait right after it need not ask at once.
     _accepted_at: float | None = PrivateAttr(default=None)
 

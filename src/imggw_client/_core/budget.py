@@ -6,12 +6,15 @@ and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
 
 Each kind of request (submits, queries) has its own lane. A request **reserves** a place in
 it, asks when its time comes whether it may go (:meth:`Budget.wait_time`), and reports how it
-ended (:meth:`Budget.finished`). Places are handed out in request order, so no waiting request
-starves. A place's time is not fixed when it is reserved: the lane's schedule is an anchor (a
-place and its time) and the pace, and it is anchored again whenever the pace changes, a 429
-pauses the lane, or a request goes out more than an interval late (a busy event loop). So a
-queue of thousands follows a lowered or recovered pace at once, and a late queue goes out one
-by one, in order, instead of waking all together at every interval.
+ended (:meth:`Budget.finished`). The places waiting go in the order of their requests'
+priorities: by default a request's priority is the moment it was made, so places go in
+request order; a wait's query says when it would rather go (sooner when its task has likely
+finished, DESIGN 15), never more than one ``max_interval`` after it was made, so no waiting
+request starves. A place's time is not fixed when it is reserved: the lane's schedule is an
+anchor (a place and its time) and the pace, and it is anchored again whenever the pace
+changes, a 429 pauses the lane, or a request goes out more than an interval late (a busy event
+loop). So a queue of thousands follows a lowered or recovered pace at once, and a late queue
+goes out one by one, in order, instead of waking all together at every interval.
 
 - With a **ceiling** (``RateLimit``), requests are spaced evenly at it: a request goes only once
   the last one of its kind went at least one interval ago, so in any window of *w* seconds at
@@ -34,6 +37,7 @@ limits and against random 429s (BENCHMARKS.md has the figures).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
@@ -84,10 +88,11 @@ class Ticket:
 
     kind: str
     slot: float
-    place: int  # its place in the lane's order (paced tickets)
+    place: int  # the place it reserved in the lane's order (paced tickets)
     paced: bool  # False for a request let through unpaced (free lane, or the start window)
     sent_at: float | None = None
     counted: bool = False  # counted in the lane's requests in flight
+    priority: float = 0.0  # smaller goes sooner (paced tickets)
 
 
 @dataclass(slots=True)
@@ -111,6 +116,22 @@ class _Lane:
     accepted: int = 0
     accepted_before: int = 0
     answers: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # True: a 429
+    # The paced tickets not sent yet: their places, and their (priority, place) in the order
+    # they go. The one ranked r-th goes at the r-th of those places, so priorities reorder who
+    # goes when and never how many go.
+    held: list[int] = field(default_factory=list)
+    ranked: list[tuple[float, int]] = field(default_factory=list)
+
+    def place_of(self, ticket: Ticket) -> int:
+        """The place a waiting paced ticket goes at, by its rank among those waiting."""
+        rank = bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
+        return self.held[rank]
+
+    def forget(self, ticket: Ticket) -> int:
+        """Takes a waiting ticket out of the order; returns the place it was to go at."""
+        rank = bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
+        del self.ranked[rank]
+        return self.held.pop(rank)
 
     @property
     def interval(self) -> float:
@@ -160,8 +181,11 @@ class Budget:
             QUERY: _lane(limit.queries_per_second),
         }
 
-    def reserve(self, kind: str, now: float) -> Ticket:
-        """The next place of ``kind``, in request order."""
+    def reserve(self, kind: str, now: float, *, priority: float | None = None) -> Ticket:
+        """A place of ``kind``. Waiting places go in the order of their ``priority`` (a moment,
+        in the clock's seconds; ``now`` if None: request order), ties in request order.
+        ``priority`` belongs between ``now`` and ``now + max_interval``: a request then waits
+        behind no later one by more than ``max_interval`` (``poll.query_priority``)."""
         with self._lock:
             lane = self._lanes[kind]
             self._grow(lane, now)
@@ -180,25 +204,34 @@ class Budget:
             slot = max(lane.due(place), lane.paused_until)
             # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
             lane.queued = lane.queued or slot > max(now, lane.paused_until)
-            return Ticket(kind, slot, place, paced=True)
+            key = now if priority is None or math.isnan(priority) else priority
+            ticket = Ticket(kind, slot, place, paced=True, priority=key)
+            lane.held.append(place)  # places only grow: the list stays sorted
+            bisect.insort(lane.ranked, (key, place))
+            return ticket
 
     def wait_time(self, ticket: Ticket, now: float) -> float:
         """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
             due = lane.paused_until
+            place = -1
             if ticket.paced:
                 self._grow(lane, now)
-                if lane.due(ticket.place) < now - lane.interval:
+                place = lane.place_of(ticket) if ticket.sent_at is None else ticket.place
+                if lane.due(place) < now - lane.interval:
                     # Its time passed more than an interval ago (a busy loop woke it late): the
                     # schedule moves to it, so the places after it go one by one, in order,
                     # instead of all waking together at every interval.
-                    lane.anchor(ticket.place, lane.earliest(now))
-                due = max(lane.due(ticket.place), lane.earliest(now))
+                    lane.anchor(place, lane.earliest(now))
+                due = max(lane.due(place), lane.earliest(now))
             if due > now:
                 if ticket.paced and due > lane.paused_until:
                     lane.queued = True
                 return due - now
+            if ticket.paced and ticket.sent_at is None:
+                lane.forget(ticket)
+                ticket.place = place
             ticket.sent_at = now
             if ticket.paced:
                 lane.last_sent = now
@@ -212,8 +245,10 @@ class Budget:
         with self._lock:
             lane = self._lanes[ticket.kind]
             self._uncount(lane, ticket)
-            if ticket.paced and ticket.sent_at is None and ticket.place == lane.next_place - 1:
-                lane.next_place -= 1  # the last place: given back, it leaves no hole
+            if ticket.paced and ticket.sent_at is None:
+                place = lane.forget(ticket)  # the others keep their places and their order
+                if place == lane.next_place - 1:
+                    lane.next_place -= 1  # the last place: given back, it leaves no hole
 
     def finished(
         self,

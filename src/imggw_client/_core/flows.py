@@ -16,6 +16,7 @@ import re
 import secrets as _secrets
 import time
 from collections.abc import Callable, Generator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +38,8 @@ from .._exceptions import (
 from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from . import reasons, rules, surfaces
 from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
-from .poll import poll_interval
+from .durations import DurationModel
+from .poll import WaitSchedule, plan_wait, query_priority
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
 from .text import printable
 from .wire import (
@@ -77,7 +79,9 @@ class Flows:
     """Builds the flows of one client. ``clock`` is monotonic seconds, ``wall`` epoch seconds
     (for ``Retry-After`` dates), ``rng`` draws every jitter. ``budget`` is the request budget,
     shared with the client's ``with_options`` copies (a new one from the settings if None); a
-    :class:`RemoteBudget` (one shared by many processes) is asked through the driver."""
+    :class:`RemoteBudget` (one shared by many processes) is asked through the driver.
+    ``durations`` is what the client learned of how long its tasks take (DESIGN 15), shared
+    the same way."""
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class Flows:
         wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         budget: Budget | RemoteBudget | None = None,
+        durations: DurationModel | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -95,6 +100,7 @@ class Flows:
         self.budget: Budget | RemoteBudget = (
             budget if budget is not None else Budget(settings.rate_limit)
         )
+        self.durations = durations if durations is not None else DurationModel()
         self._secrets = (settings.api_key,)
 
     def surface(self, surface: str | None) -> Surface:
@@ -128,7 +134,8 @@ class Flows:
 
         def read(outcome: Reply | TransportFailure) -> Submission:
             try:
-                return surfaces.read_submit(surface, outcome, key, self.wall(), secrets)
+                return surfaces.read_submit(surface, outcome, key, self.wall(), secrets,
+                                            resolution=request.resolution)  # fmt: skip
             except NotFoundError as err:
                 url = self.settings.base_url + wire.path
                 raise surfaces.no_submit_route(surface, url, err) from err
@@ -172,23 +179,39 @@ class Flows:
         surface: str | None,
         timeout: float,
     ) -> Flow[Task]:
-        """Polls until the task is terminal or ``timeout`` seconds pass. Never submits."""
-        first_sleep = 0.0
+        """Polls until the task is terminal or ``timeout`` seconds pass. Never submits. A wait
+        on a :class:`Submission` knows its task's kind and start, and so can learn."""
+        now = self.clock()
+        started = accepted = kind = None
         if isinstance(task, Submission):
             task_id, surface = task.task_id, task.surface
-            if task._accepted_at is not None:
-                # Just submitted: it is pending, and a query now could only say so.
-                since = max(0.0, self.clock() - task._accepted_at)
-                first_sleep = poll_interval(self.settings.poll, 0, self.rng) - since
+            accepted = task._accepted_at
+            if not task.replayed:  # a replayed task started earlier, when is not known
+                started = accepted if accepted is not None else self._started(task.submitted_at)
+            if task.resolution is not None:
+                kind = (task.surface, task.resolution.lower())
         elif isinstance(task, Task):
             task_id, surface = task.id, task.surface
         else:
             task_id = task
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        return self._wait(surface, task_id, _checked_timeout(timeout), first_sleep=first_sleep)
+        schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
+                             accepted=accepted, now=now, rng=self.rng)  # fmt: skip
+        return self._wait(surface, task_id, _checked_timeout(timeout), schedule)
+
+    def _started(self, submitted_at: datetime | None) -> float | None:
+        """A task's start on this process's monotonic clock, from the wall-clock time its
+        submit was answered (None if unknown; never in the future)."""
+        if submitted_at is None:
+            return None
+        try:
+            ago = self.wall() - submitted_at.timestamp()
+        except (OverflowError, OSError, ValueError):
+            return None
+        return self.clock() - ago if ago > 0 else self.clock()
 
     def _wait(
-        self, surface: Surface, task_id: str, timeout: float, *, first_sleep: float = 0.0
+        self, surface: Surface, task_id: str, timeout: float, schedule: WaitSchedule
     ) -> Flow[Task]:
         """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
         before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once."""
@@ -197,14 +220,28 @@ class Flows:
         # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
         lead = min(FINAL_QUERY_LEAD, self.settings.timeout, self.settings.poll.initial_interval)
         wire = surfaces.build_query(surface, task_id)
-        read = self._task_reader(surface, task_id)
+        read_task = self._task_reader(surface, task_id)
         last: Task | None = None
         seen: tuple[TaskStatus, int | None] | None = None
+        sent = hint = None
 
         def send() -> Send:
+            nonlocal sent
+            sent = self.clock()  # after the budget's slot: when the query really goes
             if not bounded:
                 return Send(wire, self.settings.timeout)
-            return Send(wire, min(self.settings.timeout, deadline - self.clock()))
+            return Send(wire, min(self.settings.timeout, deadline - sent))
+
+        def read(outcome: Reply | TransportFailure) -> Task:
+            nonlocal hint
+            answer = read_task(outcome)
+            hint = surfaces.poll_hint(outcome, self.wall())
+            return answer
+
+        def priority() -> float:
+            # The query most likely to find its task finished takes the budget's next slot.
+            now = self.clock()
+            return now + query_priority(schedule.chance(now), 0.0, self.settings.poll.max_interval)
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             # Out of time while the gateway was unreachable: still not a failure of the task.
@@ -212,32 +249,32 @@ class Flows:
                 return WaitTimeoutError(task_id, last, timeout=timeout)
             return err
 
-        polls = 0
-        if first_sleep > 0 and bounded:
-            if min(first_sleep, timeout - lead) > 0:
-                yield Sleep(min(first_sleep, timeout - lead))
-            polls = 1
+        first = schedule.first_sleep(self.clock())
+        if first > 0 and bounded and min(first, timeout - lead) > 0:
+            yield Sleep(min(first, timeout - lead))
         while True:
             task = yield from self._attempts(
-                send, read, give_up, kind=QUERY, deadline=deadline if bounded else None
-            )
+                send, read, give_up, kind=QUERY, deadline=deadline if bounded else None,
+                priority=priority,
+            )  # fmt: skip
+            now = self.clock()
             if (task.status, task.progress) != seen:
                 seen = (task.status, task.progress)
                 yield Notify(task)
             last = task
             if task.status is TaskStatus.SUCCEEDED:
+                schedule.finished(now)
                 return task
             if task.status is TaskStatus.FAILED:
                 raise TaskFailedError(task)
-            remaining = deadline - self.clock()
+            remaining = deadline - now
             if not bounded or remaining <= lead:
                 if bounded and remaining > 0:
                     yield Sleep(remaining)  # a wait that times out takes its whole timeout
                 raise WaitTimeoutError(task_id, last, timeout=timeout)
             # A poll the budget delayed was sent late: its interval counts from then.
-            interval = poll_interval(self.settings.poll, polls, self.rng)
+            interval = schedule.active(sent if sent is not None else now, now, hint)
             yield Sleep(min(interval, remaining - lead))
-            polls += 1
 
     def generate(
         self,
@@ -417,16 +454,20 @@ class Flows:
         *,
         kind: str | None = None,
         deadline: float | None = None,
+        priority: Callable[[], float] | None = None,
     ) -> Flow[T]:
         """Performs an action until ``read`` accepts its outcome, retrying what ``classify``
         calls retryable: up to ``max_attempts``, or, with a ``deadline``, until it passes.
-        Requests of a ``kind`` (submit, query) each wait for a slot of the client's budget."""
+        Requests of a ``kind`` (submit, query) each wait for a slot of the client's budget, in
+        the order of their ``priority`` (see :meth:`Budget.reserve`; by default, their own)."""
         attempt, unknown = 0, False
         while True:
             attempt += 1
             ticket = None
             if kind is not None:
-                ticket = yield from self._slot(kind, deadline)
+                ticket = yield from self._slot(
+                    kind, deadline, priority() if priority is not None else None
+                )
                 if ticket is None:
                     err = APITimeoutError(
                         "the request budget left no slot before the deadline", request_sent=False
@@ -481,12 +522,15 @@ class Flows:
             if delay > 0:
                 yield Sleep(delay)
 
-    def _slot(self, kind: str, deadline: float | None) -> Flow[Ticket | object | None]:
+    def _slot(
+        self, kind: str, deadline: float | None, priority: float | None = None
+    ) -> Flow[Ticket | object | None]:
         """Waits for the budget's slot of one request; None if it comes only past ``deadline``
-        (the wait then sleeps to the deadline: it ends there, not sooner)."""
+        (the wait then sleeps to the deadline: it ends there, not sooner). A budget held
+        elsewhere hands out its slots in request order: ``priority`` is for this process's."""
         if isinstance(self.budget, RemoteBudget):
             return (yield from self._remote_slot(kind, deadline))
-        ticket = self.budget.reserve(kind, self.clock())
+        ticket = self.budget.reserve(kind, self.clock(), priority=priority)
         try:
             while True:
                 now = self.clock()

@@ -1,9 +1,12 @@
-"""The poll schedule: a jittered, growing, capped interval between queries of one task."""
+"""The poll schedules of a wait: today's (a jittered, growing, capped interval) and the learned
+one (DESIGN 15), behind one small interface, :class:`WaitSchedule`, that the wait flow drives;
+:func:`plan_wait` picks one for a wait."""
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Protocol
 
 from .._config import PollPolicy
 from .durations import DurationModel, Kind
@@ -166,11 +169,88 @@ def query_priority(chance: float | None, waited: float, max_interval: float) -> 
     return cap * (1.0 - p) - max(w, 0.0)
 
 
+class WaitSchedule(Protocol):
+    """What the wait flow asks of a schedule: the sleep before its first query, the sleep after
+    each answer that saw the task active, and, for the request budget, the chance that the
+    task has finished. It is told when a query saw the task finished."""
+
+    def first_sleep(self, now: float) -> float: ...
+
+    def active(self, sent: float, now: float, retry_after: float | None = None) -> float: ...
+
+    def finished(self, now: float) -> bool: ...
+
+    def chance(self, now: float) -> float | None: ...
+
+
+class TodayWait:
+    """Today's schedule (``learn=False``, or a wait that does not know when its task started):
+    :func:`poll_interval` after each answer; ``first`` is the sleep before the first query (a
+    task just submitted is pending, and a query at once could only say so). A ``Retry-After``
+    on an active task is heeded up to ``max_interval``.
+
+    Example::
+
+        plan = TodayWait(PollPolicy(learn=False), rng)
+        plan.first_sleep(clock())      # 0.0: query at once
+    """
+
+    def __init__(self, policy: PollPolicy, rng: random.Random, first: float = 0.0) -> None:
+        self.policy = policy
+        self.rng = rng
+        self.first = first if math.isfinite(first) else 0.0
+        self.polls = 1 if self.first > 0 else 0
+
+    def first_sleep(self, now: float) -> float:
+        return max(self.first, 0.0)
+
+    def active(self, sent: float, now: float, retry_after: float | None = None) -> float:
+        interval = poll_interval(self.policy, self.polls, self.rng)
+        self.polls += 1
+        return with_hint(interval, retry_after, self.policy.max_interval)
+
+    def finished(self, now: float) -> bool:
+        return False
+
+    def chance(self, now: float) -> float | None:
+        return None
+
+
+def plan_wait(
+    policy: PollPolicy,
+    model: DurationModel,
+    kind: Kind | None,
+    *,
+    started: float | None,
+    accepted: float | None,
+    now: float,
+    rng: random.Random,
+) -> WaitSchedule:
+    """The schedule of one wait. ``started``: when its task started (monotonic seconds; None
+    when unknown, as for a bare task id or a replayed submit); ``accepted``: when its submit
+    was answered in this process (None: not here); ``kind``: the task's kind, None if unknown.
+    A wait learns only when it knows its task's kind and start, and ``policy.learn`` is on.
+
+    Example::
+
+        plan = plan_wait(policy, model, ("beta", "1k"), started=t0, accepted=t0, now=clock(),
+                         rng=rng)
+    """
+    if not policy.learn or kind is None or started is None:
+        first = 0.0 if accepted is None else poll_interval(policy, 0, rng) - (now - accepted)
+        return TodayWait(policy, rng, first)
+    return LearnedWait(policy, model, kind, started=started, now=now, rng=rng,
+                       pending=poll_interval(policy, 0, rng))  # fmt: skip
+
+
 class LearnedWait:
     """One wait's learned schedule and what it saw, taught to the model when it ends.
 
     Not shared between threads: one per wait. ``started`` is when the task was submitted;
-    ``now`` when the wait begins. The wait loop asks :meth:`first_sleep`, then after each query
+    ``now`` when the wait begins; ``pending`` how long after its start the task is known to be
+    pending (a query sooner could only say so: today's first interval), so a wait whose kind
+    has no history yet does not query before today's schedule would. The wait loop asks
+    :meth:`first_sleep`, then after each query
     calls :meth:`active` (it returns the next sleep) or :meth:`finished`. Only a wait that
     began before its first learned query teaches the model about a task already finished at
     that query: a wait that began late knows nothing of when it finished.
@@ -197,6 +277,7 @@ class LearnedWait:
         started: float,
         now: float,
         rng: random.Random,
+        pending: float = 0.0,
     ) -> None:
         self.policy = policy
         self.model = model
@@ -204,6 +285,7 @@ class LearnedWait:
         self.started = started
         self.rng = rng
         self.polls = 0
+        self.pending = pending if math.isfinite(pending) and pending > 0 else 0.0
         self._since = _elapsed(started, now)
         # Replaced by first_sleep's own judgement; a wait that never asks it is in time only
         # if it began with the task.
@@ -213,11 +295,14 @@ class LearnedWait:
 
     def first_sleep(self, now: float) -> float:
         """The sleep before the first query."""
-        planned = planned_first(self.model, self.kind, now, self.rng)
+        planned = max(planned_first(self.model, self.kind, now, self.rng), self.pending)
+        elapsed = _elapsed(self.started, now)
+        if self.pending > elapsed:
+            self.polls = 1  # today's first sleep is taken: the floors go on from its second
         # A wait that began late queries at once and, if the task is done, learns nothing of
         # when it finished.
         self._in_time = self._since <= max(planned, self.policy.initial_interval)
-        return _sleep_until(planned, _elapsed(self.started, now))
+        return _sleep_until(planned, elapsed)
 
     def active(self, sent: float, now: float, retry_after: float | None = None) -> float:
         """A query sent at ``sent`` saw the task active (answer at ``now``): the next sleep."""

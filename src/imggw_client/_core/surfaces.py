@@ -16,6 +16,7 @@ import math
 import re
 import urllib.parse
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from .._exceptions import (
@@ -369,8 +370,11 @@ def read_submit(
     idempotency_key: str,
     now: float,
     secrets: tuple[str, ...] = (),
+    *,
+    resolution: str | None = None,
 ) -> Submission:
-    """The submission a submit's answer names, or raises the error the answer means.
+    """The submission a submit's answer names, or raises the error the answer means. ``now``
+    (epoch seconds) is when the answer came: the task's start, unless it was replayed.
 
     Example::
 
@@ -387,8 +391,24 @@ def read_submit(
         raise malformed(surface, reply.status, "no valid task id")
     replayed = reply.headers.get(spec.REPLAYED_HEADER.lower(), "").strip().lower() == "true"
     return Submission(
-        task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed
-    )
+        task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed,
+        resolution=resolution,
+        submitted_at=None if replayed else datetime.fromtimestamp(now, timezone.utc),
+    )  # fmt: skip
+
+
+def poll_hint(outcome: Reply | TransportFailure, now: float) -> float | None:
+    """The seconds a query's answer asks before the next one (its ``Retry-After``), or None.
+    On an answer that saw its task active it is a hint for the next poll, never an order: the
+    schedule heeds it only as far as its promise allows (``poll.with_hint``).
+
+    Example::
+
+        poll_hint(reply, now)    # 5.0 for "Retry-After: 5"
+    """
+    if not isinstance(outcome, Reply):
+        return None
+    return parse_retry_after(outcome.headers.get(spec.RETRY_AFTER_HEADER.lower()), now)
 
 
 def read_task(

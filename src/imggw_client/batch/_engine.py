@@ -42,8 +42,10 @@ from tenacity import (
 from .._async_client import AsyncClient
 from .._config import check_surface
 from .._core import reasons
+from .._core.durations import WINDOW
 from .._core.flows import NOT_AN_IMAGE
 from .._core.retry import classify
+from .._core.rules import RESOLUTIONS
 from .._core.surfaces import safe_message
 from .._download import WRITE_FAILED
 from .._exceptions import (
@@ -59,7 +61,7 @@ from .._exceptions import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
-from .._models import DownloadedFile, Task, TaskStatus
+from .._models import DownloadedFile, Submission, Task, TaskStatus
 from ._gallery import write_gallery
 from ._guards import Caps, Charge, Guard, LocalGuard, Spending
 from ._input import COLLECT
@@ -260,7 +262,23 @@ class Engine:
             max_credits=self.options.max_credits,
             max_cost=self.options.max_cost,
             stopped_by=self.stopped_by,
+            typical_durations=self.typical_durations(),
         )
+
+    def typical_durations(self) -> dict[str, float]:
+        """The median running time the client learned per resolution, on the run's surface."""
+        model, now = self.client._flows.durations, time.monotonic()
+        found = {res: model.quantile((self.surface, res), 0.5, now) for res in RESOLUTIONS}
+        return {res: round(took, 3) for res, took in found.items() if took is not None}
+
+    async def learn_from_ledger(self) -> None:
+        """A resumed run's polls start from what its ledger knows of its tasks' durations
+        (DESIGN 15), not from nothing."""
+        found = await anyio.to_thread.run_sync(self.ledger.durations, WINDOW)
+        model, now = self.client._flows.durations, time.monotonic()
+        for (surface, resolution), took in found.items():
+            kind = (surface, resolution.lower())  # as a wait names it
+            model.seed(kind, took, now, grace=self.client.poll.initial_interval)
 
     def _at_risk(self, expiries: list[float]) -> int:
         """Queued results whose links die before their turn at the recent download pace."""
@@ -289,9 +307,7 @@ class Engine:
         self.counts[state] += 1
         row.state = state
         now = time.time()
-        if state is RUNNING:
-            row.submitted_at = now
-        elif state is DOWNLOADING and row.completed_at is None:
+        if state is DOWNLOADING and row.completed_at is None:
             row.completed_at = now
         if state in FINAL:
             self.finished_here += 1
@@ -438,6 +454,8 @@ class Engine:
                 self.fail(row, err.code or "refused", err.message)
             return  # out of time: the line stays pending; its key resumes it (still counted)
         row.task_id = sub.task_id
+        # A replayed task started earlier, when is not known: it teaches no duration.
+        row.submitted_at = sub.submitted_at.timestamp() if sub.submitted_at else None
         self.move(row, RUNNING)
 
     async def note_stop(self) -> None:
@@ -505,8 +523,8 @@ class Engine:
                     if not task.is_terminal:
                         await self.charge(row, task, final=False)
 
-                return await self.client.wait(row.task_id, surface=row.surface, timeout=remaining,
-                                              on_update=seen)  # fmt: skip
+                return await self.client.wait(_waited(row), surface=row.surface,
+                                              timeout=remaining, on_update=seen)  # fmt: skip
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def download(self, row: Row) -> None:
@@ -649,6 +667,21 @@ class Engine:
                 await self.guard.flying(row.identity, str(row.fields.get("resolution", "")))
 
 
+def _waited(row: Row) -> Submission | str:
+    """What a line's wait is given: the submission it made (its kind and start, whatever run
+    sent it, so the wait polls by what the client learned), or a collected task's id."""
+    assert row.task_id is not None
+    if row.kind == COLLECT or row.idempotency_key is None:
+        return row.task_id
+    started = row.submitted_at
+    return Submission(
+        task_id=row.task_id, idempotency_key=row.idempotency_key,
+        surface=check_surface(row.surface),
+        resolution=row.fields.get("resolution"), replayed=started is None,
+        submitted_at=None if started is None else datetime.fromtimestamp(started, timezone.utc),
+    )  # fmt: skip
+
+
 def local_guard(ledger: Ledger, totals: Totals, options: BatchOptions) -> LocalGuard:
     """The guard of a run in one process: its caps, what the folder's run was charged so far
     and the highest charge seen per resolution (from its ledger). Blocking."""
@@ -694,6 +727,7 @@ async def execute(
                     deadline=started + options.seconds, on_progress=on_progress,
                     guard=guard)  # fmt: skip
     await engine.count_in_flight()
+    await engine.learn_from_ledger()
     await anyio.to_thread.run_sync(_sweep_partial_files, work.folder)
     await anyio.to_thread.run_sync(functools.partial(engine.verify_files, hashes=options.verify))
     engine.report_progress(force=True)

@@ -377,6 +377,27 @@ class Ledger:
             )
             return {str(res or ""): n for res, n in found}
 
+    def durations(self, newest: int) -> dict[tuple[str, str], list[float]]:
+        """How long the run's tasks took, from their submit's answer to being seen finished,
+        per (surface, resolution): the ``newest`` of each kind, oldest first. What a resumed
+        run's polls start from (DESIGN 15); collected tasks, whose start is not known, and
+        replayed ones (no ``submitted_at``) are left out."""
+        found: dict[tuple[str, str], list[float]] = {}
+        with self._read_lock:
+            for surface, resolution, took in self._db.execute(
+                "SELECT surface, resolution, took FROM ("
+                " SELECT surface, json_extract(fields, '$.resolution') AS resolution,"
+                " completed_at - submitted_at AS took, ROW_NUMBER() OVER ("
+                "  PARTITION BY surface, json_extract(fields, '$.resolution')"
+                "  ORDER BY completed_at DESC) AS n"
+                " FROM lines WHERE kind=? AND submitted_at IS NOT NULL"
+                " AND completed_at IS NOT NULL)"
+                " WHERE n <= ? ORDER BY surface, resolution, n DESC",
+                (GENERATE, newest),
+            ):
+                found.setdefault((str(surface), str(resolution or "")), []).append(float(took))
+        return found
+
     def kinds(self) -> Counter[tuple[str, LineState]]:
         """The plan's lines per (kind, state): what a dry run tells."""
         found: Counter[tuple[str, LineState]] = Counter()

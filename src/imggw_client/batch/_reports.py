@@ -27,7 +27,9 @@ class BatchProgress:
     (surface alpha states credits only): ``cost`` leaves them out. ``max_credits`` and
     ``max_cost`` are the run's spend caps (None: none), against which ``credits`` and ``cost``
     are what the folder's run was charged so far; ``stopped_by`` names the guard that stopped
-    new submits, once one did.
+    new submits, once one did. ``typical_durations`` is what the client learned of how long the
+    run's tasks take (the median, in seconds, per resolution; from its ledger when a run
+    resumes): what its polls go by.
 
     Example::
 
@@ -49,6 +51,7 @@ class BatchProgress:
     max_credits: float | None = None
     max_cost: float | None = None
     stopped_by: str | None = None
+    typical_durations: dict[str, float] = field(default_factory=dict)
 
     @property
     def words(self) -> dict[str, int]:

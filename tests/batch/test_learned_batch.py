@@ -1,0 +1,106 @@
+"""Batches and polls that learn (DESIGN 15): a line's wait is given its submission, so it
+learns; the ledger keeps when each task was submitted and seen finished; a resumed run starts
+warm from those durations, and the display shows what the polls go by."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import anyio
+
+from imggw_client import AsyncClient, PollPolicy, RetryPolicy
+from imggw_client.batch import BatchProgress, run_batch
+from imggw_client.batch._ledger import Ledger
+from imggw_client.mock import MockGateway
+
+from ..cli.helpers import CANARY, imggw
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.2),
+        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+
+def gateway() -> MockGateway:
+    return MockGateway(api_keys=[CANARY], duration_min=0.2, duration_max=0.3, seed=2)
+
+
+def prompts(path: Path, count: int, start: int = 0) -> Path:
+    lines = [{"prompt": f"prompt {i}", "id": i} for i in range(start, start + count)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def durations(out: Path) -> list[tuple[float | None, float | None]]:
+    with sqlite3.connect(out / "ledger.sqlite") as db:
+        return list(db.execute("SELECT submitted_at, completed_at FROM lines ORDER BY line"))
+
+
+def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path: Path) -> None:
+    gw = gateway()
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+        first = run_batch(prompts(tmp_path / "in.jsonl", 12), out, client_factory=factory,
+                          concurrency=12, gallery=False)  # fmt: skip
+        assert first.exit_code == 0
+        times = durations(out)
+        assert all(s is not None and c is not None for s, c in times)
+        took = [c - s for s, c in times if s is not None and c is not None]
+        assert all(0.2 <= t <= 0.3 * 1.15 + 0.2 for t in took), took  # seen within the promise
+
+        # A rerun with more lines, in a new process as far as the client knows (a new one).
+        seen: list[BatchProgress] = []
+        again = run_batch(prompts(tmp_path / "in.jsonl", 24), out, client_factory=factory,
+                          concurrency=12, gallery=False, allow_changes=True,
+                          on_progress=seen.append)  # fmt: skip
+    assert again.exit_code == 0
+    # Before any line of this run finished, it already knew what its tasks take.
+    assert seen[0].finished_this_run == 0
+    assert set(seen[0].typical_durations) == {"1k"}
+    assert 0.15 <= seen[0].typical_durations["1k"] <= 0.45
+
+
+def test_replayed_and_collected_tasks_teach_no_duration(tmp_path: Path) -> None:
+    gw = gateway()
+    with gw.serve() as url:
+        client = AsyncClient(api_key=CANARY, base_url=url, **FAST)
+
+        async def made_elsewhere() -> str:
+            async with client:
+                return (await client.submit("elsewhere")).task_id
+
+        task_id = anyio.run(made_elsewhere)
+        source = tmp_path / "in.jsonl"
+        source.write_text(json.dumps({"task_id": task_id}) + "\n")
+        factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+        report = run_batch(source, tmp_path / "out", client_factory=factory, gallery=False)
+    assert report.exit_code == 0
+    assert durations(tmp_path / "out") == [(None, durations(tmp_path / "out")[0][1])]
+    with Ledger.open(tmp_path / "out") as ledger:
+        assert ledger.durations(50) == {}
+
+
+def test_the_display_says_how_long_tasks_take(tmp_path: Path) -> None:
+    gw = gateway()
+    with gw.serve() as url:
+        run = imggw("batch", str(prompts(tmp_path / "in.jsonl", 12)), "-o", str(tmp_path / "o"),
+                    "--base-url", url, "--concurrency", "12")  # fmt: skip
+    assert run.code == 0, run.err
+    assert "tasks take about 0." in run.err  # e.g. "tasks take about 0.2 s (1k)"
+    assert " s (1k)" in run.err
+
+
+def test_a_replayed_task_keeps_no_submit_time_its_start_is_not_known(tmp_path: Path) -> None:
+    gw = gateway()
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+        source = prompts(tmp_path / "in.jsonl", 3)
+        assert run_batch(source, out, client_factory=factory, gallery=False).exit_code == 0
+        (out / "ledger.sqlite").unlink()  # lost: the rerun sends the same keys again
+        for name in ("ledger.sqlite-wal", "ledger.sqlite-shm"):
+            (out / name).unlink(missing_ok=True)
+        assert run_batch(source, out, client_factory=factory, gallery=False).exit_code == 0
+    assert gw.stats()["replays"] == 3
+    assert [s for s, _ in durations(out)] == [None, None, None]
