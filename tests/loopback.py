@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from imggw_client.mock._asgi import serve_app
 
@@ -149,3 +151,67 @@ def mock_serve_process(options: list[str], env: dict[str, str]) -> Iterator[str]
     finally:
         server.send_signal(signal.SIGINT)
         server.communicate(timeout=30)
+
+
+REDIS_SERVER = os.environ.get("IMGGW_REDIS_SERVER", "/usr/bin/redis-server")
+
+
+class RedisServer:
+    """A real ``redis-server`` (Debian's package; ``.ci/run`` installs it) on a free loopback
+    port, with nothing saved to disk. ``stop()`` kills it as a crash would; ``start()`` brings
+    it back on the same port, empty."""
+
+    def __init__(self) -> None:
+        import os
+
+        if not os.access(REDIS_SERVER, os.X_OK):
+            raise RuntimeError(
+                f"redis-server not found at {REDIS_SERVER}: install it with `apt-get install -y "
+                "redis-server` (.ci/run does), or point IMGGW_REDIS_SERVER at one"
+            )
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: Any = None
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        self.process = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.url)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    """A running :class:`RedisServer`, killed on the way out."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -42,6 +42,7 @@ class Globals:
     mock: bool = False
     rate: float | None = None
     query_rate: float | None = None
+    rate_store: str | None = None
     # Where each value came from (see _STRENGTH), so that a weaker source never replaces it.
     sources: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -51,12 +52,14 @@ class Globals:
 
     @property
     def rate_limit(self) -> RateLimit | None:
-        """The request budget of --rate / --query-rate, or None when neither was given."""
-        if self.rate is None and self.query_rate is None:
+        """The request budget of --rate / --query-rate / --rate-store, or None when none of
+        them was given."""
+        if self.rate is None and self.query_rate is None and self.rate_store is None:
             return None
         from imggw_client import RateLimit
 
-        return RateLimit(submits_per_second=self.rate, queries_per_second=self.query_rate)
+        return RateLimit(submits_per_second=self.rate, queries_per_second=self.query_rate,
+                         store=self.rate_store)  # fmt: skip
 
 
 # Click's ParameterSource, by name: Typer vendors its own Click, so the enum is not importable
@@ -126,6 +129,20 @@ _OPTIONS = [
         _rate_option("--query-rate", "At most N task queries per second [default: no cap]"),
         None,
     ),
+    _keyword(
+        "g_rate_store",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--rate-store",
+                envvar="IMGGW_RATE_STORE",
+                metavar="URL",
+                help="Share the request budget with every process on this key through a Redis "
+                "store (redis://HOST:PORT/DB; needs imggw[redis])",
+            ),
+        ],
+        None,
+    ),
 ]
 _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_globals")
 
@@ -154,10 +171,27 @@ def _per_second(flag: str, text: str) -> float:
     return value
 
 
+def _store(text: str) -> str | None:
+    """A rate store URL from the command line or IMGGW_RATE_STORE (empty: none), checked as
+    RateLimit checks it, else exit 2 with one line (never the URL's password)."""
+    from imggw_client import ConfigurationError, RateLimit
+
+    if not text:
+        return None
+    try:
+        RateLimit(store=text)
+    except ConfigurationError as exc:
+        print(f"error: --rate-store {exc.message.removeprefix('RateLimit.store ')}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise typer.Exit(2) from None
+    return text
+
+
 _PARSE: dict[str, Callable[[Any], Any]] = {
     "g_surface": lambda value: value.value,
     "g_rate": functools.partial(_per_second, "--rate"),
     "g_query_rate": functools.partial(_per_second, "--query-rate"),
+    "g_rate_store": _store,
 }
 
 

@@ -99,6 +99,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             transport=transport,
         )
         self._sleep = _io.sleep
+        if self._settings.rate_limit.store is not None:  # one budget with other processes
+            self._flows.budget = RemoteBudget(_io.store_budget(self._settings))
 
     @staticmethod
     def make_http_client(**options: Any) -> httpx.AsyncClient:
@@ -270,6 +272,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         if self._owns_http and self._conn.loop in (None, _io.current_loop()):
             await self._http.aclose()
         # Else its connections belong to an event loop that is gone: nothing can close them.
+        if not self._copy:
+            await _io.close_budget(self._flows.budget)
 
     async def __aenter__(self) -> AsyncClient:
         return self

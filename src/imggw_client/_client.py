@@ -97,6 +97,8 @@ class Client(BaseClient[httpx.Client]):
             transport=transport,
         )
         self._sleep = _io.sleep
+        if self._settings.rate_limit.store is not None:  # one budget with other processes
+            self._flows.budget = RemoteBudget(_io.store_budget(self._settings))
 
     @staticmethod
     def make_http_client(**options: Any) -> httpx.Client:
@@ -268,6 +270,8 @@ class Client(BaseClient[httpx.Client]):
         if self._owns_http and self._conn.loop in (None, _io.current_loop()):
             self._http.close()
         # Else its connections belong to an event loop that is gone: nothing can close them.
+        if not self._copy:
+            _io.close_budget(self._flows.budget)
 
     def __enter__(self) -> Client:
         return self

@@ -134,14 +134,25 @@ class RateLimit:
     meets no 429. With or without a ceiling, a 429 pauses that kind of request for the whole
     client and lowers its pace, which then recovers step by step.
 
+    ``store`` shares the budget between processes (DESIGN 16): every client that names the
+    same Redis store (``redis://HOST:PORT/DB``, ``rediss://`` for TLS, ``unix:///path``)
+    shares one budget per API key and gateway, timed by the store's clock, so N processes
+    together keep these rates. It needs the ``imggw[redis]`` extra. The key never reaches the
+    store (lanes are named by a hash), and a store that cannot be reached never fails a
+    request: the client paces itself alone, warns once, and rejoins when it answers.
+
     Example::
 
         # the provider behind surface A: 20 submits per 10 s, 10 queries per second
         client = Client(rate_limit=RateLimit(submits_per_second=2, queries_per_second=10))
+        # the same, shared by every worker process of a web application
+        shared = RateLimit(submits_per_second=2, queries_per_second=10,
+                           store="redis://127.0.0.1:6379/0")
     """
 
     submits_per_second: float | None = None
     queries_per_second: float | None = None
+    store: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("submits_per_second", "queries_per_second"):
@@ -150,6 +161,72 @@ class RateLimit:
                 f"RateLimit.{name} must be a number of requests per second of at least "
                 "1/3600 (one an hour), or None",
             )
+        if self.store is not None:
+            problem = store_problem(self.store)
+            _require(problem is None, f"RateLimit.store {problem}")
+
+    def __repr__(self) -> str:
+        store = "" if self.store is None else f", store={redact_store(self.store)!r}"
+        return (
+            f"RateLimit(submits_per_second={self.submits_per_second!r}, "
+            f"queries_per_second={self.queries_per_second!r}{store})"
+        )
+
+
+STORE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def store_problem(url: object) -> str | None:
+    """What is wrong with a rate store URL, or None. Shown to users: never the password.
+
+    Example::
+
+        store_problem("redis://127.0.0.1:6379/0")   # None
+        store_problem("http://127.0.0.1")           # "must be a redis://, ..."
+    """
+    from urllib.parse import urlsplit
+
+    expected = "must be a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or unix:///PATH URL"
+    if not isinstance(url, str) or not url.isprintable() or any(c.isspace() for c in url):
+        return expected
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # reads it: a port that is not a number raises here
+    except ValueError:
+        return f"{expected} (got {redact_store(url)!r})"
+    if parts.scheme not in STORE_SCHEMES:
+        return f"{expected} (got {redact_store(url)!r})"
+    if parts.scheme == "unix":
+        return None if parts.path else f"{expected}: the socket's path is missing"
+    if not parts.hostname:
+        return f"{expected}: the host is missing (got {redact_store(url)!r})"
+    del port
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        return f"{expected}: the database must be a number (got {db[:20]!r})"
+    return None
+
+
+def redact_store(url: str) -> str:
+    """The store URL fit to print: any password replaced by ``***``.
+
+    Example::
+
+        redact_store("redis://:secret@cache:6379/0")   # "redis://:***@cache:6379/0"
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        # No password; a query may still carry one (redis-py reads ?password=).
+        return url.split("?", 1)[0] + ("?***" if "?" in url else "")
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    safe = parts._replace(netloc=f"{user}:***@{host}", query="***" if parts.query else "")
+    return urlunsplit(safe)
 
 
 @dataclass(frozen=True)

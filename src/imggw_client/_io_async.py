@@ -19,6 +19,7 @@ import anyio.to_thread
 import httpx
 
 from . import _transport
+from ._config import Settings
 from ._core.budget import BudgetService
 from ._exceptions import ConfigurationError
 from ._models import Task
@@ -91,3 +92,19 @@ def checked_service(service: BudgetService) -> BudgetService:
             "(async def); a service whose methods block goes with a Client"
         )
     return service
+
+
+def store_budget(settings: Settings) -> BudgetService:
+    """The budget shared through ``settings.rate_limit.store`` (DESIGN 16)."""
+    from ._rate_store import AsyncStoreBudget
+
+    return AsyncStoreBudget(settings)
+
+
+async def close_budget(budget: object) -> None:
+    """Closes a store's connections if the client made them (never a service of the caller's)."""
+    from ._rate_store import AsyncStoreBudget
+
+    service = getattr(budget, "service", None)
+    if isinstance(service, AsyncStoreBudget):
+        await service.close()

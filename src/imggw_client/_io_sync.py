@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _deadline, _transport
+from ._config import Settings
 from ._core.budget import SyncBudgetService
 from ._exceptions import ConfigurationError
 from ._models import Task
@@ -65,3 +66,19 @@ def checked_service(service: SyncBudgetService) -> SyncBudgetService:
             "methods are coroutine functions (async def) goes with an AsyncClient"
         )
     return service
+
+
+def store_budget(settings: Settings) -> SyncBudgetService:
+    """The budget shared through ``settings.rate_limit.store`` (DESIGN 16)."""
+    from ._rate_store import StoreBudget
+
+    return StoreBudget(settings)
+
+
+def close_budget(budget: object) -> None:
+    """Closes a store's connections if the client made them (never a service of the caller's)."""
+    from ._rate_store import StoreBudget
+
+    service = getattr(budget, "service", None)
+    if isinstance(service, StoreBudget):
+        service.close()

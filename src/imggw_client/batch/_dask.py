@@ -117,10 +117,14 @@ class ClientSpec:
     timeout: float = 30.0
     retry: RetryPolicy | None = None
     poll: PollPolicy | None = None
+    # Set by the driver when the run's RateLimit names a store (DESIGN 16): each worker's
+    # client then shares the store's budget, not the scheduler's.
+    rate_limit: RateLimit | None = None
 
     def make(self) -> AsyncClient:
         options: dict[str, Any] = {"base_url": self.base_url, "surface": self.surface,
-                                   "timeout": self.timeout, "retry": self.retry}  # fmt: skip
+                                   "timeout": self.timeout, "retry": self.retry,
+                                   "rate_limit": self.rate_limit}  # fmt: skip
         if self.poll is not None:
             options["poll"] = self.poll
         return AsyncClient(**options)
@@ -178,7 +182,8 @@ async def _shard_task(
 
     on_progress = fault if crash_after is not None and attempt == 1 else None
     async with client.make() as made:
-        made.share_budget(SchedulerBudget(budget))
+        if client.rate_limit is None or client.rate_limit.store is None:
+            made.share_budget(SchedulerBudget(budget))
         try:
             return await arun_shard(spec, client=made, on_progress=on_progress,
                                     guard=scheduler_guard(budget))  # fmt: skip
@@ -473,6 +478,8 @@ class _Dispatch:
             connect = DaskClient(cluster or address, asynchronous=True)  # type: ignore[no-untyped-call]
             async with connect as dask:
                 limit = rate_limit or RateLimit()
+                if limit.store is not None:  # the store's budget, shared beyond this run
+                    self.client = replace(self.client, rate_limit=limit)
                 await dask.register_plugin(BudgetPlugin(), name=PLUGIN_NAME)
                 run_id = self.prepared.run.run_id
                 await getattr(dask.scheduler, HANDLER)(

@@ -76,7 +76,11 @@ class BudgetPlugin(SchedulerPlugin):
         self._sweep(now)
         if action == "open":
             if budget not in self.budgets:
-                self.budgets[budget] = Budget(RateLimit(**(limit or {})))
+                rates = limit or {}
+                self.budgets[budget] = Budget(RateLimit(
+                    submits_per_second=rates.get("submits_per_second"),
+                    queries_per_second=rates.get("queries_per_second"),
+                ))  # fmt: skip
             return {"ok": True}
         held = self.budgets.setdefault(budget, Budget(RateLimit()))
         if action == "reserve":

@@ -5,6 +5,7 @@ anything is dispatched; progress across shards while they run, in the SDK and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
 
+from ...loopback import redis_server
 from .conftest import FAST, KEY, check_from_storage, write_prompts
 
 
@@ -145,6 +147,36 @@ def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_pat
     peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
     assert peak <= rate * 1.1  # 4 shards on 2 workers, paced as one client
     assert sent[-1] - sent[0] >= (lines - 1) / rate * 0.9
+
+
+def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
+    dask_client: Any, tmp_path: Path
+) -> None:
+    gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.1, duration_max=0.2)
+    sent: list[float] = []
+    handle = gw.handle
+
+    def spy(request: Any) -> Any:
+        if request.method == "POST":
+            sent.append(time.monotonic())
+        return handle(request)
+
+    gw.handle = spy  # type: ignore[method-assign]
+    rate, lines = 10.0, 20
+    source = write_prompts(tmp_path / "in.jsonl", lines)
+    with redis_server() as store, gw.serve() as url:
+        report = run_sharded(
+            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=5,
+            client=spec(url), concurrency=8,
+            rate_limit=RateLimit(submits_per_second=rate, store=store.url),
+        )  # fmt: skip
+        with contextlib.closing(store.client()) as redis:
+            lanes = sorted(key.decode().rsplit(":", 1)[1] for key in redis.scan_iter())
+    assert report.exit_code == 0
+    assert lanes == ["query", "submit"]  # the workers' clients asked the store
+    assert len(sent) == lines
+    peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
+    assert peak <= rate + 1  # 4 shards on 2 workers, spaced by the store as one client
 
 
 def test_a_429_seen_by_one_worker_slows_every_worker() -> None:

@@ -1,0 +1,276 @@
+"""Request budgets shared through a Redis store (DESIGN 16): the drivers that run the core's
+script (``_core.shared_budget``) for an ``AsyncClient`` (:class:`AsyncStoreBudget`, a
+``BudgetService``) and a ``Client`` (:class:`StoreBudget`, a ``SyncBudgetService``).
+
+Imported only when a ``RateLimit`` names a store; redis-py is the ``imggw[redis]`` extra. The
+store is an aid, never a gate: any failure of it (unreachable, slow, killed, answering
+garbage) sends the request on under the in-process budget (``Fallback``), and every call to
+it is bounded by :data:`~imggw_client._core.shared_budget.STORE_TIMEOUT` or the request's own
+timeout, whichever is shorter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import time
+import weakref
+from collections.abc import Hashable
+from typing import Any
+
+from ._config import Settings, redact_store
+from ._core import shared_budget as shared
+from ._core.budget import QUERY, SUBMIT
+from ._core.shared_budget import Fallback, StoreTicket
+from ._exceptions import ConfigurationError
+
+__all__ = ["AsyncStoreBudget", "StoreBudget", "require_redis"]
+
+log = logging.getLogger("imggw_client")
+
+INSTALL = "pip install 'imggw[redis]'"
+
+
+def require_redis() -> None:
+    """Raises ConfigurationError, before anything is sent, when redis-py is missing."""
+    if importlib.util.find_spec("redis") is None:
+        raise ConfigurationError(
+            f"RateLimit.store needs the redis library: {INSTALL}", code="missing_extra"
+        )
+
+
+class _Shared:
+    """What both drivers share: the lanes' names, the fallback, and how redis-py is set up."""
+
+    def __init__(self, settings: Settings) -> None:
+        require_redis()
+        limit = settings.rate_limit
+        assert limit.store is not None
+        self.url = limit.store
+        self.limit = limit
+        self.label = redact_store(limit.store)
+        self.fallback = Fallback(limit, self.label)
+        self.keys = {kind: shared.lane_key(settings.api_key, settings.base_url, kind)
+                     for kind in (SUBMIT, QUERY)}  # fmt: skip
+        self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
+
+    def options(self) -> dict[str, Any]:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        # One try per call: a store that does not answer at once is waited for no longer
+        # than the timeout, and the request goes on without it.
+        return {"socket_timeout": self.timeout, "socket_connect_timeout": self.timeout,
+                "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}  # fmt: skip
+
+    # Each operation is planned here (the script's arguments, or None when the in-process
+    # budget answers it), run by a driver, and its answer (or failure) read here.
+
+    def plan_take(self, ticket: StoreTicket) -> list[str] | None:
+        if ticket.local is None and self.fallback.use_store(time.monotonic()):
+            return shared.take_args(self.limit, ticket)
+        return None
+
+    def took(self, ticket: StoreTicket, answer: object) -> float:
+        """The seconds ``ticket`` still waits, from the store's answer (or failure)."""
+        if not isinstance(answer, BaseException):
+            try:
+                wait = shared.read_take(ticket, answer)
+            except shared.StoreAnswerError as exc:
+                answer = exc
+            else:
+                self._answered()
+                return wait
+        self._failed(answer)
+        return self.local_wait(ticket)
+
+    def local_wait(self, ticket: StoreTicket) -> float:
+        """The in-process budget's answer, while the store is away."""
+        now = time.monotonic()
+        if ticket.local is None:
+            ticket.local = self.fallback.budget.reserve(ticket.kind, now)
+        return self.fallback.budget.wait_time(ticket.local, now)
+
+    def plan_release(self, ticket: StoreTicket) -> list[str] | None:
+        if ticket.local is not None:
+            self.fallback.budget.release(ticket.local)
+        elif ticket.epoch != shared.EPOCH_NONE:
+            return shared.release_args(self.limit, ticket)
+        return None
+
+    def plan_finished(
+        self,
+        ticket: StoreTicket,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> list[str] | None:
+        if ticket.local is None:
+            return shared.finished_args(self.limit, ticket, limited=limited,
+                                        retry_after=retry_after, backoff=backoff)  # fmt: skip
+        self.fallback.budget.finished(ticket.local, time.monotonic(), limited=limited,
+                                      retry_after=retry_after, backoff=backoff)  # fmt: skip
+        return None
+
+    def done(self, answer: object) -> None:
+        """Reads the answer to a release or a finish. A lost one costs little: a place not
+        given back delays the next request by one interval, once; an answer the other
+        processes do not hear of is one they meet themselves."""
+        if not isinstance(answer, BaseException):
+            try:
+                shared.read_ok(answer)
+            except shared.StoreAnswerError as exc:
+                answer = exc
+        if isinstance(answer, BaseException):
+            self._failed(answer)
+
+    def _failed(self, exc: BaseException) -> None:
+        warning = self.fallback.failed(time.monotonic(), shared.reason(exc))
+        if warning is not None:
+            log.warning(warning)
+
+    def _answered(self) -> None:
+        note = self.fallback.answered(time.monotonic())
+        if note is not None:
+            log.warning(note)
+
+
+class AsyncStoreBudget(_Shared):
+    """The shared budget as an ``AsyncClient`` asks it (a ``BudgetService``). redis-py's
+    asyncio client belongs to one event loop, so one is made per loop the client runs under.
+
+    Example::
+
+        budget = AsyncStoreBudget(settings)       # AsyncClient does this for RateLimit(store=)
+        ticket, wait = await budget.reserve("submit")
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._scripts: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+    def _script(self) -> Any:
+        import redis.asyncio
+
+        loop = asyncio.get_running_loop()  # under trio this raises: the fallback paces
+        made = self._scripts.get(loop)
+        if made is None:
+            store = redis.asyncio.Redis.from_url(self.url, **self.options())
+            made = self._scripts[loop] = (store, store.register_script(shared.SCRIPT))
+        return made[1]
+
+    async def _call(self, kind: str, args: list[str]) -> object:
+        """The script's answer, or the failure it met: whatever the store did, the request
+        goes on."""
+        try:
+            script = self._script()
+            # The socket timeouts bound each read; this bounds the whole call.
+            return await asyncio.wait_for(script(keys=[self.keys[kind]], args=args),
+                                          self.timeout)  # fmt: skip
+        except Exception as exc:
+            return exc
+
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        ticket = StoreTicket(kind)
+        return ticket, await self.wait_time(ticket)
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_take(ticket)
+        if args is None:
+            return self.local_wait(ticket)
+        return self.took(ticket, await self._call(ticket.kind, args))
+
+    async def release(self, ticket: Hashable) -> None:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_release(ticket)
+        if args is not None:
+            self.done(await self._call(ticket.kind, args))
+
+    async def finished(
+        self,
+        ticket: Hashable,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_finished(ticket, limited=limited, retry_after=retry_after,
+                                  backoff=backoff)  # fmt: skip
+        if args is not None:
+            self.done(await self._call(ticket.kind, args))
+
+    async def close(self) -> None:
+        """Closes the store's connections of the running event loop (the others' loops are
+        gone or elsewhere: their connections close with them)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        made = self._scripts.pop(loop, None)
+        if made is not None:
+            await made[0].aclose()
+
+
+class StoreBudget(_Shared):
+    """The shared budget as a ``Client`` asks it (a ``SyncBudgetService``); threads share its
+    connection pool.
+
+    Example::
+
+        budget = StoreBudget(settings)            # Client does this for RateLimit(store=)
+        ticket, wait = budget.reserve("query")
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        import redis
+
+        self._store = redis.Redis.from_url(self.url, **self.options())
+        self._script = self._store.register_script(shared.SCRIPT)
+
+    def _call(self, kind: str, args: list[str]) -> object:
+        """The script's answer, or the failure it met (see :class:`AsyncStoreBudget`)."""
+        try:
+            answer: object = self._script(keys=[self.keys[kind]], args=args)
+        except Exception as exc:
+            return exc
+        return answer
+
+    def reserve(self, kind: str) -> tuple[Hashable, float]:
+        ticket = StoreTicket(kind)
+        return ticket, self.wait_time(ticket)
+
+    def wait_time(self, ticket: Hashable) -> float:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_take(ticket)
+        if args is None:
+            return self.local_wait(ticket)
+        return self.took(ticket, self._call(ticket.kind, args))
+
+    def release(self, ticket: Hashable) -> None:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_release(ticket)
+        if args is not None:
+            self.done(self._call(ticket.kind, args))
+
+    def finished(
+        self,
+        ticket: Hashable,
+        *,
+        limited: bool,
+        retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        assert isinstance(ticket, StoreTicket)
+        args = self.plan_finished(ticket, limited=limited, retry_after=retry_after,
+                                  backoff=backoff)  # fmt: skip
+        if args is not None:
+            self.done(self._call(ticket.kind, args))
+
+    def close(self) -> None:
+        """Closes the store's connections."""
+        self._store.close()

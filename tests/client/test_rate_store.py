@@ -1,0 +1,409 @@
+"""One key, many processes (DESIGN 16): the request budget shared through a real Redis store,
+against the reference gateway over loopback, and every way the store can fail."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import respx
+from typer.testing import CliRunner
+
+from imggw_cli._app import app
+from imggw_client import AsyncClient, Client, ConfigurationError, RateLimit
+from imggw_client._core import shared_budget
+from imggw_client.batch import run_batch
+from imggw_client.mock import MockGateway
+
+from ..conftest import beta_error, beta_submitted
+from ..loopback import RedisServer, redis_server
+
+KEY = "sk-shared-budget-canary-7f3a9c"
+QUICK = {"duration_min": 0.05, "duration_max": 0.15}
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def rejoin_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that failed is tried again after 0.2 s instead of 5 s."""
+    monkeypatch.setattr(shared_budget, "REJOIN_AFTER", 0.2)
+
+
+def store_values(server: RedisServer) -> list[bytes]:
+    """Every key and every value the store holds."""
+    found: list[bytes] = []
+    with contextlib.closing(server.client()) as store:
+        for key in store.scan_iter():
+            found.append(key)
+            found.extend(b for pair in store.hgetall(key).items() for b in pair)
+    return found
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "redis://cache", "rediss://user:pw@cache.internal:6380/2",
+     "unix:///run/redis.sock"],
+)  # fmt: skip
+def test_a_store_url_of_each_scheme_is_taken(url: str) -> None:
+    assert RateLimit(submits_per_second=2, store=url).store == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:6379", "redis://", "redis://:6379/0", "redis://cache:port/0",
+     "redis://cache:6379/first", " redis://cache", "unix://", "", 6379],
+)  # fmt: skip
+def test_a_bad_store_url_is_a_configuration_error(url: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"^RateLimit.store must be a redis://"):
+        RateLimit(store=url)
+
+
+def test_the_stores_password_is_never_shown() -> None:
+    limit = RateLimit(queries_per_second=10, store="redis://app:hunter2secret@cache:6379/0")
+    assert "hunter2secret" not in repr(limit)
+    assert "redis://app:***@cache:6379/0" in repr(limit)
+    with pytest.raises(ConfigurationError) as err:
+        RateLimit(store="redis://app:hunter2secret@cache:notaport/0")
+    assert "hunter2secret" not in str(err.value)
+
+
+def test_without_the_redis_library_the_client_says_which_extra_before_sending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "redis" else real(name, *a))  # fmt: skip
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(500))  # type: ignore[func-returns-value]
+    for make in (Client, AsyncClient):
+        with pytest.raises(ConfigurationError, match=r"pip install 'imggw\[redis\]'"):
+            make(api_key=KEY, base_url="http://127.0.0.1:9", transport=transport,  # type: ignore[operator]
+                 rate_limit=RateLimit(store="redis://127.0.0.1:6379/0"))  # fmt: skip
+    assert sent == []
+
+
+def test_lanes_are_named_by_a_hash_never_by_the_key() -> None:
+    one = shared_budget.lane_key(KEY, "https://a.example", "submit")
+    assert KEY not in one
+    assert one.startswith("imggw:budget:")
+    assert one.endswith(":submit")
+    assert one != shared_budget.lane_key(KEY, "https://b.example", "submit")
+    assert one != shared_budget.lane_key(KEY + "x", "https://a.example", "submit")
+
+
+# ---------------------------------------------------------------------------- many processes
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from imggw_client import Client, RateLimit, RateLimitError
+    url, store, count = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
+    limit = RateLimit(submits_per_second=5, queries_per_second=10, store=store)
+    refused = 0
+    with Client(api_key=sys.argv[4], base_url=url, rate_limit=limit, max_retries=6) as client:
+        subs = []
+        for i in range(count):
+            try:
+                subs.append(client.submit(f"shared {i}"))
+            except RateLimitError:
+                refused += 1
+        for sub in subs:
+            client.get(sub.task_id)
+    print(json.dumps({"submitted": len(subs), "refused": refused}))
+    """
+)
+
+
+def three_processes(url: str, store: str, count: int) -> list[dict[str, int]]:
+    """Three processes at once, each submitting ``count`` tasks at the gateway's limits and
+    querying each once; what each reports."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, url, store, str(count), KEY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert KEY not in err
+        reports.append(json.loads(out.splitlines()[-1]))
+    return reports
+
+
+def test_three_processes_through_one_store_meet_no_429_where_their_own_budgets_do(
+    redis: RedisServer,
+) -> None:
+    # The gateway's own limits: 5 submits and 10 queries in any 1 s, for the key.
+    shared = MockGateway(api_keys=[KEY], submit_limit="5/1", query_limit="10/1", **QUICK)
+    with shared.serve() as url:
+        reports = three_processes(url, redis.url, 6)
+    assert [r["submitted"] for r in reports] == [6, 6, 6]
+    stats = shared.stats()
+    assert stats["rate_limited"] == 0  # no 1 s window ever went over either limit
+    assert stats["tasks_created"] == 18
+    assert KEY.encode() not in b"".join(store_values(redis))
+
+    alone = MockGateway(api_keys=[KEY], submit_limit="5/1", query_limit="10/1", **QUICK)
+    with alone.serve() as url:
+        three_processes(url, "", 6)
+    assert alone.stats()["rate_limited"] > 0  # three budgets of 5/s each: 15/s at a 5/s gate
+    assert alone.stats()["tasks_created"] == 18  # each 429 retried: still billed once
+
+
+@pytest.mark.anyio
+async def test_a_429_seen_by_one_client_pauses_another_on_the_same_store(
+    redis: RedisServer,
+) -> None:
+    limit = RateLimit(submits_per_second=50, store=redis.url)
+    base = "https://gateway.test"
+    with respx.mock(base_url=base, assert_all_called=False) as gateway:
+        route = gateway.post("/beta/v1/images/generations")
+        route.side_effect = [beta_error(429, "rate_limited", retry_after="1"),
+                             beta_submitted("1"), beta_submitted("2")]  # fmt: skip
+        ids: list[str] = []
+
+        async def submit(client: AsyncClient, prompt: str) -> None:
+            ids.append((await client.submit(prompt)).task_id)
+
+        async with (
+            AsyncClient(api_key=KEY, base_url=base, rate_limit=limit) as first,
+            AsyncClient(api_key=KEY, base_url=base, rate_limit=limit) as second,
+            anyio.create_task_group() as group,
+        ):
+            group.start_soon(submit, first, "meets the 429")
+            while route.call_count < 1 or first_answer_pending(route):
+                await anyio.sleep(0.005)
+            paused_at = time.monotonic()
+            await submit(second, "never saw one")
+            waited = time.monotonic() - paused_at
+        assert sorted(ids) == ["1", "2"]
+    # The second client saw no 429 itself, but waited out the pause the first one met.
+    assert waited >= 0.5, waited
+    assert route.call_count == 3
+
+
+def first_answer_pending(route: Any) -> bool:
+    """Whether the first call's answer (the 429) has not been handed out yet."""
+    return route.calls.last.response is None
+
+
+def test_a_client_with_its_own_budget_is_not_paused_by_anothers_429(redis: RedisServer) -> None:
+    base = "https://gateway.test"
+    with respx.mock(base_url=base, assert_all_called=False) as gateway:
+        route = gateway.post("/beta/v1/images/generations")
+        route.side_effect = [beta_error(429, "rate_limited", retry_after="1"),
+                             beta_submitted("1"), beta_submitted("2")]  # fmt: skip
+        shared = RateLimit(submits_per_second=50, store=redis.url)
+        with Client(api_key=KEY, base_url=base, rate_limit=shared) as first, \
+                Client(api_key=KEY, base_url="https://other.test", rate_limit=shared) as other:  # fmt: skip
+            first.submit("meets the 429")
+            gateway.post("https://other.test/beta/v1/images/generations").mock(
+                return_value=beta_submitted("9")
+            )
+            began = time.monotonic()
+            other.submit("another gateway: another lane")
+            assert time.monotonic() - began < 0.5
+    assert route.call_count == 2
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+@contextlib.contextmanager
+def tcp_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A store that is not one: each connection is handed to ``handle``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def silent(conn: socket.socket) -> None:
+    with conn:
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass  # reads every command, answers none
+
+
+def garbage(conn: socket.socket) -> None:
+    with conn:
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                conn.sendall(b"*2\r\n$5\r\nhello\r\n$5\r\nworld\r\n")
+
+
+def free_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "rate store" in r.getMessage()]
+
+
+@pytest.mark.parametrize("store", ["unreachable", "silent", "garbage"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_store_that_fails_never_fails_a_request_and_warns_once(
+    store: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = MockGateway(api_keys=[KEY], submit_limit="4/1", **QUICK)
+    servers = {"silent": silent, "garbage": garbage}
+    with contextlib.ExitStack() as stack:
+        url = free_port_url() if store == "unreachable" else stack.enter_context(
+            tcp_server(servers[store]))  # fmt: skip
+        base = stack.enter_context(gw.serve())
+        limit = RateLimit(submits_per_second=4, store=url)
+        began = time.monotonic()
+        if kind == "sync":
+            with Client(api_key=KEY, base_url=base, rate_limit=limit, timeout=0.5) as client:
+                ids = [client.submit(f"p{i}").task_id for i in range(6)]
+        else:
+
+            async def submit_all() -> list[str]:
+                async with AsyncClient(api_key=KEY, base_url=base, rate_limit=limit,
+                                       timeout=0.5) as client:  # fmt: skip
+                    return [(await client.submit(f"p{i}")).task_id for i in range(6)]
+
+            ids = anyio.run(submit_all)
+        took = time.monotonic() - began
+    assert len(set(ids)) == 6
+    assert gw.stats()["tasks_created"] == 6
+    # Paced alone at the configured 4/s (5 intervals of 0.25 s) and no 429: the gateway's own
+    # limit is the same 4/s. A store that never answers cost one timeout (0.5 s), once.
+    assert gw.stats()["rate_limited"] == 0
+    assert 1.2 <= took < 1.25 + 0.5 + 1.0, took
+    (warning,) = warnings_of(caplog)
+    assert "pace" in warning
+    assert "alone" in warning
+    assert "Traceback" not in caplog.text
+    assert KEY not in caplog.text
+
+
+def test_the_client_rejoins_the_store_when_it_answers_again(
+    rejoin_soon: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisServer()  # not started: unreachable at first
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    try:
+        with gw.serve() as base, Client(api_key=KEY, base_url=base,
+                                        rate_limit=RateLimit(submits_per_second=50,
+                                                             store=store.url)) as client:  # fmt: skip
+            client.submit("while the store is away")
+            store.start()
+            time.sleep(0.3)  # past REJOIN_AFTER: the next request tries the store again
+            client.submit("the store is back")
+            assert any(k.endswith(b":submit") for k in store_values(store))
+    finally:
+        store.stop()
+    lines = warnings_of(caplog)
+    assert len(lines) == 2, lines
+    assert "not usable (ConnectionError)" in lines[0]
+    assert "answers again" in lines[1]
+
+
+def test_killing_the_store_mid_batch_loses_nothing_and_bills_nothing_twice(
+    redis: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    lines = 30
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"prompt {i}\n" for i in range(lines)))
+    limit = RateLimit(submits_per_second=40, queries_per_second=200, store=redis.url)
+
+    def kill_after_ten() -> None:
+        while gw.stats()["tasks_created"] < 10:
+            time.sleep(0.01)
+        redis.stop()
+
+    killer = threading.Thread(target=kill_after_ten)
+    with gw.serve() as base:
+        killer.start()
+        report = run_batch(source, tmp_path / "out", gallery=False,
+                           client_factory=lambda: AsyncClient(api_key=KEY, base_url=base,
+                                                              rate_limit=limit))  # fmt: skip
+        killer.join(timeout=30)
+    assert report.exit_code == 0
+    assert report.counts == {"saved": lines}
+    assert gw.stats()["tasks_created"] == lines  # each line billed once
+    assert len(list((tmp_path / "out").glob("*.png"))) == lines
+    assert len(warnings_of(caplog)) == 1
+    assert "Traceback" not in caplog.text
+    assert KEY not in caplog.text
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+
+def test_cli_rate_store_from_the_environment_shares_the_budget(redis: RedisServer) -> None:
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    with gw.serve() as base:
+        result = CliRunner().invoke(
+            app,
+            ["--json", "submit", "a fox", "--base-url", base, "--rate", "2"],
+            env={"IMGGW_API_KEY": KEY, "IMGGW_RATE_STORE": redis.url},
+        )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["task_id"] == "1"
+    assert any(k.endswith(b":submit") for k in store_values(redis))
+
+
+@pytest.mark.parametrize("url", ["http://cache:6379", "redis://cache:port/0"])
+def test_cli_a_bad_rate_store_is_a_usage_error_and_nothing_is_sent(url: str) -> None:
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    with gw.serve() as base:
+        result = CliRunner().invoke(
+            app,
+            ["submit", "a fox", "--base-url", base, "--rate-store", url],
+            env={"IMGGW_API_KEY": KEY},
+        )
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: --rate-store must be a redis://")
+    assert gw.stats()["requests"] == {}
