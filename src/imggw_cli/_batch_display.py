@@ -46,11 +46,14 @@ def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
         return
     if not sys.stderr.isatty():
         last = [0.0]
+        stopped: list[str | None] = [None]
 
         def line(progress: BatchProgress) -> None:
             now = time.monotonic()
-            if now - last[0] >= 2.0 or progress.finished == progress.total:
-                last[0] = now
+            # A guard's stop is said at once: the next line may be a task's length away.
+            news = progress.stopped_by != stopped[0]
+            if now - last[0] >= 2.0 or progress.finished == progress.total or news:
+                last[0], stopped[0] = now, progress.stopped_by
                 out.note(progress_text(progress))
             warn_at_risk(progress)
 

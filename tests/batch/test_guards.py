@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -371,11 +372,14 @@ def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_pat
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert child.stderr is not None
+        began = time.monotonic()
         seen: list[str] = []
         for line in child.stderr:  # the display says when the guard stopped the submits
             seen.append(line)
             if "stopped by max_credits" in line:
                 break
+        # ... at once, not when a task next finishes (each takes 30 s).
+        assert time.monotonic() - began < 20, seen
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=60)
     assert any("stopped by max_credits" in line for line in seen), seen
