@@ -2,13 +2,21 @@
 requests, interleaved in one run, over loopback (uvicorn on 127.0.0.1) and in-process
 (httpx.MockTransport). Prints the ratios. Targets: <= 1.10x loopback, <= 1.35x in-process.
 
-Run: python bench/overhead.py [--rounds N] [--per-round N]
+Then the in-process figures again under each OpenTelemetry mode (DESIGN 17), each in its own
+process (a process sets its global providers once): ``off`` (the API not importable, as
+without ``imggw[otel]``), ``api`` (the API, no provider configured: what most users run) and
+``sdk`` (the OpenTelemetry SDK with an in-memory span exporter and metric reader: every span and
+metric recorded). Target: ``off`` and ``api`` within the noise of each other; ``sdk`` is the
+cost of being traced, recorded here.
+
+Run: python bench/overhead.py [--rounds N] [--per-round N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +26,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import SUBMIT_BODY, TASK_BODY, interleaved, serve
 
-from imggw_client import Client
+TELEMETRY = ("off", "api", "sdk")
+if "--telemetry" in sys.argv and sys.argv[sys.argv.index("--telemetry") + 1] == "off":
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # as without the extra
+
+from imggw_client import Client  # noqa: E402
 
 KEY = "bench-key-0123456789"
 BODY = {"model": "imagegen-2", "prompt": "a lighthouse at dusk", "size": "16:9",
@@ -71,12 +83,56 @@ def figures(raw: float, sdk: float, *, target: float) -> dict[str, float]:
     return {"raw_us": raw * 1e6, "sdk_us": sdk * 1e6, "ratio": sdk / raw, "target": target}
 
 
+def in_process(rounds: int, per_round: int) -> dict[str, float]:
+    raw, sdk = measure(
+        "http://bench.local",
+        lambda: httpx.Client(transport=httpx.MockTransport(in_process_handler)),
+        rounds,
+        per_round,
+    )
+    return figures(raw, sdk, target=1.35)
+
+
+def install_sdk() -> None:
+    """The OpenTelemetry SDK with in-memory exporters: every span and metric is recorded."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+
+
+def telemetry_modes(rounds: int, per_round: int) -> dict[str, dict[str, float]]:
+    """The in-process figures under each OpenTelemetry mode, each in a process of its own."""
+    found = {}
+    for mode in TELEMETRY:
+        done = subprocess.run(
+            [sys.executable, __file__, "--telemetry", mode, "--rounds", str(rounds),
+             "--per-round", str(per_round)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        found[f"otel {mode}"] = json.loads(done.stdout)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--telemetry", choices=TELEMETRY, help="(internal) one mode, in-process")
     args = parser.parse_args()
+    if args.telemetry:
+        if args.telemetry == "sdk":
+            install_sdk()
+        print(json.dumps(in_process(args.rounds, args.per_round * 5)))
+        return 0
     results = {}
     with serve("_common:fixed_app") as base:
         raw, sdk = measure(base, httpx.Client, args.rounds, args.per_round)
@@ -88,6 +144,7 @@ def main() -> int:
         args.per_round * 5,
     )
     results["in-process"] = figures(raw, sdk, target=1.35)
+    results.update(telemetry_modes(args.rounds, args.per_round))
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -96,6 +153,12 @@ def main() -> int:
             verdict = "ok" if r["ratio"] <= r["target"] else "OVER"
             print(f"{mode:<12}{r['raw_us']:>11.1f} us{r['sdk_us']:>11.1f} us{r['ratio']:>7.2f}x"
                   f"{r['target']:>7.2f}x {verdict}")  # fmt: skip
+        off, api, sdk_ = (results[f"otel {m}"] for m in TELEMETRY)
+        # Each mode against raw httpx in its own process: the ratios compare, not the us.
+        print(f"otel (in-process, per submit+get, each against its own raw httpx): api/off "
+              f"{api['ratio'] / off['ratio']:.2f}x; sdk/off {sdk_['ratio'] / off['ratio']:.2f}x "
+              f"(recording costs about {sdk_['sdk_us'] - sdk_['raw_us'] * off['ratio']:.0f} us "
+              f"a pair: two spans and their metrics)")  # fmt: skip
     return 0
 
 

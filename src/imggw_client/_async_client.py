@@ -6,6 +6,7 @@ file, then run the script."""
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from types import TracebackType
@@ -14,7 +15,7 @@ from typing import Any, TypeVar, cast
 import httpx
 
 from . import _io_async as _io
-from . import _transport
+from . import _telemetry, _transport
 from ._base_client import (
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
@@ -31,6 +32,7 @@ from ._core.wire import (
     Fetch,
     Fetched,
     Notify,
+    Observe,
     Pace,
     Paced,
     Reply,
@@ -41,6 +43,7 @@ from ._core.wire import (
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._exceptions import ImggwError
 from ._models import DownloadedFile, Submission, Task
+from ._telemetry import Watch
 
 T = TypeVar("T")
 
@@ -136,16 +139,18 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
             sub = await client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
         """
-        return await self._run(
-            self._flows.submit(
-                prompt,
-                aspect_ratio=aspect_ratio,
-                resolution=resolution,
-                surface=surface,
-                idempotency_key=idempotency_key,
-                validate=validate,
+        with self._operation("imggw.submit", surface) as watch:
+            return await self._run(
+                self._flows.submit(
+                    prompt,
+                    aspect_ratio=aspect_ratio,
+                    resolution=resolution,
+                    surface=surface,
+                    idempotency_key=idempotency_key,
+                    validate=validate,
+                ),
+                watch=watch,
             )
-        )
 
     async def get(self, task_id: str, *, surface: str | None = None) -> Task:
         """Queries a task once (transient failures are retried).
@@ -154,7 +159,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
             task = await client.get("12345")
         """
-        return await self._run(self._flows.get(task_id, surface=surface))
+        with self._operation("imggw.get", surface) as watch:
+            return await self._run(self._flows.get(task_id, surface=surface), watch=watch)
 
     async def wait(
         self,
@@ -174,9 +180,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
             task = await client.wait(sub, timeout=900, on_update=lambda t: print(t.progress))
         """
-        return await self._run(
-            self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout), on_update
-        )
+        with self._operation("imggw.wait", surface) as watch:
+            return await self._run(
+                self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout),
+                on_update,
+                watch=watch,
+            )
 
     async def generate(
         self,
@@ -196,18 +205,20 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
             task = await client.generate("a lighthouse at dusk", resolution="2k")
         """
-        return await self._run(
-            self._flows.generate(
-                prompt,
-                aspect_ratio=aspect_ratio,
-                resolution=resolution,
-                surface=surface,
-                idempotency_key=idempotency_key,
-                timeout=timeout,
-                validate=validate,
-            ),
-            on_update,
-        )
+        with self._operation("imggw.generate", surface) as watch:
+            return await self._run(
+                self._flows.generate(
+                    prompt,
+                    aspect_ratio=aspect_ratio,
+                    resolution=resolution,
+                    surface=surface,
+                    idempotency_key=idempotency_key,
+                    timeout=timeout,
+                    validate=validate,
+                ),
+                on_update,
+                watch=watch,
+            )
 
     async def download(
         self,
@@ -246,7 +257,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             prefix=prefix,
         )
         limit = check_concurrency(concurrency)
-        return first_error(await _io.map_concurrently(self._run_catching, flows, limit))
+        with self._operation("imggw.download", getattr(task, "surface", None)) as watch:
+            run = functools.partial(self._run_catching, watch=watch)
+            files = first_error(await _io.map_concurrently(run, flows, limit))
+            watch.result(task)
+            return files
 
     def share_budget(self, service: BudgetService) -> None:
         """Makes every request of this client (and of the ``with_options`` copies made from
@@ -288,28 +303,40 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
     # ------------------------------------------------------------------------ driver
 
-    async def _run(self, flow: Flow[T], on_update: _io.OnUpdate | None = None) -> T:
+    async def _run(
+        self,
+        flow: Flow[T],
+        on_update: _io.OnUpdate | None = None,
+        *,
+        watch: Watch = _telemetry.NULL,
+    ) -> T:
         outcome: Any = None
         while True:
             try:
                 action = flow.send(outcome)
             except StopIteration as done:
+                watch.result(done.value)
                 return done.value  # type: ignore[no-any-return]
             try:
-                outcome = await self._perform(action, on_update)
+                outcome = await self._perform(action, on_update, watch)
             except BaseException:  # cancelled, closed, interrupted: the flow gives back its place
                 flow.close()
                 raise
 
-    async def _run_catching(self, flow: Flow[T]) -> T | BaseException:
+    async def _run_catching(
+        self, flow: Flow[T], *, watch: Watch = _telemetry.NULL
+    ) -> T | BaseException:
         try:
-            return await self._run(flow)
+            return await self._run(flow, watch=watch)
         except Exception as exc:
             return exc
 
-    async def _perform(self, action: Action, on_update: _io.OnUpdate | None) -> Any:
+    async def _perform(self, action: Action, on_update: _io.OnUpdate | None, watch: Watch) -> Any:
         if isinstance(action, Send):
             return await self._send(action)
+        if isinstance(action, Observe):
+            watch.observe(action)
+            return None
         if isinstance(action, Sleep):
             await self._sleep(action.seconds)
         elif isinstance(action, Notify):

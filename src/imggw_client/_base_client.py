@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
+from . import _telemetry
 from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
 from ._core.flows import Flows, log
 from ._core.surfaces import REDACTED
@@ -243,6 +244,14 @@ class BaseClient(Generic[H]):
         clone._closed = self._closed
         clone._copy = True
         return clone
+
+    def _operation(self, name: str, surface: object) -> _telemetry.Watch:
+        """The span of one public call (DESIGN 17): a null one when telemetry is off."""
+        shown = surface if isinstance(surface, str) else self._settings.surface
+        watch = _telemetry.operation(name, shown)
+        # The flows observe only while something records: a provider is set once, at start.
+        self._flows.observe = watch is not _telemetry.NULL
+        return watch
 
     def _closed_failure(self) -> TransportFailure | None:
         """The failure to report instead of sending, once the client is closed."""

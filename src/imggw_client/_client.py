@@ -10,6 +10,7 @@ above): every way in which the two differ lives in ``_io_sync`` and its twin."""
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from types import TracebackType
@@ -18,7 +19,7 @@ from typing import Any, TypeVar, cast
 import httpx
 
 from . import _io_sync as _io
-from . import _transport
+from . import _telemetry, _transport
 from ._base_client import (
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
@@ -35,6 +36,7 @@ from ._core.wire import (
     Fetch,
     Fetched,
     Notify,
+    Observe,
     Pace,
     Paced,
     Reply,
@@ -45,6 +47,7 @@ from ._core.wire import (
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._exceptions import ImggwError
 from ._models import DownloadedFile, Submission, Task
+from ._telemetry import Watch
 
 T = TypeVar("T")
 
@@ -134,16 +137,18 @@ class Client(BaseClient[httpx.Client]):
 
             sub = client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
         """
-        return self._run(
-            self._flows.submit(
-                prompt,
-                aspect_ratio=aspect_ratio,
-                resolution=resolution,
-                surface=surface,
-                idempotency_key=idempotency_key,
-                validate=validate,
+        with self._operation("imggw.submit", surface) as watch:
+            return self._run(
+                self._flows.submit(
+                    prompt,
+                    aspect_ratio=aspect_ratio,
+                    resolution=resolution,
+                    surface=surface,
+                    idempotency_key=idempotency_key,
+                    validate=validate,
+                ),
+                watch=watch,
             )
-        )
 
     def get(self, task_id: str, *, surface: str | None = None) -> Task:
         """Queries a task once (transient failures are retried).
@@ -152,7 +157,8 @@ class Client(BaseClient[httpx.Client]):
 
             task = client.get("12345")
         """
-        return self._run(self._flows.get(task_id, surface=surface))
+        with self._operation("imggw.get", surface) as watch:
+            return self._run(self._flows.get(task_id, surface=surface), watch=watch)
 
     def wait(
         self,
@@ -172,9 +178,12 @@ class Client(BaseClient[httpx.Client]):
 
             task = client.wait(sub, timeout=900, on_update=lambda t: print(t.progress))
         """
-        return self._run(
-            self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout), on_update
-        )
+        with self._operation("imggw.wait", surface) as watch:
+            return self._run(
+                self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout),
+                on_update,
+                watch=watch,
+            )
 
     def generate(
         self,
@@ -194,18 +203,20 @@ class Client(BaseClient[httpx.Client]):
 
             task = client.generate("a lighthouse at dusk", resolution="2k")
         """
-        return self._run(
-            self._flows.generate(
-                prompt,
-                aspect_ratio=aspect_ratio,
-                resolution=resolution,
-                surface=surface,
-                idempotency_key=idempotency_key,
-                timeout=timeout,
-                validate=validate,
-            ),
-            on_update,
-        )
+        with self._operation("imggw.generate", surface) as watch:
+            return self._run(
+                self._flows.generate(
+                    prompt,
+                    aspect_ratio=aspect_ratio,
+                    resolution=resolution,
+                    surface=surface,
+                    idempotency_key=idempotency_key,
+                    timeout=timeout,
+                    validate=validate,
+                ),
+                on_update,
+                watch=watch,
+            )
 
     def download(
         self,
@@ -244,7 +255,11 @@ class Client(BaseClient[httpx.Client]):
             prefix=prefix,
         )
         limit = check_concurrency(concurrency)
-        return first_error(_io.map_concurrently(self._run_catching, flows, limit))
+        with self._operation("imggw.download", getattr(task, "surface", None)) as watch:
+            run = functools.partial(self._run_catching, watch=watch)
+            files = first_error(_io.map_concurrently(run, flows, limit))
+            watch.result(task)
+            return files
 
     def share_budget(self, service: SyncBudgetService) -> None:
         """Makes every request of this client (and of the ``with_options`` copies made from
@@ -286,28 +301,38 @@ class Client(BaseClient[httpx.Client]):
 
     # ------------------------------------------------------------------------ driver
 
-    def _run(self, flow: Flow[T], on_update: _io.OnUpdate | None = None) -> T:
+    def _run(
+        self,
+        flow: Flow[T],
+        on_update: _io.OnUpdate | None = None,
+        *,
+        watch: Watch = _telemetry.NULL,
+    ) -> T:
         outcome: Any = None
         while True:
             try:
                 action = flow.send(outcome)
             except StopIteration as done:
+                watch.result(done.value)
                 return done.value  # type: ignore[no-any-return]
             try:
-                outcome = self._perform(action, on_update)
+                outcome = self._perform(action, on_update, watch)
             except BaseException:  # cancelled, closed, interrupted: the flow gives back its place
                 flow.close()
                 raise
 
-    def _run_catching(self, flow: Flow[T]) -> T | BaseException:
+    def _run_catching(self, flow: Flow[T], *, watch: Watch = _telemetry.NULL) -> T | BaseException:
         try:
-            return self._run(flow)
+            return self._run(flow, watch=watch)
         except Exception as exc:
             return exc
 
-    def _perform(self, action: Action, on_update: _io.OnUpdate | None) -> Any:
+    def _perform(self, action: Action, on_update: _io.OnUpdate | None, watch: Watch) -> Any:
         if isinstance(action, Send):
             return self._send(action)
+        if isinstance(action, Observe):
+            watch.observe(action)
+            return None
         if isinstance(action, Sleep):
             self._sleep(action.seconds)
         elif isinstance(action, Notify):

@@ -43,10 +43,16 @@ from .poll import WaitSchedule, plan_wait, query_priority
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
 from .text import printable
 from .wire import (
+    BUDGET_WAIT,
+    PHASE,
+    POLL,
+    REQUEST,
+    TASK_DONE,
     Action,
     Fetch,
     Fetched,
     Notify,
+    Observe,
     Pace,
     Paced,
     Reply,
@@ -102,6 +108,9 @@ class Flows:
         )
         self.durations = durations if durations is not None else DurationModel()
         self._secrets = (settings.api_key,)
+        # Whether flows yield Observe actions (DESIGN 17): set by a client whose telemetry is
+        # on, so that a client without it pays nothing for them.
+        self.observe = False
 
     def surface(self, surface: str | None) -> Surface:
         return self.settings.surface if surface is None else check_surface(surface)
@@ -197,7 +206,7 @@ class Flows:
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
         schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
                              accepted=accepted, now=now, rng=self.rng)  # fmt: skip
-        return self._wait(surface, task_id, _checked_timeout(timeout), schedule)
+        return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started)
 
     def _started(self, submitted_at: datetime | None) -> float | None:
         """A task's start on this process's monotonic clock, from the wall-clock time its
@@ -211,7 +220,12 @@ class Flows:
         return self.clock() - ago if ago > 0 else self.clock()
 
     def _wait(
-        self, surface: Surface, task_id: str, timeout: float, schedule: WaitSchedule
+        self,
+        surface: Surface,
+        task_id: str,
+        timeout: float,
+        schedule: WaitSchedule,
+        started: float | None = None,
     ) -> Flow[Task]:
         """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
         before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once."""
@@ -253,6 +267,8 @@ class Flows:
         if first > 0 and bounded and min(first, timeout - lead) > 0:
             yield Sleep(min(first, timeout - lead))
         while True:
+            if self.observe:
+                yield Observe(POLL, surface=surface, task_id=task_id)
             task = yield from self._attempts(
                 send, read, give_up, kind=QUERY, deadline=deadline if bounded else None,
                 priority=priority,
@@ -262,6 +278,10 @@ class Flows:
                 seen = (task.status, task.progress)
                 yield Notify(task)
             last = task
+            if task.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED) and self.observe:
+                took = -1.0 if started is None else max(0.0, now - started)  # -1: not known
+                yield Observe(TASK_DONE, value=took, surface=surface, task_id=task_id,
+                              status=task.status.value)  # fmt: skip
             if task.status is TaskStatus.SUCCEEDED:
                 schedule.finished(now)
                 return task
@@ -289,6 +309,8 @@ class Flows:
     ) -> Flow[Task]:
         """Submit, then wait. A slow task is waited on, never replaced by a new submission."""
         timeout = _checked_timeout(timeout)  # before the submit: a bad value must cost nothing
+        if self.observe:
+            yield Observe(PHASE, kind="submit")
         submission = yield from self.submit(
             prompt,
             aspect_ratio=aspect_ratio,
@@ -297,6 +319,8 @@ class Flows:
             idempotency_key=idempotency_key,
             validate=validate,
         )
+        if self.observe:
+            yield Observe(PHASE, kind="wait", task_id=submission.task_id)
         return (yield from self.wait(submission, surface=None, timeout=timeout))
 
     def downloads(
@@ -465,9 +489,12 @@ class Flows:
             attempt += 1
             ticket = None
             if kind is not None:
+                asked = self.clock()
                 ticket = yield from self._slot(
                     kind, deadline, priority() if priority is not None else None
                 )
+                if self.observe and ticket is not None:
+                    yield Observe(BUDGET_WAIT, value=self.clock() - asked, kind=kind)
                 if ticket is None:
                     err = APITimeoutError(
                         "the request budget left no slot before the deadline", request_sent=False
@@ -486,6 +513,10 @@ class Flows:
             except ImggwError as err:
                 verdict = classify(err)
                 unknown = unknown or verdict.unknown
+                if self.observe:
+                    yield Observe(REQUEST, kind=_observed_kind(kind, action),
+                                  outcome=_outcome(err, verdict.unknown),
+                                  limited=isinstance(err, RateLimitError))  # fmt: skip
                 limited = isinstance(err, RateLimitError) and ticket is not None
                 if ticket is not None:
                     hint = err.retry_after if isinstance(err, RateLimitError) else None
@@ -513,6 +544,8 @@ class Flows:
                     err.message,
                 )
             else:
+                if self.observe:
+                    yield Observe(REQUEST, kind=_observed_kind(kind, action), outcome="ok")
                 if isinstance(ticket, Ticket):
                     assert isinstance(self.budget, Budget)
                     self.budget.finished(ticket, self.clock())
@@ -658,6 +691,20 @@ def _checked_task_id(task_id: object) -> str:
     raise_violations(rules.check_task_id(task_id))
     assert isinstance(task_id, str)
     return task_id
+
+
+def _observed_kind(kind: str | None, action: Action) -> str:
+    """What a request was, for telemetry: submit, query, or a result's download."""
+    if kind is not None:
+        return kind
+    return "download" if isinstance(action, Fetch) else "other"
+
+
+def _outcome(err: ImggwError, unknown: bool) -> str:
+    """How a failed attempt ended, in a few words (a metric's attribute: few values)."""
+    if isinstance(err, RateLimitError):
+        return err.code or "limited"  # the reason's own code (rate_limited)
+    return "unknown" if unknown else "error"
 
 
 def _describe(action: Action) -> str:

@@ -130,5 +130,31 @@ class Paced:
     backoff: tuple[float, float] = DEFAULT_BACKOFF
 
 
-Action = Send | Sleep | Notify | Fetch | Pace | Paced
+# What an Observe reports (DESIGN 17).
+REQUEST = "request"  # one attempt's outcome: kind (submit, query, download), outcome
+BUDGET_WAIT = "budget_wait"  # seconds one request waited for the budget (value), kind
+POLL = "poll"  # one query of a wait
+TASK_DONE = "task_done"  # a wait saw its task terminal: seconds since its submit (value)
+PHASE = "phase"  # generate moves on to its submit or its wait (kind), for the task task_id
+
+
+@dataclass(frozen=True, slots=True)
+class Observe:
+    """Something worth measuring happened -> ``None``: the driver hands it to telemetry.
+    Yielded only by flows whose client observes (``Flows.observe``: the OpenTelemetry API is
+    installed). ``event`` is one of the names above; the other fields apply as they say. The
+    protocol's judgements (was it a 429, did the task finish) are made here in the core, so
+    that the drivers only count."""
+
+    event: str
+    value: float = 1.0
+    kind: str = ""
+    outcome: str = ""
+    surface: str = ""
+    task_id: str = ""
+    status: str = ""
+    limited: bool = False  # a request the gateway answered with a 429
+
+
+Action = Send | Sleep | Notify | Fetch | Pace | Paced | Observe
 Outcome = Any  # Reply | TransportFailure | Fetched | (ticket, seconds) | None, by action

@@ -39,6 +39,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from .. import _telemetry
 from .._async_client import AsyncClient
 from .._config import check_surface
 from .._core import reasons
@@ -178,6 +179,7 @@ class _Queued:
     seq: int
     row: Row = field(compare=False)
     done: anyio.Event = field(compare=False)
+    context: object = field(compare=False, default=None)  # the line's span, for its download
 
 
 class Engine:
@@ -394,12 +396,13 @@ class Engine:
 
     async def line(self, row: Row) -> None:
         try:
-            if row.state is PENDING:
-                await self.submit(row)
-            if row.state is RUNNING:
-                await self.wait(row)
-            if row.state is DOWNLOADING:
-                await self.download(row)
+            with _telemetry.line_span(row.line):
+                if row.state is PENDING:
+                    await self.submit(row)
+                if row.state is RUNNING:
+                    await self.wait(row)
+                if row.state is DOWNLOADING:
+                    await self.download(row)
         except FATAL as err:
             self.stop(err)
         except Exception as exc:  # one line's fault must not end the run
@@ -532,7 +535,8 @@ class Engine:
         if not row.urls:
             self.fail(row, "no_result", f"task {row.task_id} succeeded without result URLs")
             return
-        item = _Queued(row.expires_at or math.inf, next(self.order), row, anyio.Event())
+        item = _Queued(row.expires_at or math.inf, next(self.order), row, anyio.Event(),
+                       _telemetry.current())  # fmt: skip
         heapq.heappush(self.queue, item)
         self.queued.release()
         await item.done.wait()
@@ -543,7 +547,8 @@ class Engine:
             await self.queued.acquire()
             item = heapq.heappop(self.queue)
             try:
-                await self.save_results(item.row)
+                with _telemetry.resumed(item.context):
+                    await self.save_results(item.row)
             except FATAL as err:
                 self.stop(err)
             except Exception as exc:  # one line's fault must not end the run

@@ -1,0 +1,290 @@
+"""OpenTelemetry traces and metrics (DESIGN 17), through the global tracer and meter
+providers: nothing is recorded until the application configures an OpenTelemetry SDK, and
+without the ``imggw[otel]`` extra (``opentelemetry-api``) nothing here does anything at all.
+
+Each public call of a client is an :class:`Operation`: a span (``imggw.submit``, ``imggw.get``,
+``imggw.wait``, ``imggw.download``, ``imggw.generate`` with its submit and wait as children),
+current while the call runs, so that an application's span is its parent and httpx's own
+instrumentation nests under it. The core's flows yield ``Observe`` actions (what a request's
+outcome was, how long it waited for the budget, a poll, a task seen finished); the operation
+counts them into the span's attributes and the metrics. Never the API key, never the prompt:
+attributes are the surface, task ids, statuses and counts, and an error's class and code.
+
+Example::
+
+    with operation("imggw.submit", surface="beta") as op:
+        ...                                   # the driver calls op.observe(action) per Observe
+        op.result(submission)
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from ._core.wire import BUDGET_WAIT, PHASE, POLL, REQUEST, TASK_DONE, Observe
+from ._version import __version__
+
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import metrics as _metrics
+    from opentelemetry import trace as _trace
+except ImportError:  # the extra is not installed: operations are the null one
+    ENABLED = False
+    _UNSET: tuple[type, ...] = ()
+else:
+    ENABLED = True
+    # The providers the API hands out until an application sets its own (the meter's is not
+    # public: found by name, and if it ever moves, telemetry is simply always on).
+    from opentelemetry.metrics import _internal as _metrics_internal
+
+    _proxy_meters = getattr(_metrics_internal, "_ProxyMeterProvider", None)
+    _UNSET = (_trace.ProxyTracerProvider, *((_proxy_meters,) if _proxy_meters else ()))
+
+__all__ = ["ENABLED", "NULL", "Operation", "Watch", "active", "current", "line_span",
+           "operation", "resumed"]  # fmt: skip
+
+NAME = "imggw_client"
+
+
+class _Instruments:
+    """The metrics (DESIGN 17), made once from the global meter provider: a proxy until the
+    application sets one, which then takes them over."""
+
+    def __init__(self) -> None:
+        meter = _metrics.get_meter(NAME, __version__)
+        self.requests = meter.create_counter(
+            "imggw.requests", unit="{request}", description="Requests sent to the gateway, and "
+            "result downloads, by kind (submit, query, download) and outcome",
+        )  # fmt: skip
+        self.rate_limited = meter.create_counter(
+            "imggw.rate_limited", unit="{request}", description="Requests the gateway "
+            "answered with a 429 (rate limited), by kind",
+        )  # fmt: skip
+        self.task_duration = meter.create_histogram(
+            "imggw.task.duration", unit="s", description="From a task's submit to the "
+            "terminal state a wait saw, by surface and status",
+        )  # fmt: skip
+        self.budget_wait = meter.create_histogram(
+            "imggw.budget.wait", unit="s", description="Seconds one request waited for the "
+            "client's request budget, by kind",
+        )  # fmt: skip
+        self.polls = meter.create_counter(
+            "imggw.polls", unit="{query}", description="Queries sent by waits, by surface"
+        )
+
+
+_instruments: _Instruments | None = None
+
+
+def _made() -> _Instruments:
+    global _instruments
+    if _instruments is None:
+        _instruments = _Instruments()
+    return _instruments
+
+
+class Operation:
+    """One public call's span, current while the call runs, and what its flow observed."""
+
+    def __init__(self, name: str, surface: str) -> None:
+        self.name = name
+        self.surface = surface
+        self.attempts = 0
+        self.polls = 0
+        self._span: Any = None
+        self._token: Any = None
+        self._child: Any = None
+        self._child_token: Any = None
+        self._child_name = ""
+        self._child_polls = 0
+        self._child_attempts = 0
+
+    def __enter__(self) -> Operation:
+        tracer = _trace.get_tracer(NAME, __version__)
+        self._span = tracer.start_span(self.name, attributes={"imggw.surface": self.surface})
+        self._token = _context.attach(_trace.set_span_in_context(self._span))
+        return self
+
+    def observe(self, seen: Observe) -> None:
+        """Counts one observation into this call's span and the metrics. ``imggw.attempts``
+        counts the requests the call sent, retries included (a wait's polls among them)."""
+        made = _made()
+        if seen.event == REQUEST:
+            self.attempts += 1
+            made.requests.add(1, {"kind": seen.kind, "outcome": seen.outcome})
+            if seen.limited:
+                made.rate_limited.add(1, {"kind": seen.kind})
+        elif seen.event == BUDGET_WAIT:
+            made.budget_wait.record(max(0.0, seen.value), {"kind": seen.kind})
+        elif seen.event == POLL:
+            self.polls += 1
+            made.polls.add(1, {"surface": seen.surface})
+        elif seen.event == TASK_DONE:
+            if seen.value >= 0:  # a task whose submit this process did not see: not known
+                made.task_duration.record(
+                    seen.value, {"surface": seen.surface, "status": seen.status}
+                )
+        elif seen.event == PHASE:
+            self._phase(seen.kind, seen.task_id)
+
+    def _phase(self, phase: str, task_id: str) -> None:
+        """``generate`` moved on: its current child span ends, the next begins."""
+        if task_id and self._child is not None:
+            self._child.set_attribute("imggw.task_id", task_id)
+        self._end_child()
+        if task_id:
+            self._span.set_attribute("imggw.task_id", task_id)
+        tracer = _trace.get_tracer(NAME, __version__)
+        attributes = {"imggw.surface": self.surface}
+        if task_id:
+            attributes["imggw.task_id"] = task_id
+        self._child_name = f"imggw.{phase}"
+        self._child = tracer.start_span(self._child_name, attributes=attributes)
+        self._child_token = _context.attach(_trace.set_span_in_context(self._child))
+        self._child_polls, self._child_attempts = self.polls, self.attempts
+
+    def _end_child(self, error: BaseException | None = None) -> None:
+        if self._child is None:
+            return
+        self._child.set_attribute("imggw.attempts", self.attempts - self._child_attempts)
+        if self._child_name == "imggw.wait":
+            self._child.set_attribute("imggw.polls", self.polls - self._child_polls)
+        if error is not None:
+            _failed(self._child, error)
+        _context.detach(self._child_token)
+        self._child.end()
+        self._child = self._child_token = None
+
+    def result(self, value: object) -> None:
+        """The call's result: its task id and status become the span's attributes."""
+        task_id = getattr(value, "task_id", None) or getattr(value, "id", None)
+        if isinstance(task_id, str):
+            self._span.set_attribute("imggw.task_id", task_id)
+        status = getattr(value, "status", None)
+        if status is not None:
+            self._span.set_attribute("imggw.status", str(getattr(status, "value", status)))
+            if self._child is not None:
+                self._child.set_attribute("imggw.status", str(getattr(status, "value", status)))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end_child(exc)
+        self._span.set_attribute("imggw.attempts", self.attempts)
+        if self.name in ("imggw.wait", "imggw.generate"):
+            self._span.set_attribute("imggw.polls", self.polls)
+        if exc is not None:
+            _failed(self._span, exc)
+        _context.detach(self._token)
+        self._span.end()
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    """An error's class and public code on the span, and its status; never its message
+    (which may quote what the gateway said about a prompt)."""
+    code = getattr(exc, "code", None)
+    span.set_attribute("error.type", type(exc).__name__)
+    if isinstance(code, str):
+        span.set_attribute("imggw.error.code", code)
+    span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(exc).__name__))
+
+
+class _Null:
+    """The operation when telemetry is off: does nothing, as cheaply as can be."""
+
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def observe(self, seen: Observe) -> None:
+        return None
+
+    def result(self, value: object) -> None:
+        return None
+
+
+NULL = _Null()
+Watch = Operation | _Null  # what a client's driver counts a call's observations into
+
+
+def active() -> bool:
+    """Whether anything would be recorded: the API is installed and the application set a
+    tracer or meter provider. Asked at each call (a provider is set once, at start), so a
+    client without one pays next to nothing (DESIGN 17)."""
+    if not ENABLED:
+        return False
+    return not (
+        isinstance(_trace.get_tracer_provider(), _UNSET)
+        and isinstance(_metrics.get_meter_provider(), _UNSET)
+    )
+
+
+def operation(name: str | None, surface: str) -> Operation | _Null:
+    """The span of one public call (``name``), or the null one when nothing would record it
+    or the call is not one (``name`` None)."""
+    if name is None or not active():
+        return NULL
+    return Operation(name, surface)
+
+
+class _LineSpan:
+    """``imggw.batch.line``: one batch line's work, parent of its client calls."""
+
+    def __init__(self, line: int) -> None:
+        self.line = line
+        self.span: Any = None
+        self.token: Any = None
+
+    def __enter__(self) -> Any:
+        tracer = _trace.get_tracer(NAME, __version__)
+        self.span = tracer.start_span("imggw.batch.line", attributes={"imggw.line": self.line})
+        self.token = _context.attach(_trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            _failed(self.span, exc)
+        _context.detach(self.token)
+        self.span.end()
+
+
+def line_span(line: int) -> Any:
+    """The span of one batch line (a null context when telemetry is off)."""
+    if not active():
+        return NULL
+    return _LineSpan(line)
+
+
+def current() -> object:
+    """The current context, to resume in another task (a line's download, say)."""
+    return _context.get_current() if ENABLED else None
+
+
+class _Resumed:
+    def __init__(self, saved: object) -> None:
+        self.saved = saved
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        self.token = _context.attach(self.saved)  # type: ignore[arg-type]
+
+    def __exit__(self, *exc: object) -> None:
+        _context.detach(self.token)
+
+
+def resumed(saved: object) -> Any:
+    """Runs a block in a context saved by :func:`current` (nothing when telemetry is off)."""
+    if not ENABLED or saved is None:
+        return NULL
+    return _Resumed(saved)

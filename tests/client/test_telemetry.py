@@ -1,0 +1,283 @@
+"""OpenTelemetry traces and metrics (DESIGN 17), recorded by the OpenTelemetry SDK's in-memory
+exporter and metric reader, over loopback against the reference gateway."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from imggw_client import AsyncClient, Client, PollPolicy, TaskFailedError
+from imggw_client.batch import run_batch
+from imggw_client.mock import MockGateway
+
+KEY = "sk-telemetry-canary-4b1d77"
+PROMPT = "a canary prompt 93f1e0 that must never be recorded"
+FAST = {"poll": PollPolicy(initial_interval=0.05, max_interval=0.1)}
+QUICK = {"duration_min": 0.1, "duration_max": 0.2}
+
+
+class _Switch(SpanProcessor):
+    """Hands spans to the exporter only while a test of this module runs: the global tracer
+    provider can be set once per process, and the rest of the suite should not fill it."""
+
+    def __init__(self, exporter: InMemorySpanExporter) -> None:
+        self.exporter = exporter
+        self.on = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.on:
+            self.exporter.export([span])
+
+
+_EXPORTER = InMemorySpanExporter()
+_SWITCH = _Switch(_EXPORTER)
+_READER = InMemoryMetricReader()
+_INSTALLED: list[bool] = []
+
+
+@pytest.fixture
+def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+    if not _INSTALLED:  # once per process, as an application does at its start
+        provider = TracerProvider()
+        provider.add_span_processor(_SWITCH)
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+        _INSTALLED.append(True)
+    _READER.get_metrics_data()  # (cumulative: each test reads what it added, by difference)
+    _EXPORTER.clear()
+    _SWITCH.on = True
+    try:
+        yield _EXPORTER, _READER
+    finally:
+        _SWITCH.on = False
+        _EXPORTER.clear()
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    """Every metric's points: attributes and value (a histogram's count and sum)."""
+    found: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            if scope.scope.name != "imggw_client":
+                continue
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    if value is None:
+                        value = point.sum  # type: ignore[union-attr]
+                        found.setdefault(metric.name + ".count", []).append(
+                            (dict(point.attributes or {}), point.count)  # type: ignore[union-attr]
+                        )
+                    found.setdefault(metric.name, []).append((dict(point.attributes or {}), value))
+    return found
+
+
+def total(found: dict[str, list[tuple[dict[str, Any], float]]], name: str, **match: str) -> float:
+    return sum(
+        v for attrs, v in found.get(name, []) if all(attrs.get(k) == m for k, m in match.items())
+    )
+
+
+def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
+    named: dict[str, list[ReadableSpan]] = {}
+    for span in spans:
+        named.setdefault(span.name, []).append(span)
+    return named
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent else None
+
+
+def run_kind(kind: str, base: str, job: Any, **options: Any) -> Any:
+    """``job(client)`` with a Client or (awaited) an AsyncClient."""
+    if kind == "sync":
+        with Client(api_key=KEY, base_url=base, **FAST, **options) as client:
+            return job(client)
+
+    async def main() -> Any:
+        async with AsyncClient(api_key=KEY, base_url=base, **FAST, **options) as client:
+            return await job(client)
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_generate_is_a_span_tree_under_the_applications_span(
+    kind: str, otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+) -> None:
+    exporter, _ = otel
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    app = trace.get_tracer("the.application")
+
+    def job(client: Any) -> Any:
+        with app.start_as_current_span("handle request"):
+            return client.generate(PROMPT, aspect_ratio="3:2", resolution="2k")
+
+    async def ajob(client: Any) -> Any:
+        with app.start_as_current_span("handle request"):
+            return await client.generate(PROMPT, aspect_ratio="3:2", resolution="2k")
+
+    with gw.serve() as base:
+        task = run_kind(kind, base, job if kind == "sync" else ajob)
+    named = by_name(exporter.get_finished_spans())
+    (root,) = named["handle request"]
+    (generate,) = named["imggw.generate"]
+    (submit,) = named["imggw.submit"]
+    (wait,) = named["imggw.wait"]
+    assert parent_of(generate) == root.context.span_id
+    assert parent_of(submit) == parent_of(wait) == generate.context.span_id
+    assert submit.end_time <= wait.start_time  # type: ignore[operator]
+    assert generate.attributes is not None
+    assert wait.attributes is not None
+    assert dict(generate.attributes) == {
+        "imggw.surface": "beta", "imggw.task_id": task.id, "imggw.status": "succeeded",
+        "imggw.attempts": 1 + wait.attributes["imggw.polls"],  # type: ignore[operator]
+        "imggw.polls": wait.attributes["imggw.polls"],
+    }  # fmt: skip
+    assert submit.attributes == {"imggw.surface": "beta", "imggw.task_id": task.id,
+                                 "imggw.attempts": 1}  # fmt: skip
+    assert wait.attributes["imggw.polls"] >= 1
+    assert wait.attributes["imggw.status"] == "succeeded"
+    assert all(s.status.status_code is StatusCode.UNSET for s in (generate, submit, wait))
+
+
+def test_a_failed_task_sets_the_error_status_with_its_class_and_code(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> None:
+    exporter, reader = otel
+    gw = MockGateway(api_keys=[KEY], failure_rate=1.0, **QUICK)
+    with (
+        gw.serve() as base,
+        Client(api_key=KEY, base_url=base, **FAST) as client,
+        pytest.raises(TaskFailedError) as failed,
+    ):
+        client.generate(PROMPT)
+    named = by_name(exporter.get_finished_spans())
+    for name in ("imggw.generate", "imggw.wait"):
+        (span,) = named[name]
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes is not None
+        assert span.attributes["error.type"] == "TaskFailedError"
+        assert span.attributes["imggw.error.code"] == failed.value.code
+    (submit,) = named["imggw.submit"]
+    assert submit.status.status_code is StatusCode.UNSET
+    assert total(points(reader), "imggw.task.duration.count", status="failed") == 1
+
+
+def test_each_batch_line_is_a_span_with_its_calls_beneath(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+) -> None:
+    exporter, _ = otel
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+    source = tmp_path / "in.txt"
+    source.write_text(f"{PROMPT} 1\n{PROMPT} 2\n{PROMPT} 3\n")
+    with gw.serve() as base:
+        report = run_batch(source, tmp_path / "out", gallery=False,
+                           client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, **FAST))  # fmt: skip
+    assert report.exit_code == 0
+    named = by_name(exporter.get_finished_spans())
+    lines = {span.attributes["imggw.line"]: span for span in named["imggw.batch.line"]}  # type: ignore[index]
+    assert sorted(lines) == [1, 2, 3]
+    ids = {span.context.span_id for span in lines.values()}
+    for name in ("imggw.submit", "imggw.wait", "imggw.download"):
+        assert len(named[name]) == 3
+        assert {parent_of(span) for span in named[name]} == ids, name
+
+
+def test_metrics_after_a_run_that_met_a_429(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> None:
+    _, reader = otel
+    before = points(reader)
+    # One submit a second: the second of two quick submits meets a 429 and is retried.
+    gw = MockGateway(api_keys=[KEY], submit_limit="1/1", **QUICK)
+    with gw.serve() as base, Client(api_key=KEY, base_url=base, **FAST) as client:
+        tasks = [client.generate(f"{PROMPT} {i}") for i in range(2)]
+    assert gw.stats()["rate_limited"] >= 1
+    after = points(reader)
+
+    def grew(name: str, **match: str) -> float:
+        return total(after, name, **match) - total(before, name, **match)
+
+    assert grew("imggw.rate_limited", kind="submit") == gw.stats()["rate_limited"]
+    assert grew("imggw.requests", kind="submit", outcome="rate_limited") >= 1
+    assert grew("imggw.requests", kind="submit", outcome="ok") == 2
+    queries = gw.stats()["requests"]
+    polls = grew("imggw.polls", surface="beta")
+    assert polls == grew("imggw.requests", kind="query", outcome="ok") >= 2
+    assert sum(n for route, n in queries.items() if "GET" in route) == polls
+    assert grew("imggw.task.duration.count", surface="beta", status="succeeded") == 2
+    took = grew("imggw.task.duration", surface="beta", status="succeeded")
+    assert 0.2 <= took < 10  # two tasks of 0.1-0.2 s, each seen within its poll schedule
+    assert grew("imggw.budget.wait.count", kind="submit") >= 3  # every attempt asked it
+    assert {t.status.value for t in tasks} == {"succeeded"}
+
+
+def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+) -> None:
+    exporter, reader = otel
+    gw = MockGateway(api_keys=[KEY], failure_rate=0.5, seed=3, **QUICK)
+    with gw.serve() as base, Client(api_key=KEY, base_url=base, **FAST) as client:
+        for i in range(4):
+            try:
+                task = client.generate(f"{PROMPT} {i}")
+                client.download(task, tmp_path)
+            except TaskFailedError:
+                pass
+        with pytest.raises(Exception):  # noqa: B017, PT011  # a refused request, too
+            client.submit(PROMPT, aspect_ratio="7:3")
+    spans = exporter.get_finished_spans()
+    assert spans
+    recorded = json.dumps(
+        [[s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {})) for e in s.events],
+          dict(s.resource.attributes), s.status.description] for s in spans]
+        + [repr(points(reader))], default=str,
+    )  # fmt: skip
+    assert KEY not in recorded
+    assert "canary prompt" not in recorded
+    assert "93f1e0" not in recorded
+
+
+@pytest.mark.parametrize("mode", ["no provider", "without the extra"])
+def test_without_a_provider_or_the_extra_nothing_is_recorded_and_all_works(mode: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        if {mode == "without the extra"!r}:
+            sys.modules["opentelemetry"] = None  # as if imggw[otel] were not installed
+        from imggw_client import Client, PollPolicy, _telemetry
+        from imggw_client.mock import MockGateway
+        gw = MockGateway(api_keys=["{KEY}"], duration_min=0.05, duration_max=0.1)
+        with gw.serve() as base, Client(api_key="{KEY}", base_url=base,
+                                        poll=PollPolicy(initial_interval=0.05)) as client:
+            task = client.generate("a fox")
+        recording = None
+        if _telemetry.ENABLED:
+            from opentelemetry import trace
+            with trace.get_tracer("probe").start_as_current_span("probe") as span:
+                recording = span.is_recording()
+        print(_telemetry.ENABLED, task.status.value, recording)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    expected = "True succeeded False" if mode == "no provider" else "False succeeded None"
+    assert done.stdout.split() == expected.split()
