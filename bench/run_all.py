@@ -27,6 +27,7 @@ SUITE = [
     ("budget", ["budget.py"], ["budget.py", "--quick"]),
     ("scale_out", ["scale_out.py"], ["scale_out.py", "--lines", "200"]),
     ("guards", ["guards.py"], ["guards.py", "--quick"]),
+    ("shared budget", ["shared_budget.py"], ["shared_budget.py", "--quick"]),
 ]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._config import Settings, redact_store
 from ._core import shared_budget as shared
-from ._core.budget import QUERY, SUBMIT
+from ._core.budget import GUARD, QUERY, SUBMIT
 from ._core.shared_budget import Fallback, StoreTicket
 from ._exceptions import ConfigurationError
 
@@ -54,6 +54,7 @@ class _Shared:
         self.keys = {kind: shared.lane_key(settings.api_key, settings.base_url, kind)
                      for kind in (SUBMIT, QUERY)}  # fmt: skip
         self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
+        self._quiet_until = 0.0  # no request before this, just after going alone
 
     def options(self) -> dict[str, Any]:
         from redis.backoff import NoBackoff
@@ -80,9 +81,16 @@ class _Shared:
             except shared.StoreAnswerError as exc:
                 answer = exc
             else:
-                self._answered()
+                if self._answered() and wait == 0:
+                    # Back from going alone: the store's lane never heard of this process's
+                    # last request, which may have gone a moment ago. One interval first (the
+                    # store counted this one as sent: asked again, it goes).
+                    return self._interval(ticket.kind)
                 return wait
-        self._failed(answer)
+        if self._failed(answer):
+            # Going alone from now: the in-process budget never heard of the store's last
+            # request, which may have gone a moment ago. One interval first.
+            self._quiet_until = time.monotonic() + self._interval(ticket.kind)
         return self.local_wait(ticket)
 
     def local_wait(self, ticket: StoreTicket) -> float:
@@ -90,7 +98,12 @@ class _Shared:
         now = time.monotonic()
         if ticket.local is None:
             ticket.local = self.fallback.budget.reserve(ticket.kind, now)
-        return self.fallback.budget.wait_time(ticket.local, now)
+        wait = self.fallback.budget.wait_time(ticket.local, now)
+        return max(wait, self._quiet_until - now)
+
+    def _interval(self, kind: str) -> float:
+        rate = self.limit.submits_per_second if kind == SUBMIT else self.limit.queries_per_second
+        return 0.0 if rate is None else (1.0 + GUARD) / rate
 
     def plan_release(self, ticket: StoreTicket) -> list[str] | None:
         if ticket.local is not None:
@@ -126,15 +139,19 @@ class _Shared:
         if isinstance(answer, BaseException):
             self._failed(answer)
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> bool:
+        """Notes a failure of the store; True if it was answering until now."""
         warning = self.fallback.failed(time.monotonic(), shared.reason(exc))
         if warning is not None:
             log.warning(warning)
+        return warning is not None
 
-    def _answered(self) -> None:
+    def _answered(self) -> bool:
+        """Notes an answer of the store; True if it was away until now."""
         note = self.fallback.answered(time.monotonic())
         if note is not None:
             log.warning(note)
+        return note is not None
 
 
 class AsyncStoreBudget(_Shared):
