@@ -57,5 +57,44 @@ def main(
 
 def run() -> None:
     """The entry point: Typer in standalone mode (usage errors exit 2); commands set their own
-    exit codes, Ctrl-C included."""
-    app(prog_name="imggw")
+    exit codes, Ctrl-C included. With --log-format json, Click's own messages (a usage error)
+    and a crash's traceback are JSON objects too (see _stderr)."""
+    import sys
+
+    from . import _stderr
+
+    _stderr.start(sys.argv[1:])
+    if not _stderr.is_json():
+        app(prog_name="imggw")
+        return
+    sys.exit(_run_json())
+
+
+def _run_json() -> int:
+    """The app out of standalone mode, so that what Click would print is ours to write: its
+    exit code."""
+    import traceback
+
+    from . import _stderr
+
+    try:
+        code = app(prog_name="imggw", standalone_mode=False)
+    except typer.Abort:  # Click's "Aborted!": end of input at one of its prompts
+        _stderr.say("Aborted!", level="error", event="aborted", exit_code=1)
+        return 1
+    except typer.TyperException as exc:  # Click's usage errors (and its other errors)
+        code = int(getattr(exc, "exit_code", 1))
+        ctx = getattr(exc, "ctx", None)
+        usage = ctx.get_usage() if ctx is not None else None
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help, as text
+            _stderr.say(exc.format_message(), level="error", event="help", exit_code=code)
+        else:
+            _stderr.say(f"Error: {exc.format_message()}", level="error",
+                        event="usage_error" if code == _exit.USAGE else "error",
+                        exit_code=code, usage=usage)  # fmt: skip
+        return code
+    except Exception as exc:  # a bug: its traceback inside the object, never lines of its own
+        _stderr.say(f"{type(exc).__name__}: {exc}", level="error", event="crash", exit_code=1,
+                    traceback="".join(traceback.format_exception(exc)))  # fmt: skip
+        return 1
+    return code if isinstance(code, int) else 0

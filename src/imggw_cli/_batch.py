@@ -291,7 +291,7 @@ def batch(
         try:
             code = _scale.run_scaled(out, flags, file, output, modes, options)
         except KeyboardInterrupt:
-            out.error(BATCH_INTERRUPTED)
+            out.error(BATCH_INTERRUPTED, event="interrupted", exit_code=_exit.INTERRUPTED)
             raise typer.Exit(_exit.INTERRUPTED) from None
     raise typer.Exit(code)
 
@@ -368,7 +368,7 @@ def run_local(source: str, output: Path, **options: Any) -> None:
         try:
             report = anyio.run(main)
         except KeyboardInterrupt:
-            out.error(BATCH_INTERRUPTED)
+            out.error(BATCH_INTERRUPTED, event="interrupted", exit_code=_exit.INTERRUPTED)
             raise typer.Exit(_exit.INTERRUPTED) from None
         if flags.json:
             with report.manifest.open(encoding="utf-8") as manifest:
@@ -379,5 +379,5 @@ def run_local(source: str, output: Path, **options: Any) -> None:
         batch_summary(out, report)
         stopped = report_stop_line(report)
         if stopped is not None:  # said even with --quiet: it is why the run ends with 6
-            out.warn(stopped)
+            out.warn(stopped, event="stopped", stopped_by=report.stopped_by)
     raise typer.Exit(report.exit_code)

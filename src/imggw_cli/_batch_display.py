@@ -1,5 +1,6 @@
 """How a batch shows itself on stderr: a live bar and table on a terminal, a parseable line
-every few seconds otherwise, and the summary at the end."""
+every few seconds otherwise (and always with --log-format json, each line a JSON object with
+its counts), and the summary at the end (one JSON object with --log-format json)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from imggw_client.text import printable
 
-from ._output import Output
-from ._when import span, until
+from . import _stderr
+from ._output import Output, spent
+from ._when import iso_utc, span, until
 
 if TYPE_CHECKING:
     from imggw_client.batch import BatchProgress, BatchReport
@@ -38,13 +40,15 @@ def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
             warned = True
             out.warn(
                 f"{progress.at_risk} results will expire before their download turn at the "
-                "current pace; raise --concurrency"
+                "current pace; raise --concurrency",
+                event="at_risk",
+                at_risk=progress.at_risk,
             )
 
     if out.quiet:
         yield warn_at_risk
         return
-    if not sys.stderr.isatty():
+    if _stderr.is_json() or not sys.stderr.isatty():
         last = [0.0]
         stopped: list[str | None] = [None]
 
@@ -54,7 +58,8 @@ def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
             news = progress.stopped_by != stopped[0]
             if now - last[0] >= 2.0 or progress.finished == progress.total or news:
                 last[0], stopped[0] = now, progress.stopped_by
-                out.note(progress_text(progress))
+                out.note(progress_text(progress), event="batch_progress",
+                         **progress_fields(progress))  # fmt: skip
             warn_at_risk(progress)
 
         yield line
@@ -180,6 +185,34 @@ def progress_text(p: BatchProgress) -> str:
     return "; ".join(part for part in parts if part)
 
 
+def spent_of(credits: float, cost: float, unknown: int, **caps: float | None) -> Any:
+    """The ``spent`` field: credits, and the cost (null when no line charged stated one; see
+    cost_text), the caps when set."""
+    known = None if unknown and not cost else cost
+    return spent(credits, known, cost_unknown=unknown,
+                 **{name: cap for name, cap in caps.items() if cap is not None})  # fmt: skip
+
+
+def progress_fields(p: BatchProgress) -> dict[str, Any]:
+    """A progress line's fields for --log-format json: what :func:`progress_text` says."""
+    return {
+        "finished": p.finished,
+        "total": p.total,
+        "counts": p.words,
+        "throughput": round(p.throughput, 3),
+        "eta": None if p.eta is None else round(p.eta, 1),
+        "elapsed": round(p.elapsed, 1),
+        "spent": spent_of(
+            p.credits, p.cost, p.cost_unknown, max_credits=p.max_credits, max_cost=p.max_cost
+        ),
+        "stopped_by": p.stopped_by,
+        "awaiting_download": p.awaiting_download or None,
+        "soonest_expiry": None if p.soonest_expiry is None else iso_utc(p.soonest_expiry),
+        "least_time_left": p.least_time_left,
+        "typical_durations": p.typical_durations or None,
+    }
+
+
 def progress_view(p: BatchProgress) -> Any:
     """The live view: one bar for the whole batch, the counts per state under it, then the
     budget and the downloads waiting."""
@@ -207,11 +240,49 @@ def progress_view(p: BatchProgress) -> Any:
 def batch_summary(out: Output, report: BatchReport) -> None:
     if out.quiet:
         return
+    if _stderr.is_json():
+        _summary_record(out, report)
+    else:
+        _summary_table(report)
+    _summary_notes(out, report)
+
+
+def _summary_record(out: Output, report: BatchReport) -> None:
+    """The summary as one JSON object: what the table says."""
+    from imggw_client.batch import LineState
+
+    counts = report.words
+    said = ", ".join(f"{word} {n}" for word, n in counts.items() if n)
+    cost = cost_text(report.cost, report.cost_unknown)
+    out.note(
+        f"batch summary: {report.total} lines ({said}); credits {report.credits:g}, cost {cost}, "
+        f"{report.elapsed:.1f}s; manifest {report.manifest}",
+        event="batch_summary",
+        total=report.total,
+        counts=counts,
+        expired=report.counts.get(LineState.EXPIRED, 0),
+        bad_lines=report.bad_count,
+        changed_lines=report.changed_count,
+        removed_lines=report.removed_count,
+        spent=spent_of(
+            report.credits,
+            report.cost,
+            report.cost_unknown,
+            max_credits=report.max_credits,
+            max_cost=report.max_cost,
+        ),
+        elapsed=round(report.elapsed, 1),
+        manifest=str(report.manifest),
+        exit_code=int(report.exit_code),
+    )
+
+
+def _summary_table(report: BatchReport) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from imggw_client.batch import SHOWN_BAD_LINES, LineState
+    from imggw_client.batch import LineState
 
     table = Table(title="batch summary", title_justify="left", show_header=False)
     per_word = report.words
@@ -239,8 +310,14 @@ def batch_summary(out: Output, report: BatchReport) -> None:
     table.add_row("elapsed", f"{report.elapsed:.1f}s")
     table.add_row("manifest", Text(printable(report.manifest)))  # a path: no markup
     Console(stderr=True).print(table)
+
+
+def _summary_notes(out: Output, report: BatchReport) -> None:
+    from imggw_client.batch import SHOWN_BAD_LINES
+
     for bad in report.bad_lines[:SHOWN_BAD_LINES]:
-        out.note(f"line {bad.line}: {bad.reason} (skipped)")
+        out.note(f"line {bad.line}: {bad.reason} (skipped)", event="bad_line", line=bad.line,
+                 reason=bad.reason)  # fmt: skip
     if report.bad_lines_file is not None:
         where = printable(report.bad_lines_file)
         out.note(f"all {report.bad_count} bad lines are listed in {where}")

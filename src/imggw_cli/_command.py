@@ -11,13 +11,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
 from imggw_client import rules
 
-from . import _exit
+from . import _exit, _stderr
 from ._globals import current
 from ._output import Output, task_record, unfinished_record
 from ._runtime import setup_logging
@@ -92,10 +92,14 @@ def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP0
     try:
         yield out
     except ImggwError as err:
+        trace = None
         if options.verbose:
             import traceback
 
-            traceback.print_exception(err, file=sys.stderr)
+            if _stderr.is_json():  # inside the error's JSON object, never lines of its own
+                trace = "".join(traceback.format_exception(err))
+            else:
+                traceback.print_exception(err, file=sys.stderr)
         import os
 
         if out.json and isinstance(err, TaskFailedError):
@@ -121,24 +125,38 @@ def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP0
             else:
                 command += f" -o {shlex.quote(str(tracked.output))}"
             message += f"\n  the task succeeded and is paid for; save its results with: {command}"
-        out.error(message)
-        raise typer.Exit(_exit.code_for(err)) from None
+        code = _exit.code_for(err)
+        out.error(message, exit_code=code, task_id=_task_of(err, tracked), error_code=err.code,
+                  error_type=type(err).__name__, resume=resume, traceback=trace)  # fmt: skip
+        raise typer.Exit(code) from None
     except KeyboardInterrupt:
+        said: dict[str, Any] = {"event": "interrupted", "exit_code": _exit.INTERRUPTED}
         if tracked is not None and tracked.id is not None:
             resume = tracked.resume(surface)
-            out.error(f"interrupted; task {tracked.id} goes on. Resume with: {resume}")
+            out.error(f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
+                      task_id=tracked.id, resume=resume, **said)  # fmt: skip
         elif tracked is not None and tracked.key is not None:
             hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
-            out.error(f"interrupted during the submit: a task may have been created.\n{hint}")
+            out.error(f"interrupted during the submit: a task may have been created.\n{hint}",
+                      idempotency_key=tracked.key, **said)  # fmt: skip
         else:
-            out.error("interrupted")
+            out.error("interrupted", **said)
         raise typer.Exit(_exit.INTERRUPTED) from None
+
+
+def _task_of(err: Exception, tracked: Optional[Tracked]) -> Optional[str]:  # noqa: UP045
+    """The task an error is about, if one is known: for --log-format json's ``task_id``."""
+    if tracked is not None and tracked.id is not None:
+        return tracked.id
+    task = getattr(err, "task", None)
+    found = getattr(err, "task_id", None) or getattr(task, "id", None)
+    return None if found is None else str(found)
 
 
 def refuse(message: str) -> NoReturn:
     """A usage error found before anything was read or sent: one line, exit 2."""
     with session() as out:
-        out.error(message)
+        out.error(message, event="usage_error", exit_code=_exit.USAGE)
     raise typer.Exit(_exit.USAGE)
 
 
@@ -157,15 +175,18 @@ def ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:
     import shutil
 
     if folder.exists() and not folder.is_dir():
-        out.error(f"-o {folder}: a file is there, not a folder; nothing was sent")
+        out.error(f"-o {folder}: a file is there, not a folder; nothing was sent",
+                  exit_code=_exit.USAGE)  # fmt: skip
         raise typer.Exit(_exit.USAGE)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        out.error(f"cannot create {folder}: {exc.strerror}; nothing was sent")
+        out.error(f"cannot create {folder}: {exc.strerror}; nothing was sent",
+                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
         raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        out.error(f"cannot write in {folder}: permission denied; nothing was sent")
+        out.error(f"cannot write in {folder}: permission denied; nothing was sent",
+                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
         raise typer.Exit(_exit.AUTH_OR_CONFIG)
     try:
         free = shutil.disk_usage(folder).free
@@ -174,7 +195,8 @@ def ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:
     if free < room:
         out.error(
             f"{folder} has {free / (1 << 20):.1f} MiB free; a result may need about "
-            f"{room >> 20} MiB: make room, then run the same command (nothing was sent)"
+            f"{room >> 20} MiB: make room, then run the same command (nothing was sent)",
+            exit_code=_exit.AUTH_OR_CONFIG,
         )
         raise typer.Exit(_exit.AUTH_OR_CONFIG)
 
@@ -191,10 +213,12 @@ def resolve_prompt(prompt: str, out: Output) -> str:
     try:  # bytes, decoded here: the terminal's encoding has no say in what the prompt is
         text = sys.stdin.read() if buffer is None else buffer.read().decode("utf-8")
     except UnicodeDecodeError as exc:
-        out.error(f"cannot read standard input: not UTF-8 text ({exc.reason})")
+        out.error(f"cannot read standard input: not UTF-8 text ({exc.reason})",
+                  exit_code=_exit.USAGE)  # fmt: skip
         raise typer.Exit(_exit.USAGE) from None
     text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
     for violation in rules.check_prompt(text):
-        out.error(f"the prompt read from standard input {violation.rule}")
+        out.error(f"the prompt read from standard input {violation.rule}",
+                  exit_code=_exit.USAGE)  # fmt: skip
         raise typer.Exit(_exit.USAGE)
     return text

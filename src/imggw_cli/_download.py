@@ -105,7 +105,8 @@ def _download_ids(
                     else:
                         files = []
                         reason = printable(task.error.message) if task.error else ""
-                        out.error(f"task {task_id} failed: {reason}")
+                        out.error(f"task {task_id} failed: {reason}", event="task_failed",
+                                  task_id=task_id)  # fmt: skip
                         code = _exit.TASK_FAILED
                     out.data(task_record(task, files), [str(f.path) for f in files])
             except typer.Exit as failed:

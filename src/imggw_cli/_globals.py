@@ -13,13 +13,14 @@ import contextvars
 import functools
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+
+from . import _stderr
 
 if TYPE_CHECKING:
     from imggw_client import RateLimit
@@ -43,6 +44,7 @@ class Globals:
     rate: float | None = None
     query_rate: float | None = None
     rate_store: str | None = None
+    log_format: str = "text"
     # Where each value came from (see _STRENGTH), so that a weaker source never replaces it.
     sources: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -143,6 +145,22 @@ _OPTIONS = [
         ],
         None,
     ),
+    _keyword(
+        "g_log_format",
+        Annotated[
+            str,
+            # Text, checked here (Click's choice check comes with a usage block); the
+            # environment variable is named in the help text itself.
+            typer.Option(
+                _stderr.FLAG,
+                envvar=_stderr.ENV,
+                show_envvar=False,
+                metavar="text|json",
+                help="Stderr as text, or one JSON object per line (env IMGGW_LOG_FORMAT)",
+            ),
+        ],
+        _stderr.TEXT,
+    ),
 ]
 _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_globals")
 
@@ -161,13 +179,8 @@ def _per_second(flag: str, text: str) -> float:
     except ConfigurationError:
         from imggw_client.text import printable
 
-        print(
-            f"error: {flag} must be a number of requests per second, at least 1/3600 "
-            f"(one an hour) (got {printable(text, 40)!r})",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise typer.Exit(2) from None
+        _usage(f"{flag} must be a number of requests per second, at least 1/3600 (one an hour) "
+               f"(got {printable(text, 40)!r})")  # fmt: skip
     return value
 
 
@@ -181,10 +194,26 @@ def _store(text: str) -> str | None:
     try:
         RateLimit(store=text)
     except ConfigurationError as exc:
-        print(f"error: --rate-store {exc.message.removeprefix('RateLimit.store ')}",
-              file=sys.stderr, flush=True)  # fmt: skip
-        raise typer.Exit(2) from None
+        _usage(f"--rate-store {exc.message.removeprefix('RateLimit.store ')}")
     return text
+
+
+def _usage(message: str) -> NoReturn:
+    """A bad global option: one line on stderr (in the chosen log format), exit 2."""
+    _stderr.say(f"error: {message}", level="error", event="usage_error", exit_code=2)
+    raise typer.Exit(2)
+
+
+def _log_format(value: str, source: str) -> str:
+    """--log-format's value, else exit 2 with one line naming where the bad value came from,
+    in the format the rest of the command line or the environment chose."""
+    chosen = _stderr.parse(value)
+    if chosen is None:
+        from imggw_client.text import printable
+
+        where = _stderr.ENV if source == "ENVIRONMENT" else _stderr.FLAG
+        _usage(f"{where} must be text or json (got {printable(value, 40)!r})")
+    return chosen
 
 
 _PARSE: dict[str, Callable[[Any], Any]] = {
@@ -205,17 +234,24 @@ def with_globals(command: F) -> F:
         root = ctx.find_root()
         if not isinstance(root.obj, Globals):
             root.obj = Globals()
+            _stderr.begin()
         chosen: Globals = root.obj
         # The root's callback runs first, then the command's: a value here replaces the one
-        # from before the command name unless it came from a weaker source.
-        for param in _OPTIONS:
+        # from before the command name unless it came from a weaker source. --log-format is
+        # taken first, so that a bad value of another option is reported in its format.
+        for param in sorted(_OPTIONS, key=lambda p: p.name != "g_log_format"):
             value = kwargs.pop(param.name)
             source = ctx.get_parameter_source(param.name)
-            strength = _STRENGTH.get(source.name if source else "DEFAULT", 0)
+            origin = source.name if source else "DEFAULT"
+            strength = _STRENGTH.get(origin, 0)
             name = param.name.removeprefix("g_")
             if strength < chosen.sources.get(name, 0):
                 continue
-            if value is not None and param.name in _PARSE:
+            if param.name == "g_log_format":
+                if strength:  # typed, or from the environment; a default leaves begin()'s
+                    _stderr.use(_log_format(value, origin))
+                value = _stderr.JSON if _stderr.is_json() else _stderr.TEXT
+            elif value is not None and param.name in _PARSE:
                 value = _PARSE[param.name](value)
             setattr(chosen, name, value)
             chosen.sources[name] = strength

@@ -4,7 +4,8 @@ else on stderr (progress, notes, warnings, errors), so that ``--json`` output al
 A task's id, state, URLs, error and paths are chosen by whoever runs the gateway: every human
 line passes the terminal sanitizer on its way out, so that none can carry an escape sequence
 to the user's terminal. ``--json`` needs no such step: ``json.dumps`` escapes every control
-character (and, with ``ensure_ascii``, every non-ASCII one).
+character (and, with ``ensure_ascii``, every non-ASCII one). Stderr lines go through
+``_stderr``, which also writes them as JSON objects with ``--log-format json``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from imggw_client.text import printable
 
+from . import _stderr
 from ._globals import Globals
 from ._when import iso_utc, links_expire
 
@@ -83,11 +85,6 @@ def task_lines(task: Task) -> list[str]:
     return lines
 
 
-def safe(text: str) -> str:
-    """``text`` fit for a terminal: the line breaks we write kept, every other control escaped."""
-    return "\n".join(printable(line) for line in text.split("\n"))
-
-
 class Output:
     def __init__(self, options: Globals) -> None:
         self.json = options.json
@@ -101,32 +98,36 @@ class Output:
             for line in lines:
                 print(printable(line), flush=True)
 
-    def note(self, text: str) -> None:
-        """Progress and hints: not with --quiet."""
+    def note(self, text: str, *, event: str = "note", **fields: Any) -> None:
+        """Progress and hints: not with --quiet. ``event`` and ``fields`` are for
+        --log-format json (see _stderr)."""
         if not self.quiet:
-            _say(text)
+            _stderr.say(text, level="info", event=event, **fields)
 
-    def warn(self, text: str) -> None:
+    def warn(self, text: str, *, event: str = "warning", **fields: Any) -> None:
         """Something the user should act on: shown even with --quiet."""
-        _say(f"warning: {text}")
+        _stderr.say(f"warning: {text}", level="warning", event=event, **fields)
 
-    def error(self, text: str) -> None:
-        _say(f"error: {text}")
+    def error(self, text: str, *, event: str = "error", **fields: Any) -> None:
+        _stderr.say(f"error: {text}", level="error", event=event, **fields)
 
     @contextmanager
     def progress(self, task_id: str) -> Iterator[Callable[[Task], None]]:
         """An ``on_update`` callback drawing the task's state: a live bar on a terminal, a
-        line per change otherwise, nothing with --quiet."""
+        line per change otherwise (and always with --log-format json), nothing with --quiet."""
         started = time.monotonic()
         if self.quiet:
             yield lambda task: None
             return
-        if not sys.stderr.isatty():
+        if _stderr.is_json() or not sys.stderr.isatty():
 
             def line(task: Task) -> None:
                 percent = "" if task.progress is None else f" {task.progress}%"
                 elapsed = time.monotonic() - started
-                self.note(f"task {task_id}: {task.status.value}{percent} ({elapsed:.1f}s)")
+                self.note(f"task {task_id}: {task.status.value}{percent} ({elapsed:.1f}s)",
+                          event="progress", task_id=task_id, status=task.status.value,
+                          progress=task.progress, elapsed=round(elapsed, 1),
+                          spent=spent(task.credits, task.cost))  # fmt: skip
 
             yield line
             return
@@ -150,5 +151,8 @@ class Output:
             yield draw
 
 
-def _say(text: str) -> None:
-    print(safe(text), file=sys.stderr, flush=True)
+def spent(credits: float | None, cost: float | None, **more: Any) -> dict[str, Any] | None:
+    """The ``spent`` field of a JSON stderr line: what was charged, when anything is known."""
+    if credits is None and cost is None:
+        return None
+    return {"credits": credits, "cost": cost, **more}

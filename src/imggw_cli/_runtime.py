@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import imggw_client
 
+from . import _stderr
 from ._globals import Globals
-from ._output import safe
+from ._stderr import safe
 
 if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client
@@ -101,18 +102,30 @@ class _Printable(logging.Formatter):
 
 class _Stderr(logging.Handler):
     """Writes to whatever sys.stderr is when a line is logged, so that a handler left from an
-    earlier command in the same process (tests, embedding) never writes to a closed stream."""
+    earlier command in the same process (tests, embedding) never writes to a closed stream.
+    With --log-format json a record is one JSON object: its message, its logger, and its
+    traceback (if any) inside a string, never as lines of their own."""
 
     imggw_cli = True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            print(self.format(record), file=sys.stderr, flush=True)
+            if not _stderr.is_json():
+                print(self.format(record), file=sys.stderr, flush=True)
+                return
+            trace = None
+            if record.exc_info:
+                trace = logging.Formatter().formatException(record.exc_info)
+            # task_id and line, when a logger passes them (``extra=``), as fields of their own
+            _stderr.say(record.getMessage(), level=record.levelname.lower(), event="log",
+                        logger=record.name, task_id=getattr(record, "task_id", None),
+                        line=getattr(record, "line", None), traceback=trace)  # fmt: skip
         except Exception:
             self.handleError(record)
 
 
 _LOGGERS = ("imggw_client", "httpx")
+_WARNINGS = "py.warnings"  # the logger name Python's logging gives its warnings
 
 
 def setup_logging(options: Globals) -> None:
@@ -135,3 +148,46 @@ def setup_logging(options: Globals) -> None:
         # program says otherwise).
         logger.setLevel(logging.DEBUG if options.verbose else logging.NOTSET)
         logger.addHandler(handler)
+    _take_warnings(_stderr.is_json())
+
+
+_shown: list[Any] = []  # Python's own showwarning, while ours stands in for it
+
+
+def _take_warnings(take: bool) -> None:
+    """Python's warnings (a library's DeprecationWarning, say) are stderr lines too: with
+    --log-format json each is a JSON object; else they are left to Python, as they were."""
+    import warnings
+
+    if take and warnings.showwarning is not _show_warning:
+        _shown[:] = [warnings.showwarning]
+        warnings.showwarning = _show_warning
+    elif not take and warnings.showwarning is _show_warning and _shown:
+        warnings.showwarning = _shown.pop()
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:  # fmt: skip
+    if file is not None or not _stderr.is_json():  # not stderr's, or no longer ours to write
+        if _shown:
+            _shown[0](message, category, filename, lineno, file, line)
+        return
+    _stderr.say(f"{category.__name__}: {message}", level="warning", event="log",
+                logger=_WARNINGS, source=f"{filename}:{lineno}")  # fmt: skip
+
+
+def adopt(name: str) -> None:
+    """The logger ``name`` (a library that sets up its own stderr handlers, as Dask's
+    distributed does) written through ours, with --log-format json."""
+    if not _stderr.is_json():
+        return
+    logger = logging.getLogger(name)
+    ours = logging.getLogger(_LOGGERS[0]).handlers
+    handler = next((h for h in ours if getattr(h, "imggw_cli", False)), None)
+    if handler is None:
+        return
+    for old in list(logger.handlers):
+        stream = getattr(old, "stream", None)
+        if stream in (sys.stderr, sys.__stderr__) or getattr(old, "imggw_cli", False):
+            logger.removeHandler(old)
+    logger.addHandler(handler)

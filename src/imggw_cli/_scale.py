@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from . import _exit
+from . import _exit, _stderr
 from ._globals import Globals
 from ._output import Output
 from ._when import span
@@ -49,7 +49,7 @@ class Modes:
 
 
 def usage(out: Output, message: str) -> None:
-    out.error(message)
+    out.error(message, event="usage_error", exit_code=_exit.USAGE)
     raise typer.Exit(_exit.USAGE)
 
 
@@ -136,14 +136,22 @@ def shard_summary(out: Output, report: ShardReport) -> None:
     if out.quiet:
         _stopped(out, report.stopped_by, report.stop_reason)
         return
-    from ._batch_display import cost_text
+    from ._batch_display import cost_text, spent_of
 
     counts = ", ".join(f"{n} {state}" for state, n in sorted(report.counts.items()))
     first, last = report.lines.start, report.lines.stop - 1
     cost = cost_text(report.cost, report.cost_unknown)
     out.note(
         f"shard {report.index}/{report.count} (lines {first}-{last}): {counts or 'no lines'}; "
-        f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s"
+        f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s",
+        event="shard_summary",
+        shard=f"{report.index}/{report.count}",
+        lines=[first, last],
+        counts={str(state): n for state, n in sorted(report.counts.items())},
+        spent=spent_of(report.credits, report.cost, report.cost_unknown),
+        elapsed=round(report.elapsed, 1),
+        manifest=report.manifest,
+        exit_code=int(report.exit_code),
     )
     _changed(out, report.changed_lines)
     if report.exit_code == 3:
@@ -158,7 +166,7 @@ def _stopped(out: Output, stopped_by: str | None, why: str) -> None:
 
     line = stop_line(stopped_by, why)
     if line is not None:
-        out.warn(line)
+        out.warn(line, event="stopped", stopped_by=stopped_by)
 
 
 def _changed(out: Output, lines: list[int]) -> None:
@@ -210,7 +218,7 @@ def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] |
     if out.quiet:
         yield None
         return
-    if not sys.stderr.isatty():
+    if _stderr.is_json() or not sys.stderr.isatty():
         shown: tuple[dict[str, int], int] | None = None
         shown_at = 0.0
 
@@ -219,7 +227,12 @@ def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] |
             now, state = time.monotonic(), (progress.counts, progress.shards_ended)
             if state != shown or now - shown_at >= QUIET_FOR:
                 shown, shown_at = state, now
-                out.note(sharded_text(progress))
+                out.note(sharded_text(progress), event="batch_progress", engine="dask",
+                         finished=progress.finished, total=progress.total,
+                         counts=dict(progress.counts), bad=progress.bad or None,
+                         shards=progress.shards, shards_ended=progress.shards_ended,
+                         throughput=round(progress.throughput, 3),
+                         elapsed=round(progress.elapsed, 1))  # fmt: skip
 
         yield line
         return
@@ -244,7 +257,8 @@ def run_engine(
     except ModuleNotFoundError as exc:
         if exc.name not in DASK_MODULES:
             raise
-        out.error("--engine dask needs Dask: pip install 'imggw[dask]'")
+        out.error("--engine dask needs Dask: pip install 'imggw[dask]'",
+                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
         raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
 
     # --base-url reads IMGGW_BASE_URL itself (its envvar): flags.base_url has it already.
@@ -254,17 +268,24 @@ def run_engine(
         engine_options["shard_size"] = modes.shard_size
     where = modes.address or f"a local cluster of {modes.workers} worker(s)"
     size = DEFAULT_SHARD_SIZE if modes.shard_size is None else modes.shard_size
+    from ._runtime import adopt
+
+    adopt("distributed")  # its own stderr lines, as JSON objects with --log-format json
     out.note(f"running shards of {size} lines on {where}")
 
     def on_shard(outcome: ShardOutcome) -> None:
         tries = f" after {outcome.attempts} tries" if outcome.attempts > 1 else ""
         if outcome.report is not None:
-            counts = ", ".join(f"{n} {s}" for s, n in sorted(outcome.report.counts.items()))
-            out.note(f"shard {outcome.name} ended{tries}: {counts}")
+            per_state = {str(s): n for s, n in sorted(outcome.report.counts.items())}
+            counts = ", ".join(f"{n} {s}" for s, n in per_state.items())
+            out.note(f"shard {outcome.name} ended{tries}: {counts}", event="shard_ended",
+                     shard=outcome.name, attempts=outcome.attempts, counts=per_state)  # fmt: skip
         else:
             from imggw_client.text import printable
 
-            out.warn(f"shard {outcome.name} failed{tries}: {printable(str(outcome.error))}")
+            why = printable(str(outcome.error))
+            out.warn(f"shard {outcome.name} failed{tries}: {why}", event="shard_failed",
+                     shard=outcome.name, attempts=outcome.attempts)  # fmt: skip
 
     with sharded_display(out) as on_progress:
         report = anyio.run(
@@ -279,11 +300,18 @@ def run_engine(
         counts = ", ".join(f"{n} {s}" for s, n in sorted(report.merged.counts.items()))
         out.note(
             f"{len(report.shards)} shard(s) in {report.elapsed:.1f}s (engine ready in "
-            f"{report.startup:.1f}s): {counts}"
+            f"{report.startup:.1f}s): {counts}",
+            event="batch_summary",
+            engine="dask",
+            shards=len(report.shards),
+            counts={str(s): n for s, n in sorted(report.merged.counts.items())},
+            elapsed=round(report.elapsed, 1),
+            exit_code=int(report.exit_code),
         )
         _changed(out, report.changed_lines)
     for failed in report.failed_shards:
-        out.warn(f"shard {failed.name} kept failing; run the same command again to resume it")
+        out.warn(f"shard {failed.name} kept failing; run the same command again to resume it",
+                 event="shard_failed", shard=failed.name)  # fmt: skip
     _stopped(out, report.stopped_by, report.stop_reason)
     if report.exit_code == 3 and not report.failed_shards:
         out.note("some lines are unfinished: run the same command again to resume them")
@@ -311,7 +339,9 @@ def merge_command(out: Output, flags: Globals, dest: str, title: str | None) -> 
     report = merge(dest, title=title)
     print_manifest(flags, dest, MANIFEST_NAME)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts.items()))
-    out.note(f"merged {len(report.shards)} shard(s): {counts or 'no lines'}")
+    out.note(f"merged {len(report.shards)} shard(s): {counts or 'no lines'}", event="merged",
+             shards=len(report.shards),
+             counts={str(s): n for s, n in sorted(report.counts.items())})  # fmt: skip
     return report.exit_code
 
 

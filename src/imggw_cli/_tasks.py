@@ -23,7 +23,7 @@ from ._command import (
 from ._globals import current, with_globals
 from ._output import submission_record, task_lines, task_record
 from ._runtime import make_client
-from ._when import links_expire
+from ._when import iso_utc, links_expire
 
 if TYPE_CHECKING:
     from imggw_client import Client, Submission
@@ -100,7 +100,8 @@ def generate(
                 task = client.wait(sub, timeout=timeout, on_update=on_update)
             files = client.download(task, output, overwrite=overwrite)
         if task.expires_at is not None:
-            out.note(links_expire(task.expires_at))
+            out.note(links_expire(task.expires_at), event="links_expire", task_id=task.id,
+                     expires_at=iso_utc(task.expires_at))  # fmt: skip
         out.data(task_record(task, files), [str(f.path) for f in files])
 
 
