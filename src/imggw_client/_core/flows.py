@@ -283,7 +283,9 @@ class Flows:
                 yield Observe(TASK_DONE, value=took, surface=surface, task_id=task_id,
                               status=task.status.value)  # fmt: skip
             if task.status is TaskStatus.SUCCEEDED:
-                schedule.finished(now)
+                # Seen finished by the query sent at `sent`: a budget's or a slow answer's delay
+                # before or after it says nothing of how long the task took.
+                schedule.finished(sent if sent is not None else now)
                 return task
             if task.status is TaskStatus.FAILED:
                 raise TaskFailedError(task)
