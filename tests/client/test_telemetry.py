@@ -16,11 +16,12 @@ import pytest
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from imggw_client import AsyncClient, Client, PollPolicy, TaskFailedError
+from imggw_client import AsyncClient, Client, PollPolicy, TaskFailedError, _telemetry
 from imggw_client.batch import run_batch
 from imggw_client.mock import MockGateway
 
@@ -30,41 +31,43 @@ FAST = {"poll": PollPolicy(initial_interval=0.05, max_interval=0.1)}
 QUICK = {"duration_min": 0.1, "duration_max": 0.2}
 
 
-class _Switch(SpanProcessor):
-    """Hands spans to the exporter only while a test of this module runs: the global tracer
-    provider can be set once per process, and the rest of the suite should not fill it."""
+def _reset_globals() -> None:
+    """Back to no provider configured, as OpenTelemetry's own tests do between tests: the API
+    lets an application set its providers once, and the rest of this suite runs without."""
+    from opentelemetry.metrics import _internal as metrics_internal
+    from opentelemetry.util._once import Once
 
-    def __init__(self, exporter: InMemorySpanExporter) -> None:
-        self.exporter = exporter
-        self.on = False
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    trace._PROXY_TRACER_PROVIDER = trace.ProxyTracerProvider()  # type: ignore[attr-defined]
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics_internal._METER_PROVIDER = None
+    metrics_internal._PROXY_METER_PROVIDER = metrics_internal._ProxyMeterProvider()
 
-    def on_end(self, span: ReadableSpan) -> None:
-        if self.on:
-            self.exporter.export([span])
 
-
-_EXPORTER = InMemorySpanExporter()
-_SWITCH = _Switch(_EXPORTER)
-_READER = InMemoryMetricReader()
-_INSTALLED: list[bool] = []
+@pytest.fixture(scope="module")
+def installed() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+    """The OpenTelemetry SDK with in-memory exporters, set as an application sets it."""
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    try:
+        yield exporter, reader
+    finally:
+        _reset_globals()
+        assert not _telemetry.active()  # the rest of the suite records nothing
 
 
 @pytest.fixture
-def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
-    if not _INSTALLED:  # once per process, as an application does at its start
-        provider = TracerProvider()
-        provider.add_span_processor(_SWITCH)
-        trace.set_tracer_provider(provider)
-        metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
-        _INSTALLED.append(True)
-    _READER.get_metrics_data()  # (cumulative: each test reads what it added, by difference)
-    _EXPORTER.clear()
-    _SWITCH.on = True
-    try:
-        yield _EXPORTER, _READER
-    finally:
-        _SWITCH.on = False
-        _EXPORTER.clear()
+def otel(
+    installed: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+    exporter, _ = installed
+    exporter.clear()  # (metrics are cumulative: a test reads what it added, by difference)
+    yield installed
+    exporter.clear()
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], float]]]:

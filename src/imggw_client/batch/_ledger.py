@@ -578,7 +578,10 @@ def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
     """A ledger file opened read only (a live run, another process, may be writing it), and
     its last plan; None when it holds no plan (or is no ledger)."""
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+        # A reader left half-read (a merge that stopped early) is closed when the garbage
+        # collector finds it, in whatever thread runs then: a read-only connection may be.
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0,
+                             check_same_thread=False)  # fmt: skip
     except sqlite3.Error:
         yield None
         return

@@ -176,7 +176,9 @@ def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
     assert lanes == ["query", "submit"]  # the workers' clients asked the store
     assert len(sent) == lines
     peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
-    assert peak <= rate + 1  # 4 shards on 2 workers, spaced by the store as one client
+    # 4 shards on 2 workers, spaced by the store as one client (timed here on arrival, so a
+    # loaded machine's jitter may bunch two; without the store they would go at 4x the rate).
+    assert peak <= rate + 2
 
 
 def test_a_429_seen_by_one_worker_slows_every_worker() -> None:
