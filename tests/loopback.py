@@ -74,15 +74,38 @@ Handler = Callable[[socket.socket, int, bytes], None]
 
 
 @contextlib.contextmanager
-def raw_server(handle: Handler) -> Iterator[str]:
-    """A hostile HTTP/1.1 server on 127.0.0.1: each connection gets its own thread, which reads
-    one request head and calls ``handle(conn, n, head)`` for the n-th request; ``handle``
-    writes whatever it likes (slowly, cut short, endlessly) and the connection is then closed."""
+def tcp_listener(handle: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A TCP listener on 127.0.0.1 that hands each connection to ``handle`` in a thread of its
+    own; yields its port."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     listener.settimeout(0.2)
     stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+@contextlib.contextmanager
+def raw_server(handle: Handler) -> Iterator[str]:
+    """A hostile HTTP/1.1 server on 127.0.0.1: each connection gets its own thread, which reads
+    one request head and calls ``handle(conn, n, head)`` for the n-th request; ``handle``
+    writes whatever it likes (slowly, cut short, endlessly) and the connection is then closed."""
     count = iter(range(1, 1 << 30))
 
     def serve(conn: socket.socket) -> None:
@@ -99,22 +122,8 @@ def raw_server(handle: Handler) -> Iterator[str]:
             except OSError:
                 pass  # the client gave up on us: that is the point of most of these tests
 
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+    with tcp_listener(serve) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def drip(

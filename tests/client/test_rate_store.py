@@ -29,7 +29,7 @@ from imggw_client.batch import run_batch
 from imggw_client.mock import MockGateway
 
 from ..conftest import beta_error, beta_submitted
-from ..loopback import RedisServer, redis_server
+from ..loopback import RedisServer, redis_server, tcp_listener
 
 KEY = "sk-shared-budget-canary-7f3a9c"
 QUICK = {"duration_min": 0.05, "duration_max": 0.15}
@@ -238,28 +238,8 @@ def test_a_client_with_its_own_budget_is_not_paused_by_anothers_429(redis: Redis
 @contextlib.contextmanager
 def tcp_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
     """A store that is not one: each connection is handed to ``handle``."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+    with tcp_listener(handle) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def silent(conn: socket.socket) -> None:

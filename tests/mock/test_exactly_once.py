@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from imggw_client import AsyncClient, Client, PollPolicy, RetryPolicy, Task, TaskStatus
+from imggw_client import AsyncClient, Client, PollPolicy, RateLimit, RetryPolicy, Task, TaskStatus
 from imggw_client.mock import FAULT_KINDS, MockGateway, MockRequest
 
 from .helpers import png_size
@@ -20,6 +20,9 @@ RATIOS_1K = ["auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5", "16:9", "9
              "1:2", "3:1", "1:3", "21:9", "9:21"]  # fmt: skip
 PATIENT = RetryPolicy(max_attempts=20, initial_backoff=0.005, max_backoff=0.05)
 QUICK_POLL = PollPolicy(initial_interval=0.01, max_interval=0.05)
+# A ceiling far above what these runs send keeps the budget out of the way: random 429 faults
+# must not slow them (the budget's answer to 429s has its own tests and benchmark).
+OUT_OF_THE_WAY = RateLimit(submits_per_second=100_000, queries_per_second=100_000)
 
 
 async def run_many(
@@ -67,7 +70,8 @@ def verify(gateway: MockGateway, done: dict[int, tuple[Task, Any]], n: int) -> N
 async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(tmp_path: Path) -> None:
     gateway = MockGateway(seed=11, duration_min=0.0, duration_max=0.05, fault_rate=0.3,
                           faults=FAULT_KINDS, latency=0.02, retry_after=0)  # fmt: skip
-    async with gateway.async_client(poll=QUICK_POLL, retry=PATIENT) as client:
+    async with gateway.async_client(poll=QUICK_POLL, retry=PATIENT,
+                                    rate_limit=OUT_OF_THE_WAY) as client:  # fmt: skip
         done = await run_many(client, 1000, tmp_path, concurrency=64)
     faults = gateway.stats()["faults"]
     assert set(faults) == set(FAULT_KINDS)  # every kind struck
@@ -82,7 +86,7 @@ async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(tmp_pat
                           faults=FAULT_KINDS, latency=0.3, retry_after=0)  # fmt: skip
     with gateway.serve() as url:
         async with AsyncClient(api_key="test-key", base_url=url, timeout=0.15, poll=QUICK_POLL,
-                               retry=PATIENT) as client:  # fmt: skip
+                               retry=PATIENT, rate_limit=OUT_OF_THE_WAY) as client:  # fmt: skip
             done = await run_many(client, 150, tmp_path, concurrency=16)
     verify(gateway, done, 150)
 

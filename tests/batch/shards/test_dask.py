@@ -124,8 +124,8 @@ def test_s3_output_folder_on_a_local_moto_server(
     assert not list((tmp_path / "scratch").rglob("*.png"))  # uploaded, then deleted locally
 
 
-def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], seed=4, duration_min=0.1, duration_max=0.2)
+def submits_of(gw: MockGateway) -> list[float]:
+    """When each submit reached the gateway, as the run goes."""
     sent: list[float] = []
     handle = gw.handle
 
@@ -135,6 +135,12 @@ def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_pat
         return handle(request)
 
     gw.handle = spy  # type: ignore[method-assign]
+    return sent
+
+
+def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_path: Path) -> None:
+    gw = MockGateway(api_keys=[KEY], seed=4, duration_min=0.1, duration_max=0.2)
+    sent = submits_of(gw)
     rate, lines = 10.0, 30
     source = write_prompts(tmp_path / "in.jsonl", lines)
     with gw.serve() as url:
@@ -153,15 +159,7 @@ def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
     dask_client: Any, tmp_path: Path
 ) -> None:
     gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.1, duration_max=0.2)
-    sent: list[float] = []
-    handle = gw.handle
-
-    def spy(request: Any) -> Any:
-        if request.method == "POST":
-            sent.append(time.monotonic())
-        return handle(request)
-
-    gw.handle = spy  # type: ignore[method-assign]
+    sent = submits_of(gw)
     rate, lines = 10.0, 20
     source = write_prompts(tmp_path / "in.jsonl", lines)
     with redis_server() as store, gw.serve() as url:
