@@ -3,6 +3,7 @@ interleaved timing so that SDK and baseline share the same machine conditions.""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import socket
@@ -70,7 +71,7 @@ def serve(app: str) -> Iterator[str]:
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], None]], *, rounds: int, per_round: int
+    contenders: dict[str, Callable[[], Any]], *, rounds: int, per_round: int
 ) -> dict[str, float]:
     """Median seconds per call of each contender, measured in alternating rounds."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -87,3 +88,61 @@ def interleaved(
                 fn()
             samples[name].append((time.perf_counter() - started) / per_round)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+async def interleaved_async(
+    contenders: dict[str, Callable[[], Any]], *, rounds: int, per_round: int
+) -> dict[str, float]:
+    """:func:`interleaved` for contenders that are coroutine functions."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():
+        for _ in range(per_round // 4 + 1):
+            await fn()
+    for r in range(rounds):
+        order = list(contenders.items())
+        if r % 2:
+            order.reverse()
+        for name, fn in order:
+            started = time.perf_counter()
+            for _ in range(per_round):
+                await fn()
+            samples[name].append((time.perf_counter() - started) / per_round)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+@contextlib.contextmanager
+def child_gateway(command: list[str]) -> Iterator[str]:
+    """A gateway served by a child process (``command``), which prints its URL and serves until
+    its stdin closes; yields the URL."""
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the gateway did not start (it said {url!r})")
+        yield url
+    finally:
+        assert child.stdin is not None
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def gateway_report(url: str) -> dict[str, Any]:
+    """A child gateway's ``/_mock/stats`` and its ``/_bench/log`` of requests."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as http:
+        return {"stats": http.get("/_mock/stats").json(), "log": http.get("/_bench/log").json()}
+
+
+def peak_in_window(times: list[float], seconds: float) -> int:
+    """The most requests in any window ``(t - seconds, t]``, as the gateway counts them."""
+    times = sorted(times)
+    return max(
+        (j - bisect.bisect_right(times, t - seconds) + 1 for j, t in enumerate(times)), default=0
+    )

@@ -30,7 +30,6 @@ finished by then counts as lost), so a run is bounded.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import json
 import os
@@ -44,6 +43,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import child_gateway, gateway_report, peak_in_window
 
 KEY = "bench-key"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -131,37 +133,8 @@ def gateway_process(
         command += ["--gw-submit-limit", submit_limit]
     if query_limit:
         command += ["--gw-query-limit", query_limit]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        url = child.stdout.readline().strip()
-        if not url.startswith("http://127.0.0.1:"):
-            raise RuntimeError(f"the gateway did not start (it said {url!r})")
+    with child_gateway(command) as url:
         yield url
-    finally:
-        assert child.stdin is not None
-        with contextlib.suppress(OSError):
-            child.stdin.close()
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def gateway_report(url: str) -> dict[str, Any]:
-    import httpx
-
-    with httpx.Client(base_url=url, timeout=60) as http:
-        return {"stats": http.get("/_mock/stats").json(), "log": http.get("/_bench/log").json()}
-
-
-def peak_in_window(times: list[float], seconds: float) -> int:
-    """The most requests in any window ``(t - seconds, t]``, as the gateway counts them."""
-    times = sorted(times)
-    return max(
-        (j - bisect.bisect_right(times, t - seconds) + 1 for j, t in enumerate(times)), default=0
-    )
 
 
 # --------------------------------------------------------------------------- the clients

@@ -43,23 +43,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
 import json
 import logging
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import (
+    child_gateway,
+    gateway_report,
+    interleaved,
+    interleaved_async,
+    peak_in_window,
+)
 
 KEY = "sk-bench-shared-budget-0001"
 WORKERS = 4
@@ -162,38 +167,8 @@ def serve_gateway(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def gateway_process(seed: int) -> Iterator[str]:
     """A fresh reference gateway in a child process on 127.0.0.1; yields its URL."""
-    command = [sys.executable, __file__, "--serve", "--seed", str(seed)]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        url = child.stdout.readline().strip()
-        if not url.startswith("http://127.0.0.1:"):
-            raise RuntimeError(f"the gateway did not start (it said {url!r})")
+    with child_gateway([sys.executable, __file__, "--serve", "--seed", str(seed)]) as url:
         yield url
-    finally:
-        assert child.stdin is not None
-        with contextlib.suppress(OSError):
-            child.stdin.close()
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def gateway_report(url: str) -> dict[str, Any]:
-    import httpx
-
-    with httpx.Client(base_url=url, timeout=60) as http:
-        return {"stats": http.get("/_mock/stats").json(), "log": http.get("/_bench/log").json()}
-
-
-def peak_in_window(times: list[float], seconds: float) -> int:
-    """The most requests in any window ``(t - seconds, t]``, as the gateway counts them."""
-    times = sorted(times)
-    return max(
-        (j - bisect.bisect_right(times, t - seconds) + 1 for j, t in enumerate(times)), default=0
-    )
 
 
 # --------------------------------------------------------------------------- the workers
@@ -399,43 +374,6 @@ def print_part1(results: dict[str, Any], args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- part 2
 
 
-def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int, per_round: int
-                ) -> dict[str, float]:  # fmt: skip
-    """Median seconds per call of each contender, in alternating rounds (sync or async)."""
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for fn in contenders.values():  # warm up connections, caches, the script's cache
-        for _ in range(per_round // 4 + 1):
-            fn()
-    for r in range(rounds):
-        order = list(contenders.items())
-        if r % 2:
-            order.reverse()
-        for name, fn in order:
-            started = time.perf_counter()
-            for _ in range(per_round):
-                fn()
-            samples[name].append((time.perf_counter() - started) / per_round)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-async def interleaved_async(contenders: dict[str, Callable[[], Any]], rounds: int,
-                            per_round: int) -> dict[str, float]:  # fmt: skip
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for fn in contenders.values():
-        for _ in range(per_round // 4 + 1):
-            await fn()
-    for r in range(rounds):
-        order = list(contenders.items())
-        if r % 2:
-            order.reverse()
-        for name, fn in order:
-            started = time.perf_counter()
-            for _ in range(per_round):
-                await fn()
-            samples[name].append((time.perf_counter() - started) / per_round)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def script_calls(r: Any) -> int:
     """Scripts the server ran so far (EVAL and EVALSHA)."""
     stats = r.info("commandstats")
@@ -474,7 +412,7 @@ def part2(store: str, requests: int, rounds: int) -> dict[str, Any]:
         take = ["take", repr(HUGE), "-1", "0.0"]
         contenders["ping"] = raw.ping
         contenders["script"] = lambda: script(keys=[lane], args=take)
-        timed = interleaved(contenders, rounds, per_round)
+        timed = interleaved(contenders, rounds=rounds, per_round=per_round)
         result["redis"] = {name: timed.pop(name) for name in ("ping", "script")}
         result["sync"] = timed
     before = gateway.stats()["rate_limited"]
@@ -485,8 +423,8 @@ def part2(store: str, requests: int, rounds: int) -> dict[str, Any]:
                        for name, lim in limits.items()}  # fmt: skip
             return await interleaved_async(
                 {name: (lambda c=c: c.get(task_id)) for name, c in clients.items()},
-                rounds,
-                per_round,
+                rounds=rounds,
+                per_round=per_round,
             )
 
     result["async"] = asyncio.run(run_async())

@@ -4,6 +4,11 @@ checking on every run that the API key was never printed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from typer.testing import CliRunner
@@ -31,3 +36,43 @@ def imggw(
     environment: dict[str, str | None] = {"IMGGW_API_KEY": CANARY, "IMGGW_BASE_URL": None}
     environment.update(env or {})
     return Run(CliRunner().invoke(app, list(args), env=environment, input=stdin))
+
+
+IMGGW = [sys.executable, "-m", "imggw_cli"]  # the command in a process of its own
+
+
+def process_env(api_key: str, **extra: str) -> dict[str, str]:
+    """This process's environment without any IMGGW_ setting, with ``api_key`` as the key."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
+    return {**base, "IMGGW_API_KEY": api_key, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def on_a_terminal(
+    args: Sequence[str], env: dict[str, str], timeout: float = 120
+) -> tuple[int, str, str]:
+    """The command with its stderr a pseudo-terminal (where the text form draws with rich):
+    its exit code, stdout, and what reached the terminal."""
+    import pty  # POSIX only
+
+    parent, child = pty.openpty()
+    process = subprocess.Popen([*IMGGW, *args], stdout=subprocess.PIPE, stderr=child,
+                               env={**env, "COLUMNS": "120", "TERM": "xterm"})  # fmt: skip
+    os.close(child)
+    drawn = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(parent, 65536)
+            except OSError:  # the terminal closed with the process
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out, _ = process.communicate(timeout=timeout)
+    reader.join(timeout=10)
+    os.close(parent)
+    return process.returncode, out.decode(), drawn.decode("utf-8", "replace")

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from imggw_cli._globals import Globals
 from imggw_cli._output import Output
 from imggw_client import RateLimit
 from imggw_client.batch import BatchProgress
+
+from .helpers import on_a_terminal
 
 UTC = timezone.utc
 AT_RISK = (
@@ -112,38 +113,15 @@ def test_links_at_risk_are_warned_about_once(
 
 def test_batch_on_a_terminal_draws_the_bar(tmp_path: Path) -> None:
     """The real command, its stderr a pseudo-terminal: rich draws the bar there."""
-    import pty  # POSIX only
-
     source = tmp_path / "in.txt"
     source.write_text("a cat\na dog\na fox\n")
-    parent, child = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "imggw_cli", "batch", str(source), "-o", str(tmp_path / "out"),
-         "--mock"],
-        stdout=subprocess.PIPE, stderr=child, env={**env, "COLUMNS": "120", "TERM": "xterm"},
-    )  # fmt: skip
-    os.close(child)
-    drawn = bytearray()
-
-    def read() -> None:
-        while True:
-            try:
-                chunk = os.read(parent, 65536)
-            except OSError:  # the terminal closed with the process
-                return
-            if not chunk:
-                return
-            drawn.extend(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    out, _ = process.communicate(timeout=120)
-    reader.join(timeout=10)
-    os.close(parent)
-    assert process.returncode == 0
-    assert out.decode().strip() == str(tmp_path / "out" / "manifest.jsonl")
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn.decode("utf-8", "replace"))  # styles
+    code, out, drawn = on_a_terminal(
+        ["batch", str(source), "-o", str(tmp_path / "out"), "--mock"], env
+    )
+    assert code == 0
+    assert out.strip() == str(tmp_path / "out" / "manifest.jsonl")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn)  # styles
     assert re.search(r"batch [━╸╺]+ *[0-3]/3  [0-9.]+ lines/s  eta ", text)  # the bar's row
     assert "pending" in text  # the counts under it
     assert "batch summary" in text

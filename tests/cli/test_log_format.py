@@ -7,12 +7,9 @@ bytes a log collector would read."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,17 +20,16 @@ import pytest
 from imggw_cli import _stderr
 from imggw_client.mock import MockGateway
 
-from .helpers import CANARY, imggw
+from .helpers import CANARY, IMGGW, imggw, process_env
+from .helpers import on_a_terminal as terminal
 
 WRONG = "sk-wrong-key-logs-8f6e4d2c"
-IMGGW = [sys.executable, "-m", "imggw_cli"]
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 LEVELS = {"debug", "info", "warning", "error", "critical"}
 
 
 def env(**extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
-    return {**base, "IMGGW_API_KEY": CANARY, "PYTHONUNBUFFERED": "1", **extra}
+    return process_env(CANARY, **extra)
 
 
 def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -191,32 +187,9 @@ def test_a_batch_logs_its_progress_with_counts_and_its_summary_as_one_object(
 
 
 def on_a_terminal(*args: str) -> tuple[int, str, str]:
-    """The command with its stderr a pseudo-terminal (where the text form draws with rich):
-    its exit code, stdout, and what reached the terminal."""
-    import pty  # POSIX only
-
-    parent, child = pty.openpty()
-    process = subprocess.Popen([*IMGGW, *args], stdout=subprocess.PIPE, stderr=child,
-                               env={**env(), "COLUMNS": "120", "TERM": "xterm"})  # fmt: skip
-    os.close(child)
-    seen = bytearray()
-
-    def read() -> None:
-        while True:
-            try:
-                chunk = os.read(parent, 65536)
-            except OSError:  # the terminal closed with the process
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    out, _ = process.communicate(timeout=60)
-    reader.join(timeout=10)
-    os.close(parent)
-    return process.returncode, out.decode(), seen.decode().replace("\r\n", "\n")
+    """The command with its stderr a pseudo-terminal: exit code, stdout, what reached it."""
+    code, out, seen = terminal(args, env(), timeout=60)
+    return code, out, seen.replace("\r\n", "\n")
 
 
 def test_on_a_terminal_too_there_is_no_live_display_only_objects(

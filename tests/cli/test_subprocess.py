@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,13 +18,13 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
+from .helpers import IMGGW, process_env
+
 CANARY = "sk-canary-proc-2b4d6f8a0c1e"
-IMGGW = [sys.executable, "-m", "imggw_cli"]
 
 
 def env(**extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
-    return {**base, "IMGGW_API_KEY": CANARY, "PYTHONUNBUFFERED": "1", **extra}
+    return process_env(CANARY, **extra)
 
 
 def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
