@@ -191,7 +191,7 @@ def store_problem(url: object) -> str | None:
         return expected
     try:
         parts = urlsplit(url)
-        port = parts.port  # reads it: a port that is not a number raises here
+        _ = parts.port  # a port that is not a number (or out of range) raises here
     except ValueError:
         return f"{expected} (got {redact_store(url)!r})"
     if parts.scheme not in STORE_SCHEMES:
@@ -200,7 +200,6 @@ def store_problem(url: object) -> str | None:
         return None if parts.path else f"{expected}: the socket's path is missing"
     if not parts.hostname:
         return f"{expected}: the host is missing (got {redact_store(url)!r})"
-    del port
     db = parts.path.strip("/")
     if db and not db.isdigit():
         return f"{expected}: the database must be a number (got {db[:20]!r})"

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._config import Settings, redact_store
 from ._core import shared_budget as shared
-from ._core.budget import GUARD, QUERY, SUBMIT
+from ._core.budget import QUERY, SUBMIT
 from ._core.shared_budget import Fallback, StoreTicket
 from ._exceptions import ConfigurationError
 
@@ -54,7 +54,8 @@ class _Shared:
         self.keys = {kind: shared.lane_key(settings.api_key, settings.base_url, kind)
                      for kind in (SUBMIT, QUERY)}  # fmt: skip
         self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
-        self._quiet_until = 0.0  # no request before this, just after going alone
+        # Per kind: no request before this, just after going alone.
+        self._quiet_until = {SUBMIT: 0.0, QUERY: 0.0}
 
     def options(self) -> dict[str, Any]:
         from redis.backoff import NoBackoff
@@ -70,7 +71,7 @@ class _Shared:
 
     def plan_take(self, ticket: StoreTicket) -> list[str] | None:
         if ticket.local is None and self.fallback.use_store(time.monotonic()):
-            return shared.take_args(self.limit, ticket)
+            return shared.place_args("take", self.limit, ticket)
         return None
 
     def took(self, ticket: StoreTicket, answer: object) -> float:
@@ -85,12 +86,14 @@ class _Shared:
                     # Back from going alone: the store's lane never heard of this process's
                     # last request, which may have gone a moment ago. One interval first (the
                     # store counted this one as sent: asked again, it goes).
-                    return self._interval(ticket.kind)
+                    return shared.interval(self.limit, ticket.kind)
                 return wait
         if self._failed(answer):
             # Going alone from now: the in-process budget never heard of the store's last
             # request, which may have gone a moment ago. One interval first.
-            self._quiet_until = time.monotonic() + self._interval(ticket.kind)
+            self._quiet_until[ticket.kind] = time.monotonic() + shared.interval(
+                self.limit, ticket.kind
+            )
         return self.local_wait(ticket)
 
     def local_wait(self, ticket: StoreTicket) -> float:
@@ -99,17 +102,13 @@ class _Shared:
         if ticket.local is None:
             ticket.local = self.fallback.budget.reserve(ticket.kind, now)
         wait = self.fallback.budget.wait_time(ticket.local, now)
-        return max(wait, self._quiet_until - now)
-
-    def _interval(self, kind: str) -> float:
-        rate = self.limit.submits_per_second if kind == SUBMIT else self.limit.queries_per_second
-        return 0.0 if rate is None else (1.0 + GUARD) / rate
+        return max(wait, self._quiet_until[ticket.kind] - now)
 
     def plan_release(self, ticket: StoreTicket) -> list[str] | None:
         if ticket.local is not None:
             self.fallback.budget.release(ticket.local)
         elif ticket.epoch != shared.EPOCH_NONE:
-            return shared.release_args(self.limit, ticket)
+            return shared.place_args("release", self.limit, ticket)
         return None
 
     def plan_finished(

@@ -19,6 +19,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
@@ -84,26 +87,36 @@ def _made() -> _Instruments:
     return _instruments
 
 
+class _Current:
+    """A span, current (the parent of what starts in it) until :meth:`end`."""
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.span = _trace.get_tracer(NAME, __version__).start_span(name, attributes=attributes)
+        self._token = _context.attach(_trace.set_span_in_context(self.span))
+
+    def end(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            _failed(self.span, error)
+        _context.detach(self._token)
+        self.span.end()
+
+
 class Operation:
-    """One public call's span, current while the call runs, and what its flow observed."""
+    """One public call's span, current while the call runs, and what its flow observed;
+    ``generate``'s submit and wait are child spans of it, one after the other."""
 
     def __init__(self, name: str, surface: str) -> None:
         self.name = name
         self.surface = surface
         self.attempts = 0
         self.polls = 0
-        self._span: Any = None
-        self._token: Any = None
-        self._child: Any = None
-        self._child_token: Any = None
-        self._child_name = ""
-        self._child_polls = 0
-        self._child_attempts = 0
+        self._own: Any = None
+        self._child: _Current | None = None
+        self._child_from = (0, 0)  # attempts and polls when the child began
 
     def __enter__(self) -> Operation:
-        tracer = _trace.get_tracer(NAME, __version__)
-        self._span = tracer.start_span(self.name, attributes={"imggw.surface": self.surface})
-        self._token = _context.attach(_trace.set_span_in_context(self._span))
+        self._own = _Current(self.name, {"imggw.surface": self.surface})
         return self
 
     def observe(self, seen: Observe) -> None:
@@ -130,42 +143,38 @@ class Operation:
 
     def _phase(self, phase: str, task_id: str) -> None:
         """``generate`` moved on: its current child span ends, the next begins."""
-        if task_id and self._child is not None:
-            self._child.set_attribute("imggw.task_id", task_id)
-        self._end_child()
-        if task_id:
-            self._span.set_attribute("imggw.task_id", task_id)
-        tracer = _trace.get_tracer(NAME, __version__)
-        attributes = {"imggw.surface": self.surface}
+        attributes: dict[str, Any] = {"imggw.surface": self.surface}
         if task_id:
             attributes["imggw.task_id"] = task_id
-        self._child_name = f"imggw.{phase}"
-        self._child = tracer.start_span(self._child_name, attributes=attributes)
-        self._child_token = _context.attach(_trace.set_span_in_context(self._child))
-        self._child_polls, self._child_attempts = self.polls, self.attempts
+            self._set("imggw.task_id", task_id)
+        self._end_child()
+        self._child = _Current(f"imggw.{phase}", attributes)
+        self._child_from = (self.attempts, self.polls)
+
+    def _set(self, name: str, value: Any) -> None:
+        """An attribute of the call's span and of its current child, if one."""
+        self._own.span.set_attribute(name, value)
+        if self._child is not None:
+            self._child.span.set_attribute(name, value)
 
     def _end_child(self, error: BaseException | None = None) -> None:
         if self._child is None:
             return
-        self._child.set_attribute("imggw.attempts", self.attempts - self._child_attempts)
-        if self._child_name == "imggw.wait":
-            self._child.set_attribute("imggw.polls", self.polls - self._child_polls)
-        if error is not None:
-            _failed(self._child, error)
-        _context.detach(self._child_token)
-        self._child.end()
-        self._child = self._child_token = None
+        attempts, polls = self._child_from
+        self._child.span.set_attribute("imggw.attempts", self.attempts - attempts)
+        if self._child.name == "imggw.wait":
+            self._child.span.set_attribute("imggw.polls", self.polls - polls)
+        self._child.end(error)
+        self._child = None
 
     def result(self, value: object) -> None:
         """The call's result: its task id and status become the span's attributes."""
         task_id = getattr(value, "task_id", None) or getattr(value, "id", None)
         if isinstance(task_id, str):
-            self._span.set_attribute("imggw.task_id", task_id)
+            self._own.span.set_attribute("imggw.task_id", task_id)
         status = getattr(value, "status", None)
         if status is not None:
-            self._span.set_attribute("imggw.status", str(getattr(status, "value", status)))
-            if self._child is not None:
-                self._child.set_attribute("imggw.status", str(getattr(status, "value", status)))
+            self._set("imggw.status", str(getattr(status, "value", status)))
 
     def __exit__(
         self,
@@ -174,13 +183,10 @@ class Operation:
         tb: TracebackType | None,
     ) -> None:
         self._end_child(exc)
-        self._span.set_attribute("imggw.attempts", self.attempts)
+        self._own.span.set_attribute("imggw.attempts", self.attempts)
         if self.name in ("imggw.wait", "imggw.generate"):
-            self._span.set_attribute("imggw.polls", self.polls)
-        if exc is not None:
-            _failed(self._span, exc)
-        _context.detach(self._token)
-        self._span.end()
+            self._own.span.set_attribute("imggw.polls", self.polls)
+        self._own.end(exc)
 
 
 def _failed(span: Any, exc: BaseException) -> None:
@@ -233,37 +239,21 @@ def operation(name: str | None, surface: str) -> Operation | _Null:
     return Operation(name, surface)
 
 
-class _LineSpan:
-    """``imggw.batch.line``: one batch line's work, parent of its client calls."""
-
-    def __init__(self, line: int) -> None:
-        self.line = line
-        self.span: Any = None
-        self.token: Any = None
-
-    def __enter__(self) -> Any:
-        tracer = _trace.get_tracer(NAME, __version__)
-        self.span = tracer.start_span("imggw.batch.line", attributes={"imggw.line": self.line})
-        self.token = _context.attach(_trace.set_span_in_context(self.span))
-        return self.span
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            _failed(self.span, exc)
-        _context.detach(self.token)
-        self.span.end()
+@contextlib.contextmanager
+def _line(line: int) -> Iterator[None]:
+    current = _Current("imggw.batch.line", {"imggw.line": line})
+    try:
+        yield
+    except BaseException as exc:
+        current.end(exc)
+        raise
+    current.end()
 
 
-def line_span(line: int) -> Any:
-    """The span of one batch line (a null context when telemetry is off)."""
-    if not active():
-        return NULL
-    return _LineSpan(line)
+def line_span(line: int) -> AbstractContextManager[Any]:
+    """The span of one batch line, parent of its client calls (nothing when telemetry is
+    off)."""
+    return _line(line) if active() else NULL
 
 
 def current() -> object:
@@ -271,20 +261,15 @@ def current() -> object:
     return _context.get_current() if ENABLED else None
 
 
-class _Resumed:
-    def __init__(self, saved: object) -> None:
-        self.saved = saved
-        self.token: Any = None
-
-    def __enter__(self) -> None:
-        self.token = _context.attach(self.saved)  # type: ignore[arg-type]
-
-    def __exit__(self, *exc: object) -> None:
-        _context.detach(self.token)
+@contextlib.contextmanager
+def _resumed(saved: Any) -> Iterator[None]:
+    token = _context.attach(saved)
+    try:
+        yield
+    finally:
+        _context.detach(token)
 
 
-def resumed(saved: object) -> Any:
+def resumed(saved: object) -> AbstractContextManager[Any]:
     """Runs a block in a context saved by :func:`current` (nothing when telemetry is off)."""
-    if not ENABLED or saved is None:
-        return NULL
-    return _Resumed(saved)
+    return NULL if not ENABLED or saved is None else _resumed(saved)

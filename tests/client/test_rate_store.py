@@ -213,7 +213,7 @@ def first_answer_pending(route: Any) -> bool:
     return route.calls.last.response is None
 
 
-def test_a_client_with_its_own_budget_is_not_paused_by_anothers_429(redis: RedisServer) -> None:
+def test_a_client_of_another_gateway_is_not_paused_by_a_429_on_this_one(redis: RedisServer) -> None:
     base = "https://gateway.test"
     with respx.mock(base_url=base, assert_all_called=False) as gateway:
         route = gateway.post("/beta/v1/images/generations")

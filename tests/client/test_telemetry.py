@@ -21,7 +21,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from imggw_client import AsyncClient, Client, PollPolicy, TaskFailedError, _telemetry
+from imggw_client import (
+    AsyncClient,
+    Client,
+    PollPolicy,
+    RequestValidationError,
+    TaskFailedError,
+    _telemetry,
+)
 from imggw_client.batch import run_batch
 from imggw_client.mock import MockGateway
 
@@ -244,7 +251,7 @@ def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
                 client.download(task, tmp_path)
             except TaskFailedError:
                 pass
-        with pytest.raises(Exception):  # noqa: B017, PT011  # a refused request, too
+        with pytest.raises(RequestValidationError):  # a refused request, too
             client.submit(PROMPT, aspect_ratio="7:3")
     spans = exporter.get_finished_spans()
     assert spans

@@ -61,6 +61,9 @@ from .wire import (
     TransportFailure,
 )
 
+# What telemetry calls a request of no budget kind: the only such is a result's download.
+DOWNLOAD = "download"
+
 T = TypeVar("T")
 Flow = Generator[Action, Any, T]
 
@@ -516,7 +519,7 @@ class Flows:
                 verdict = classify(err)
                 unknown = unknown or verdict.unknown
                 if self.observe:
-                    yield Observe(REQUEST, kind=_observed_kind(kind, action),
+                    yield Observe(REQUEST, kind=kind or DOWNLOAD,
                                   outcome=_outcome(err, verdict.unknown),
                                   limited=isinstance(err, RateLimitError))  # fmt: skip
                 limited = isinstance(err, RateLimitError) and ticket is not None
@@ -547,7 +550,7 @@ class Flows:
                 )
             else:
                 if self.observe:
-                    yield Observe(REQUEST, kind=_observed_kind(kind, action), outcome="ok")
+                    yield Observe(REQUEST, kind=kind or DOWNLOAD, outcome="ok")
                 if isinstance(ticket, Ticket):
                     assert isinstance(self.budget, Budget)
                     self.budget.finished(ticket, self.clock())
@@ -693,13 +696,6 @@ def _checked_task_id(task_id: object) -> str:
     raise_violations(rules.check_task_id(task_id))
     assert isinstance(task_id, str)
     return task_id
-
-
-def _observed_kind(kind: str | None, action: Action) -> str:
-    """What a request was, for telemetry: submit, query, or a result's download."""
-    if kind is not None:
-        return kind
-    return "download" if isinstance(action, Fetch) else "other"
 
 
 def _outcome(err: ImggwError, unknown: bool) -> str:

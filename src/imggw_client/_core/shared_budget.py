@@ -28,7 +28,6 @@ import hashlib
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from .._config import RateLimit
 from . import budget as rules
@@ -102,13 +101,10 @@ def _numbers(answer: object, count: int) -> list[float]:
     return values
 
 
-def take_args(limit: RateLimit, ticket: StoreTicket) -> list[str]:
-    """The script's arguments for ``take``: a new place, or the one the ticket holds."""
-    return ["take", _ceiling(limit, ticket.kind), str(ticket.epoch), repr(ticket.slot)]
-
-
-def release_args(limit: RateLimit, ticket: StoreTicket) -> list[str]:
-    return ["release", _ceiling(limit, ticket.kind), str(ticket.epoch), repr(ticket.slot)]
+def place_args(op: str, limit: RateLimit, ticket: StoreTicket) -> list[str]:
+    """The script's arguments for ``take`` (a new place, or the one the ticket holds) or
+    ``release`` (the ticket's place, given back)."""
+    return [op, _ceiling(limit, ticket.kind), str(ticket.epoch), repr(ticket.slot)]
 
 
 def finished_args(
@@ -125,8 +121,19 @@ def finished_args(
             repr(float(backoff[0])), repr(float(backoff[1])), sent]  # fmt: skip
 
 
+def rate_of(limit: RateLimit, kind: str) -> float | None:
+    """The configured ceiling of ``kind`` (submit, query), or None."""
+    return limit.submits_per_second if kind == rules.SUBMIT else limit.queries_per_second
+
+
+def interval(limit: RateLimit, kind: str) -> float:
+    """The spacing of ``kind`` at its ceiling, with the budget's guard (0 without one)."""
+    rate = rate_of(limit, kind)
+    return 0.0 if rate is None else (1.0 + rules.GUARD) / rate
+
+
 def _ceiling(limit: RateLimit, kind: str) -> str:
-    rate = limit.submits_per_second if kind == rules.SUBMIT else limit.queries_per_second
+    rate = rate_of(limit, kind)
     return "" if rate is None else repr(float(rate))
 
 
@@ -152,7 +159,9 @@ class Fallback:
     def use_store(self, now: float) -> bool:
         """Whether to ask the store now: it answered last time, or its retry is due."""
         with self._lock:
-            if self._down_since is None or now >= self._retry_at:
+            if self._down_since is None:
+                return True
+            if now >= self._retry_at:
                 self._retry_at = now + REJOIN_AFTER  # one caller tries; the others go on
                 return True
             return False
@@ -185,24 +194,6 @@ def reason(exc: BaseException) -> str:
     if isinstance(exc, StoreAnswerError):
         return str(exc)
     return type(exc).__name__
-
-
-def _constants() -> dict[str, Any]:
-    return {
-        "GUARD": rules.GUARD,
-        "START_RATE": rules.START_RATE,
-        "FREE_RATE": rules.FREE_RATE,
-        "PACE_FLOOR": rules.PACE_FLOOR,
-        "FIRST_DECREASE": rules.FIRST_DECREASE,
-        "DECREASE": rules.DECREASE,
-        "RECOVERY_STEP": rules.RECOVERY_STEP,
-        "RECOVERY_PERIOD": rules.RECOVERY_PERIOD,
-        "RECENT": rules.RECENT,
-        "DECREASE_SHARE": rules.DECREASE_SHARE,
-        "MIN_ANSWERS": rules.MIN_ANSWERS,
-        "MAX_PAUSE": rules.MAX_PAUSE,
-        "LANE_TTL": LANE_TTL,
-    }
 
 
 # One lane per key (KEYS[1]); ARGV[1] the operation, ARGV[2] the caller's ceiling ("" none).
@@ -325,8 +316,20 @@ redis.call('EXPIRE', key, {LANE_TTL})
 return result
 """
 
-SCRIPT = _SCRIPT
-for _name, _value in _constants().items():
-    SCRIPT = SCRIPT.replace("{" + _name + "}", repr(float(_value)) if _name != "LANE_TTL"
-                            else str(int(_value)))  # fmt: skip
-del _name, _value
+
+def _filled(template: str) -> str:
+    """The script with the budget's constants written in: one source for both budgets."""
+    numbers = {
+        "GUARD": rules.GUARD, "START_RATE": rules.START_RATE, "FREE_RATE": rules.FREE_RATE,
+        "PACE_FLOOR": rules.PACE_FLOOR, "FIRST_DECREASE": rules.FIRST_DECREASE,
+        "DECREASE": rules.DECREASE, "RECOVERY_STEP": rules.RECOVERY_STEP,
+        "RECOVERY_PERIOD": rules.RECOVERY_PERIOD, "RECENT": rules.RECENT,
+        "DECREASE_SHARE": rules.DECREASE_SHARE, "MIN_ANSWERS": rules.MIN_ANSWERS,
+        "MAX_PAUSE": rules.MAX_PAUSE,
+    }  # fmt: skip
+    for name, value in numbers.items():
+        template = template.replace("{" + name + "}", repr(float(value)))
+    return template.replace("{LANE_TTL}", str(LANE_TTL))
+
+
+SCRIPT = _filled(_SCRIPT)
