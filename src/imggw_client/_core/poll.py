@@ -39,12 +39,19 @@ def poll_interval(policy: PollPolicy, n: int, rng: random.Random) -> float:
 # started together.
 #
 # Why it never polls more than today's schedule. The sleep after the n-th answer is at least
-# today's n-th interval before jitter (``today_gap``), and today's sleeps are that times a
-# factor <= 1: query for query the learned wait is never ahead of today's, over any span,
-# whatever the model holds. The floor never breaks the promise on an instant gateway: each
-# sleep being at least today's before jitter, the learned wait's n-th query is at least as far
-# into the task's run as today's would be without jitter, where ``promise_gap`` equals
-# ``today_gap(n)`` exactly; and ``promise_gap`` grows with the time into the run.
+# today's shortest n-th sleep (``JITTER_LOW * today_gap``, the least :func:`poll_interval`
+# draws): query for query the learned wait is never ahead of today's at its busiest, over any
+# span, whatever the model holds. That floor never breaks the promise on an instant gateway:
+# each sleep being at least today's shortest, the learned wait's n-th query is at least
+# ``JITTER_LOW`` as far into the task's run as today's unjittered one, so ``promise_gap`` there
+# is at least ``JITTER_LOW * today_gap(n)`` (plus a share of ``initial_interval``).
+#
+# Why every sleep is jittered (DESIGN 18). Where the floor binds (a kind with no history, whose
+# waits query from the start; ``initial_interval == max_interval``), a floor of today's gap
+# itself would make every sleep that exact number, and waits started together would poll in
+# lockstep. So a sleep is drawn between the floor and the promise's room; only where the
+# promise cannot be kept even at the floor (round trips longer than its room) is it today's
+# own jittered sleep.
 
 FIRST_JITTER_LOW = 0.9  # the learned first query comes at a factor in [0.9, 1] of its time
 LEARNED_JITTER = (0.94, 0.98)  # each learned sleep is this share of the promise's room
@@ -133,9 +140,13 @@ def next_poll(
     trip = now - went
     trips = 2 * min(trip, policy.max_interval) if math.isfinite(trip) else 0.0
     room = promise_gap(policy, _elapsed(started, went)) - trips
-    floor = today_gap(policy, polls - 1)
-    scheduled = max(room * rng.uniform(*LEARNED_JITTER), floor)
-    return with_hint(scheduled, retry_after, max(room * LEARNED_JITTER[1], floor))
+    gap = today_gap(policy, polls - 1)
+    floor, latest = JITTER_LOW * gap, room * LEARNED_JITTER[1]
+    if latest > floor:
+        scheduled = rng.uniform(max(room * LEARNED_JITTER[0], floor), latest)
+    else:  # the trips leave the promise no room above today's shortest: today's own sleep
+        scheduled = gap * rng.uniform(JITTER_LOW, 1.0)
+    return with_hint(scheduled, retry_after, latest)  # a hint, never past the promise
 
 
 def _elapsed(started: float, now: float) -> float:
