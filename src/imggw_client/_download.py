@@ -1,6 +1,7 @@
 """Verified, atomic saving of one result: bytes stream into a hidden temp file beside the
 target while size and sha256 are computed; only a complete body, and a whole image, is renamed
-into place."""
+into place. A file already there (``overwrite=False``) is compared instead: the same bytes are
+the result saved already, other bytes a conflict (``FILE_EXISTS``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from ._core.wire import Fetch, Fetched
 from ._exceptions import DownloadError, RequestValidationError
@@ -42,7 +43,9 @@ _TAIL = 32
 def is_whole(head: bytes, tail: bytes, size: int) -> bool:
     """Whether an image whose bytes show its format ends where that format says it ends: a
     body cut by a dropped connection (close-delimited, so no length to check) is caught here.
-    Bytes that show no known format cannot be told and count as whole."""
+    Only for bodies without a declared length: one whose ``Content-Length`` was met is whole,
+    whatever follows its end marker (a newline, padding). Bytes that show no known format
+    cannot be told and count as whole."""
     ext = sniff(head)
     if ext == ".png":
         return tail.endswith(_PNG_END)
@@ -103,7 +106,13 @@ def _exists(path: Path) -> DownloadError:
 
 class Sink:
     """Receives one result. ``write`` each chunk, then ``finish`` (verify and rename) or
-    ``discard``; ``discard`` after ``finish`` does nothing, so it fits a ``finally``."""
+    ``discard``; ``discard`` after ``finish`` does nothing, so it fits a ``finally``.
+
+    A file of the result's name already there (and ``overwrite`` not asked for) is read beside
+    the body instead of writing a temp file: a whole body with the same bytes is reported saved
+    at that path, the file untouched (downloading twice is idempotent); other bytes are the
+    ``FILE_EXISTS`` conflict, raised once the body is known to be a whole image (a proxy's page
+    served in its place is its own error, retried as such)."""
 
     def __init__(self, fetch: Fetch) -> None:
         self.fetch = fetch
@@ -113,9 +122,22 @@ class Sink:
             raise DownloadError(
                 f"cannot create {fetch.dest_dir}: {exc.strerror}", code=WRITE_FAILED
             ) from exc
-        existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
-        if existing is not None:
-            raise _exists(existing)
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._head = b""
+        self._tail = b""
+        self._done = False
+        self._existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
+        self._theirs: BinaryIO | None = None  # the file already there, read as bytes come
+        self._differs = False
+        self._tmp: Path | None = None
+        self._file: BinaryIO | None = None
+        if self._existing is not None:
+            try:
+                self._theirs = open(self._existing, "rb")  # noqa: SIM115 - discard closes it
+            except OSError:
+                raise _exists(self._existing) from None  # unreadable: not shown to be ours
+            return
         self._tmp = fetch.dest_dir / f".{fetch.stem}.{secrets.token_hex(4)}{_PART_SUFFIX}"
         try:
             # Mode 0666 less the umask, like any file the user makes (mkstemp would give 0600).
@@ -125,11 +147,6 @@ class Sink:
                 f"cannot write in {fetch.dest_dir}: {exc.strerror}", code=WRITE_FAILED
             ) from exc
         self._file = os.fdopen(fd, "wb")
-        self._hash = hashlib.sha256()
-        self._size = 0
-        self._head = b""
-        self._tail = b""
-        self._done = False
 
     @property
     def too_large(self) -> bool:
@@ -144,6 +161,10 @@ class Sink:
         self._size += len(chunk)
         if self.too_large:
             return
+        if self._theirs is not None:
+            self._compare(chunk)
+            return
+        assert self._file is not None
         try:
             self._file.write(chunk)
         except OSError as exc:
@@ -151,60 +172,117 @@ class Sink:
                 f"cannot write {self._tmp}: {exc.strerror}", code=WRITE_FAILED
             ) from exc
 
+    def _compare(self, chunk: bytes) -> None:
+        if self._differs or self._theirs is None:
+            return
+        try:
+            self._differs = self._theirs.read(len(chunk)) != chunk
+        except OSError:
+            self._differs = True
+
     def finish(self, headers: Mapping[str, str]) -> Fetched:
         expected = _expected_size(headers)
-        if expected is not None and expected != self._size:
-            return Fetched(200, incomplete=True)
-        if not is_whole(self._head, self._tail, self._size):
+        if expected is not None:
+            # A declared length met is a whole body, whatever follows the image's end marker.
+            if expected != self._size:
+                return Fetched(200, incomplete=True)
+        elif not is_whole(self._head, self._tail, self._size):
             return Fetched(200, incomplete=True)
         document = document_type(self._head, headers.get("content-type"))
         if document is not None:
             return Fetched(200, document=document)
+        if self._existing is not None:
+            return self._already_there(self._existing)
+        assert self._file is not None
+        assert self._tmp is not None
         ext = extension(self._head, headers.get("content-type"))
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
             target = self.fetch.dest_dir / (self.fetch.stem + ext)
-            self._place(target)
+            placed = self._place(self._tmp, target)
         except OSError as exc:
             raise DownloadError(
                 f"cannot save {self.fetch.stem}: {exc.strerror}", code=WRITE_FAILED
             ) from exc
         self._done = True
+        return self._saved(placed)
+
+    def _already_there(self, path: Path) -> Fetched:
+        """The whole body was read beside ``path``: the same bytes are this result saved."""
+        assert self._theirs is not None
+        try:
+            same = not self._differs and self._theirs.read(1) == b""
+        except OSError:
+            same = False
+        if not same:
+            raise _exists(path)
+        self._done = True
+        self._theirs.close()
+        return self._saved(path)
+
+    def _saved(self, path: Path) -> Fetched:
         return Fetched(
             200,
             DownloadedFile(
-                path=target, url=self.fetch.url, sha256=self._hash.hexdigest(), size=self._size
+                path=path, url=self.fetch.url, sha256=self._hash.hexdigest(), size=self._size
             ),
         )
 
-    def _place(self, target: Path) -> None:
+    def _place(self, tmp: Path, target: Path) -> Path:
         if self.fetch.overwrite:
-            os.replace(self._tmp, target)
-            return
+            os.replace(tmp, target)
+            return target
         try:
             # link() fails if the target exists: no window in which another writer is clobbered.
-            os.link(self._tmp, target)
+            os.link(tmp, target)
         except FileExistsError:
-            raise _exists(target) from None
+            return self._raced(tmp, target)
         except OSError:
             if target.exists():
-                raise _exists(target) from None
-            os.replace(self._tmp, target)  # a filesystem without hard links
+                return self._raced(tmp, target)
+            os.replace(tmp, target)  # a filesystem without hard links
         else:
-            self._tmp.unlink()
+            tmp.unlink()
+        return target
+
+    def _raced(self, tmp: Path, target: Path) -> Path:
+        """``target`` appeared while the body came (another download of the same result, say):
+        the same bytes are saved already; other bytes are a conflict."""
+        if _digest(target) != (self._size, self._hash.hexdigest()):
+            raise _exists(target)
+        tmp.unlink()
+        return target
 
     def discard(self) -> None:
         if self._done:
             return
         self._done = True
+        if self._theirs is not None:
+            with contextlib.suppress(OSError):
+                self._theirs.close()
         # On a full disk, closing flushes what is buffered and fails again: that second
         # failure must neither replace the error being raised nor keep the temp file.
-        with contextlib.suppress(OSError):
-            self._file.close()
-        with contextlib.suppress(OSError):
-            self._tmp.unlink()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.unlink()
+
+
+def _digest(path: Path) -> tuple[int, str] | None:
+    """Size and sha256 of a file, or None if it cannot be read."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as file:
+            while block := file.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+    except OSError:
+        return None
+    return size, digest.hexdigest()
 
 
 def _expected_size(headers: Mapping[str, str]) -> int | None:

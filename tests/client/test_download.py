@@ -13,6 +13,7 @@ import pytest
 import respx
 
 from imggw_client import (
+    FILE_EXISTS,
     AsyncClient,
     Client,
     DownloadError,
@@ -246,16 +247,18 @@ async def test_image_bytes_or_an_image_label_are_saved(
     assert files[0].path.read_bytes() == body
 
 
-async def test_refuses_to_overwrite_without_sending_anything(
-    client: Driven, tmp_path: Path
-) -> None:
+async def test_refuses_to_overwrite_a_different_file(client: Driven, tmp_path: Path) -> None:
+    """The result is read to compare it with the file there (the same bytes would be this
+    result saved already): other bytes are a conflict, and the file is left as it was."""
     (tmp_path / "42-0.png").write_bytes(b"mine")
     with respx.mock() as cdn:
         route = cdn.get(f"{CDN}/x.png").mock(return_value=httpx.Response(200, content=PNG))
-        with pytest.raises(DownloadError, match="overwrite=True"):
+        with pytest.raises(DownloadError, match="overwrite=True") as info:
             await client.download(done(f"{CDN}/x.png"), tmp_path)
-        assert route.call_count == 0
+        assert info.value.code == FILE_EXISTS
+        assert route.call_count == 1  # once, never retried: the disk, not the link
         assert (tmp_path / "42-0.png").read_bytes() == b"mine"
+        assert leftovers(tmp_path) == []
         files = await client.download(done(f"{CDN}/x.png"), tmp_path, overwrite=True)
     assert files[0].path.read_bytes() == PNG
     assert leftovers(tmp_path) == []
