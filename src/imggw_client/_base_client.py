@@ -7,8 +7,11 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import os
 import random
+import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -45,22 +48,51 @@ def key_fingerprint(api_key: str) -> str:
     return digest.hex()
 
 
+# HTTP clients a forked process inherited from its parent: their sockets are the parent's too.
+# Kept, never closed (closing could send a TLS close_notify or an HTTP/2 GOAWAY on the parent's
+# connections) and never used; one per client and fork, gone when the process ends.
+_INHERITED: list[object] = []
+
+
 class Connection(Generic[H]):
     """The HTTP client behind a client and all its ``with_options`` copies. ``factory`` makes a
     fresh one (None for a caller's own client, or one over a transport that pools connections:
-    neither can be replaced)."""
+    neither can be replaced).
+
+    Connections belong to the process that opened them: after a ``fork()`` the child holds the
+    parent's very sockets, and two processes writing requests on one keep-alive connection read
+    each other's answers (one task id handed to two submits: a paid task no one owns). So
+    before each request the process is checked (a PID check, not an at-fork hook: it holds
+    for a fork made in C too, and keeps no registry of clients): in a child our own HTTP client
+    is set aside unclosed (the parent's to use and close) and a new one made; a caller's own
+    one, or a pooled transport's, that this client sent requests through before the fork is
+    refused. One that sent nothing before the fork holds no connection of ours: kept."""
 
     def __init__(self, http: H, *, owned: bool, factory: Callable[[], H] | None) -> None:
         self.http: H = http
         self.owned = owned
         self.factory: Callable[[], H] | None = factory
         self.loop: object = None  # the event loop an AsyncClient's connections belong to
+        self.pid = os.getpid()  # the process whose connections ``http`` holds
+        self.used = False  # whether a request went through ``http`` in that process
+        self._fork_lock = threading.Lock()
+
+    @property
+    def mine(self) -> bool:
+        """Whether ``http`` is this process's (False in a child forked after it was made,
+        until the child makes its own)."""
+        return self.pid == os.getpid()
 
     def claim(self, loop: object) -> None:
-        """Connections belong to the event loop that opened them; one used from a later loop
-        fails after the request was written (a task billed, the answer lost). So on a new
-        loop our own HTTP client is replaced before anything is sent, and one that cannot be
-        is refused. Threads have no loop (``None``): nothing to do."""
+        """Called before every request. In a process forked since ``http`` was made, the
+        connections are the parent's: see the class. Then, connections belong to the event
+        loop that opened them; one used from a later loop fails after the request was written
+        (a task billed, the answer lost). So on a new loop our own HTTP client is replaced
+        before anything is sent, and one that cannot be is refused. Threads have no loop
+        (``None``): nothing to do."""
+        if not self.mine:
+            self._forked()
+        self.used = True
         if self.loop is None or self.loop is loop:
             self.loop = loop
             return
@@ -71,6 +103,27 @@ class Connection(Generic[H]):
                 "or transport) inside the event loop that uses it"
             )
         self.http, self.loop = self.factory(), loop  # the old loop is gone, and its sockets
+
+    def _forked(self) -> None:
+        with self._fork_lock:  # the child's threads may all send their first request at once
+            if self.mine:
+                return
+            if not self.used:  # no request went through it: it holds no connection of ours
+                self.pid = os.getpid()
+                return
+            if self.factory is None:
+                raise ConfigurationError(
+                    "this client sent requests through its http_client (or its "
+                    f"transport's pool) in process {self.pid}, and this process was forked "
+                    "from it: those connections are shared with it, and requests from both "
+                    "would mix on one socket. Make the client and its http_client in this "
+                    "process (after the fork: a pool initializer, gunicorn's post_fork), or "
+                    "let the client make its own (no http_client=): it makes a new one in "
+                    "each process by itself"
+                )
+            _INHERITED.append(self.http)
+            self.http, self.loop = self.factory(), None
+            self.pid, self.used = os.getpid(), False
 
 
 class BaseClient(Generic[H]):
@@ -129,7 +182,8 @@ class BaseClient(Generic[H]):
 
     @property
     def _owns_http(self) -> bool:
-        return self._conn.owned and not self._copy
+        # In a forked child, the HTTP client inherited from the parent is the parent's to close.
+        return self._conn.owned and not self._copy and self._conn.mine
 
     @property
     def base_url(self) -> str:
@@ -244,6 +298,26 @@ class BaseClient(Generic[H]):
         clone._closed = self._closed
         clone._copy = True
         return clone
+
+    def generation(self, *, surface: str | None = None) -> AbstractContextManager[Any]:
+        """One generate made of separate calls, as OpenTelemetry sees it (DESIGN 17): the block
+        is one ``imggw.generate`` span whose children are the spans of the calls made in it
+        (``imggw.submit``, ``imggw.wait``, ``imggw.download``...), with the task id, status,
+        attempts and polls they saw, as :meth:`generate`'s own span has. For code that keeps
+        the task id between the steps, or saves the results under the same span. It sends
+        nothing, and does nothing when no OpenTelemetry SDK is configured. A plain ``with``,
+        on an :class:`AsyncClient` too. ``surface``: the span's ``imggw.surface`` (default: the
+        client's).
+
+        Example::
+
+            with client.generation():
+                sub = client.submit("a lighthouse at dusk")
+                remember(sub.task_id)                     # your own record, before the wait
+                task = client.wait(sub)
+                files = client.download(task, "out/")
+        """
+        return _telemetry.group("imggw.generate", surface or self._settings.surface)
 
     def _operation(self, name: str, surface: object) -> _telemetry.Watch:
         """The span of one public call (DESIGN 17): a null one when telemetry is off."""

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -44,8 +45,8 @@ else:
     _proxy_meters = getattr(_metrics_internal, "_ProxyMeterProvider", None)
     _UNSET = (_trace.ProxyTracerProvider, *((_proxy_meters,) if _proxy_meters else ()))
 
-__all__ = ["ENABLED", "NULL", "Operation", "Watch", "active", "current", "line_span",
-           "operation", "resumed"]  # fmt: skip
+__all__ = ["ENABLED", "NULL", "Operation", "Watch", "active", "current", "group",
+           "line_span", "operation", "resumed"]  # fmt: skip
 
 NAME = "imggw_client"
 
@@ -104,9 +105,13 @@ class _Current:
 
 class Operation:
     """One public call's span, current while the call runs, and what its flow observed;
-    ``generate``'s submit and wait are child spans of it, one after the other."""
+    ``generate``'s submit and wait are child spans of it, one after the other.
 
-    def __init__(self, name: str, surface: str) -> None:
+    A group (:func:`group`) is an operation made of the public calls run inside it: their
+    spans are its children, and each one's attempts, polls, task id and status count into it
+    as a flow's observations count into a call's."""
+
+    def __init__(self, name: str, surface: str, *, grouping: bool = False) -> None:
         self.name = name
         self.surface = surface
         self.attempts = 0
@@ -114,9 +119,15 @@ class Operation:
         self._own: Any = None
         self._child: _Current | None = None
         self._child_from = (0, 0)  # attempts and polls when the child began
+        self._grouping = grouping
+        self._outer: Operation | None = None  # the group this call runs in, if one
+        self._token: contextvars.Token[Operation | None] | None = None
 
     def __enter__(self) -> Operation:
+        self._outer = _group.get()
         self._own = _Current(self.name, {"imggw.surface": self.surface})
+        if self._grouping:
+            self._token = _group.set(self)
         return self
 
     def observe(self, seen: Observe) -> None:
@@ -168,13 +179,16 @@ class Operation:
         self._child = None
 
     def result(self, value: object) -> None:
-        """The call's result: its task id and status become the span's attributes."""
+        """The call's result: its task id and status become the span's attributes (and its
+        group's)."""
         task_id = getattr(value, "task_id", None) or getattr(value, "id", None)
         if isinstance(task_id, str):
             self._own.span.set_attribute("imggw.task_id", task_id)
         status = getattr(value, "status", None)
         if status is not None:
             self._set("imggw.status", str(getattr(status, "value", status)))
+        if self._outer is not None:
+            self._outer.result(value)
 
     def __exit__(
         self,
@@ -182,11 +196,22 @@ class Operation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._token is not None:
+            _group.reset(self._token)
         self._end_child(exc)
         self._own.span.set_attribute("imggw.attempts", self.attempts)
         if self.name in ("imggw.wait", "imggw.generate"):
             self._own.span.set_attribute("imggw.polls", self.polls)
         self._own.end(exc)
+        if self._outer is not None:
+            self._outer.attempts += self.attempts
+            self._outer.polls += self.polls
+
+
+# The group (an operation made of calls) that a call starting now belongs to, if one.
+_group: contextvars.ContextVar[Operation | None] = contextvars.ContextVar(
+    "imggw_group", default=None
+)
 
 
 def _failed(span: Any, exc: BaseException) -> None:
@@ -237,6 +262,12 @@ def operation(name: str | None, surface: str) -> Operation | _Null:
     if name is None or not active():
         return NULL
     return Operation(name, surface)
+
+
+def group(name: str, surface: str) -> AbstractContextManager[Any]:
+    """The span ``name`` of an operation made of the public calls run inside the block (the
+    CLI's ``generate``: a submit, a wait, a download), or nothing when nothing records."""
+    return Operation(name, surface, grouping=True) if active() else NULL
 
 
 @contextlib.contextmanager

@@ -291,3 +291,41 @@ def test_without_a_provider_or_the_extra_nothing_is_recorded_and_all_works(mode:
     assert done.returncode == 0, done.stderr
     expected = "True succeeded False" if mode == "no provider" else "False succeeded None"
     assert done.stdout.split() == expected.split()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_generation_of_separate_calls_is_one_generate_span(
+    kind: str, otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+) -> None:
+    """``client.generation()``: a submit, a wait and a download made one by one are one
+    ``imggw.generate`` span, as the CLI's ``generate`` is (DESIGN 17)."""
+    exporter, _ = otel
+    gw = MockGateway(api_keys=[KEY], **QUICK)
+
+    def job(client: Any) -> Any:
+        with client.generation(surface="alpha"):
+            sub = client.submit(PROMPT, surface="alpha")
+            task = client.wait(sub)
+            return task, client.download(task, tmp_path)
+
+    async def ajob(client: Any) -> Any:
+        with client.generation(surface="alpha"):
+            sub = await client.submit(PROMPT, surface="alpha")
+            task = await client.wait(sub)
+            return task, await client.download(task, tmp_path)
+
+    with gw.serve() as base:
+        task, (saved,) = run_kind(kind, base, job if kind == "sync" else ajob)
+    assert saved.path.is_file()
+    finished = exporter.get_finished_spans()
+    (generate,) = by_name(finished)["imggw.generate"]
+    children = [s for s in finished if parent_of(s) == generate.context.span_id]
+    assert [s.name for s in children] == ["imggw.submit", "imggw.wait", "imggw.download"]
+    assert generate.attributes is not None
+    assert generate.attributes["imggw.surface"] == "alpha"
+    assert generate.attributes["imggw.task_id"] == task.id
+    assert generate.attributes["imggw.status"] == "succeeded"
+    assert generate.attributes["imggw.attempts"] == sum(
+        s.attributes["imggw.attempts"]  # type: ignore[index,misc]
+        for s in children
+    )
