@@ -17,7 +17,7 @@ import typer
 
 from imggw_client import rules
 
-from . import _exit, _stderr
+from . import _exit, _signals, _stderr
 from ._globals import current
 from ._output import Output, task_record, unfinished_record
 from ._runtime import setup_logging
@@ -53,6 +53,9 @@ class Tracked:
         self.output = output  # set for commands that save results (generate, download)
         self.key: Optional[str] = None  # noqa: UP045
         self.request: tuple[str, str] = ("auto", "1k")
+        # How the command ended, when an error ended it (set by session): a command of several
+        # tasks exits by the conditions its tasks met (_exit.several).
+        self.condition: Optional[_exit.Condition] = None  # noqa: UP045
 
     def submitting(self, key: Optional[str], aspect_ratio: str, resolution: str) -> str:  # noqa: UP045
         """The key the submit sends (the caller's, else a fresh one made here, so that an
@@ -76,7 +79,14 @@ class Tracked:
 def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
     """Output for a command, and every error turned into one line and an exit code. With
     --json, a task that failed or is still running at the timeout is printed too (stdout), so
-    that a script always has a record to read beside the exit code."""
+    that a script always has a record to read beside the exit code. SIGTERM and SIGHUP end it
+    as Ctrl-C does (_signals)."""
+    with _signals.as_ctrl_c(), _session(tracked) as out:
+        yield out
+
+
+@contextmanager
+def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
     from imggw_client import (
         FILE_EXISTS,
         DownloadError,
@@ -125,23 +135,36 @@ def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP0
             else:
                 command += f" -o {shlex.quote(str(tracked.output))}"
             message += f"\n  the task succeeded and is paid for; save its results with: {command}"
-        code = _exit.code_for(err)
+        condition = _exit.condition_of(err)
+        if tracked is not None:
+            tracked.condition = condition
+        code = _exit.CODES[condition]
         out.error(message, exit_code=code, task_id=_task_of(err, tracked), error_code=err.code,
                   error_type=type(err).__name__, resume=resume, traceback=trace)  # fmt: skip
         raise typer.Exit(code) from None
     except KeyboardInterrupt:
-        said: dict[str, Any] = {"event": "interrupted", "exit_code": _exit.INTERRUPTED}
         if tracked is not None and tracked.id is not None:
             resume = tracked.resume(surface)
-            out.error(f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
-                      task_id=tracked.id, resume=resume, **said)  # fmt: skip
+            interrupted(out, f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
+                        task_id=tracked.id, resume=resume)  # fmt: skip
         elif tracked is not None and tracked.key is not None:
             hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
-            out.error(f"interrupted during the submit: a task may have been created.\n{hint}",
-                      idempotency_key=tracked.key, **said)  # fmt: skip
+            interrupted(out, "interrupted during the submit: a task may have been created.\n"
+                        + hint, idempotency_key=tracked.key)  # fmt: skip
         else:
-            out.error("interrupted", **said)
-        raise typer.Exit(_exit.INTERRUPTED) from None
+            interrupted(out, "interrupted")
+
+
+def interrupted(out: Output, message: str, **fields: Any) -> NoReturn:
+    """Ends a command that Ctrl-C, SIGTERM or SIGHUP interrupted: ``message`` (which starts
+    with "interrupted"; another signal than Ctrl-C's is named after that word), the
+    ``interrupted`` event with the signal's name, and its exit code (130, 143, 129)."""
+    number, name = _signals.interruption()
+    if name != "SIGINT":
+        message = f"interrupted by {name}{message.removeprefix('interrupted')}"
+    code = _exit.interrupted_code(number)
+    out.error(message, event="interrupted", exit_code=code, signal=name, **fields)
+    raise typer.Exit(code) from None
 
 
 def _task_of(err: Exception, tracked: Optional[Tracked]) -> Optional[str]:  # noqa: UP045
@@ -162,10 +185,8 @@ def refuse(message: str) -> NoReturn:
 
 STDIN = "-"
 
-# The room a result of each resolution may plausibly need: a 1k PNG is about 1 to 3 MB and a
-# 4K one up to a few tens of MB. A folder with less free space would take the task's money and
-# then fail to save its image.
-RESULT_ROOM = {"1k": 4 << 20, "2k": 16 << 20, "4k": 64 << 20}
+# The room a result of each resolution may need (the SDK's figure: a batch checks the same).
+RESULT_ROOM = rules.RESULT_ROOM
 
 
 def ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:

@@ -43,7 +43,8 @@ def download(
             metavar="FILE",
             help="Collect the tasks FILE lists (- reads standard input): bare ids or JSON lines "
             "with task_id (and surface), as submit --json and a batch manifest print them. "
-            "Keeps a ledger and manifest.jsonl in --output; rerun to resume.",
+            "Keeps a ledger and manifest.jsonl in --output; rerun to resume (the list may "
+            "grow or shrink between runs: collecting bills nothing).",
         ),
     ] = None,
     wait: Annotated[
@@ -55,7 +56,8 @@ def download(
 ) -> None:
     """Download the results of finished tasks; print the saved paths.
 
-    Without --wait, unfinished tasks are reported (exit 3) and the rest saved. With --from,
+    Without --wait, unfinished tasks are reported (exit 3) and the rest saved; an id the key
+    cannot see exits 1, beside unfinished ones too (no later run mends it). With --from,
     results are saved the soonest-expiring first, a dead link is asked again for a fresh one,
     and the run resumes where it stopped (exit codes as imggw batch).
     """
@@ -80,12 +82,13 @@ def _download_ids(
     from imggw_client import TaskFailedError, TaskStatus, WaitTimeoutError
     from imggw_client.text import printable
 
-    codes: list[int] = []
+    met: list[_exit.Condition] = []
     with session(), make_client(current()) as client:
         for task_id in task_ids:
-            code = _exit.OK
+            condition = _exit.Condition.OK
+            tracked = Tracked(task_id, "download", output)
             try:
-                with session(Tracked(task_id, "download", output)) as out:
+                with session(tracked) as out:
                     if wait:
                         with out.progress(task_id) as on_update:
                             try:
@@ -107,13 +110,13 @@ def _download_ids(
                         reason = printable(task.error.message) if task.error else ""
                         out.error(f"task {task_id} failed: {reason}", event="task_failed",
                                   task_id=task_id)  # fmt: skip
-                        code = _exit.TASK_FAILED
+                        condition = _exit.Condition.FAILED
                     out.data(task_record(task, files), [str(f.path) for f in files])
             except typer.Exit as failed:
-                if failed.exit_code == _exit.INTERRUPTED:
+                if _exit.is_interrupted(failed.exit_code):
                     raise
-                code = int(failed.exit_code)
-            codes.append(code)
-    worst = _exit.download_code(codes)
-    if worst:
-        raise typer.Exit(worst)
+                condition = tracked.condition or _exit.condition_of_code(failed.exit_code)
+            met.append(condition)
+    code = _exit.several(met)
+    if code:
+        raise typer.Exit(code)

@@ -1,7 +1,14 @@
-"""Exit codes, and the one-line message each error deserves."""
+"""Exit codes, and the one-line message each error deserves.
+
+A command exits by condition (DESIGN 18), whatever else is on its command line: each condition
+has one code, on every command. A command of several tasks (``download ID...``) exits with the
+code of the first condition of :data:`PRECEDENCE` that one of them met.
+"""
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,21 +20,63 @@ USAGE = 2
 WAIT_TIMEOUT = 3
 AUTH_OR_CONFIG = 4
 API_OR_NETWORK = 5
-STOPPED = 6  # a batch guard stopped new submits (its lines sent were finished)
-INTERRUPTED = 130
+STOPPED = 6  # credits ran out, or a batch guard stopped new submits (lines sent were finished)
+# A signal (Ctrl-C, SIGTERM, SIGHUP): 128 + its number, see interrupted_code.
+
+
+class Condition(enum.Enum):
+    """How a command, or one task of several, ended; :data:`CODES` gives each its exit code."""
+
+    OK = "ok"
+    CONFIG = "config"  # the key, the configuration, or a folder that cannot be written
+    CREDITS = "credits"  # the account has no credits left (402)
+    USAGE = "usage"  # a usage error, an invalid request, a file there with other bytes
+    UNKNOWN_TASK = "unknown_task"  # the key cannot see the task (404 on a query)
+    UNFINISHED = "unfinished"  # the wait ended (or was not asked for) before the task did
+    FAILED = "failed"  # the task failed, or its results expired
+    ERROR = "error"  # any other API or network error, an unknown submit outcome included
+
+
+CODES = {
+    Condition.OK: OK,
+    Condition.CONFIG: AUTH_OR_CONFIG,
+    Condition.CREDITS: STOPPED,
+    Condition.USAGE: USAGE,
+    Condition.UNKNOWN_TASK: TASK_FAILED,
+    Condition.UNFINISHED: WAIT_TIMEOUT,
+    Condition.FAILED: TASK_FAILED,
+    Condition.ERROR: API_OR_NETWORK,
+}
+
+# Which condition a command of several tasks exits with, the first met: what stops every task
+# (the key or configuration, the credits, the usage) first; then a task the key cannot see,
+# which no later run mends (a wait-and-retry loop on 3 would never end); then unfinished tasks,
+# which a later run resumes; then tasks that failed or expired; a transient error last.
+PRECEDENCE = (
+    Condition.CONFIG,
+    Condition.CREDITS,
+    Condition.USAGE,
+    Condition.UNKNOWN_TASK,
+    Condition.UNFINISHED,
+    Condition.FAILED,
+    Condition.ERROR,
+)
 
 EPILOG = (
-    "Exit codes: 0 ok; 1 task failed (or some batch items failed); 2 usage or invalid request; "
-    "3 wait timed out, task still running; 4 authentication or configuration (or the output "
-    "folder cannot be written); "
+    "Exit codes: 0 ok; 1 a task failed, its results expired, or the key cannot see it (no such "
+    "task); 2 usage or invalid request; 3 wait timed out, task still running (run again later "
+    "to resume); 4 authentication or configuration (or the output folder cannot be written); "
     "5 other API or network error, including an unknown submit outcome; "
-    "6 stopped by a batch guard (a spend cap, --max-failures, or credits ran out: raise the "
-    "limit or top up, then run the same command again); "
-    "130 interrupted."
+    "6 credits ran out (any command), or a batch guard stopped new submits (a spend cap, "
+    "--max-failures): top up or raise the limit, then run the same command again; "
+    "130 interrupted (Ctrl-C), 143 SIGTERM, 129 SIGHUP: the message says how to resume. "
+    "Several task ids exit with the first that applies of 4, 6, 2, 1 (no such task), 3, "
+    "1 (failed or expired), 5."
 )
 
 
-def code_for(err: ImggwError) -> int:
+def condition_of(err: ImggwError) -> Condition:
+    """The condition an error is, the same on every command."""
     import imggw_client as sdk
     from imggw_client.batch import (
         BatchInputError,
@@ -36,45 +85,62 @@ def code_for(err: ImggwError) -> int:
         StorageError,
     )
 
-    if isinstance(err, sdk.TaskFailedError):
-        return TASK_FAILED
+    if isinstance(err, (sdk.TaskFailedError, sdk.ResultExpiredError)):
+        return Condition.FAILED
+    if isinstance(err, sdk.InsufficientCreditsError):
+        return Condition.CREDITS
+    if isinstance(err, sdk.NotFoundError):
+        return Condition.UNKNOWN_TASK
     if isinstance(err, (BatchInputError, BatchLockedError, InputChangedError)):
-        return USAGE
+        return Condition.USAGE
     if isinstance(err, StorageError):  # the place to write is the thing to fix
-        return AUTH_OR_CONFIG
+        return Condition.CONFIG
     if isinstance(err, sdk.DownloadError) and err.code == sdk.FILE_EXISTS:
-        return USAGE
+        return Condition.USAGE
     if isinstance(err, sdk.DownloadError) and err.code == sdk.WRITE_FAILED:
-        return AUTH_OR_CONFIG
+        return Condition.CONFIG
     if isinstance(err, sdk.WaitTimeoutError):
-        return WAIT_TIMEOUT
+        return Condition.UNFINISHED
     if isinstance(
         err, (sdk.RequestValidationError, sdk.InvalidRequestError, sdk.IdempotencyConflictError)
     ):
-        return USAGE
+        return Condition.USAGE
     if isinstance(
         err, (sdk.ConfigurationError, sdk.AuthenticationError, sdk.PermissionDeniedError)
     ):
-        return AUTH_OR_CONFIG
-    return API_OR_NETWORK
+        return Condition.CONFIG
+    return Condition.ERROR
 
 
-# Which item's code a download of several tasks exits with: what stops every item (the key, the
-# configuration, the usage) first, then what a later run resumes (unfinished), then failures.
-_DOWNLOAD_PRECEDENCE = (AUTH_OR_CONFIG, USAGE, WAIT_TIMEOUT, TASK_FAILED)
+def condition_of_code(code: int) -> Condition:
+    """The condition a command's own exit code stands for (a check made before any request,
+    such as a folder that cannot be written); 1 is read as a failed task."""
+    if code == TASK_FAILED:
+        return Condition.FAILED
+    return next((c for c in PRECEDENCE if CODES[c] == code), Condition.ERROR)
 
 
-def download_code(codes: list[int]) -> int:
-    """The exit code of ``imggw download ID...`` from each task's: an item that could not be had
-    (an unknown task, a network error) among others that could is "some items failed" (1);
-    only when every item met the same API or network error is that the command's code (5)."""
-    failed = [c for c in codes if c != OK]
-    if not failed:
-        return OK
-    if all(c == API_OR_NETWORK for c in codes):
-        return API_OR_NETWORK
-    failed = [TASK_FAILED if c == API_OR_NETWORK else c for c in failed]
-    return min(failed, key=_DOWNLOAD_PRECEDENCE.index)
+def several(conditions: Iterable[Condition]) -> int:
+    """The exit code of a command of several tasks, from how each ended: the first condition
+    of :data:`PRECEDENCE` met, else 0.
+
+    Example::
+
+        several([Condition.UNFINISHED, Condition.UNKNOWN_TASK])   # 1: no run mends it
+    """
+    met = set(conditions)
+    return next((CODES[c] for c in PRECEDENCE if c in met), OK)
+
+
+def interrupted_code(signal_number: int) -> int:
+    """The exit code of a command a signal interrupted, as shells report one: 128 + its number
+    (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
+    return 128 + signal_number
+
+
+def is_interrupted(code: int) -> bool:
+    """Whether an exit code is a signal's (see :func:`interrupted_code`)."""
+    return code > 128
 
 
 def resubmit_hint(command: str, surface: str, aspect_ratio: str, resolution: str, key: str) -> str:
@@ -111,6 +177,9 @@ def message_for(
         )
     if isinstance(err, sdk.AuthenticationError):
         return f"the API key was refused ({err.status_code}): set IMGGW_API_KEY to a valid key"
+    if isinstance(err, sdk.InsufficientCreditsError):
+        said = f"{text} ({printable(err.code)})" if err.code else text
+        return f"{said}: top up the account, then run the same command again"
     if isinstance(err, sdk.ConfigurationError) and err.code == sdk.MISSING_API_KEY:
         return "no API key: set IMGGW_API_KEY (the command line reads the key nowhere else)"
     if isinstance(err, sdk.ConfigurationError) and err.code == sdk.MISSING_BASE_URL:

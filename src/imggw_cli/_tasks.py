@@ -93,7 +93,8 @@ def generate(
         prompt = resolve_prompt(prompt, out)
         # Before the submit: a task is paid for once sent, and rerunning generate pays again.
         ready_folder(output, out, room=RESULT_ROOM[resolution.value])
-        with make_client(current()) as client:
+        # One imggw.generate span, its download included (DESIGN 17), when telemetry records.
+        with make_client(current()) as client, client.generation():
             sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
                           idempotency_key)  # fmt: skip
             with out.progress(sub.task_id) as on_update:

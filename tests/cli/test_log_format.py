@@ -242,7 +242,10 @@ def test_a_bad_log_format_exits_2_with_one_line(gateway: tuple[MockGateway, str]
     assert gw.stats()["requests"] == {}
 
 
-def test_ctrl_c_during_a_wait_is_an_interrupted_object_and_exit_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_during_a_wait_is_an_interrupted_object_and_its_exit_code(
+    tmp_path: Path, sent: signal.Signals, code: int
+) -> None:
     slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
     with slow.serve() as url:
         child = subprocess.Popen(
@@ -253,14 +256,15 @@ def test_ctrl_c_during_a_wait_is_an_interrupted_object_and_exit_130(tmp_path: Pa
         assert child.stderr is not None
         first = json.loads(child.stderr.readline())  # the wait is under way
         assert first["event"] == "progress"
-        child.send_signal(signal.SIGINT)
+        child.send_signal(sent)
         out, rest = child.communicate(timeout=30)
-    assert child.returncode == 130
+    assert child.returncode == code
     assert out == ""
     assert CANARY not in out + rest
     records = objects(rest)
     last = records[-1]
-    assert (last["event"], last["level"], last["exit_code"]) == ("interrupted", "error", 130)
+    assert (last["event"], last["level"], last["exit_code"]) == ("interrupted", "error", code)
+    assert last["signal"] == sent.name
     assert last["task_id"] == first["task_id"]
     assert last["resume"].startswith(f"imggw download {first['task_id']} --wait")
 
@@ -271,12 +275,12 @@ def test_each_command_in_one_process_starts_from_the_environment_again(
     """In-process runs (tests, embedding): one command's --log-format json is not the next's."""
     _, url = gateway
     logged = imggw("--log-format", "json", "status", "1", "--base-url", url)
-    assert logged.code == 5
+    assert logged.code == 1  # no such task
     assert json.loads(logged.err)["event"] == "error"
     text = imggw("status", "1", "--base-url", url)
     assert text.err.startswith("error: No such task")
     from_env = imggw("status", "1", "--base-url", url, env={"IMGGW_LOG_FORMAT": "json"})
-    assert json.loads(from_env.err)["exit_code"] == 5
+    assert json.loads(from_env.err)["exit_code"] == 1
 
 
 @pytest.mark.parametrize(

@@ -198,7 +198,7 @@ def test_download_of_several_ids_exits_1_when_some_could_not_be_had(
     assert [r["task_id"] for r in run.records()] == [sub["task_id"]]
     assert len(list(tmp_path.glob("*.png"))) == 1
     alone = imggw("download", "99999", "--base-url", url, "-o", str(tmp_path))
-    assert alone.code == 5  # one item, not found: the command's own error
+    assert alone.code == 1  # not found: the key cannot see it, alone or not
 
 
 # ---------------------------------------------------------------------------- messages
@@ -214,7 +214,7 @@ def test_a_base_url_with_a_wrong_path_says_so_and_bills_nothing(
     assert f"no submit route at {wrong}/beta/v1/images/generations (HTTP 404" in run.err
     assert "the part before /alpha or /beta" in run.err
     status = imggw("status", "1", "--base-url", wrong)
-    assert status.code == 5
+    assert status.code == 1  # a 404 on a query: no such task there
     assert f"at {wrong} on surface beta: check the task id, --surface and --base-url" in status.err
     assert gw.stats()["tasks_created"] == 0
 
@@ -228,7 +228,7 @@ def test_a_proxy_that_cannot_be_reached_is_named(gateway: tuple[MockGateway, str
     assert "through the proxy http://127.0.0.1:9 (from HTTP_PROXY)" in run.err
     assert "secret-pass" not in run.err
     bypassed = imggw("status", "1", "--base-url", url, env={**proxy, "NO_PROXY": "127.0.0.1"})
-    assert bypassed.code == 5  # no such task: the proxy was not used
+    assert bypassed.code == 1  # no such task: the proxy was not used
     assert "proxy" not in bypassed.err
 
 

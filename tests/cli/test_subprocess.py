@@ -96,6 +96,123 @@ def test_ctrl_c_mid_generate_names_the_task(
     assert gateway.stats()["tasks_created"] == 1
 
 
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_mid_generate_are_handled_as_ctrl_c(
+    slow_gateway: tuple[MockGateway, str], tmp_path: Path, sent: signal.Signals, code: int
+) -> None:
+    """systemd, Kubernetes and `timeout` stop with SIGTERM, a closed terminal sends SIGHUP:
+    the task is named with the command that saves its result, as on Ctrl-C."""
+    gateway, url = slow_gateway
+    child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    assert child.stderr is not None
+    assert "task 1: pending" in child.stderr.readline()  # the wait is under way
+    child.send_signal(sent)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == code, err
+    assert out == ""
+    assert err.splitlines()[-1] == (
+        f"error: interrupted by {sent.name}; task 1 goes on. Resume with: "
+        f"imggw download 1 --wait --surface beta -o {tmp_path}"
+    )
+    assert gateway.stats()["tasks_created"] == 1
+    assert CANARY not in out + err
+
+
+def test_a_sighup_ignored_by_nohup_stays_ignored(
+    slow_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    """`nohup imggw ...` asks to outlive the terminal: SIGHUP is not taken over, and the
+    SIGTERM sent after it is what ends the command."""
+    _, url = slow_gateway
+    child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # fmt: skip
+    assert child.stderr is not None
+    assert "task 1: pending" in child.stderr.readline()
+    child.send_signal(signal.SIGHUP)  # discarded by the kernel: the process ignores it
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 143, err
+    assert "interrupted by SIGTERM; task 1 goes on" in err
+
+
+def test_a_command_run_in_process_puts_the_signal_handlers_back(
+    slow_gateway: tuple[MockGateway, str],
+) -> None:
+    from .helpers import imggw
+
+    _, url = slow_gateway
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    assert imggw("status", "1", "--base-url", url, env={"IMGGW_API_KEY": CANARY}).code == 1
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigterm_mid_download_wait_stops_every_id_and_names_the_one_under_way(
+    slow_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gateway, url = slow_gateway
+    for prompt in ("a cat", "a dog"):
+        assert run("submit", prompt, "--base-url", url).returncode == 0
+    child = subprocess.Popen([*IMGGW, "download", "1", "2", "--wait", "--base-url", url,
+                              "-o", str(tmp_path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    assert child.stderr is not None
+    assert "task 1: pending" in child.stderr.readline()
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 143, err
+    assert "interrupted by SIGTERM; task 1 goes on" in err
+    assert "task 2" not in err  # the command ended: the next id was not waited on
+    assert gateway.stats()["requests"].get("GET /beta/v1/tasks/{id}", 0) >= 1
+
+
+def test_sigterm_mid_batch_writes_the_manifest_and_a_rerun_submits_nothing(
+    slow_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gateway, url = slow_gateway
+    polled: set[str] = set()
+    answer = gateway.handle
+
+    def seen(request: Any) -> Any:
+        if request.method == "GET" and "/tasks/" in request.path:
+            polled.add(request.path.rsplit("/", 1)[1])
+        return answer(request)
+
+    gateway.handle = seen  # type: ignore[method-assign]
+    source = tmp_path / "prompts.txt"
+    source.write_text("a cat\na dog\na fox\n")
+    out = tmp_path / "out"
+    command = [*IMGGW, "--log-format", "json", "batch", str(source), "-o", str(out),
+               "--base-url", url]  # fmt: skip
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env())  # fmt: skip
+    deadline = time.monotonic() + 60
+    # Every line's task was answered and is being waited on: the gateway saw each polled.
+    while polled != {"1", "2", "3"}:
+        assert time.monotonic() < deadline
+        assert child.poll() is None
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    stdout, stderr = child.communicate(timeout=30)
+    assert child.returncode == 143, stderr
+    assert stdout == ""
+    last = json.loads(stderr.splitlines()[-1])
+    assert (last["event"], last["exit_code"], last["signal"]) == ("interrupted", 143, "SIGTERM")
+    assert last["message"] == (
+        "error: interrupted by SIGTERM; every line's progress is saved: run the same command "
+        "to resume"
+    )
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["status"]) for r in rows] == [(1, "running"), (2, "running"),
+                                                         (3, "running")]  # fmt: skip
+    assert sorted(r["task_id"] for r in rows) == ["1", "2", "3"]
+    again = run("batch", str(source), "-o", str(out), "--base-url", url, "-t", "0.5")
+    assert again.returncode == 3, again.stderr  # resumed, still running; the lock was freed
+    assert gateway.stats()["tasks_created"] == 3  # nothing submitted twice
+    assert CANARY not in stdout + stderr
+
+
 @pytest.mark.parametrize("command", ["submit", "generate"])
 def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
     command: str, tmp_path: Path

@@ -90,7 +90,7 @@ def http_clients(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Client | httpx.A
     ("args", "code"),
     [
         (["submit", "a cat", "--mock"], 0),
-        (["status", "1", "--mock"], 5),  # an error (no such task) ends the command too
+        (["status", "1", "--mock"], 1),  # an error (no such task) ends the command too
         (["batch", "{source}", "-o", "{out}", "--mock", "-q"], 0),
     ],
 )
