@@ -305,9 +305,9 @@ class BaseClient(Generic[H]):
         (``imggw.submit``, ``imggw.wait``, ``imggw.download``...), with the task id, status,
         attempts and polls they saw, as :meth:`generate`'s own span has. For code that keeps
         the task id between the steps, or saves the results under the same span. It sends
-        nothing, and does nothing when no OpenTelemetry SDK is configured. A plain ``with``,
-        on an :class:`AsyncClient` too. ``surface``: the span's ``imggw.surface`` (default: the
-        client's).
+        nothing, and does nothing when no OpenTelemetry SDK is configured. A plain ``with`` on
+        either client: it needs no event loop. ``surface``: the span's ``imggw.surface``
+        (default: the client's).
 
         Example::
 

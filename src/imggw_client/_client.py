@@ -30,7 +30,7 @@ from ._base_client import (
 )
 from ._config import PollPolicy, RateLimit, RetryPolicy
 from ._core.budget import RemoteBudget, SyncBudgetService
-from ._core.flows import Flow
+from ._core.flows import Flow, interrupt
 from ._core.wire import (
     Action,
     Fetch,
@@ -45,7 +45,7 @@ from ._core.wire import (
     TransportFailure,
 )
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
-from ._exceptions import ImggwError
+from ._exceptions import ImggwError, UnknownOutcomeError, WaitTimeoutError
 from ._models import DownloadedFile, Submission, Task
 from ._telemetry import Watch
 
@@ -119,7 +119,7 @@ class Client(BaseClient[httpx.Client]):
 
     def submit(
         self,
-        prompt: str,
+        prompt: str | UnknownOutcomeError,
         *,
         aspect_ratio: str = "auto",
         resolution: str = "1k",
@@ -131,24 +131,35 @@ class Client(BaseClient[httpx.Client]):
 
         Every retry reuses one idempotency key, so a lost response never creates a second task.
         If retries run out while the outcome is unknown, :class:`UnknownOutcomeError` carries
-        the key to resubmit with later.
+        the key: ``submit(err)`` sends that submit again (its request, key and surface; the
+        other arguments are not used), and the gateway replays the task it may have made. A
+        submit cancelled or interrupted after its request left names its key in a note on the
+        exception and in one WARNING on the ``imggw_client`` logger.
 
         Example::
 
             sub = client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
+            try:
+                sub = client.submit("a red fox in snow")
+            except UnknownOutcomeError as err:
+                sub = client.submit(err)    # replayed, never billed twice
         """
-        with self._operation("imggw.submit", surface) as watch:
-            return self._run(
-                self._flows.submit(
-                    prompt,
+        resend = prompt if isinstance(prompt, UnknownOutcomeError) else None
+        with self._operation("imggw.submit", resend.surface if resend else surface) as watch:
+            if resend is not None:
+                flow = self._flows.resubmit(
+                    resend, surface=surface, idempotency_key=idempotency_key
+                )
+            else:
+                flow = self._flows.submit(
+                    cast(str, prompt),
                     aspect_ratio=aspect_ratio,
                     resolution=resolution,
                     surface=surface,
                     idempotency_key=idempotency_key,
                     validate=validate,
-                ),
-                watch=watch,
-            )
+                )
+            return self._run(flow, watch=watch)
 
     def get(self, task_id: str, *, surface: str | None = None) -> Task:
         """Queries a task once (transient failures are retried).
@@ -162,7 +173,7 @@ class Client(BaseClient[httpx.Client]):
 
     def wait(
         self,
-        task_id_or_submission: str | Submission | Task,
+        task_id_or_submission: str | Submission | Task | WaitTimeoutError,
         *,
         surface: str | None = None,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
@@ -171,12 +182,18 @@ class Client(BaseClient[httpx.Client]):
         """Polls until the task succeeds (returned) or fails (:class:`TaskFailedError`).
 
         Past ``timeout`` seconds it raises :class:`WaitTimeoutError`, which is not a failure:
-        wait again on ``err.task_id``. ``on_update(task)`` is called on every new status or
-        progress. A wait never submits.
+        ``wait(err)`` waits again, on the task's own surface (a :class:`Submission` or
+        :class:`Task` carries its surface too; ``surface=`` is for a bare task id).
+        ``on_update(task)`` sees every new status or progress.
+        A wait never submits.
 
         Example::
 
             task = client.wait(sub, timeout=900, on_update=lambda t: print(t.progress))
+            try:
+                task = client.generate("a lighthouse", surface="alpha", timeout=60)
+            except WaitTimeoutError as err:
+                task = client.wait(err)     # asks alpha again
         """
         with self._operation("imggw.wait", surface) as watch:
             return self._run(
@@ -231,10 +248,12 @@ class Client(BaseClient[httpx.Client]):
     ) -> list[DownloadedFile]:
         """Saves every result of a succeeded task into ``dest_dir`` as ``<task id>-<index>.<ext>``.
 
-        Each file is streamed to a temp file, checked against Content-Length and, for PNG, JPEG,
-        GIF and WebP, checked to end where its format says; hashed (sha256) and renamed into
-        place atomically. The API key is never sent to result URLs. Existing files are kept
-        unless ``overwrite=True``. A link past retention raises :class:`ResultExpiredError`.
+        Each file is streamed to a temp file, checked against its Content-Length (without one,
+        a PNG, JPEG, GIF or WebP must end where its format says); hashed (sha256) and renamed
+        into place atomically. The API key is never sent to result URLs. A file already there
+        is kept unless ``overwrite=True``: with the result's very bytes it is reported saved
+        (downloading twice is harmless), other bytes raise :class:`DownloadError` (code
+        ``FILE_EXISTS``). A link past retention raises :class:`ResultExpiredError`.
         A file larger than ``max_bytes`` (default 128 MiB) is refused; ``timeout`` (default:
         the client's) bounds each attempt at a file, however slowly its bytes come. Up to
         ``concurrency`` files download at once; if one fails, the others still finish and the
@@ -317,8 +336,8 @@ class Client(BaseClient[httpx.Client]):
                 return done.value  # type: ignore[no-any-return]
             try:
                 outcome = self._perform(action, on_update, watch)
-            except BaseException:  # cancelled, closed, interrupted: the flow gives back its place
-                flow.close()
+            except BaseException as exc:  # cancelled, closed, interrupted: the flow gives back
+                interrupt(flow, exc)  # its place, and a submit names its key on exc
                 raise
 
     def _run_catching(self, flow: Flow[T], *, watch: Watch = _telemetry.NULL) -> T | BaseException:

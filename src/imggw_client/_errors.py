@@ -1,4 +1,5 @@
-"""The root of the error tree and the error the models raise: a module that imports nothing.
+"""The root of the error tree and the error the models raise: a module that imports only the
+reason table.
 
 ``_exceptions`` is their public home and draws the whole tree; they live here so that
 ``_models`` can raise them without importing ``_exceptions``, which names the models in its
@@ -13,9 +14,40 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["ImggwError", "RequestValidationError"]
+from typing import Any
+
+from ._core.reasons import INVALID_REQUEST
+
+__all__ = ["ImggwError", "RequestValidationError", "add_note"]
 
 _HOME = "imggw_client._exceptions"
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678), also on Python 3.10, which has no ``add_note`` but
+    prints ``__notes__`` all the same once a traceback module that knows them shows it.
+
+    Example::
+
+        add_note(err, "resend with idempotency_key='...'")
+    """
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    notes = getattr(exc, "__notes__", None)
+    try:
+        if isinstance(notes, list):
+            notes.append(note)
+        else:
+            exc.__notes__ = [note]  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # an exception that takes no attributes: nothing to do
+        pass
+
+
+def _rebuilt(cls: type[ImggwError], args: tuple[Any, ...]) -> ImggwError:
+    """An error of ``cls`` with ``args``, its ``__init__`` not run: pickle then restores every
+    field from the saved ``__dict__``."""
+    return cls.__new__(cls, *args)
 
 
 class ImggwError(Exception):
@@ -48,6 +80,12 @@ class ImggwError(Exception):
         self.code = code
         self.surface = surface
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross processes (a ProcessPoolExecutor's job, a Dask task): the default would
+        # call ``__init__`` again with the message alone, which most subclasses refuse, and a
+        # pool whose result cannot be read breaks. Every field (notes too) is in ``__dict__``.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(message={self.message!r}, status_code={self.status_code!r}, "
@@ -79,7 +117,7 @@ class RequestValidationError(ImggwError, ValueError):
         field: str,
         rule: str,
         *,
-        code: str = "invalid_request",
+        code: str = INVALID_REQUEST.code,
         errors: list[tuple[str, str]] | None = None,
     ) -> None:
         super().__init__(f"{field}: {rule}", code=code)

@@ -19,24 +19,39 @@ Every error the SDK raises is an :class:`ImggwError`::
     │   ├── IdempotencyConflictError    the key was already used for a different request
     │   ├── RateLimitError              429 (carries retry_after)
     │   └── ServerError                 5xx, or a response that could not be understood
-    ├── UnknownOutcomeError             a submit may or may not have created a task: reuse its key
+    ├── UnknownOutcomeError             a submit may or may not have created a task: resend it
+    │                                   with client.submit(err) (same request, key and surface)
     ├── TaskFailedError                 the task ended failed or cancelled (carries the task)
-    ├── WaitTimeoutError                the wait's deadline passed while the task was still active
+    ├── WaitTimeoutError                the wait's deadline passed while the task was still active:
+    │                                   wait again with client.wait(err) (same task and surface)
     ├── ResultExpiredError              a result link answered 403/404/410: retention is over
     └── DownloadError                   a result could not be downloaded or saved
 
 ``WaitTimeoutError`` is deliberately *not* a ``TaskFailedError``: a slow task is not a failed one,
-and the task can be waited on again with ``client.wait(err.task_id)``.
+and the task can be waited on again with ``client.wait(err)``.
+
+The recovery recipes take the error itself, so they ask the surface the first call used (a
+per-call ``surface=`` included): ``client.wait(err)`` (or ``client.wait(err.submission)``)
+after a ``WaitTimeoutError``, ``client.submit(err)`` after an ``UnknownOutcomeError``, which
+sends the identical request with the same key, so the gateway replays the task it may have made
+instead of billing a second one. Every error survives ``pickle`` with all its fields: one
+raised in a worker process (``ProcessPoolExecutor``, ``multiprocessing``, Dask) reaches the
+parent whole, its recipe still working there.
+
+A submit cancelled (``asyncio.timeout``, an anyio cancel scope) or interrupted (Ctrl-C) after
+its request left may have made a task: the exception that ends it gets a note (PEP 678) naming
+the ``idempotency_key`` and the call that resends it without paying twice, and the SDK logs one
+WARNING on the ``imggw_client`` logger with that key.
 
 Messages are safe to log and show: they never contain the API key, the prompt, or a raw
 upstream body. Example::
 
     try:
-        task = client.generate("a lighthouse at dusk")
+        task = client.generate("a lighthouse at dusk", surface="alpha")
     except imggw_client.WaitTimeoutError as err:
-        task = client.wait(err.task_id)        # still running: keep waiting, never resubmit
+        task = client.wait(err)        # still running: keep waiting on alpha, never resubmit
     except imggw_client.UnknownOutcomeError as err:
-        sub = client.submit("a lighthouse at dusk", idempotency_key=err.idempotency_key)
+        sub = client.submit(err)       # the same request and key on alpha: replayed, not billed
 """
 
 from __future__ import annotations
@@ -48,7 +63,7 @@ from typing import TYPE_CHECKING
 from ._errors import ImggwError, RequestValidationError
 
 if TYPE_CHECKING:
-    from ._models import ImageRequest, Task
+    from ._models import ImageRequest, Submission, Task
 
 __all__ = [
     "APIConnectionError",
@@ -131,6 +146,12 @@ class APITimeoutError(APIConnectionError):
 
 class APIError(ImggwError):
     """The gateway answered with an error. ``retry_after`` holds its ``Retry-After`` hint, if any.
+
+    ``code`` is one word per condition on both surfaces: the reason the answer names, else
+    (surface A names none, nor does a proxy's error page) the one surface B sends for its
+    status: 400/422 ``invalid_request``, 401 ``unauthorized``, 402 ``insufficient_credits``,
+    403 ``forbidden``, 404 ``task_not_found``, 409 ``idempotency_in_progress``, 429
+    ``rate_limited``, 5xx ``server_error``.
 
     Example::
 
@@ -249,15 +270,18 @@ class ServerError(APIError):
 class UnknownOutcomeError(ImggwError):
     """Retries ran out while a submit's outcome was unknown: a task may or may not exist.
 
-    Resubmitting with the same ``idempotency_key`` is safe: the gateway replays the first
-    task instead of creating (and billing) a second one.
+    ``client.submit(err)`` resends it: the identical ``request`` with the same
+    ``idempotency_key``, on the same ``surface``, so the gateway replays the first task
+    instead of creating (and billing) a second one. No task is known, so ``submission`` is
+    None (the attribute is there, as on :class:`WaitTimeoutError`, for code that handles both):
+    a wait needs the one that resend returns. It survives ``pickle`` (from a worker process,
+    say) with every field.
 
     Example::
 
         except UnknownOutcomeError as err:
-            sub = client.submit(err.request.prompt, aspect_ratio=err.request.aspect_ratio,
-                                resolution=err.request.resolution,
-                                idempotency_key=err.idempotency_key)
+            sub = client.submit(err)     # replayed if the first one made a task
+            task = client.wait(sub)
     """
 
     def __init__(
@@ -273,6 +297,8 @@ class UnknownOutcomeError(ImggwError):
         super().__init__(message, status_code=status_code, code=code, surface=surface)
         self.idempotency_key = idempotency_key
         self.request = request
+        # No task id is known after an unknown outcome, so no Submission can be named.
+        self.submission: Submission | None = None
 
 
 class TaskFailedError(ImggwError):
@@ -295,24 +321,42 @@ class TaskFailedError(ImggwError):
 class WaitTimeoutError(ImggwError):
     """The wait's deadline passed while the task was still active. This is not a failure.
 
-    ``task_id`` identifies the task; ``last_task`` is the last state seen (None if no query
-    succeeded). Wait again with ``client.wait(err.task_id)``; never resubmit.
+    ``task_id`` and ``surface`` identify the task; ``last_task`` is the last state seen (None
+    if no query succeeded); ``submission`` is the :class:`Submission` the wait was given (by
+    ``generate``, or ``wait(sub)``), None when it was given a bare task id or a ``Task``, whose
+    key it never knew. ``timeout`` is the wait's. Wait again with ``client.wait(err)``: it asks
+    the task's own surface (a per-call ``surface=`` included) and, from a submission, keeps
+    polling by what the client learned of such tasks. Never resubmit. It survives ``pickle``
+    (from a worker process, say) with every field.
 
     Example::
 
         except WaitTimeoutError as err:
-            task = client.wait(err.task_id, timeout=3600)
+            task = client.wait(err, timeout=3600)
     """
 
-    def __init__(self, task_id: str, last_task: Task | None, *, timeout: float) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        last_task: Task | None,
+        *,
+        timeout: float,
+        surface: str | None = None,
+        submission: Submission | None = None,
+    ) -> None:
         seen = f", last seen {last_task.status.value}" if last_task is not None else ""
+        if surface is None:
+            known = submission if submission is not None else last_task
+            surface = known.surface if known is not None else None
         super().__init__(
             f"task {task_id} still active after waiting {timeout:g}s{seen}; "
             f"it may still succeed: wait on it again",
-            surface=last_task.surface if last_task is not None else None,
+            surface=surface,
         )
         self.task_id = task_id
         self.last_task = last_task
+        self.timeout = timeout
+        self.submission = submission
 
 
 class ResultExpiredError(ImggwError):

@@ -71,7 +71,7 @@ class ImageRequest(BaseModel):
         for field, value in (("prompt", prompt), ("aspect_ratio", aspect_ratio),
                              ("resolution", resolution)):  # fmt: skip
             if not isinstance(value, str):
-                raise RequestValidationError(field, "must be a string", code="invalid_request")
+                raise RequestValidationError(field, "must be a string")
         return cls.model_construct(prompt=prompt, aspect_ratio=aspect_ratio, resolution=resolution)
 
     def __repr__(self) -> str:
@@ -111,6 +111,15 @@ class Submission(BaseModel):
     submitted_at: datetime | None = None
     # When the submit returned (monotonic seconds): a wait right after it need not ask at once.
     _accepted_at: float | None = PrivateAttr(default=None)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        # A monotonic time means nothing in another process (a pickled error's submission, a
+        # worker's result): there a wait goes by ``submitted_at``, as from JSON.
+        state: dict[Any, Any] = super().__getstate__()
+        private = state.get("__pydantic_private__")
+        if private:
+            state["__pydantic_private__"] = {**private, "_accepted_at": None}
+        return state
 
 
 class TaskStatus(str, Enum):

@@ -14,6 +14,7 @@ import logging
 import random
 import re
 import secrets as _secrets
+import shlex
 import time
 from collections.abc import Callable, Generator
 from datetime import datetime
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .._config import Settings, Surface, check_surface
+from .._errors import add_note
 from .._exceptions import (
     APITimeoutError,
     AuthenticationError,
@@ -141,16 +143,57 @@ class Flows:
         else:
             raise_violations(rules.check_idempotency_key(idempotency_key))
             key = idempotency_key
+        return self._submit(request, surface, key, validate, chosen=idempotency_key is not None)
+
+    def resubmit(
+        self,
+        err: UnknownOutcomeError,
+        *,
+        surface: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Flow[Submission]:
+        """Sends the submit of an :class:`UnknownOutcomeError` again: its request, key and
+        surface, so the gateway replays the task the first one may have made. ``surface`` and
+        ``idempotency_key``, if given, must be the error's own: another would bill anew."""
+        asked = (("surface", surface, err.surface),
+                 ("idempotency_key", idempotency_key, err.idempotency_key))  # fmt: skip
+        for name, given, own in asked:
+            if given is not None and given != own:
+                rule = f"must be the error's own ({own!r}) to resend its submit, or left out"
+                raise_violations([rules.Violation(name, rule, reasons.INVALID_REQUEST.code)])
+        # The request is sent as it was built (checked or not): the same bytes, so a replay.
+        surface = self.surface(err.surface)
+        return self._submit(err.request, surface, err.idempotency_key, False, chosen=True)
+
+    def _submit(
+        self, request: ImageRequest, surface: Surface, key: str, validate: bool, *, chosen: bool
+    ) -> Flow[Submission]:
+        """``chosen``: the caller gave the key (and so holds it already)."""
         wire = surfaces.build_submit(surface, request, key, validate=validate)
         secrets = (*self._secrets, request.prompt)
+        # Whether a task may exist for this key: a request in flight, or one whose failure
+        # left its outcome unknown, or an answer read. An interruption then names the key.
+        in_flight = may_exist = False
+
+        def send() -> Send:
+            nonlocal in_flight
+            in_flight = True
+            return Send(wire, self.settings.timeout)
 
         def read(outcome: Reply | TransportFailure) -> Submission:
+            nonlocal in_flight, may_exist
+            in_flight = False
             try:
-                return surfaces.read_submit(surface, outcome, key, self.wall(), secrets,
-                                            resolution=request.resolution)  # fmt: skip
+                submission = surfaces.read_submit(surface, outcome, key, self.wall(), secrets,
+                                                  resolution=request.resolution)  # fmt: skip
             except NotFoundError as err:
                 url = self.settings.base_url + wire.path
                 raise surfaces.no_submit_route(surface, url, err) from err
+            except ImggwError as err:
+                may_exist = may_exist or classify(err).unknown
+                raise
+            may_exist = True
+            return submission
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             if not unknown:
@@ -166,9 +209,12 @@ class Flows:
             )
 
         def stamped() -> Flow[Submission]:
-            submission = yield from self._attempts(
-                lambda: Send(wire, self.settings.timeout), read, give_up, kind=SUBMIT
-            )
+            try:
+                submission = yield from self._attempts(send, read, give_up, kind=SUBMIT)
+            except BaseException as exc:
+                if (in_flight or may_exist) and is_interruption(exc):
+                    _carry_key(exc, request, surface, key, chosen=chosen)
+                raise
             submission._accepted_at = self.clock()
             return submission
 
@@ -186,15 +232,23 @@ class Flows:
 
     def wait(
         self,
-        task: str | Submission | Task,
+        task: str | Submission | Task | WaitTimeoutError,
         *,
         surface: str | None,
         timeout: float,
     ) -> Flow[Task]:
         """Polls until the task is terminal or ``timeout`` seconds pass. Never submits. A wait
-        on a :class:`Submission` knows its task's kind and start, and so can learn."""
+        on a :class:`Submission` knows its task's kind and start, and so can learn; one on a
+        :class:`WaitTimeoutError` waits on what that wait was given, on its surface."""
         now = self.clock()
         started = accepted = kind = None
+        if isinstance(task, UnknownOutcomeError):
+            rule = "an UnknownOutcomeError names no task: resend it with submit(err), then wait"
+            raise_violations([rules.Violation("task", rule, reasons.INVALID_REQUEST.code)])
+        if isinstance(task, WaitTimeoutError):
+            surface = task.surface or surface
+            task = task.submission if task.submission is not None else task.task_id
+        submission = task if isinstance(task, Submission) else None
         if isinstance(task, Submission):
             task_id, surface = task.task_id, task.surface
             accepted = task._accepted_at
@@ -209,7 +263,8 @@ class Flows:
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
         schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
                              accepted=accepted, now=now, rng=self.rng)  # fmt: skip
-        return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started)
+        return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started,
+                          submission)  # fmt: skip
 
     def _started(self, submitted_at: datetime | None) -> float | None:
         """A task's start on this process's monotonic clock, from the wall-clock time its
@@ -229,9 +284,12 @@ class Flows:
         timeout: float,
         schedule: WaitSchedule,
         started: float | None = None,
+        submission: Submission | None = None,
     ) -> Flow[Task]:
         """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
-        before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once."""
+        before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once. A
+        wait that times out hands its surface and ``submission`` to its error: waiting on the
+        error again resumes this wait."""
         deadline = self.clock() + timeout
         bounded = timeout > 0
         # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
@@ -260,10 +318,14 @@ class Flows:
             now = self.clock()
             return now + query_priority(schedule.chance(now), 0.0, self.settings.poll.max_interval)
 
+        def timed_out() -> WaitTimeoutError:
+            return WaitTimeoutError(task_id, last, timeout=timeout, surface=surface,
+                                    submission=submission)  # fmt: skip
+
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             # Out of time while the gateway was unreachable: still not a failure of the task.
             if classify(err).retry:
-                return WaitTimeoutError(task_id, last, timeout=timeout)
+                return timed_out()
             return err
 
         first = schedule.first_sleep(self.clock())
@@ -296,7 +358,7 @@ class Flows:
             if not bounded or remaining <= lead:
                 if bounded and remaining > 0:
                     yield Sleep(remaining)  # a wait that times out takes its whole timeout
-                raise WaitTimeoutError(task_id, last, timeout=timeout)
+                raise timed_out()
             # A poll the budget delayed was sent late: its interval counts from then.
             interval = schedule.active(sent if sent is not None else now, now, hint)
             yield Sleep(min(interval, remaining - lead))
@@ -326,7 +388,12 @@ class Flows:
         )
         if self.observe:
             yield Observe(PHASE, kind="wait", task_id=submission.task_id)
-        return (yield from self.wait(submission, surface=None, timeout=timeout))
+        try:
+            return (yield from self.wait(submission, surface=None, timeout=timeout))
+        except BaseException as exc:
+            if is_interruption(exc):  # the caller never saw the task id: name it
+                _carry_task(exc, submission)
+            raise
 
     def downloads(
         self,
@@ -624,6 +691,75 @@ class Flows:
             return min(honour_retry_after(verdict.retry_after, self.settings.retry, attempt,
                                           self.rng), remaining)  # fmt: skip
         return min(backoff(self.settings.retry, attempt, self.rng), remaining)
+
+
+def is_interruption(exc: BaseException) -> bool:
+    """Whether ``exc`` interrupts an operation from outside (a cancellation of asyncio, trio
+    or anyio, Ctrl-C, ``SystemExit``) rather than being an error of it; never the
+    ``GeneratorExit`` that closes a flow."""
+    return not isinstance(exc, (Exception, GeneratorExit))
+
+
+def interrupt(flow: Flow[Any], exc: BaseException) -> None:
+    """Hands a flow the interruption that stopped its driver, so that it can say what a caller
+    needs to resume (a submit names its key on ``exc``), and closes it. The driver then raises
+    ``exc`` itself: nothing here replaces it. An error of the driver's own is not the flow's to
+    handle: the flow is only closed (its places given back)."""
+    if not is_interruption(exc):
+        flow.close()
+        return
+    try:
+        flow.throw(exc)
+    except BaseException:
+        return
+    flow.close()  # it went on instead of stopping: it may not
+
+
+def _carry_key(
+    exc: BaseException, request: ImageRequest, surface: Surface, key: str, *, chosen: bool
+) -> None:
+    """A submit stopped after its request left: a task may exist, billed. The exception gets
+    a note (PEP 678) with the key and the call that resends the submit without paying twice,
+    and one WARNING says the same; neither holds the prompt or the API key. A key the caller
+    chose is one it holds (a batch's ledger, the CLI's own message): said at INFO, so that a
+    run stopping many submits at once does not repeat what it prints itself."""
+    ratio, resolution = request.aspect_ratio, request.resolution
+    shell = " ".join(shlex.quote(part) for part in (
+        "--surface", surface, "--aspect-ratio", ratio, "--resolution", resolution,
+        "--idempotency-key", key,
+    ))  # fmt: skip
+    add_note(
+        exc,
+        f"imggw: this submit was stopped after its request was sent: a task may exist, "
+        f"billed, under idempotency_key={key!r}. Resend it with that key to get the same task "
+        f"without paying twice: client.submit(PROMPT, aspect_ratio={ratio!r}, "
+        f"resolution={resolution!r}, surface={surface!r}, idempotency_key={key!r}) or "
+        f"imggw submit PROMPT {shell}",
+    )
+    log.log(
+        logging.INFO if chosen else logging.WARNING,
+        "a submit was stopped (%s) after its request was sent: a task may exist, billed; "
+        "resend it with idempotency_key=%r on surface %s to get that task without paying twice",
+        type(exc).__name__, key, surface,
+    )  # fmt: skip
+
+
+def _carry_task(exc: BaseException, submission: Submission) -> None:
+    """A generate stopped while it waited: its task runs on, billed, and its caller never saw
+    the id. As :func:`_carry_key`: a note and one WARNING, with the id and the key."""
+    task_id, surface = submission.task_id, submission.surface
+    add_note(
+        exc,
+        f"imggw: task {task_id} (surface {surface}, idempotency_key="
+        f"{submission.idempotency_key!r}) was created and goes on, billed. Wait on it instead "
+        f"of submitting again: client.wait({task_id!r}, surface={surface!r}) or "
+        f"imggw poll {task_id} --surface {surface}",
+    )
+    log.warning(
+        "generate was stopped (%s) while waiting: task %s (surface %s, idempotency_key=%r) goes "
+        "on, billed; wait on it instead of submitting again",
+        type(exc).__name__, task_id, surface, submission.idempotency_key,
+    )  # fmt: skip
 
 
 class _Refresh:

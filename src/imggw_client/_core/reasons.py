@@ -18,6 +18,11 @@ Retry classes (what the SDK does on meeting the reason):
 A row marked *decides* (the idempotency reasons, DESIGN 8) is read before the status: a reused
 key is never retried even when a gateway answers it with 409.
 
+An error answer that names no reason (A's envelope has no string reason; a proxy's page has
+none either) gets one by :func:`for_status` (DESIGN 18): the row whose public message it
+repeats word for word, else the one B sends for its status (:data:`BY_STATUS`; any 5xx
+``server_error``). So one condition has one code on both surfaces.
+
 The table, as rendered at import (``help()`` shows it):
 """
 
@@ -87,6 +92,11 @@ def _on(*routes: Operation) -> frozenset[Operation]:
 _ANY = _on(SUBMIT, QUERY, RESULT)
 _NEVER = Retry.NEVER
 
+INVALID_REQUEST = Reason(
+    "invalid_request", 400, "The request is invalid.", _NEVER,
+    "a request refused as invalid (400 or 422) with no more particular reason; also the code of "
+    "the SDK's own refusals that name none",
+)  # fmt: skip
 INVALID_JSON = Reason(
     "invalid_json", 400, "the body must be one JSON object without repeated keys", _NEVER,
     "the body is not one well-formed JSON object (bad syntax or encoding, nesting too deep to "
@@ -108,6 +118,9 @@ UNAUTHORIZED = Reason(
 INSUFFICIENT_CREDITS = Reason(
     "insufficient_credits", 402, "The account's credits do not cover this request.", _NEVER,
     "the key's balance cannot pay for the request (nothing is created)", _on(SUBMIT),
+)  # fmt: skip
+FORBIDDEN = Reason(
+    "forbidden", 403, "The key may not do this.", _NEVER, "the key is not allowed this request",
 )  # fmt: skip
 TASK_NOT_FOUND = Reason(
     "task_not_found", 404, "No such task.", _NEVER,
@@ -181,6 +194,10 @@ IDEMPOTENCY_RESULT_INDETERMINATE = Reason(
     Retry.STOP_UNKNOWN, "the gateway cannot tell whether the key's request was applied",
     decides=True,
 )  # fmt: skip
+SERVER_ERROR = Reason(
+    "server_error", 500, "The server failed.", Retry.RETRIED,
+    "a 5xx with no more particular reason (a proxy's error page, say)",
+)  # fmt: skip
 BAD_GATEWAY = Reason(
     "bad_gateway", 502, "The upstream provider failed.", Retry.RETRIED,
     "the upstream provider failed (injected; nothing was processed)", _ANY,
@@ -200,14 +217,26 @@ GATEWAY_TIMEOUT = Reason(
 )  # fmt: skip
 
 REASONS: tuple[Reason, ...] = (
-    INVALID_JSON, INVALID_IDEMPOTENCY_KEY, INVALID_TASK_ID, UNAUTHORIZED, INSUFFICIENT_CREDITS,
-    TASK_NOT_FOUND, NOT_FOUND, METHOD_NOT_ALLOWED, IDEMPOTENCY_IN_PROGRESS, RESULT_EXPIRED,
-    BODY_TOO_LARGE, UNKNOWN_FIELD, MISSING_FIELD, INVALID_MODEL, INVALID_N, INVALID_PROMPT,
-    INVALID_ASPECT_RATIO, INVALID_RESOLUTION, UNSUPPORTED_COMBINATION, IDEMPOTENCY_KEY_REUSED,
-    RATE_LIMITED, INTERNAL_ERROR, IDEMPOTENCY_RESULT_INDETERMINATE, BAD_GATEWAY,
-    SERVICE_UNAVAILABLE, IDEMPOTENCY_UNAVAILABLE, GATEWAY_TIMEOUT,
+    INVALID_REQUEST, INVALID_JSON, INVALID_IDEMPOTENCY_KEY, INVALID_TASK_ID, UNAUTHORIZED,
+    INSUFFICIENT_CREDITS, FORBIDDEN, TASK_NOT_FOUND, NOT_FOUND, METHOD_NOT_ALLOWED,
+    IDEMPOTENCY_IN_PROGRESS, RESULT_EXPIRED, BODY_TOO_LARGE, UNKNOWN_FIELD, MISSING_FIELD,
+    INVALID_MODEL, INVALID_N, INVALID_PROMPT, INVALID_ASPECT_RATIO, INVALID_RESOLUTION,
+    UNSUPPORTED_COMBINATION, IDEMPOTENCY_KEY_REUSED, RATE_LIMITED, INTERNAL_ERROR,
+    SERVER_ERROR, IDEMPOTENCY_RESULT_INDETERMINATE, BAD_GATEWAY, SERVICE_UNAVAILABLE,
+    IDEMPOTENCY_UNAVAILABLE, GATEWAY_TIMEOUT,
 )  # fmt: skip
 BY_CODE: Mapping[str, Reason] = MappingProxyType({r.code: r for r in REASONS})
+
+# The reason B sends for each status when it has no more particular one (DESIGN 18): what an
+# error answer that names no reason means, on either surface. Any other 5xx is SERVER_ERROR.
+BY_STATUS: Mapping[int, Reason] = MappingProxyType({
+    400: INVALID_REQUEST, 401: UNAUTHORIZED, 402: INSUFFICIENT_CREDITS, 403: FORBIDDEN,
+    404: TASK_NOT_FOUND, 405: METHOD_NOT_ALLOWED, 409: IDEMPOTENCY_IN_PROGRESS,
+    410: RESULT_EXPIRED, 413: BODY_TOO_LARGE, 422: INVALID_REQUEST, 429: RATE_LIMITED,
+})  # fmt: skip
+_BY_MESSAGE: Mapping[tuple[int, str], Reason] = MappingProxyType(
+    {(r.status, r.message): r for r in REASONS}
+)
 
 
 def find(code: object) -> Reason | None:
@@ -219,6 +248,27 @@ def find(code: object) -> Reason | None:
         find("teapot")                # None
     """
     return BY_CODE.get(code) if isinstance(code, str) else None
+
+
+def for_status(status: int, message: str | None = None) -> Reason | None:
+    """The reason of an error answer that names none: the row of ``status`` whose public
+    message ``message`` repeats word for word (a gateway that speaks this table: the SDK can
+    tell the rule), else the row B sends for the status (:data:`BY_STATUS`; any 5xx
+    ``server_error``); None for a status that has no row (408, say).
+
+    Example::
+
+        for_status(404).code                       # 'task_not_found'
+        for_status(404, "No such route.").code     # 'not_found'
+        for_status(502).code                       # 'server_error'
+    """
+    if message is not None:
+        said = _BY_MESSAGE.get((status, message))
+        if said is not None:
+            return said
+    if 500 <= status <= 599:
+        return SERVER_ERROR
+    return BY_STATUS.get(status)
 
 
 def table(rows: Iterable[Reason] = REASONS) -> str:
