@@ -26,17 +26,19 @@ def generate(client: Client, prompt: str, first_wait: float) -> Task:
     try:
         sub = client.submit(prompt)
     except UnknownOutcomeError as err:
-        # The gateway may have created the task: the same key makes this retry safe.
+        # The gateway may have created the task: the same request, key and surface make this
+        # retry safe (the gateway replays the task instead of billing a second one).
         print(f"outcome unknown; retrying with key {err.idempotency_key}", file=sys.stderr)
-        sub = client.submit(prompt, idempotency_key=err.idempotency_key)
+        sub = client.submit(err)
     print(f"submitted task {sub.task_id}", file=sys.stderr)
     try:
         return client.wait(sub, timeout=first_wait)
     except WaitTimeoutError as err:
-        # Not a failure: the task is still running. Wait on the same id; never resubmit.
+        # Not a failure: the task is still running. Wait on the same task (on its own
+        # surface); never resubmit.
         seen = err.last_task.status.value if err.last_task else "unknown"
         print(f"still {seen} after {first_wait}s; waiting on task {err.task_id}", file=sys.stderr)
-        return client.wait(err.task_id, timeout=600)
+        return client.wait(err, timeout=600)
 
 
 def main() -> int:
