@@ -28,6 +28,7 @@ def plan_lines(plan: Any) -> list[str]:
         f"lines: {plan.total} ({plan.to_submit} to submit, {plan.to_wait} to wait for, "
         f"{plan.to_collect} to collect, {plan.done} done, {plan.bad} bad)",
         f"changed since the folder's run: {plan.changed}",
+        f"comment lines (skipped): {plan.comments}",
         f"spent so far: {plan.spent['credits']:g} credits, cost "
         f"{'unknown' if plan.spent['cost'] is None else format(plan.spent['cost'], 'g')}",
     ]

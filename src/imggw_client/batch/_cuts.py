@@ -13,10 +13,11 @@ import os
 import re
 import secrets
 import tempfile
+from collections import deque
 from pathlib import Path
 
 from .._exceptions import RequestValidationError
-from ._input import JSON_SUFFIX, JSONL_SUFFIXES
+from ._input import CSV_SUFFIXES, ENTRY, HEADER, JSON_SUFFIX, JSONL_SUFFIXES, MORE, line_kinds
 from ._storage import Storage
 
 __all__ = [
@@ -91,32 +92,63 @@ def scratch_folder(dest: str, scratch: str | os.PathLike[str] | None) -> Path:
 
 
 def slice_name(source: str) -> str:
-    """The name of a shard's slice of ``source`` (its kind kept: JSONL, text, or ``.json``,
-    read line by line as its source is)."""
+    """The name of a shard's slice of ``source`` (its kind kept: JSONL, CSV, text, or
+    ``.json``, read line by line as its source is)."""
     suffix = Path(source).suffix.lower()
-    return SLICE_NAME + (suffix if suffix in (*JSONL_SUFFIXES, JSON_SUFFIX) else ".txt")
+    kept = (*JSONL_SUFFIXES, JSON_SUFFIX, *CSV_SUFFIXES)
+    return SLICE_NAME + (suffix if suffix in kept else ".txt")
 
 
-def write_slices(source: str, storage: Storage, count: int, total: int, work: Path) -> list[int]:
+def write_slices(
+    source: str,
+    storage: Storage,
+    count: int,
+    total: int,
+    work: Path,
+    *,
+    format: str | None = None,
+    collect: bool = False,
+) -> list[int]:
     """Cuts ``source`` into the slices of ``count`` shards, each put in its shard's folder in
     the output folder (where every worker can read it); returns each slice's first entry
-    number (see ``InputLine``). Blocking."""
+    number (see ``InputLine``). Blocking.
+
+    A CSV record belongs to the shard its first line is in: its slice begins with the header
+    row, then holds the shard's lines, a record that goes on past them whole, and a blank line
+    in place of the header row and of the rest of a record begun in an earlier slice, so that
+    each line keeps its place (the slice's lines are numbered from the one before the shard's
+    first: see ``_shards``)."""
     name = slice_name(source)
     first_entries = []
     entries = 0
-    with Path(source).open(encoding="utf-8-sig", newline="") as handle:
-        lines = iter(handle)
-        for index in range(1, count + 1):
-            first_entries.append(entries + 1)
-            part = work / f".{name}.{index}.{secrets.token_hex(4)}"
-            with part.open("w", encoding="utf-8", newline="") as out:
-                for _ in shard_range(index, count, total):
-                    raw = next(lines)
-                    stripped = raw.strip()
-                    entries += bool(stripped) and not stripped.startswith("#")
-                    out.write(raw)
-            try:
-                storage.put(part, f"{shard_folder(index, count)}/{name}")
-            finally:
-                part.unlink(missing_ok=True)
+    kinds = line_kinds(source, format=format, collect=collect)
+    header = next((raw for raw, kind in line_kinds(source, format=format, collect=collect)
+                   if kind == HEADER), None)  # fmt: skip
+    ahead: deque[tuple[str, str]] = deque()  # lines read past a slice, to place in the next
+    for index in range(1, count + 1):
+        first_entries.append(entries + 1)
+        part = work / f".{name}.{index}.{secrets.token_hex(4)}"
+        with part.open("w", encoding="utf-8", newline="") as out:
+            if header is not None:
+                out.write(header)
+            mine = False  # the record going on began in this slice
+            for _ in shard_range(index, count, total):
+                raw, kind = ahead.popleft() if ahead else next(kinds)
+                entries += kind == ENTRY
+                if kind != MORE:
+                    mine = kind == ENTRY
+                out.write("\n" if kind == HEADER or (kind == MORE and not mine) else raw)
+            while mine and header is not None:  # the last record, to its end
+                following = next(kinds, None)
+                if following is None:
+                    break
+                ahead.append(following)
+                mine = following[1] == MORE
+                if mine:
+                    out.write(following[0])
+        try:
+            storage.put(part, f"{shard_folder(index, count)}/{name}")
+        finally:
+            part.unlink(missing_ok=True)
+    kinds.close()
     return first_entries

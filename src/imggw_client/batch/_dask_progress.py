@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from ._cuts import SHARDS_DIR, shard_range
+from ._input import ENTRY, line_kinds
 from ._ledger import LEDGER_NAME, count_statuses
 from ._storage import Storage
 
@@ -144,16 +145,16 @@ class ProgressReader:
         )  # fmt: skip
 
 
-def entries(source: str, count: int, total: int) -> list[int]:
-    """Each shard's entries (lines neither blank nor comments), counted as ``write_slices``
-    counts them. Blocking."""
+def entries(
+    source: str, count: int, total: int, *, format: str | None = None, collect: bool = False
+) -> list[int]:
+    """Each shard's entries (lines neither blank nor comments; CSV records, each in the shard
+    of its first line), counted as ``write_slices`` counts them. Blocking."""
     found = [0] * count
     starts = [shard_range(i, count, total).start for i in range(1, count + 1)]
-    with Path(source).open(encoding="utf-8-sig", newline="") as handle:
-        for number, raw in enumerate(handle, 1):
-            stripped = raw.strip()
-            if stripped and not stripped.startswith("#"):
-                found[bisect_right(starts, number) - 1] += 1
+    for number, (_, kind) in enumerate(line_kinds(source, format=format, collect=collect), 1):
+        if kind == ENTRY:
+            found[bisect_right(starts, number) - 1] += 1
     return found
 
 

@@ -42,6 +42,8 @@ class BatchPlan:
     charge this folder's run has seen per resolution; None before any charge), ``spent`` what
     the folder's run was charged so far, and with a cap, ``fit`` how many of the lines to
     submit fit under it at the prices seen (None without a cap, or before any charge).
+    ``comments`` counts the input's comment lines, skipped (``#`` then whitespace or nothing:
+    ``#hashtag sunset`` is a prompt, counted in ``total``).
 
     Example::
 
@@ -61,6 +63,7 @@ class BatchPlan:
     fit: int | None = None
     max_credits: float | None = None
     max_cost: float | None = None
+    comments: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as ``imggw batch --dry-run --json`` prints it."""
@@ -152,6 +155,7 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
         fit=fit,
         max_credits=options.max_credits,
         max_cost=options.max_cost,
+        comments=plan.comments,
     )
 
 

@@ -1,0 +1,287 @@
+"""Input read as what it is (DESIGN 18, "Input"): CSV with a header row and RFC 4180 quoting,
+a text file that looks like CSV refused before anything is sent, ``#hashtag`` lines submitted
+as prompts and comment lines counted. Over loopback against the reference gateway, through the
+command line where it is the user's way in; what the gateway receives is read off its wire."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imggw_client import PollPolicy, RetryPolicy
+from imggw_client._core import serving, spec
+from imggw_client.batch import BatchInputError, BatchReport, plan_batch, run_batch
+from imggw_client.mock import MockGateway, MockRequest, MockResponse
+
+from ..cli.helpers import CANARY, imggw
+
+FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+
+# A header, then quoted fields: an embedded comma, an embedded line break, doubled quotes; a
+# blank row and a spreadsheet's row of empty cells between them; an empty cell (its column's
+# default); columns in any order and any case; a row on the other surface.
+CSV = (
+    'Prompt,aspect_ratio,resolution,surface,id\r\n'
+    '"a fox, in snow",16:9,2k,,fox\r\n'
+    '"a poster that reads\r\n""OPEN LATE""",1:1,,,\r\n'
+    '\r\n'
+    ',,,,\r\n'
+    'plain lighthouse, 3:2 ,4K,alpha,7\r\n'
+)  # fmt: skip
+SENT = [  # (surface, prompt, aspect_ratio, resolution) as the gateway receives them
+    ("beta", "a fox, in snow", "16:9", "2k"),
+    ("beta", 'a poster that reads\r\n"OPEN LATE"', "1:1", "1k"),
+    ("alpha", "plain lighthouse", "3:2", "4K"),
+]
+
+
+class Wire:
+    """Every submit the gateway receives: its surface and the request in its body."""
+
+    def __init__(self, gw: MockGateway) -> None:
+        self.submits: list[tuple[str, str, str, str]] = []
+        self.requests = 0
+        handle = gw.handle
+
+        def spy(request: MockRequest) -> MockResponse:
+            self.requests += 1
+            if request.method == "POST":
+                surface = serving.surface_of(request.path)
+                body = json.loads(request.body)
+                wire = spec.of(surface).request
+                self.submits.append((surface, *(_at(body, wire[part]) for part in
+                                                ("prompt", "aspect_ratio", "resolution"))))  # fmt: skip
+            return handle(request)
+
+        gw.handle = spy  # type: ignore[method-assign]
+
+
+def _at(body: dict[str, Any], dotted: str) -> str:
+    value: Any = body
+    for part in dotted.split("."):
+        value = value[part]
+    return str(value)
+
+
+@pytest.fixture
+def gw() -> MockGateway:
+    return MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
+
+
+@pytest.fixture
+def wire(gw: MockGateway) -> Wire:
+    return Wire(gw)
+
+
+@pytest.fixture
+def url(gw: MockGateway, wire: Wire) -> Iterator[str]:
+    with gw.serve() as base_url:
+        yield base_url
+
+
+def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
+    return run_batch(source, out, client_factory=lambda: gw.async_client(**FAST), **kw)
+
+
+def manifest(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+def events(stderr: str, name: str) -> list[dict[str, Any]]:
+    found = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    return [record for record in found if record.get("event") == name]
+
+
+# ---------------------------------------------------------------------------- 3: CSV
+
+
+def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
+    wire: Wire, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "prompts.csv"
+    source.write_bytes(CSV.encode())
+    out = tmp_path / "out"
+    dry = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    assert (dry.records()[0]["total"], dry.records()[0]["to_submit"]) == (3, 3)
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--json")
+    assert run.code == 0, run.err
+    assert sorted(wire.submits) == sorted(SENT)  # the header is not a prompt; nothing else
+    rows = run.records()
+    assert [(r["line"], r["id"], r["status"]) for r in rows] == [
+        (2, "fox", "succeeded"), (3, None, "succeeded"), (7, "7", "succeeded"),
+    ]  # fmt: skip  # each record's first line
+    assert rows[1]["prompt"] == 'a poster that reads\r\n"OPEN LATE"'
+
+
+def test_a_tsv_file_and_format_csv_on_any_name_read_the_same_rows(
+    gw: MockGateway, wire: Wire, tmp_path: Path
+) -> None:
+    tsv = tmp_path / "prompts.tsv"
+    tsv.write_text('prompt\taspect_ratio\n"a fox, in snow"\t16:9\nsunset, with a comma\t\n')
+    named = tmp_path / "prompts.txt"
+    named.write_text('prompt,aspect_ratio\n"a fox, in snow",16:9\n"sunset, with a comma",\n')
+    for source, options in ((tsv, {}), (named, {"format": "csv"})):
+        report = batch(gw, source, tmp_path / f"out-{source.suffix[1:]}", **options)
+        assert report.counts == {"saved": 2}
+    assert sorted(wire.submits) == sorted(2 * [("beta", "a fox, in snow", "16:9", "1k"),
+                                       ("beta", "sunset, with a comma", "auto", "1k")])  # fmt: skip
+
+
+def test_a_csv_rerun_resumes_and_submits_nothing_twice(
+    gw: MockGateway, wire: Wire, tmp_path: Path
+) -> None:
+    source = tmp_path / "prompts.csv"
+    source.write_bytes(CSV.encode())
+    out = tmp_path / "out"
+    assert batch(gw, source, out, timeout=0).counts == {"pending": 3}  # keys written, not sent
+    assert wire.submits == []
+    assert batch(gw, source, out).counts == {"saved": 3}
+    assert len(wire.submits) == 3
+    # The same rows, the columns in another order and spaced by more blank rows: the same
+    # lines (known by id, else by their place among the records), the same requests.
+    moved = ("id,surface,resolution,aspect_ratio,prompt\n\n"
+             "fox,,2k,16:9,\"a fox, in snow\"\n"
+             ",,,1:1,\"a poster that reads\r\n\"\"OPEN LATE\"\"\"\n\n"
+             "7,alpha,4K, 3:2 ,plain lighthouse\n")  # fmt: skip
+    source.write_bytes(moved.encode())
+    again = batch(gw, source, out)
+    assert (again.counts, again.changed_count) == ({"saved": 3}, 0)
+    assert len(wire.submits) == 3  # no second submit
+    assert gw.stats()["tasks_created"] == 3
+
+
+def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
+    wire: Wire, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "prompts.csv"
+    source.write_text('prompt,aspect_ratio,resolution\na cat,1:1,1k\n"a dog",16:9\n'
+                      'an owl,1:1,1k,extra\n"a fish"x,1:1,1k\na fox,1:1,1k\n')  # fmt: skip
+    out = tmp_path / "out"
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert refused.code == 2
+    assert "line 3: 2 fields where the header row names 3: column 3 (resolution) missing" in (
+        refused.err
+    )
+    assert "line 4: 4 fields where the header row names 3: column 4 is not in the header row" in (
+        refused.err
+    )
+    assert "line 5: not a CSV row" in refused.err
+    assert wire.requests == 0
+    skipped = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines",
+                    "--json")  # fmt: skip
+    assert skipped.code == 1  # as for JSONL: the bad lines are reported, the rest run
+    assert sorted(p for _, p, _, _ in wire.submits) == ["a cat", "a fox"]
+    assert [(r["line"], r["status"]) for r in skipped.records()] == [
+        (2, "succeeded"), (3, "failed"), (4, "failed"), (5, "failed"), (6, "succeeded"),
+    ]  # fmt: skip
+
+    source.write_text("prompt,style\na cat,noir\n")
+    header = imggw("batch", str(source), "-o", str(tmp_path / "h"), "--base-url", url,
+                   "--skip-bad-lines")  # fmt: skip
+    assert header.code == 2  # no row of it can be read: skipping lines cannot help
+    assert "line 1: the header row names an unknown column 'style' (column 2)" in header.err
+    assert len(wire.submits) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "prompt,aspect_ratio,resolution\na fox,16:9,2k\na cat,1:1,1k\n",  # a header row
+        '"PROMPT"\na fox\n',  # a header of one column, quoted
+        "a fox, snow\n# a note\na cat, rain\nan owl, dusk\n",  # one comma on every line
+        "a fox\t16:9\na cat\t1:1\n",  # one tab on every line
+    ],
+)
+def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
+    wire: Wire, url: str, tmp_path: Path, text: str
+) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text(text)
+    out = tmp_path / "out"
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    assert refused.code == 2
+    assert refused.err.count("\n") == 1
+    assert "--format csv" in refused.err
+    assert "nothing was sent" in refused.err
+    dry = imggw("batch", str(source), "-o", str(out), "--dry-run")
+    assert dry.code == 2
+    assert "--format csv" in dry.err
+    piped = imggw("batch", "-", "-o", str(out), "--base-url", url, stdin=text)
+    assert piped.code == 2
+    assert "--format csv" in piped.err
+    assert wire.requests == 0
+    assert not out.exists()  # refused before the folder was made
+    told = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--format", "text")
+    assert told.code == 0, told.err  # said outright: every line is a prompt
+    assert len(wire.submits) == len([x for x in text.splitlines() if not x.startswith("# ")])
+
+
+def test_text_with_commas_here_and_there_is_still_prompts(
+    gw: MockGateway, wire: Wire, tmp_path: Path
+) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text("a fox, in snow\na cat\nan owl, at dusk, in fog\n")
+    assert batch(gw, source, tmp_path / "out").counts == {"saved": 3}
+    assert len(wire.submits) == 3
+
+
+# ---------------------------------------------------------------------------- 17: comments
+
+
+HASHTAGS = "# a note\n#hashtag sunset\n#\n#1 bestseller book cover\n  #\tindented note\na fox\n"
+
+
+def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
+    wire: Wire, url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text(HASHTAGS)
+    out = tmp_path / "out"
+    dry = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    plan = dry.records()[0]
+    assert (plan["total"], plan["to_submit"], plan["comments"]) == (3, 3, 3)
+    human = imggw("batch", str(source), "-o", str(out), "--dry-run")
+    assert "comment lines (skipped): 3" in human.out
+
+    run = imggw("--log-format", "json", "batch", str(source), "-o", str(out), "--base-url", url,
+                "--json")  # fmt: skip
+    assert run.code == 0, run.err
+    assert sorted(p for _, p, _, _ in wire.submits) == [
+        "#1 bestseller book cover", "#hashtag sunset", "a fox",
+    ]  # fmt: skip
+    assert [r["line"] for r in run.records()] == [2, 4, 6]
+    (summary,) = events(run.err, "batch_summary")
+    assert (summary["total"], summary["comments"]) == (3, 3)
+
+
+def test_the_summary_table_counts_comment_lines(gw: MockGateway, url: str, tmp_path: Path) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text(HASHTAGS)
+    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url)
+    assert run.code == 0, run.err
+    assert "comment lines (skipped)" in run.err
+    assert run.err.split("comment lines (skipped)")[1].split()[1] == "3"
+
+
+def test_comments_are_counted_in_the_report_and_the_plan(gw: MockGateway, tmp_path: Path) -> None:
+    source = tmp_path / "prompts.json"  # read line by line: records and prompts
+    source.write_text('# records\n{"prompt": "a cat", "id": "c"}\n#nofilter cat\n#\n')
+    assert plan_batch(source, tmp_path / "out").comments == 2
+    report = batch(gw, source, tmp_path / "out")
+    assert (report.counts, report.comments) == ({"saved": 2}, 2)
+    assert [r["prompt"] for r in manifest(tmp_path / "out")] == ["a cat", "#nofilter cat"]
+
+
+def test_a_jsonl_line_that_is_not_a_comment_says_how_one_is_written(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    source.write_text('#---- cats\n{"prompt": "a cat"}\n')
+    with pytest.raises(BatchInputError) as info:
+        plan_batch(source, tmp_path / "out")
+    assert "line 1: not a JSON object (a comment line begins with '# '" in info.value.message
