@@ -15,14 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy
+from imggw_client._core import spec
 from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
-from imggw_client.batch._guards import Caps, Charge, Spending, Verdict
+from imggw_client.batch._guards import Caps, Charge, Spending, Verdict, reported, settles
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
 from ..cli.helpers import CANARY, imggw
+from ..loopback import serve_asgi
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
         "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
@@ -68,6 +71,10 @@ def manifest(folder: Path) -> list[dict[str, Any]]:
 
 def submits(gw: MockGateway) -> int:
     return sum(n for route, n in gw.stats()["requests"].items() if route.startswith("POST"))
+
+
+def billed(gw: MockGateway) -> float:
+    return float(gw.stats()["billing"][fingerprint(CANARY)]["credits"])
 
 
 # ---------------------------------------------------------------------------- spend caps
@@ -168,6 +175,92 @@ def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
     assert gw.stats()["tasks_created"] == 1
 
 
+def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
+    tmp_path: Path,
+) -> None:
+    # Issue 27 item 1: many providers state a charge of 0 until a job ends. Taken as a price, it
+    # let 20 tasks (80 credits) through a cap of 12. Tasks long enough to be seen running at
+    # the command's own pace of polls.
+    gw = MockGateway(api_keys=[CANARY], duration_min=2.5, duration_max=2.5,
+                     quirks=["charge_at_end"])  # fmt: skip
+    with gw.serve() as url:
+        run = imggw("batch", str(prompts(tmp_path / "in.txt", 20)), "-o", str(tmp_path / "out"),
+                    "--base-url", url, "--max-credits", "12", "-c", "8")  # fmt: skip
+    assert run.code == 6, run.err
+    assert gw.stats()["tasks_created"] == 3
+    assert billed(gw) == 12
+    assert len(list((tmp_path / "out").glob("*.png"))) == 3  # what was paid for is saved
+    assert "12 of 12 credits spent" in run.err
+
+
+@pytest.mark.parametrize("stated", ["-4", "-1e999", "1e999", '"NaN"', '"-16"'])
+def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
+    stated: str, tmp_path: Path
+) -> None:
+    # Negative, infinite (a number too large for a double) or not-a-number charges while tasks
+    # run (as JSON tokens): clamped to 0 or to none stated, none of them a price, none of them
+    # handing back room under the cap.
+    gw = gateway(quirks=["charge_at_end"])
+    handle, credits = gw.handle, spec.of("beta").record.credits
+
+    def hostile(request: MockRequest) -> MockResponse:
+        answer = handle(request)
+        is_json = request.method == "GET" and answer.body.startswith(b"{")  # not an image
+        record = json.loads(answer.body) if is_json else None
+        data = record.get("data") if isinstance(record, dict) else None
+        if isinstance(data, dict) and data.get(credits) == 0:  # running, under the quirk
+            data[credits] = "__stated__"
+            body = json.dumps(record).replace('"__stated__"', stated).encode()
+            return MockResponse(answer.status, body, answer.headers)
+        return answer
+
+    gw.handle = hostile  # type: ignore[method-assign]
+    with gw.serve() as url:
+        report = batch(url, prompts(tmp_path / "in.txt", 20), tmp_path / "out", concurrency=8,
+                       max_credits=12)  # fmt: skip
+    assert report.stopped_by == "max_credits"
+    assert gw.stats()["tasks_created"] == 3
+    assert billed(gw) == 12
+    assert report.credits == 12
+
+
+def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_case(
+    tmp_path: Path,
+) -> None:
+    # Issue 27 item 2: the first 4k line was estimated at the 1k price (4) and cost 16: 21 tasks,
+    # 96 credits under a cap of 90. A 4k task may cost 16x a 1k one: 80 + 64 > 90.
+    gw = gateway(credits=200)
+    lines = [{"prompt": f"small {i}"} for i in range(20)]
+    lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(10)]
+    with gw.serve() as url:
+        run = imggw("batch", str(jsonl(tmp_path / "in.jsonl", lines)), "-o",
+                    str(tmp_path / "out"), "--base-url", url, "--max-credits", "90")  # fmt: skip
+    assert run.code == 6, run.err
+    assert gw.stats()["tasks_created"] == 20
+    assert billed(gw) == 80
+    made = [r["resolution"] for r in manifest(tmp_path / "out") if r["task_id"] is not None]
+    assert made == ["1k"] * 20
+
+
+def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
+    tmp_path: Path,
+) -> None:
+    gw = gateway()
+    lines = [{"prompt": "small"}]
+    lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(3)]
+    with gw.serve() as url:
+        # 4 + 64 (the worst case of the first 4k line) <= 68; then at 16 each: 4 + 16 x 3 = 52.
+        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
+                       concurrency=4, max_credits=68)  # fmt: skip
+    assert report.exit_code == 0
+    assert report.credits == 52
+    with gw.serve() as url:  # a cap that does not cover the worst case: the 4k lines wait
+        report = batch(url, jsonl(tmp_path / "in2.jsonl", lines), tmp_path / "out2",
+                       concurrency=4, max_credits=67)  # fmt: skip
+    assert report.stopped_by == "max_credits"
+    assert report.credits == 4
+
+
 # ---------------------------------------------------------------------------- failures, 402
 
 
@@ -227,6 +320,45 @@ def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_
         assert again.code == 0, again.err
     assert gw.stats()["tasks_created"] == 9
     assert len(list(out.glob("*.png"))) == 9
+
+
+class SlowRefusal:
+    """An ASGI app over the reference gateway that holds the ``held``-th submit until the next
+    one has arrived: the second submit in flight when the first 402 comes back."""
+
+    def __init__(self, gw: MockGateway, held: int) -> None:
+        self.app, self.held = gw.asgi(), held
+        self.posts = 0
+        self.next_arrived = anyio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            self.posts += 1
+            if self.posts == self.held:
+                with anyio.move_on_after(30):  # a guard against a hang, not a window
+                    await self.next_arrived.wait()
+            elif self.posts == self.held + 1:
+                self.next_arrived.set()
+        await self.app(scope, receive, send)
+
+
+def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
+    # Issue 27 item 19: 12 lines, -c 2, a balance for 6: all 12 submits went out, 6 refused.
+    gw = gateway(credits=24)
+    app = SlowRefusal(gw, held=7)
+    out = tmp_path / "out"
+    with serve_asgi(app) as url:
+        run = imggw("batch", str(prompts(tmp_path / "in.txt", 12)), "-o", str(out),
+                    "--base-url", url, "-c", "2")  # fmt: skip
+    assert run.code == 6, run.err
+    # Six made, the seventh refused, and the eighth already on its way when that 402 came back.
+    assert app.posts == 8
+    assert submits(gw) == 8
+    assert gw.stats()["tasks_created"] == 6
+    assert len(list(out.glob("*.png"))) == 6
+    rows = manifest(out)
+    assert sum(r["status"] == "succeeded" for r in rows) == 6
+    assert sum(r["status"] == "pending" for r in rows) == 6
 
 
 # ---------------------------------------------------------------------------- dry run
@@ -347,6 +479,60 @@ def test_the_guard_never_passes_its_cap_with_lines_in_flight() -> None:
     assert spending.admit("d", "1k") is Verdict.STOP  # 8 + 4 > 10, nothing in flight
     assert spending.stopped_by == "max_credits"
     assert spending.charged_total == Charge(8.0, 0.02)
+
+
+def test_a_charge_of_0_while_running_is_no_price_and_keeps_the_line_in_flight() -> None:
+    spending = Spending(Caps(max_credits=12))
+    assert spending.admit("a", "1k") is Verdict.GO
+    spending.charged("a", "1k", Charge(), Charge(0.0, 0.0), final=False)
+    assert spending.prices == {}
+    assert spending.admit("b", "1k") is Verdict.WAIT
+    spending.charged("a", "1k", Charge(0.0, 0.0), Charge(4.0, 0.01), final=True)
+    assert [spending.admit(x, "1k") for x in "bcd"] == [Verdict.GO, Verdict.GO, Verdict.WAIT]
+    # A charge that drops while its task runs hands no room back.
+    spending.charged("b", "1k", Charge(), Charge(4.0), final=False)
+    spending.charged("b", "1k", Charge(4.0), Charge(-50.0), final=False)
+    assert spending.charged_total.credits == 8.0
+    assert spending.admit("d", "1k") is Verdict.WAIT  # 8 + 4 (c) + 4 > 12
+
+
+def test_a_failed_task_charged_0_is_no_price() -> None:
+    spending = Spending(Caps(max_credits=100))
+    spending.admit("a", "1k")
+    spending.charged("a", "1k", Charge(), Charge(0.0), final=True, failed=True)
+    assert spending.prices == {}
+    assert spending.admit("b", "1k") is Verdict.GO  # the estimate was given back: b goes alone
+    assert spending.admit("c", "1k") is Verdict.WAIT
+
+
+def test_an_unpriced_resolution_is_estimated_at_the_most_it_could_cost() -> None:
+    spending = Spending(Caps(max_credits=1000), prices={"1k": Charge(4.0, 0.01)})
+    assert spending.estimate("2k") == Charge(16.0, 0.04)
+    assert spending.estimate("4k") == Charge(64.0, 0.16)
+    spending = Spending(Caps(max_credits=1000), prices={"1k": Charge(4.0), "2k": Charge(10.0)})
+    assert spending.estimate("4k") == Charge(64.0)  # the higher of 16 x 4 and 4 x 10
+    spending = Spending(Caps(max_credits=1000), prices={"4k": Charge(16.0)})
+    assert spending.estimate("1k") == Charge(16.0)  # a smaller one costs at most as much
+    spending = Spending(Caps(max_credits=70), prices={"1k": Charge(4.0)})
+    assert spending.admit("a", "4k") is Verdict.GO  # 64 <= 70
+    assert spending.admit("b", "4k") is Verdict.WAIT  # alone until its price is known
+    assert spending.admit("c", "1k") is Verdict.GO  # 64 + 4 <= 70
+    assert spending.admit("d", "1k") is Verdict.WAIT
+
+
+def test_charges_are_clamped_and_only_final_or_positive_ones_settle() -> None:
+    assert Charge(-4.0, float("nan")).clamped() == Charge(0.0, None)
+    assert Charge(float("inf"), 0.01).clamped() == Charge(None, 0.01)
+    assert reported(Charge(4.0), Charge(0.0), final=False) == Charge(4.0)
+    assert reported(Charge(4.0), Charge(0.0), final=True) == Charge(0.0)
+    assert not settles(Charge(0.0, 0.0), final=False)
+    assert not settles(Charge(4.0, 0.0), final=False)
+    assert settles(Charge(4.0, 0.01), final=False)
+    assert settles(Charge(0.0), final=True)
+    assert not settles(Charge(), final=True)
+    spending = Spending(Caps(max_credits=10), spent=Charge(-100.0), prices={"1k": Charge(-4.0)})
+    assert spending.charged_total.credits == 0.0
+    assert spending.prices == {"1k": Charge(0.0)}
 
 
 def test_a_charge_reported_twice_counts_once() -> None:

@@ -218,6 +218,9 @@ def _api_error(
 ) -> APIError:
     cls = _error_class(status, code)
     text = message or f"the gateway answered HTTP {status}"
+    if code is None:  # one condition, one code on both surfaces (DESIGN 18)
+        reason = reasons.for_status(status, message)
+        code = reason.code if reason is not None else None
     return cls(
         text,
         status_code=status,
@@ -290,12 +293,14 @@ def no_submit_route(surface: Surface, url: str, err: APIError) -> ConfigurationE
     """A submit answered 404: a submit names no task, so only its route can be missing, and
     that is the base URL's fault (one with a path, say). Nothing was created; no retry, and no
     other request, can mend it."""
-    reason = f" {err.code}" if err.code else ""
+    # A submit names no task: a 404 that names no other reason is a missing route.
+    code = err.code if err.code not in (None, reasons.TASK_NOT_FOUND.code) else None
+    code = code or reasons.NOT_FOUND.code
     return ConfigurationError(
-        f"no submit route at {url} (HTTP 404{reason}): the base URL is wrong; it is the "
+        f"no submit route at {url} (HTTP 404 {code}): the base URL is wrong; it is the "
         "gateway's root, the part before /alpha or /beta",
         status_code=404,
-        code=err.code or reasons.NOT_FOUND.code,
+        code=code,
         surface=surface,
     )
 
@@ -438,8 +443,8 @@ def read_task(
     result = data.get(fields.result)
     if fields.result_as_text and isinstance(result, (str, bytes)):
         result = _json(result)
-    cost = number(data.get(fields.cost)) if fields.cost is not None else None
-    credits = number(data.get(fields.credits))
+    cost = charge(data.get(fields.cost)) if fields.cost is not None else None
+    credits = charge(data.get(fields.credits))
     fail_code, fail_message = _failure(data, wire)
     urls = result_urls(result, secrets)
     status = task_status(surface, state)
@@ -518,6 +523,22 @@ def number(value: object) -> float | None:
     except (ValueError, OverflowError):
         return None
     return n if math.isfinite(n) else None
+
+
+def charge(value: object) -> float | None:
+    """A charge as a gateway states it (credits or cost): a finite number >= 0. A negative one
+    is 0 (a task never pays the account back through its record); NaN, infinity or anything
+    not a number is no charge stated (None). A spend cap is kept by these numbers, so none of
+    them may lower what a run has spent or make a cap unbounded.
+
+    Example::
+
+        charge("4")       # 4.0
+        charge(-16)       # 0.0
+        charge(1e999)     # None
+    """
+    n = number(value)
+    return None if n is None else max(0.0, n)
 
 
 def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:

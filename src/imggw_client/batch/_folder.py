@@ -22,7 +22,7 @@ from .._exceptions import RequestValidationError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
-from ._guards import Charge, charge_of
+from ._guards import Charge, charge_of, settles
 from ._ledger import INVALID_LINE, LEDGER_NAME, STOPPED_BY, StorageError, read_meta, read_rows
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from ._states import STATUSES, ExitCode, exit_code
@@ -199,8 +199,9 @@ def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
 
 
 def charges(storage: Storage) -> tuple[Charge, dict[str, Charge]]:
-    """What a run's folder says its lines were charged: in all, and the highest charge per
-    resolution (what a Dask run's guard starts from). Blocking."""
+    """What a run's folder says its lines were charged: in all, and the highest price per
+    resolution (what a Dask run's guard starts from: a positive charge, or a saved line's; a
+    task stating 0 while it runs has told no price). Blocking."""
     snap = _Snapshot(storage)
     credits, cost, seen_cost = 0.0, 0.0, False
     prices: dict[str, Charge] = {}
@@ -213,8 +214,9 @@ def charges(storage: Storage) -> tuple[Charge, dict[str, Charge]]:
             credits += charge.credits or 0.0
             cost += charge.cost or 0.0
             seen_cost = seen_cost or charge.cost is not None
-            res = str(row.get("resolution") or "")
-            prices[res] = prices.get(res, Charge()).highest(charge)
+            if settles(charge, final=row.get("status") == "succeeded"):
+                res = str(row.get("resolution") or "")
+                prices[res] = prices.get(res, Charge()).highest(charge)
     finally:
         snap.close()
     return Charge(credits, cost if seen_cost else None), prices

@@ -6,10 +6,18 @@ sent are waited on and their results saved.
 charge is not known yet (each counted at an estimate), the highest charge seen per resolution.
 Before a line is submitted, what was charged, plus an estimate for every line in flight, plus
 one for this line, must stay within each cap; while nothing has been charged yet, one line goes
-alone and the others wait for its charge (and so does the first line of each resolution no
-charge was seen for: it is estimated at the highest price seen). With fixed prices per
-resolution, once a line of each resolution was charged, a run so guarded never spends past its
-cap, and stops short of it by less than one task's price.
+alone and the others wait for its charge. The first line of each resolution no price was seen
+for goes alone too, estimated at the most that resolution could cost (the prices seen, scaled by
+its pixels: 4x a 1k price for 2k, 16x for 4k), and only when the cap's room covers that.
+
+What a gateway states while a task runs is not its price: many providers state 0 until a job
+ends. Only a final charge, or a positive one, is learned as a price or releases a line's
+estimate (:func:`settles`); a charge never counts below 0, nor below what the line's task
+stated before while it runs (:func:`reported`). So with fixed prices per resolution a run so
+guarded never spends past its cap, whatever its gateway states while tasks run, and stops short
+of it by less than one task's worst-case price. The one exception is the very first line of a
+run that knows no price at all: it goes alone, since nothing else can tell what a task costs,
+and a cap smaller than that one task's price is passed by it (then the run stops).
 
 :class:`LocalGuard` holds a :class:`Spending` for one process; on Dask the scheduler holds it
 (``_dask_budget``) and workers ask it through a :class:`RemoteGuard`. The engine sees only the
@@ -28,6 +36,7 @@ from typing import Protocol
 import anyio
 
 from .._core import reasons
+from .._core.rules import PIXELS
 
 __all__ = [
     "GUARDS",
@@ -44,6 +53,8 @@ __all__ = [
     "Verdict",
     "charge_of",
     "handle",
+    "reported",
+    "settles",
 ]
 
 # The guards that may stop a run (``report.stopped_by``), pinned by DESIGN 14; the last is the
@@ -65,9 +76,46 @@ class Charge:
     def known(self) -> bool:
         return self.credits is not None or self.cost is not None
 
+    @property
+    def positive(self) -> bool:
+        """Stated, and every unit it states above 0."""
+        stated = [v for v in (self.credits, self.cost) if v is not None]
+        return bool(stated) and all(v > 0 for v in stated)
+
     def highest(self, other: Charge) -> Charge:
         """Unit by unit, the higher of two charges (a unit neither states stays None)."""
         return Charge(_most(self.credits, other.credits), _most(self.cost, other.cost))
+
+    def clamped(self) -> Charge:
+        """Each unit a finite number >= 0 (a negative one 0), or None (NaN, infinity)."""
+        return Charge(_clamp(self.credits), _clamp(self.cost))
+
+
+def reported(before: Charge, now: Charge, *, final: bool) -> Charge:
+    """What a line's charge counts as, given what its row kept (``before``) and what its task
+    states ``now``: clamped, and while the task runs never below what it stated before (a
+    running task's charge that drops would hand back room under the cap it still takes). A
+    final charge is the task's own word, a refund included.
+
+    Example::
+
+        reported(Charge(4.0), Charge(0.0), final=False)   # Charge(credits=4.0)
+        reported(Charge(4.0), Charge(0.0), final=True)    # Charge(credits=0.0)
+    """
+    now = now.clamped()
+    return now if final else now.highest(before.clamped())
+
+
+def settles(charge: Charge, *, final: bool) -> bool:
+    """Whether ``charge`` is what a line costs, so that its estimate is given back: a final
+    charge, or a positive one (a running task stating 0 has not said its price yet).
+
+    Example::
+
+        settles(Charge(0.0, 0.0), final=False)   # False: many providers state 0 until the end
+        settles(Charge(4.0, 0.01), final=False)  # True
+    """
+    return charge.known and (final or charge.positive)
 
 
 @dataclass(frozen=True)
@@ -100,9 +148,12 @@ class Spending:
         s = Spending(Caps(max_credits=10))
         assert s.admit("a", "1k") is Verdict.GO            # the first line goes alone
         assert s.admit("b", "1k") is Verdict.WAIT           # until its charge is known
-        s.charged("a", "1k", Charge(), Charge(4, 0.01), final=False)
+        s.charged("a", "1k", Charge(), Charge(0, 0), final=False)
+        assert s.admit("b", "1k") is Verdict.WAIT           # 0 while running is no price
+        s.charged("a", "1k", Charge(0, 0), Charge(4, 0.01), final=False)
         assert s.admit("b", "1k") is Verdict.GO             # 4 + 4 <= 10
         assert s.admit("c", "1k") is Verdict.WAIT           # 4 + 4 + 4 > 10, b in flight
+        assert s.admit("d", "4k") is Verdict.WAIT           # 64 (16 x 4) does not fit
     """
 
     caps: Caps
@@ -119,8 +170,11 @@ class Spending:
     _cost: float = 0.0
 
     def __post_init__(self) -> None:
-        self._credits = self.spent.credits or 0.0
-        self._cost = self.spent.cost or 0.0
+        spent = self.spent.clamped()
+        self._credits = spent.credits or 0.0
+        self._cost = spent.cost or 0.0
+        clamped = {res: p.clamped() for res, p in self.prices.items()}
+        self.prices = {res: p for res, p in clamped.items() if p.known}
 
     # ------------------------------------------------------------------------ asking
 
@@ -137,8 +191,8 @@ class Spending:
         if not self.prices:  # nothing charged yet: one line at a time finds the price
             return self._go(line, resolution) if not self._flying else Verdict.WAIT
         if resolution not in self.prices and self._per_resolution.get(resolution):
-            # A resolution no charge was seen for yet: its first line, estimated at the highest
-            # price seen, goes alone, so that a wrong guess is made once.
+            # A resolution no price was seen for yet: its first line goes alone, at the most it
+            # could cost, until its own price is known.
             return Verdict.WAIT
         for cap, spent, unit in ((MAX_CREDITS, self._credits, "credits"),
                                  (MAX_COST, self._cost, "cost")):  # fmt: skip
@@ -159,7 +213,9 @@ class Spending:
 
     def estimate(self, resolution: str) -> Charge | None:
         """What a line of ``resolution`` is expected to cost: the highest charge seen for its
-        resolution, else the highest seen at all; None before any."""
+        resolution, else the most it could cost from the prices seen for others (each scaled up
+        by the ratio of pixels: 4x a 1k price for 2k, 16x for 4k; a smaller resolution at most
+        a larger one's price); None before any price is known."""
         if not self.prices:
             return None
         return Charge(self._estimate(resolution, "credits"), self._estimate(resolution, "cost"))
@@ -168,8 +224,13 @@ class Spending:
         seen = self.prices.get(resolution)
         value = getattr(seen, unit) if seen is not None else None
         if value is None:
-            values = [getattr(p, unit) for p in self.prices.values()]
-            value = max((v for v in values if v is not None), default=None)
+            pixels = _pixels(resolution, unknown=max(PIXELS.values()))
+            worst = [
+                v * max(1.0, pixels / _pixels(res, unknown=1))
+                for res, price in self.prices.items()
+                if (v := getattr(price, unit)) is not None
+            ]
+            value = max(worst, default=None)
         return value
 
     def flying(self, line: Hashable, resolution: str) -> None:
@@ -190,15 +251,28 @@ class Spending:
     # ------------------------------------------------------------------------ telling
 
     def charged(
-        self, line: Hashable, resolution: str, before: Charge, now: Charge, *, final: bool
+        self,
+        line: Hashable,
+        resolution: str,
+        before: Charge,
+        now: Charge,
+        *,
+        final: bool,
+        failed: bool = False,
     ) -> None:
         """The charge of ``line`` is now ``now`` (it was ``before``, as its row kept it).
-        ``final``: the task ended, and a charge it still does not state never will be."""
+        ``final``: the task ended, and a charge it still does not state never will be;
+        ``failed``: it ended failed (what a failed task is charged, 0 often, is no price).
+        Only a final or a positive charge gives the line's estimate back (:func:`settles`)."""
+        before = before.clamped()
+        now = reported(before, now, final=final)
         if now.known:
-            self.release(line)
             self._credits += (now.credits or 0.0) - (before.credits or 0.0)
             self._cost += (now.cost or 0.0) - (before.cost or 0.0)
-            self.prices[resolution] = self.prices.get(resolution, Charge()).highest(now)
+        if settles(now, final=final):
+            self.release(line)
+            if now.positive or not failed:
+                self.prices[resolution] = self.prices.get(resolution, Charge()).highest(now)
         elif final:  # a task that ended and states no charge: a cap cannot be kept
             self.release(line)
             if self.caps.spend and self._armed is None:
@@ -241,6 +315,16 @@ def _most(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
+def _clamp(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return max(0.0, value)
+
+
+def _pixels(resolution: str, *, unknown: int) -> int:
+    return PIXELS.get(resolution.lower(), unknown)
+
+
 def _amount(value: float) -> str:
     return f"{value:g}" if math.isfinite(value) else str(value)
 
@@ -252,7 +336,14 @@ class Guard(Protocol):
         """Waits until ``line`` may be submitted (True), or a guard stopped the run (False)."""
 
     async def charged(
-        self, line: Hashable, resolution: str, before: Charge, now: Charge, *, final: bool
+        self,
+        line: Hashable,
+        resolution: str,
+        before: Charge,
+        now: Charge,
+        *,
+        final: bool,
+        failed: bool = False,
     ) -> None: ...
 
     async def flying(self, line: Hashable, resolution: str) -> None: ...
@@ -296,9 +387,16 @@ class LocalGuard:
             await self._changed.wait()
 
     async def charged(
-        self, line: Hashable, resolution: str, before: Charge, now: Charge, *, final: bool
+        self,
+        line: Hashable,
+        resolution: str,
+        before: Charge,
+        now: Charge,
+        *,
+        final: bool,
+        failed: bool = False,
     ) -> None:
-        self.spending.charged(line, resolution, before, now, final=final)
+        self.spending.charged(line, resolution, before, now, final=final, failed=failed)
         self._wake()
 
     async def flying(self, line: Hashable, resolution: str) -> None:
@@ -339,11 +437,18 @@ class RemoteGuard:
             await anyio.sleep(WAIT_POLL)
 
     async def charged(
-        self, line: Hashable, resolution: str, before: Charge, now: Charge, *, final: bool
+        self,
+        line: Hashable,
+        resolution: str,
+        before: Charge,
+        now: Charge,
+        *,
+        final: bool,
+        failed: bool = False,
     ) -> None:
         await self.ask(action="charged", line=line, resolution=resolution,
                        before=[before.credits, before.cost], now=[now.credits, now.cost],
-                       final=final)  # fmt: skip
+                       final=final, failed=failed)  # fmt: skip
 
     async def flying(self, line: Hashable, resolution: str) -> None:
         await self.ask(action="flying", line=line, resolution=resolution)
@@ -374,7 +479,8 @@ def handle(spending: Spending, action: str, **message: object) -> dict[str, obje
     if action == "charged":
         before, now = message["before"], message["now"]
         spending.charged(line, resolution, charge_of(before), charge_of(now),
-                         final=bool(message.get("final")))  # fmt: skip
+                         final=bool(message.get("final")),
+                         failed=bool(message.get("failed")))  # fmt: skip
     elif action == "flying":
         spending.flying(line, resolution)
     elif action == "release":
@@ -389,10 +495,10 @@ def handle(spending: Spending, action: str, **message: object) -> dict[str, obje
 
 
 def charge_of(value: object) -> Charge:
-    """A charge as it travels (``[credits, cost]``); anything else is no charge."""
+    """A charge as it travels (``[credits, cost]``), clamped; anything else is no charge."""
     if isinstance(value, (list, tuple)) and len(value) == 2:
         credits, cost = value
-        return Charge(_number(credits), _number(cost))
+        return Charge(_number(credits), _number(cost)).clamped()
     return Charge()
 
 

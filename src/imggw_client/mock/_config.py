@@ -32,6 +32,7 @@ QUIRKS: tuple[str, ...] = (
     "beta_no_code",  # surface B error bodies omit the top-level `code`
     "no_retry_after",  # 429 answers carry no Retry-After (as the provider behind surface A)
     "no_charge",  # records state no credits nor cost (a gateway that bills elsewhere)
+    "charge_at_end",  # records state a charge of 0 until the task ends (many providers do)
 )
 DEFAULT_API_KEY = "test-key"
 

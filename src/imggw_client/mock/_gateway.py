@@ -611,7 +611,10 @@ class MockGateway:
             status = TaskStatus.RUNNING
             progress = min(99, int(100 * (elapsed - queue) / max(task.duration - queue, 1e-9)))
             late = progress >= 50
-        return TaskView(task.id, status, progress, urls, task.credits, task.cost,
+        credits, cost = task.credits, task.cost
+        if "charge_at_end" in self._quirks and elapsed < task.duration:
+            credits, cost = 0.0, 0.0  # billed at submit all the same
+        return TaskView(task.id, status, progress, urls, credits, cost,
                         task.failure if status is TaskStatus.FAILED else None, late,
                         expires_at)  # fmt: skip
 
