@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import _exit
-from ._command import Concurrency, RunTimeout, SkipBadLines, refuse, session
+from ._command import Concurrency, RunTimeout, SkipBadLines, interrupted, refuse, session
 from ._globals import current, with_globals
 from ._runtime import make_async_client
 
@@ -79,8 +79,8 @@ GUARDS = "Spend and failure guards"
 
 
 def _limit(flag: str, text: Optional[str], *, whole: bool = False) -> Any:  # noqa: UP045
-    """A guard's limit from the command line: a number > 0 (a whole one for --max-failures),
-    else exit 2 with one line saying so (Click's own message comes with a usage block)."""
+    """A limit from the command line: a number > 0 (a whole one for --max-failures), else
+    exit 2 with one line saying so (Click's own message comes with a usage block)."""
     if text is None:
         return None
     import math
@@ -103,9 +103,11 @@ def batch(
     file: Annotated[
         str,
         typer.Argument(
-            help="JSONL (prompt, aspect_ratio, resolution, id; or task_id to collect a task made "
-            "elsewhere) or text, a prompt a line; - reads standard input. Told by its name "
-            "(.jsonl, .ndjson), else line by line for .json and -, else text (see --format)."
+            help="JSONL (prompt, aspect_ratio, resolution, surface, id; or task_id to collect a "
+            "task made elsewhere), CSV (a header row naming those columns) or text, a prompt a "
+            "line (# and a space begins a comment); - reads standard input. Told by its name "
+            "(.jsonl, .ndjson; .csv, .tsv), else line by line for .json and -, else text (see "
+            "--format)."
         ),
     ],
     output: Annotated[
@@ -120,6 +122,15 @@ def batch(
     ],
     concurrency: Concurrency = 8,
     timeout: RunTimeout = None,
+    line_timeout: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--line-timeout",
+            metavar="SECONDS",
+            help="Wait at most this long on a line's task; one still running is left for the "
+            "next run (exit 3) [default: 1800].",
+        ),
+    ] = None,
     skip_bad_lines: SkipBadLines = False,
     allow_changes: Annotated[
         bool,
@@ -135,9 +146,9 @@ def batch(
         Optional[str],  # noqa: UP045 - Typer wants this spelling on Python 3.10
         typer.Option(
             "--format",
-            metavar="jsonl|text",
-            help="Read FILE as JSONL (a JSON object a line) or as text (a prompt a line), "
-            "whatever its name.",
+            metavar="jsonl|csv|text",
+            help="Read FILE as JSONL (a JSON object a line), CSV (a header row, then a record "
+            "a row; comma- or tab-separated) or text (a prompt a line), whatever its name.",
         ),
     ] = None,
     new_run: Annotated[
@@ -264,8 +275,11 @@ def batch(
         shard_size=shard_size, scratch=None if scratch is None else str(scratch),
     )  # fmt: skip
     scaled = modes.any
-    if input_format not in (None, "jsonl", "text"):
-        refuse(f"--format must be jsonl or text, not {input_format!r}; nothing was sent")
+    if input_format not in (None, "jsonl", "csv", "text"):
+        from imggw_client.text import printable
+
+        shown = printable(input_format, 40)
+        refuse(f"--format must be jsonl, csv or text, not {shown!r}; nothing was sent")
     if new_run and (scaled or _is_remote(output)):
         refuse("--new-run is for one process into a local folder: give shards a new DEST")
     options: dict[str, Any] = {
@@ -275,6 +289,8 @@ def batch(
         "max_cost": _limit("--max-cost", max_cost),
         "max_failures": _limit("--max-failures", max_failures, whole=True),
     }  # fmt: skip
+    if line_timeout is not None:  # else the SDK's default
+        options["line_timeout"] = _limit("--line-timeout", line_timeout)
     if dry_run:
         if scaled or _is_remote(output):
             refuse("--dry-run plans one process into a local folder; nothing was sent")
@@ -291,8 +307,7 @@ def batch(
         try:
             code = _scale.run_scaled(out, flags, file, output, modes, options)
         except KeyboardInterrupt:
-            out.error(BATCH_INTERRUPTED, event="interrupted", exit_code=_exit.INTERRUPTED)
-            raise typer.Exit(_exit.INTERRUPTED) from None
+            interrupted(out, BATCH_INTERRUPTED)  # Ctrl-C, SIGTERM or SIGHUP: exits 130/143/129
     raise typer.Exit(code)
 
 
@@ -368,8 +383,7 @@ def run_local(source: str, output: Path, **options: Any) -> None:
         try:
             report = anyio.run(main)
         except KeyboardInterrupt:
-            out.error(BATCH_INTERRUPTED, event="interrupted", exit_code=_exit.INTERRUPTED)
-            raise typer.Exit(_exit.INTERRUPTED) from None
+            interrupted(out, BATCH_INTERRUPTED)  # Ctrl-C, SIGTERM or SIGHUP: exits 130/143/129
         if flags.json:
             with report.manifest.open(encoding="utf-8") as manifest:
                 for line in manifest:

@@ -264,6 +264,7 @@ def _summary_record(out: Output, report: BatchReport) -> None:
         bad_lines=report.bad_count,
         changed_lines=report.changed_count,
         removed_lines=report.removed_count,
+        comments=report.comments,
         spent=spent_of(
             report.credits,
             report.cost,
@@ -299,6 +300,8 @@ def _summary_table(report: BatchReport) -> None:
             table.add_row(label, str(per_word[word]))
     if report.bad_count:
         table.add_row("bad input lines (skipped)", str(report.bad_count))
+    if report.comments:
+        table.add_row("comment lines (skipped)", str(report.comments))
     if report.changed_count:
         table.add_row("new or changed lines (new requests)", str(report.changed_count))
     if report.removed_count:

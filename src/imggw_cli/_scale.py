@@ -141,9 +141,10 @@ def shard_summary(out: Output, report: ShardReport) -> None:
     counts = ", ".join(f"{n} {state}" for state, n in sorted(report.counts.items()))
     first, last = report.lines.start, report.lines.stop - 1
     cost = cost_text(report.cost, report.cost_unknown)
+    skipped = f"; {report.comments} comment line(s) skipped" if report.comments else ""
     out.note(
         f"shard {report.index}/{report.count} (lines {first}-{last}): {counts or 'no lines'}; "
-        f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s",
+        f"credits {report.credits:g}, cost {cost}, {report.elapsed:.1f}s{skipped}",
         event="shard_summary",
         shard=f"{report.index}/{report.count}",
         lines=[first, last],
@@ -151,6 +152,7 @@ def shard_summary(out: Output, report: ShardReport) -> None:
         spent=spent_of(report.credits, report.cost, report.cost_unknown),
         elapsed=round(report.elapsed, 1),
         manifest=report.manifest,
+        comments=report.comments,
         exit_code=int(report.exit_code),
     )
     _changed(out, report.changed_lines)
@@ -306,6 +308,7 @@ def run_engine(
             shards=len(report.shards),
             counts={str(s): n for s, n in sorted(report.merged.counts.items())},
             elapsed=round(report.elapsed, 1),
+            comments=report.comments,
             exit_code=int(report.exit_code),
         )
         _changed(out, report.changed_lines)

@@ -19,9 +19,10 @@ TASK_FIELDS = {"task_id", "status", "progress", "image_urls", "error", "cost", "
 
 def test_version_and_help() -> None:
     assert imggw("--version").out.strip().startswith("imggw 0.")
-    help_text = imggw("--help").out
-    for code in ("0 ok", "1 task failed", "2 usage", "3 wait timed out", "4 authentication",
-                 "5 other API", "6 stopped by a batch guard", "130 interrupted"):  # fmt: skip
+    help_text = " ".join(imggw("--help").out.split())  # as wrapped for any terminal width
+    for code in ("0 ok", "1 a task failed", "2 usage", "3 wait timed out", "4 authentication",
+                 "5 other API", "6 credits ran out", "130 interrupted", "143 SIGTERM",
+                 "129 SIGHUP"):  # fmt: skip
         assert code in help_text
     generate_help = imggw("generate", "--help").out
     assert "auto|1:1|3:2" in generate_help
@@ -90,7 +91,7 @@ def test_alpha_surface_over_loopback(gateway: tuple[MockGateway, str]) -> None:
     task_id = sub.records()[0]["task_id"]
     assert sub.records()[0]["surface"] == "alpha"
     assert imggw("poll", task_id, "--surface", "alpha", "--base-url", url, "-q").code == 0
-    assert imggw("status", task_id, "--base-url", url).code == 5  # another surface: not found
+    assert imggw("status", task_id, "--base-url", url).code == 1  # another surface: not found
 
 
 def test_exit_1_for_a_failed_task(tmp_path: Path) -> None:
@@ -186,13 +187,13 @@ def test_exit_4_without_a_base_url() -> None:
     assert "IMGGW_BASE_URL" in run.err
 
 
-def test_exit_5_for_network_and_api_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exit_5_for_a_network_error_and_1_for_no_such_task(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("time.sleep", lambda seconds: None)  # retries without waiting
     run = imggw("status", "1", "--base-url", "http://127.0.0.1:9")
     assert run.code == 5
     assert "http://127.0.0.1:9" in run.err
     missing = imggw("status", "1", "--mock")
-    assert missing.code == 5
+    assert missing.code == 1  # no such task (DESIGN 18: a task the key cannot see is 1)
     assert "imggw mock serve" in missing.err
 
 
@@ -237,6 +238,7 @@ def test_download_reports_each_task_and_the_worst_exit(
     records = run.records()
     assert [r["status"] for r in records] == ["succeeded", "failed"]
     assert records[1]["files"] == []
+    Path(records[0]["files"][0]["path"]).write_bytes(b"mine")  # another file of that name
     again = imggw("download", ok, "--base-url", url, "-o", str(tmp_path))
     assert again.code == 2  # a usage matter: the file is there
     assert "--overwrite" in again.err
@@ -251,7 +253,9 @@ def test_a_failed_download_gives_no_hint_to_run_the_download_again(
     _, url = gateway
     task_id = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
     assert imggw("poll", task_id, "--base-url", url, "-q").code == 0
-    assert imggw("download", task_id, "--base-url", url, "-o", str(tmp_path)).code == 0
+    first = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path))
+    assert first.code == 0
+    Path(first.out.strip()).write_bytes(b"mine")  # another file of that name: a conflict
     again = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path))
     assert again.code == 2
     assert again.err.count("\n") == 1, again.err

@@ -123,8 +123,8 @@ def test_a_new_idempotency_key_is_fresh_and_valid() -> None:
 # Public modules beside the package face: each documented with an example, and each of their
 # functions too (their constants are described in the module's docstring).
 PUBLIC_MODULES = {
-    "imggw_client.rules": ["ASPECT_RATIOS", "COMBINATIONS_TEXT", "RESOLUTIONS", "Violation",
-                           "check_prompt"],
+    "imggw_client.rules": ["ASPECT_RATIOS", "COMBINATIONS_TEXT", "RESOLUTIONS", "RESULT_ROOM",
+                           "Violation", "check_prompt"],
     "imggw_client.text": ["printable", "redact_url"],
 }  # fmt: skip
 

@@ -31,6 +31,13 @@ ASPECT_RATIOS: tuple[str, ...] = (
     "9:21",
 )
 RESOLUTIONS: tuple[str, ...] = ("1k", "2k", "4k")
+# Pixels of an image of each resolution, in 1k images: what its price and its file may grow
+# by from a 1k one (a 2k image has twice the side of a 1k one).
+PIXELS = {"1k": 1, "2k": 4, "4k": 16}
+# The room a result of each resolution may plausibly need: a 1k PNG is about 1 to 3 MB and a
+# 4K one up to a few tens of MB. A folder with less free space would take the task's money and
+# then fail to save its image.
+RESULT_ROOM = {res: (4 << 20) * n for res, n in PIXELS.items()}
 PROMPT_MAX_CHARS = 20_000
 BODY_MAX_BYTES = 256 * 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 255

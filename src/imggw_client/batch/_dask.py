@@ -234,6 +234,7 @@ class ShardedReport:
     bad_count: int = 0
     stopped_by: str | None = None
     stop_reason: str = ""
+    comments: int = 0  # the input's comment lines, skipped
 
     @property
     def failed_shards(self) -> list[ShardOutcome]:
@@ -306,8 +307,11 @@ def _prepare(
                 run = _identity.RunIdentity(run.run_id, found, run.surface or surface)
                 storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
-            first_entries = write_slices(source, storage, count, total, work)
-            per_shard = entries(source, count, total) if with_entries else []
+            how, collect = options.format, options.collect  # how the input is read: its cuts
+            first_entries = write_slices(source, storage, count, total, work, format=how,
+                                         collect=collect)  # fmt: skip
+            per_shard = (entries(source, count, total, format=how, collect=collect)
+                         if with_entries else [])  # fmt: skip
             return _Prepared(run, total, count, scan, first_entries, per_shard)
         finally:
             scan.discard()
@@ -427,7 +431,7 @@ async def arun_sharded(
         shards=dispatch.outcomes, merged=merged, elapsed=time.monotonic() - started,
         startup=startup, changed_lines=plan.changed, changed_count=plan.changed_count,
         bad_count=plan.bad_count, stopped_by=dispatch.stopped_by,
-        stop_reason=dispatch.stop_reason,
+        stop_reason=dispatch.stop_reason, comments=plan.comments,
     )  # fmt: skip
 
 

@@ -8,6 +8,12 @@ task ids are waited on (never resubmitted: a key older than the gateway's memory
 resent blindly), and finished tasks queue for download slots, the soonest-expiring first. A
 dead link is queried again for a fresh one before a result is declared expired. Every state
 change goes through :meth:`Engine.move`, which holds it to ``_states.MOVES``.
+
+What was paid for is never lost to this run's own limits: a line with a task id fails only when
+its task failed (or its result expired, or the gateway says it does not know the task); any
+other error leaves it where it stands for the next run. A line is waited on for at most
+``line_timeout``. No submit goes out without room on the disk for the results of every line in
+flight and its own (``rules.RESULT_ROOM``), nor after the gateway refused one for want of credits.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import heapq
 import itertools
 import logging
 import math
+import shutil
 import time
 import traceback
 from collections import deque
@@ -46,7 +53,7 @@ from .._core import reasons
 from .._core.durations import WINDOW
 from .._core.flows import NOT_AN_IMAGE
 from .._core.retry import classify
-from .._core.rules import RESOLUTIONS
+from .._core.rules import RESOLUTIONS, RESULT_ROOM
 from .._core.surfaces import safe_message
 from .._download import WRITE_FAILED
 from .._exceptions import (
@@ -64,7 +71,7 @@ from .._exceptions import (
 )
 from .._models import DownloadedFile, Submission, Task, TaskStatus
 from ._gallery import write_gallery
-from ._guards import Caps, Charge, Guard, LocalGuard, Spending
+from ._guards import Caps, Charge, Guard, LocalGuard, Spending, reported, settles
 from ._input import COLLECT
 from ._ledger import NOT_FOUND, STOPPED_BY, Ledger, Row, StorageError, Totals, storage_error
 from ._manifest import manifest_rows, write_manifest
@@ -73,7 +80,15 @@ from ._plan import WHOLE, IdentityStore, Plan, Slice, plan_run
 from ._reports import BatchProgress, BatchReport
 from ._states import DOWNLOADING, EXPIRED, FAILED, FINAL, MOVES, PENDING, RUNNING, SAVED, LineState
 
-__all__ = ["LocalStore", "ResultStore", "Workspace", "execute", "file_sha256"]
+__all__ = [
+    "NO_ROOM",
+    "LocalStore",
+    "ResultStore",
+    "Workspace",
+    "execute",
+    "file_sha256",
+    "free_bytes",
+]
 
 log = logging.getLogger("imggw_client")
 NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
@@ -91,6 +106,37 @@ GALLERY_EVERY = 30.0  # seconds between gallery rewrites during a run (and at le
 # again: what a proxy served today may be the image tomorrow).
 _FINAL_DOWNLOAD_CODES = frozenset({"result_too_large", WRITE_FAILED, NOT_AN_IMAGE})
 RESULT_EXPIRED = reasons.RESULT_EXPIRED.code
+NO_ROOM = "no_room"  # StorageError.code: the folder has no room for the next line's result
+LEFT_LOGGED = 20  # lines left for the next run (a query error, the line timeout) logged one by one
+
+
+class _NotSent(Exception):
+    """A submit that waited for its slot while the run stopped submitting: it is not sent."""
+
+
+def free_bytes(folder: Path) -> int | None:
+    """The bytes free to this user on ``folder``'s filesystem; None when it cannot tell (then
+    the download still checks every write). The engine asks it before each submit, by this
+    name, so that a test may put a fake disk in its place.
+
+    Example::
+
+        free_bytes(Path("out"))   # 52613349376
+    """
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _room(row: Row) -> int:
+    return _room_of(str(row.fields.get("resolution") or ""))
+
+
+def _room_of(resolution: str) -> int:
+    """The room a result of ``resolution`` may need (``rules.RESULT_ROOM``; a collected task,
+    whose resolution is not known, 1k's: a result that does not fit costs it nothing)."""
+    return RESULT_ROOM.get(resolution.lower() or "1k", max(RESULT_ROOM.values()))
 
 
 class ResultStore(Protocol):
@@ -199,9 +245,17 @@ class Engine:
     ) -> None:
         self.client = client
         self.guard = guard
-        self.stopped = False  # a guard stopped new submits ...
-        self.stopped_by: str | None = None  # ... this one, having seen this
+        self.stopped = False  # no more submits in this run (a guard, a 402, the disk) ...
+        self.stop_noted = False
+        self.stopped_by: str | None = None  # ... this guard, having seen this
         self.stop_reason = ""
+        self.no_room: StorageError | None = None  # ... or the disk: the run ends with this
+        self.to_store = 0  # bytes the results of lines running or downloading may need
+        self.reserved = 0  # ... and of lines whose submit is on its way
+        self.working = 0  # lines of this run between their submit and their end in this run
+        self.room_lock = anyio.Lock()
+        self.room_changed = anyio.Event()
+        self.left = 0  # lines left for the next run by a query error or the line timeout
         self.work = work
         self.ledger = work.ledger
         self.options = options
@@ -307,6 +361,10 @@ class Engine:
             raise AssertionError(f"line {row.line}: no move from {row.state} to {state}")
         self.counts[row.state] -= 1
         self.counts[state] += 1
+        unsaved = (RUNNING, DOWNLOADING)
+        if (row.state in unsaved) != (state in unsaved):
+            self.to_store += _room(row) if state in unsaved else -_room(row)
+            self.room_changed.set()
         row.state = state
         now = time.time()
         if state is DOWNLOADING and row.completed_at is None:
@@ -322,8 +380,10 @@ class Engine:
 
     async def charge(self, row: Row, task: Task, *, final: bool) -> None:
         """What the line's task reports it cost, as soon as any answer states it: the run's
-        money, the row, and the guard (a cap is kept by charges, not by guesses)."""
-        before, now = Charge(row.credits, row.cost), Charge(task.credits, task.cost)
+        money, the row, and the guard (a cap is kept by charges, not by guesses). While the
+        task runs its charge never drops (``_guards.reported``)."""
+        before = Charge(row.credits, row.cost).clamped()
+        now = reported(before, Charge(task.credits, task.cost), final=final)
         if now != before and now.known:
             self.credits += (now.credits or 0) - (before.credits or 0)
             self.cost += (now.cost or 0) - (before.cost or 0)
@@ -334,7 +394,9 @@ class Engine:
                 self.ledger.save(row)
         if row.kind != COLLECT and (now != before or final):
             resolution = str(row.fields.get("resolution", ""))
-            await self.guard.charged(row.identity, resolution, before, now, final=final)
+            failed = task.status is TaskStatus.FAILED
+            await self.guard.charged(row.identity, resolution, before, now, final=final,
+                                     failed=failed)  # fmt: skip
 
     def fail(self, row: Row, code: str, message: str) -> None:
         row.error_code, row.error_message = code, message
@@ -362,20 +424,42 @@ class Engine:
 
     # ------------------------------------------------------------------------ retries
 
-    def out_of_time(self, state: RetryCallState) -> bool:
-        """A tenacity stop: the run ends (its deadline, or a failure that ends it) before the
-        next try would go."""
-        return self.fatal is not None or (state.upcoming_sleep or 0) >= self.remaining()
+    def line_deadline(self) -> float:
+        """When a line's step begun now gives up for this run: ``line_timeout`` from now, or
+        the run's deadline if sooner."""
+        limit = self.options.line_timeout
+        return self.deadline if limit is None else min(self.deadline, time.monotonic() + limit)
 
-    def retrying(self) -> AsyncRetrying:
-        """A line's step tried again after failures worth waiting out, until the run's
-        deadline (or a failure that ends the run)."""
+    def out_of_time(self, until: float) -> Callable[[RetryCallState], bool]:
+        """A tenacity stop: the run ends (a failure that ends it), or ``until`` comes, before
+        the next try would go."""
+
+        def stop(state: RetryCallState) -> bool:
+            left = until - time.monotonic()
+            return self.fatal is not None or (state.upcoming_sleep or 0) >= left
+
+        return stop
+
+    def retrying(self, until: float) -> AsyncRetrying:
+        """A line's step tried again after failures worth waiting out, until ``until`` (or a
+        failure that ends the run)."""
         return AsyncRetrying(
             retry=retry_if_exception(_retry_later),
             wait=wait_random_exponential(multiplier=RETRY_PAUSE[0], max=RETRY_PAUSE[1]),
-            stop=self.out_of_time,
+            stop=self.out_of_time(until),
             reraise=True,
         )
+
+    def left_for_next_run(self, row: Row, why: str) -> None:
+        """The line keeps its state (and its key) for the next run, which takes it up again:
+        said in the log, one by one for the first few."""
+        self.left += 1
+        if self.left <= LEFT_LOGGED:
+            log.warning(
+                "line %d (task %s): %s; it stays %s for the next run%s",
+                row.line, row.task_id, why, row.state,
+                "; later ones are counted, not logged" if self.left == LEFT_LOGGED else "",
+            )  # fmt: skip
 
     # ------------------------------------------------------------------------ lines
 
@@ -395,10 +479,13 @@ class Engine:
                 group.start_soon(self.line, row)
 
     async def line(self, row: Row) -> None:
+        working = False
         try:
             with _telemetry.line_span(row.line):
                 if row.state is PENDING:
                     await self.submit(row)
+                if row.state is not PENDING:
+                    working, self.working = True, self.working + 1
                 if row.state is RUNNING:
                     await self.wait(row)
                 if row.state is DOWNLOADING:
@@ -408,6 +495,9 @@ class Engine:
         except Exception as exc:  # one line's fault must not end the run
             self.unexpected_fault(row, exc)
         finally:
+            if working:
+                self.working -= 1
+                self.room_changed.set()  # a line waiting for room may stop waiting
             self.in_flight.release()
             self.active -= 1
             if self.active == 0:
@@ -425,24 +515,74 @@ class Engine:
         # Lines queued for a submit slot must not all pass the guards at once, before the
         # failures and charges of those ahead are known.
         async with self.admitting or contextlib.nullcontext():
-            if self.stopped or not await self.guard.admit(row.identity, resolution):
-                await self.note_stop()
-                return  # a guard stopped new submits: the line waits for a rerun, with its key
-            await self.send(row)
+            if self.stopped:
+                return  # no more submits: the line waits for a rerun, with its key
+            room = _room(row)
+            if not await self.room_for(row, room):
+                return  # no room for its result: the line waits for a rerun, with its key
+            try:
+                if not await self.guard.admit(row.identity, resolution):
+                    await self.note_stop()
+                    return  # a guard stopped new submits: the line waits for a rerun
+                await self.send(row)
+            finally:
+                self.reserved -= room  # a line sent counts in to_store now
+                self.room_changed.set()
+
+    async def room_for(self, row: Row, room: int) -> bool:
+        """Waits until the folder has room for the results of every line in flight and this
+        one's, and holds this one's (``reserved``); False, and the run stops submitting, when
+        it lacks that room with nothing in flight that could give some back. One line asks at
+        a time, in the order they came."""
+        async with self.room_lock:
+            while not self.stopped:
+                self.room_changed = anyio.Event()
+                free = free_bytes(self.work.folder)  # looked up now: a test's fake disk
+                need = self.to_store + self.reserved + room
+                if free is None or free >= need:
+                    self.reserved += room
+                    return True
+                if not (self.working or self.reserved):  # nothing would give room back
+                    self.stop_for_room(free, need)
+                    self.report_progress(force=True)
+                    break
+                await self.room_changed.wait()
+        return False
+
+    def stop_for_room(self, free: int, need: int) -> None:
+        self.stopped = True
+        flying = self.counts.get(RUNNING, 0) + self.counts.get(DOWNLOADING, 0)
+        mib = 1 << 20
+        self.no_room = StorageError(
+            f"{self.work.folder} has {free / mib:.1f} MiB free; the results of the next line"
+            + (f" and of the {flying} unsaved ones" if flying else "")
+            + f" may need about {math.ceil(need / mib)} MiB: nothing more was sent (what was "
+            "paid for is saved); make room, then run the same command to resume",
+            code=NO_ROOM,
+        )
 
     async def send(self, row: Row) -> None:
         fields = row.fields
         try:
-            async for attempt in self.retrying():
+            async for attempt in self.retrying(self.line_deadline()):
                 with attempt:
                     async with self.submits:
-                        sub = await self.client.submit(
-                            fields["prompt"],
-                            aspect_ratio=fields["aspect_ratio"],
-                            resolution=fields["resolution"],
-                            surface=row.surface,
-                            idempotency_key=row.idempotency_key,
-                        )
+                        if self.stopped:  # the run stopped while this line waited its turn
+                            raise _NotSent
+                        try:
+                            sub = await self.client.submit(
+                                fields["prompt"],
+                                aspect_ratio=fields["aspect_ratio"],
+                                resolution=fields["resolution"],
+                                surface=row.surface,
+                                idempotency_key=row.idempotency_key,
+                            )
+                        except InsufficientCreditsError:
+                            self.stopped = True  # before its slot is free: none goes after it
+                            raise
+        except _NotSent:  # nothing sent: what stopped the run is told by what stopped it
+            await self.guard.release(row.identity)
+            return
         except InsufficientCreditsError:  # nothing was made: the line waits for a top-up
             await self.guard.release(row.identity)
             await self.guard.out_of_credits()
@@ -462,9 +602,11 @@ class Engine:
         self.move(row, RUNNING)
 
     async def note_stop(self) -> None:
-        """A guard refused a submit: no more are tried in this run."""
-        if not self.stopped:
-            self.stopped = True
+        """A guard refused a submit, or the gateway one for want of credits: no more are tried
+        in this run, and the guard's word on why is kept for the report."""
+        self.stopped = True
+        if not self.stop_noted:
+            self.stop_noted = True
             state = await self.guard.state()
             self.stopped_by, self.stop_reason = state.stopped_by, state.why
             self.report_progress(force=True)  # a display says so at once, not at the next line
@@ -472,10 +614,14 @@ class Engine:
     async def wait(self, row: Row) -> None:
         if self.remaining() <= 0:
             return
+        until = self.line_deadline()
         try:
-            task = await self.query(row)
-        except WaitTimeoutError:
-            return  # still running: a later run resumes the wait
+            task = await self.query(row, until)
+        except WaitTimeoutError:  # still running: a later run resumes the wait
+            if until < self.deadline:
+                limit = self.options.line_timeout
+                self.left_for_next_run(row, f"its task still runs after {limit:g} s")
+            return
         except TaskFailedError as err:
             task = err.task
         except FATAL:
@@ -484,8 +630,10 @@ class Engine:
             self.fail(row, NOT_FOUND, err.message)
             return
         except ImggwError as err:
-            if not _retry_later(err):
-                self.fail(row, err.code or "query_failed", err.message)
+            # A query refused (a 402 once the balance is spent, a proxy's 400) or failing (5xx,
+            # the network) says nothing of the task: the paid line is asked about again.
+            why = safe_message(self.client.redact(err.message)) or type(err).__name__
+            self.left_for_next_run(row, f"its status query failed ({err.code or why})")
             return
         if not task.is_terminal:
             await self.charge(row, task, final=False)
@@ -502,25 +650,27 @@ class Engine:
         row.expires_at = task.expires_at.timestamp() if task.expires_at else None
         self.move(row, DOWNLOADING)
 
-    async def query(self, row: Row) -> Task:
-        """The task of a submitted line: waited on until it ends (or the run's deadline), or
-        asked once (collect without waiting). A task the gateway has just made may not be
-        visible everywhere behind it yet: a NotFound for a line submitted by a run is asked
-        again a few times, at the client's backoff, before it counts."""
+    async def query(self, row: Row, until: float) -> Task:
+        """The task of a submitted line: waited on until it ends (or ``until``: the line
+        timeout or the run's deadline), or asked once (collect without waiting). A task the
+        gateway has just made may not be visible everywhere behind it yet: a NotFound for a
+        line submitted by a run is asked again a few times, at the client's backoff, before it
+        counts."""
         assert row.task_id is not None
         policy = self.client.retry
         tries = NOT_FOUND_TRIES if row.kind != COLLECT else 1
+        out_of_time = self.out_of_time(until)
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(NotFoundError),
             wait=wait_random_exponential(multiplier=policy.initial_backoff, max=policy.max_backoff),
-            stop=lambda state: state.attempt_number >= tries or self.out_of_time(state),
+            stop=lambda state: state.attempt_number >= tries or out_of_time(state),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
                 if not self.options.wait:
                     return await self.client.get(row.task_id, surface=row.surface)
-                remaining = max(0.0, self.remaining())
+                remaining = max(0.0, until - time.monotonic())
 
                 async def seen(task: Task) -> None:  # a charge is kept as soon as it shows
                     if not task.is_terminal:
@@ -569,7 +719,7 @@ class Engine:
             expires_at=expires,
         )
         try:
-            async for attempt in self.retrying():
+            async for attempt in self.retrying(self.line_deadline()):
                 with attempt:
                     files = await self.client.download(
                         task, self.work.folder, overwrite=True, prefix=self.file_prefix(row)
@@ -595,9 +745,15 @@ class Engine:
             return
         except FATAL:
             raise
+        except NotFoundError as err:  # its links dead, and the gateway does not know the task
+            self.fail(row, NOT_FOUND, err.message)
+            return
         except ImggwError as err:
+            # The query for fresh links was refused or failed: it says nothing of the result,
+            # which a later run fetches.
             if not _retry_later(err):
-                self.fail(row, err.code or "download_failed", err.message)
+                why = safe_message(self.client.redact(err.message)) or type(err).__name__
+                self.left_for_next_run(row, f"its download failed ({err.code or why})")
             return  # out of time: a later run downloads it
         await self.work.store.keep(files)
         self.downloaded.append(time.monotonic())
@@ -661,14 +817,20 @@ class Engine:
         self.work.store.finish(manifest)
         return manifest
 
+    async def count_unsaved(self) -> None:
+        """The room the results of lines sent by earlier runs, and not saved yet, may need."""
+        found = await anyio.to_thread.run_sync(self.ledger.unsaved_by_resolution)
+        self.to_store += sum(_room_of(resolution) * n for resolution, n in found.items())
+
     async def count_in_flight(self) -> None:
-        """Lines sent by an earlier run whose charge is not known yet count in flight for the
-        guard, as if this run had sent them (a cap holds across reruns)."""
+        """Lines sent by an earlier run whose price is not known yet (no charge stated, or 0
+        while running) count in flight for the guard, as if this run had sent them (a cap
+        holds across reruns)."""
         rows = await anyio.to_thread.run_sync(
             lambda: [r for r in self.ledger.iter_rows(states=(RUNNING,)) if r.kind != COLLECT]
         )
         for row in rows:
-            if not Charge(row.credits, row.cost).known:
+            if not settles(Charge(row.credits, row.cost).clamped(), final=False):
                 await self.guard.flying(row.identity, str(row.fields.get("resolution", "")))
 
 
@@ -732,6 +894,7 @@ async def execute(
                     deadline=started + options.seconds, on_progress=on_progress,
                     guard=guard)  # fmt: skip
     await engine.count_in_flight()
+    await engine.count_unsaved()
     await engine.learn_from_ledger()
     await anyio.to_thread.run_sync(_sweep_partial_files, work.folder)
     await anyio.to_thread.run_sync(functools.partial(engine.verify_files, hashes=options.verify))
@@ -750,6 +913,8 @@ async def execute(
             manifest = await anyio.to_thread.run_sync(engine.finish)
     if engine.fatal is not None:
         raise engine.fatal
+    if engine.no_room is not None:  # what was in flight is saved; the disk is what to fix
+        raise engine.no_room
     engine.report_progress(force=True)
     return BatchReport(
         counts={state: n for state, n in engine.counts.items() if n},
@@ -771,4 +936,5 @@ async def execute(
         max_credits=options.max_credits,
         max_cost=options.max_cost,
         max_failures=options.max_failures,
+        comments=plan.comments,
     )

@@ -26,7 +26,17 @@ import filelock
 
 from .._exceptions import ImggwError, RequestValidationError
 from ._input import GENERATE
-from ._states import DOWNLOADING, EXPIRED, FAILED, LEGACY, PENDING, RUNNING, STATUS, LineState
+from ._states import (
+    DOWNLOADING,
+    EXPIRED,
+    FAILED,
+    LEGACY,
+    PENDING,
+    RUNNING,
+    SAVED,
+    STATUS,
+    LineState,
+)
 
 LEDGER_NAME = "ledger.sqlite"
 LOCK_NAME = ".imggw-batch.lock"
@@ -355,13 +365,19 @@ class Ledger:
             self._plan -= 1
 
     def charges(self) -> dict[str, tuple[float | None, float | None]]:
-        """The highest charge (credits, cost) seen per resolution among the plan's lines: what
-        the run's guards estimate a line at."""
+        """The highest price (credits, cost) seen per resolution among the plan's lines: what
+        the run's guards estimate a line at. As ``_guards.settles`` has it, a price is a
+        positive charge, or the final one of a task that succeeded: the 0 a task states while
+        it runs, or a failed task's, is none."""
+        succeeded = [DOWNLOADING.value, SAVED.value, EXPIRED.value]
+        succeeded += [old for old, new in LEGACY.items() if new in (DOWNLOADING, SAVED)]
         with self._read_lock:
             found = self._db.execute(
                 "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM lines "
-                "WHERE planned=? AND (credits IS NOT NULL OR cost IS NOT NULL) GROUP BY 1",
-                (self._plan,),
+                "WHERE planned=? AND (credits IS NOT NULL OR cost IS NOT NULL) AND ("
+                f"state IN ({', '.join('?' * len(succeeded))}) "
+                "OR ((credits IS NULL OR credits > 0) AND (cost IS NULL OR cost > 0))) GROUP BY 1",
+                (self._plan, *succeeded),
             )
             return {str(res or ""): (credits, cost) for res, credits, cost in found}
 
@@ -374,6 +390,17 @@ class Ledger:
                 "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
                 f"WHERE planned=? AND kind=? AND state=?{uncharged} GROUP BY 1",
                 (self._plan, GENERATE, state.value),
+            )
+            return {str(res or ""): n for res, n in found}
+
+    def unsaved_by_resolution(self) -> dict[str, int]:
+        """Lines whose results are still to be saved (``running``, ``downloading``) per
+        resolution (``""``: not stated, as for a collected task): the room a run keeps free."""
+        with self._read_lock:
+            found = self._db.execute(
+                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
+                "WHERE planned=? AND kind!=? AND state IN (?, ?) GROUP BY 1",
+                (self._plan, BAD, RUNNING.value, DOWNLOADING.value),
             )
             return {str(res or ""): n for res, n in found}
 
@@ -444,7 +471,8 @@ class Ledger:
         totals = Totals()
         with self._read_lock:
             for state, n, credits, cost, unknown in self._db.execute(
-                "SELECT state, COUNT(*), TOTAL(credits), TOTAL(cost), "
+                # A charge below 0 (kept by versions that did not clamp it) counts as 0.
+                "SELECT state, COUNT(*), TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)), "
                 "SUM(credits IS NOT NULL AND cost IS NULL) FROM lines "
                 "WHERE planned=? AND kind!=? GROUP BY state",
                 (self._plan, BAD),

@@ -17,7 +17,9 @@ from .._exceptions import RequestValidationError
 from ._guards import Caps
 from ._input import FORMATS
 
-__all__ = ["BatchOptions", "RunOptions"]
+__all__ = ["LINE_TIMEOUT", "BatchOptions", "RunOptions"]
+
+LINE_TIMEOUT = 1800.0  # seconds a run waits on one line's task before leaving it for the next
 
 
 class RunOptions(TypedDict, total=False):
@@ -37,6 +39,7 @@ class RunOptions(TypedDict, total=False):
     max_credits: float | None
     max_cost: float | None
     max_failures: int | None
+    line_timeout: float | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,12 +58,17 @@ class BatchOptions:
       ``--wait`` does).
     - ``verify``: check every saved file's sha256 on resume (default: its size).
     - ``gallery``: write ``index.html`` as lines finish and at the end.
-    - ``format``: ``"jsonl"`` or ``"text"``: how a file is read when its name does not say.
+    - ``format``: ``"jsonl"``, ``"csv"`` (a header row naming the columns, then a record a
+      row) or ``"text"`` (a prompt a line): how a file is read whatever its name says.
     - ``new_run``: a random run id for a folder with no run (new keys, new tasks).
     - ``max_credits``, ``max_cost``: what the folder's run may be charged in all, across reruns
       (and shards: see ``run_shard``); a run that reaches a cap stops submitting, finishes what
       it sent, and ends with ``stopped_by`` (exit 6). ``max_failures``: stop submitting once
       this many lines failed in this run.
+    - ``line_timeout``: seconds this run waits on one line's task (default 1800; None: no
+      limit). A task still running then is left ``running``, with its key, for the next run;
+      the run ends (exit 3) once every other line is final, so that no run (and no lock on
+      its folder) lasts forever. Retries of a line's submit or download stop as soon, too.
 
     Example::
 
@@ -82,6 +90,7 @@ class BatchOptions:
     max_credits: float | None = None
     max_cost: float | None = None
     max_failures: int | None = None
+    line_timeout: float | None = LINE_TIMEOUT
 
     def __post_init__(self) -> None:
         concurrency = self.concurrency
@@ -106,6 +115,11 @@ class BatchOptions:
             raise RequestValidationError(
                 "format", f"must be one of {', '.join(FORMATS)}, or None", code="invalid_option"
             )
+        if self.line_timeout is not None and not _positive(self.line_timeout):
+            raise RequestValidationError(
+                "line_timeout", "must be a finite number of seconds > 0, or None for no limit",
+                code="invalid_option",
+            )  # fmt: skip
         for name in ("max_credits", "max_cost"):
             cap = getattr(self, name)
             if cap is not None and not _positive(cap):

@@ -31,7 +31,8 @@ from ._input import (
     BadLine,
     BatchInputError,
     InputLine,
-    iter_lines,
+    Tally,
+    parse_lines,
 )
 from ._ledger import BAD, INVALID_LINE, Ledger, Row, storage_error
 from ._options import BatchOptions
@@ -55,11 +56,13 @@ BAD_LINES_KEPT = 1000  # bad lines a report holds; all of them go to bad-lines.t
 class Slice:
     """The part of an input a run reads: ``lines`` keeps only those line numbers (a shard's
     range; None: all), ``first_line`` and ``first_entry`` number the source's first line and
-    entry (a shard's slice of a larger input keeps its lines' numbers; see ``iter_lines``)."""
+    entry (a shard's slice of a larger input keeps its lines' numbers; see ``iter_lines``);
+    ``sliced``: the source is a slice of a larger input, which its cutter checked whole."""
 
     lines: range | None = None
     first_line: int = 1
     first_entry: int = 1
+    sliced: bool = False
 
 
 WHOLE = Slice()
@@ -69,7 +72,7 @@ WHOLE = Slice()
 class Plan:
     """What the pass found: bad lines (the first ones, and how many), lines new or changed and
     removed since the run's record of its input, the surface the run was made on if this one
-    moves it, and the input's digest."""
+    moves it, the input's digest, and the comment lines it skipped."""
 
     bad: list[BadLine] = field(default_factory=list)
     bad_count: int = 0
@@ -80,6 +83,7 @@ class Plan:
     removed_count: int = 0
     previous_surface: str | None = None
     input_digest: str = ""
+    comments: int = 0
 
 
 class IdentityStore(Protocol):
@@ -255,9 +259,11 @@ def _scan(
 ) -> Plan:
     """The pass itself: every line read, checked, put where ``lines`` says and compared."""
     plan = Plan()
-    items = iter_lines(
+    tally = Tally()
+    items = parse_lines(
         source, collect=options.collect, format=options.format, lines=part.lines,
-        first_line=part.first_line, first_entry=part.first_entry,
+        first_line=part.first_line, first_entry=part.first_entry, tally=tally,
+        whole=part.lines is None and not part.sliced,
     )  # fmt: skip
     for item in items:
         if isinstance(item, InputLine):
@@ -272,19 +278,29 @@ def _scan(
         if listing is not None:
             listing.add(item)
         lines.bad(bad_row(item, surface))
+    plan.comments = tally.comments
     plan.input_digest = digests.finish()
-    plan.changed, plan.changed_count = digests.added, digests.added_count
-    plan.removed, plan.removed_count = digests.removed, digests.removed_count
+    if _changes_bill(options):
+        plan.changed, plan.changed_count = digests.added, digests.added_count
+        plan.removed, plan.removed_count = digests.removed, digests.removed_count
     if listing is not None:
         plan.bad_file = listing.finish(plan.bad_count)
     return plan
 
 
-def _refuse(plan: Plan, digests: _identity.LineDigests, options: BatchOptions) -> None:
+def _changes_bill(options: BatchOptions) -> bool:
+    """Whether lines new, changed or removed since the run's record of its input (or a run on
+    another surface) are held to ``allow_changes``: a batch's are new requests, billed anew. A
+    collect (``download --from``) sends nothing but queries and downloads, so its list may grow,
+    shrink or name another surface freely, and none of it is reported as a change."""
+    return not options.collect
+
+
+def _refuse(plan: Plan, options: BatchOptions) -> None:
     """Stops a plan that may not go: bad lines unless skipped, changed lines unless allowed."""
     if plan.bad_count and not options.skip_bad_lines:
         raise BatchInputError(plan.bad, plan.bad_count, listing=plan.bad_file)
-    if digests.changed_count and not options.allow_changes:
+    if plan.changed_count + plan.removed_count and not options.allow_changes:
         raise _identity.InputChangedError(
             plan.changed, plan.changed_count, removed=plan.removed,
             removed_count=plan.removed_count,
@@ -313,7 +329,7 @@ def plan_run(
         # A run.json written before runs kept their surface: the ledger tells it.
         kept = ledger.last_surfaces()
         plan_surface = kept.pop() if len(kept) == 1 else None
-    moved = plan_surface is not None and plan_surface != surface
+    moved = plan_surface is not None and plan_surface != surface and _changes_bill(options)
     if moved and not options.allow_changes:  # every line a new request: one fact, not a list
         assert plan_surface is not None
         raise _identity.InputChangedError([], 0, surfaces=(plan_surface, surface))
@@ -327,7 +343,7 @@ def plan_run(
                      listing=listing)  # fmt: skip
         if moved:
             plan.previous_surface = plan_surface
-        _refuse(plan, digests, options)
+        _refuse(plan, options)
         ledger.recheck()
         if dry is not None:
             dry(ledger, plan)
@@ -376,7 +392,7 @@ def scan_input(
             plan = _scan(source, digests, _Seen(db), surface=surface, run_id=None,
                          options=options, part=WHOLE, listing=None)  # fmt: skip
         if refuse:
-            _refuse(plan, digests, options)
+            _refuse(plan, options)
     except BaseException:
         digests.discard()
         raise

@@ -90,7 +90,8 @@ class BatchReport:
     ``previous_surface`` is the surface the folder's run was made on when this one moved it to
     another (with ``allow_changes``). ``cost_unknown`` counts lines charged whose gateway
     stated no cost: ``cost`` leaves them out. ``credits`` and ``cost`` are what the folder's
-    run was charged in all.
+    run was charged in all. ``comments`` counts the comment lines the input skipped (``#``
+    then whitespace or nothing: ``#hashtag sunset`` is a prompt).
 
     ``stopped_by`` is None, or the guard that stopped new submits (``"max_credits"``,
     ``"max_cost"``, ``"max_failures"``, ``"insufficient_credits"``; lines already sent were
@@ -121,6 +122,7 @@ class BatchReport:
     max_credits: float | None = None
     max_cost: float | None = None
     max_failures: int | None = None
+    comments: int = 0
 
     @property
     def total(self) -> int:

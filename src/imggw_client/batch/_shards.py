@@ -49,7 +49,7 @@ from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._engine import Workspace, execute
 from ._guards import Guard
-from ._input import count_lines
+from ._input import count_lines, reads_csv
 from ._ledger import LEDGER_NAME, Ledger, StorageError, checkpoint_number, copy_ledger
 from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
@@ -132,6 +132,7 @@ class ShardReport:
     changed_count: int = 0
     stopped_by: str | None = None
     stop_reason: str = ""
+    comments: int = 0  # the comment lines of its range, skipped
 
     @property
     def exit_code(self) -> ExitCode:
@@ -146,6 +147,7 @@ class ShardReport:
             cost_unknown=report.cost_unknown, bad_count=report.bad_count,
             changed_lines=report.changed_lines, changed_count=report.changed_count,
             stopped_by=report.stopped_by, stop_reason=report.stop_reason,
+            comments=report.comments,
         )  # fmt: skip
 
 
@@ -284,7 +286,9 @@ def _prepare(
             raise RequestValidationError(
                 "out_dir", f"{storage.url} has no run.json: the driver makes it before dispatch"
             )
-        part = Slice(None, spec.lines.start, spec.first_entry)
+        # A CSV slice begins with the header row: the line before the shard's first.
+        header = reads_csv(spec.source, collect=spec.options.collect, format=spec.options.format)
+        part = Slice(None, spec.lines.start - header, spec.first_entry, sliced=True)
         local = storage.local
         if local is not None:
             return run, str(local / spec.source), spec.lines, part

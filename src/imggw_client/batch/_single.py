@@ -55,14 +55,17 @@ async def arun_batch(
 
     ``source`` is a JSONL or text file (``-``: standard input), or an iterable of requests
     (``ImageRequest``, dicts with the JSONL fields, or prompts); ``options`` are those of
-    :class:`BatchOptions` (``concurrency``, ``timeout``, ``surface``, ``skip_bad_lines``,
-    ``allow_changes``, ``collect``, ``wait``, ``verify``, ``gallery``, ``format``,
-    ``new_run``). A line with ``task_id`` names a task made elsewhere: it is collected (waited
-    on and downloaded), never submitted. Bad lines stop the run before anything is sent
+    :class:`BatchOptions` (``concurrency``, ``timeout``, ``line_timeout``, ``surface``,
+    ``skip_bad_lines``, ``allow_changes``, ``collect``, ``wait``, ``verify``, ``gallery``,
+    ``format``, ``new_run``, and the guards ``max_credits``, ``max_cost``, ``max_failures``).
+    A line with ``task_id`` names a task made elsewhere: it is collected (waited on and
+    downloaded), never submitted. Bad lines stop the run before anything is sent
     (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an input that changed since
     the folder's run began, or a surface other than its run's (:class:`InputChangedError`),
-    unless ``allow_changes``. What ``timeout`` leaves unfinished is resumed by the next run with
-    the same ``out_dir``.
+    unless ``allow_changes``. What ``timeout`` leaves unfinished, and a task still running after
+    ``line_timeout`` (default 1800 s), is resumed by the next run with the same ``out_dir``.
+    A run never submits a line whose result the folder has no room for: short of room it
+    finishes what it sent, then raises :class:`StorageError` (the CLI's exit 4).
 
     The first run on a folder keeps its run id there; every line's key follows from it. That
     id is derived from the folder, the client's gateway and API key (never kept), so a run on
