@@ -10,7 +10,6 @@ character (and, with ``ensure_ascii``, every non-ASCII one). Stderr lines go thr
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from imggw_client.text import printable
+from imggw_client.text import printable, strict_json
 
 from . import _stderr
 from ._globals import Globals
@@ -93,7 +92,8 @@ class Output:
     def data(self, record: dict[str, Any], lines: list[str]) -> None:
         """One result: its JSON object with --json, else its human lines."""
         if self.json:
-            print(json.dumps(record), flush=True)
+            # Strict JSON: a sum of huge charges is null, never Infinity (parsers refuse it).
+            print(strict_json(record), flush=True)
         else:
             for line in lines:
                 print(printable(line), flush=True)

@@ -14,7 +14,6 @@ it from its own options (:func:`begin`, :func:`use`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -22,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from imggw_client.text import printable
+from imggw_client.text import printable, strict_json
 
 TEXT, JSON = "text", "json"
 ENV = "IMGGW_LOG_FORMAT"
@@ -132,7 +131,7 @@ def record(text: str, *, level: str, event: str, **fields: Any) -> dict[str, Any
 def say(text: str, *, level: str = "info", event: str = "note", **fields: Any) -> None:
     """One message on stderr: ``text`` as it is, or its JSON object with ``fields``."""
     if is_json():
-        line = json.dumps(record(text, level=level, event=event, **fields))
+        line = strict_json(record(text, level=level, event=event, **fields))  # no Infinity
     else:
         line = clean(text)
     # One write for the line and its newline: a Ctrl-C between two writes would leave the next

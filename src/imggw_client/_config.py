@@ -19,6 +19,7 @@ SURFACES = ("alpha", "beta")
 
 MISSING_API_KEY = "missing_api_key"
 MISSING_BASE_URL = "missing_base_url"
+USERINFO_IN_BASE_URL = "userinfo_in_base_url"
 
 
 def _require(ok: bool, what: str, code: str | None = None) -> None:
@@ -177,7 +178,8 @@ STORE_SCHEMES = ("redis", "rediss", "unix")
 
 
 def store_problem(url: object) -> str | None:
-    """What is wrong with a rate store URL, or None. Shown to users: never the password.
+    """What is wrong with a rate store URL, or None. Shown to users: never the password (the
+    URL only as :func:`redact_store` prints it).
 
     Example::
 
@@ -189,43 +191,77 @@ def store_problem(url: object) -> str | None:
     expected = "must be a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or unix:///PATH URL"
     if not isinstance(url, str) or not url.isprintable() or any(c.isspace() for c in url):
         return expected
+    shown = f"(got {redact_store(url)!r})"
     try:
         parts = urlsplit(url)
+    except ValueError:
+        return f"{expected} {shown}"
+    if parts.scheme not in STORE_SCHEMES:
+        return f"{expected} {shown}"
+    if "@" not in parts.netloc and (
+        "@" in parts.path or "@" in parts.fragment or _at_in_query_names(parts.query)
+    ):
+        # A password holding "/", "?" or "#" ends the URL's authority early (base64 has "/").
+        return (
+            f"{expected}: a password holding '/', '?' or '#' must be percent-encoded "
+            f"(%2F, %3F, %23) {shown}"
+        )
+    try:
         _ = parts.port  # a port that is not a number (or out of range) raises here
     except ValueError:
-        return f"{expected} (got {redact_store(url)!r})"
-    if parts.scheme not in STORE_SCHEMES:
-        return f"{expected} (got {redact_store(url)!r})"
+        return f"{expected} {shown}"
     if parts.scheme == "unix":
-        return None if parts.path else f"{expected}: the socket's path is missing"
+        if not parts.path:
+            return f"{expected}: the socket's path is missing"
+        return _query_problem(parts.query, expected, shown)
     if not parts.hostname:
-        return f"{expected}: the host is missing (got {redact_store(url)!r})"
+        return f"{expected}: the host is missing {shown}"
     db = parts.path.strip("/")
     if db and not db.isdigit():
-        return f"{expected}: the database must be a number (got {db[:20]!r})"
+        return f"{expected}: the database must be a number {shown}"
+    return _query_problem(parts.query, expected, shown)
+
+
+def _at_in_query_names(query: str) -> bool:
+    # "redis://pa?ss@host/0" reads as host "pa", query "ss@host/0": an "@" in a query's name
+    # (never in a value such as ?password=a@b) is the rest of a password holding "?".
+    from urllib.parse import parse_qsl
+
+    return any("@" in name for name, _ in parse_qsl(query, keep_blank_values=True))
+
+
+def _query_problem(query: str, expected: str, shown: str) -> str | None:
+    """A query redis-py would refuse (``?db=x``) as a problem, not its ValueError later."""
+    try:
+        from redis.connection import URL_QUERY_ARGUMENT_PARSERS as parsers
+    except ImportError:  # the missing extra is said when the store is first used
+        return None
+    from urllib.parse import parse_qs
+
+    from ._core.text import printable
+
+    for name, values in parse_qs(query).items():
+        parser = parsers.get(name)
+        if not callable(parser) or not values:
+            continue
+        try:
+            parser(values[0])
+        except (TypeError, ValueError):
+            return f"{expected}: its query's {printable(name, 30)!r} is not valid {shown}"
     return None
 
 
 def redact_store(url: str) -> str:
-    """The store URL fit to print: any password replaced by ``***``.
+    """The store URL fit to print: everything between ``//`` and the host, and any query,
+    blanked (``_core.text.redact_store_url``, the one function every message uses).
 
     Example::
 
-        redact_store("redis://:secret@cache:6379/0")   # "redis://:***@cache:6379/0"
+        redact_store("redis://:secret@cache:6379/0")   # "redis://***@cache:6379/0"
     """
-    from urllib.parse import urlsplit, urlunsplit
+    from ._core.text import redact_store_url
 
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        # No password; a query may still carry one (redis-py reads ?password=).
-        return url.split("?", 1)[0] + ("?***" if "?" in url else "")
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    safe = parts._replace(netloc=f"{user}:***@{host}", query="***" if parts.query else "")
-    return urlunsplit(safe)
+    return redact_store_url(url)
 
 
 @dataclass(frozen=True)
@@ -282,6 +318,14 @@ def resolve_settings(
     assert url is not None
     _require(
         url.startswith(("http://", "https://")), "base_url must start with http:// or https://"
+    )
+    # httpx would send user:password@ as Basic auth in place of our Bearer key, and the URL
+    # is printed in errors and -v lines: refused, and never echoed.
+    _require(
+        not _has_userinfo(url),
+        "base_url must not carry a user name or password (user:password@host, or any '@'): "
+        "the API key is the only credential; remove that part",
+        USERINFO_IN_BASE_URL,
     )
     _require(_valid_url(url), "base_url is not a valid URL (a scheme, a host, printable ASCII)")
     timeout, retry, poll = _policies(timeout, max_retries, retry, poll)
@@ -355,3 +399,10 @@ def _valid_url(url: str) -> bool:
     except (httpx.InvalidURL, ValueError, TypeError):
         return False
     return bool(parsed.host) and url.isprintable()
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether the URL may carry a user name or password. Any ``@`` counts: a password holding
+    ``/``, ``?`` or ``#`` (base64 has ``/``) ends the authority early and shows up in the path,
+    and no gateway's base URL needs an ``@``."""
+    return "@" in url

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ._core import rules
 from ._core.spec import Surface
+from ._core.text import link_for_display
 from ._errors import RequestValidationError
 
 __all__ = [
@@ -184,6 +185,13 @@ class Task(BaseModel):
         """True once the task succeeded or failed: its record will not change again."""
         return self.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
 
+    def __repr_args__(self) -> Any:
+        # repr and str show links without query or userinfo: a gateway may put a key there.
+        for name, value in super().__repr_args__():
+            if name == "image_urls" and isinstance(value, list):
+                value = [link_for_display(url) for url in value]
+            yield name, value
+
 
 class DownloadedFile(BaseModel):
     """A result saved to disk, verified while streaming.
@@ -200,3 +208,8 @@ class DownloadedFile(BaseModel):
     url: str
     sha256: str
     size: int
+
+    def __repr_args__(self) -> Any:
+        # As Task's: the link without its query or userinfo; ``url`` itself is unchanged.
+        for name, value in super().__repr_args__():
+            yield name, link_for_display(value) if name == "url" else value

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Hashable
 from typing import Any
 
+from ._base_client import key_fingerprint
 from ._config import Settings, redact_store
 from ._core import shared_budget as shared
 from ._core.budget import QUERY, SUBMIT
@@ -51,7 +52,9 @@ class _Shared:
         self.limit = limit
         self.label = redact_store(limit.store)
         self.fallback = Fallback(limit, self.label)
-        self.keys = {kind: shared.lane_key(settings.api_key, settings.base_url, kind)
+        # The slow fingerprint, worked out once per client (its copies share this budget).
+        fingerprint = key_fingerprint(settings.api_key)
+        self.keys = {kind: shared.lane_key(fingerprint, settings.base_url, kind)
                      for kind in (SUBMIT, QUERY)}  # fmt: skip
         self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
         # Per kind: no request before this, just after going alone.

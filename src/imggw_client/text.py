@@ -3,7 +3,8 @@
 
 - :func:`printable`: every control, C1 code, bidi override or line separator shown escaped
   (never acted on by the terminal), the text cut to a length when asked;
-- :func:`redact_url`: a result link with the API key blanked wherever a gateway put it.
+- :func:`redact_url`: a result link with the API key blanked wherever a gateway put it;
+- :func:`strict_json`: JSON text that strict parsers accept (no ``NaN``/``Infinity``: null).
 
 Example::
 
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._core.jsonio import dumps as strict_json
 from ._core.text import printable
 
 if TYPE_CHECKING:
     from ._core.surfaces import redact_url
 
-__all__ = ["printable", "redact_url"]
+__all__ = ["printable", "redact_url", "strict_json"]
 
 
 def __getattr__(name: str) -> Any:

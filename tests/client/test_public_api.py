@@ -125,7 +125,7 @@ def test_a_new_idempotency_key_is_fresh_and_valid() -> None:
 PUBLIC_MODULES = {
     "imggw_client.rules": ["ASPECT_RATIOS", "COMBINATIONS_TEXT", "RESOLUTIONS", "RESULT_ROOM",
                            "Violation", "check_prompt"],
-    "imggw_client.text": ["printable", "redact_url"],
+    "imggw_client.text": ["printable", "redact_url", "strict_json"],
 }  # fmt: skip
 
 

@@ -411,6 +411,8 @@ class Flows:
         if not isinstance(task, Task):
             rule = "must be a Task (for a task id, call get(task_id) and download that)"
             raise_violations([rules.Violation("task", rule, "invalid_task")])
+        # Before any path is built from them: a Task may come from stored data.
+        raise_violations(rules.check_task_identity(task.id, task.surface))
         if task.status is TaskStatus.FAILED:
             raise TaskFailedError(task)
         if task.status is not TaskStatus.SUCCEEDED:

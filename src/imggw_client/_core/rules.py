@@ -8,9 +8,9 @@ same facts: the field, the rule (text that never echoes the prompt) and a stable
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
-from . import reasons
+from . import reasons, spec
 
 ASPECT_RATIOS: tuple[str, ...] = (
     "auto",
@@ -47,6 +47,8 @@ IDEMPOTENCY_KEY_MAX_CHARS = 255
 TASK_ID_MAX_DIGITS = 64
 TASK_ID_REGEX = f"[1-9][0-9]{{0,{TASK_ID_MAX_DIGITS - 1}}}"
 TASK_ID_PATTERN = re.compile(TASK_ID_REGEX)
+SURFACES: tuple[str, ...] = get_args(spec.Surface)
+INVALID_SURFACE = "invalid_surface"
 
 # Combination rules (SPEC 2.4), stated per aspect ratio, in the order of ASPECT_RATIOS.
 ONLY_1K: tuple[str, ...] = ("auto", "5:4", "4:5", "3:1", "1:3", "9:21")
@@ -162,3 +164,21 @@ def check_task_id(task_id: object) -> list[Violation]:
         )
         return [Violation("task_id", rule, INVALID_TASK_ID)]
     return []
+
+
+def check_task_identity(task_id: object, surface: object) -> list[Violation]:
+    """Checks a ``Task``'s id and surface before they name a file or a request: a task may be
+    built from stored data (a JSON file, a database), which is no proof it came from a
+    gateway. Only ASCII digits name a file, so an id such as ``"../x"``, an absolute path,
+    a NUL or a Unicode digit lookalike can never leave the folder it is saved in.
+
+    Example::
+
+        check_task_identity("./../../escaped", "alpha")   # [Violation('task.id', ...)]
+        check_task_identity("123", "alpha")               # []
+    """
+    found = [Violation("task.id", v.rule, v.code) for v in check_task_id(task_id)]
+    if not isinstance(surface, str) or surface not in SURFACES:
+        rule = f"must be one of {', '.join(SURFACES)}"
+        found.append(Violation("task.surface", rule, INVALID_SURFACE))
+    return found

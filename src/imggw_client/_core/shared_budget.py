@@ -19,7 +19,8 @@ whose clocks disagree still agree on it). It follows the rules of the in-process
 - A kind with **no ceiling** goes unpaced until the gateway overloads; its pace is then learned
   from the 429s, as an in-process budget's is, and dropped again past ``FREE_RATE``.
 
-The key never reaches the store: a lane is named by a hash of (key, gateway base URL).
+The key never reaches the store: a lane is named by a hash of the key's slow fingerprint (PBKDF2,
+as batch run ids are) and the gateway base URL, so reading the store allows no fast guessing.
 """
 
 from __future__ import annotations
@@ -42,15 +43,18 @@ STORE_TIMEOUT = 1.0  # the longest one call to the store may take (less if the r
 EPOCH_NONE = -1  # a ticket that holds no place in the store yet
 
 
-def lane_key(api_key: str, base_url: str, kind: str) -> str:
-    """The store's name of one lane: a hash of the key and the gateway, never the key.
+def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
+    """The store's name of one lane, from the API key's slow fingerprint (PBKDF2, as run ids
+    use: ``BaseClient.key_fingerprint``) and the gateway, never from the key: whoever reads
+    the store pays 100,000 rounds per guessed key, not one fast hash.
 
     Example::
 
-        lane_key("sk-...", "https://gw.example", "submit")   # "imggw:budget:3f2a...:submit"
+        lane_key(client.key_fingerprint, "https://gw.example", "submit")
+        # "imggw:budget:3f2a...:submit"
     """
-    digest = hashlib.sha256(f"imggw-budget\n{base_url}\n{api_key}".encode()).hexdigest()
-    return f"{PREFIX}{digest[:32]}:{kind}"
+    digest = hashlib.sha256(f"imggw-budget v2\n{base_url}\n{key_fingerprint}".encode())
+    return f"{PREFIX}{digest.hexdigest()[:32]}:{kind}"
 
 
 @dataclass(eq=False, slots=True)

@@ -8,7 +8,7 @@ gateway that reaches a terminal or a log passes :func:`printable`.
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["link_for_display", "printable", "redact_store_url"]
 
 
 def printable(text: object, limit: int | None = None) -> str:
@@ -30,3 +30,66 @@ def printable(text: object, limit: int | None = None) -> str:
 
 def _escape(char: str) -> str:
     return char.encode("unicode_escape").decode("ascii")
+
+
+def redact_store_url(url: object) -> str:
+    """A store URL (``redis://``, ``rediss://``, ``unix://``) fit to print: everything between
+    ``//`` and the host blanked whatever its form (a password in the user position, one holding
+    ``/``, ``#``, ``?`` or ``@``, percent-encoded or not), and any query or fragment blanked
+    (redis-py reads ``?password=``). Read by hand, never by a URL parser: a parser splits a
+    password at its ``/`` or ``#`` and would show the rest as a path.
+
+    Example::
+
+        redact_store_url("redis://:a/b+c@cache:6379/0")    # 'redis://***@cache:6379/0'
+        redact_store_url("redis://PASSWORD@cache")         # 'redis://***@cache'
+        redact_store_url("redis://cache:6379/0?db=1")      # 'redis://cache:6379/0?***'
+    """
+    text = url if isinstance(url, str) else str(url)
+    scheme, slashes, rest = text.partition("//")
+    if not slashes:  # no authority at all: nothing tells a password from the rest
+        return "***"
+    marks = [i for i in (rest.find("?"), rest.find("#")) if i >= 0]
+    query = min(marks) if marks else len(rest)
+    head, tail = rest[:query], "?***" if query < len(rest) else ""
+    if "@" in head:  # the last "@" before any query ends the userinfo ("/" in it or not)
+        head = "***@" + head.rpartition("@")[2]
+    elif "@" in rest:
+        # An "@" only after a "?" or "#": a query value holding one, or a password holding
+        # "?" or "#" (then what precedes is part of it). Nothing can be shown safely.
+        head = "***"
+    return printable(f"{scheme}//{head}{tail}", 200)
+
+
+def link_for_display(url: object) -> str:
+    """A result link fit for a ``repr`` or a log line: scheme, host and path only. A query
+    (signatures, a key a gateway put there as ``?api_key=``) and a fragment are left out, and
+    so is userinfo, including a password whose ``/`` or ``#`` ends the authority early (seen as
+    a port that is no number, the rest in the path). The link itself is never changed.
+
+    Example::
+
+        link_for_display("https://u:pw@cdn.example/r/1.png?api_key=sk-1")
+        # 'https://cdn.example/r/1.png'
+    """
+    from urllib.parse import urlsplit
+
+    text = url if isinstance(url, str) else str(url)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return "<a link that is not a URL>"
+    head = parts.netloc.rpartition("@")[2] + parts.path
+    try:
+        broken = parts.port is None and ":" in parts.netloc.rpartition("@")[2]
+    except ValueError:
+        broken = True
+    # "user:123/ss@host" reads as a port and a path: a ":" before an "@" in the path is taken
+    # for a password (a real port with an "@" in its path is blanked too: safe, if terse).
+    broken = broken or ("@" in parts.path and ":" in parts.netloc and "@" not in parts.netloc)
+    if broken:  # "user:pa/ss@host", "user:pa#ss@host": the host follows the last "@"
+        head = text.partition("//")[2].rpartition("@")[2]
+        for mark in "?#":
+            head = head.partition(mark)[0]
+    prefix = f"{parts.scheme}://" if parts.scheme else ""
+    return printable(prefix + head, 300)
