@@ -79,6 +79,7 @@ def samples() -> dict[type[BaseException], ImggwError]:
         batch.InputChangedError([4, 5], 2, removed=[9], removed_count=1,
                                 surfaces=("alpha", "beta")),
         batch.BatchLockedError("locked", code="locked"),
+        batch.KeyChangedError("out", "a1" * 32, "b2" * 32),
         batch.StorageError("cannot write out/ledger.sqlite (disk full)", code="storage_failed"),
     ]  # fmt: skip
     return {type(err): err for err in made}

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._cuts import parse_shard, shard_range
 from ._dryrun import BatchPlan, plan_batch
+from ._files import StorageError
 from ._folder import MergeReport, RunStatus, merge, status
 from ._gallery import GALLERY_NAME, write_gallery
 from ._guards import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
-from ._identity import InputChangedError
+from ._identity import InputChangedError, KeyChangedError
 from ._input import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine, iter_lines, read_lines
-from ._ledger import LEDGER_NAME, BatchLockedError, StorageError
+from ._ledger import LEDGER_NAME, BatchLockedError
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
 from ._options import BatchOptions, RunOptions
 from ._reports import BatchProgress, BatchReport
@@ -91,6 +92,7 @@ __all__ = [
     "ClientSpec",
     "ExitCode",
     "InputChangedError",
+    "KeyChangedError",
     "InputLine",
     "LineState",
     "MergeReport",

@@ -17,6 +17,7 @@ from collections import deque
 from pathlib import Path
 
 from .._exceptions import RequestValidationError
+from ._files import TEMP_BYTES, create_new
 from ._input import CSV_SUFFIXES, ENTRY, HEADER, JSON_SUFFIX, JSONL_SUFFIXES, MORE, line_kinds
 from ._storage import Storage
 
@@ -127,8 +128,8 @@ def write_slices(
     ahead: deque[tuple[str, str]] = deque()  # lines read past a slice, to place in the next
     for index in range(1, count + 1):
         first_entries.append(entries + 1)
-        part = work / f".{name}.{index}.{secrets.token_hex(4)}"
-        with part.open("w", encoding="utf-8", newline="") as out:
+        part = work / f".{name}.{index}.{secrets.token_hex(TEMP_BYTES)}"
+        with os.fdopen(create_new(part), "w", encoding="utf-8", newline="") as out:
             if header is not None:
                 out.write(header)
             mine = False  # the record going on began in this slice

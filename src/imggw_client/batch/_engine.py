@@ -54,7 +54,7 @@ from .._core.durations import WINDOW
 from .._core.flows import NOT_AN_IMAGE
 from .._core.retry import classify
 from .._core.rules import RESOLUTIONS, RESULT_ROOM
-from .._core.surfaces import safe_message
+from .._core.surfaces import REDACTED, redact_url, safe_message
 from .._download import WRITE_FAILED
 from .._exceptions import (
     AuthenticationError,
@@ -70,10 +70,11 @@ from .._exceptions import (
     WaitTimeoutError,
 )
 from .._models import DownloadedFile, Submission, Task, TaskStatus
+from ._files import StorageError
 from ._gallery import write_gallery
 from ._guards import Caps, Charge, Guard, LocalGuard, Spending, reported, settles
 from ._input import COLLECT
-from ._ledger import NOT_FOUND, STOPPED_BY, Ledger, Row, StorageError, Totals, storage_error
+from ._ledger import NOT_FOUND, STOPPED_BY, Ledger, Row, Totals, storage_error
 from ._manifest import manifest_rows, write_manifest
 from ._options import BatchOptions
 from ._plan import WHOLE, IdentityStore, Plan, Slice, plan_run
@@ -646,7 +647,7 @@ class Engine:
                 await self.guard.failed(code)
             self.fail(row, code, error.message if error else "")
             return
-        row.urls = list(task.image_urls)
+        row.urls = self.kept_links(task.image_urls)
         row.expires_at = task.expires_at.timestamp() if task.expires_at else None
         self.move(row, DOWNLOADING)
 
@@ -721,6 +722,10 @@ class Engine:
         try:
             async for attempt in self.retrying(self.line_deadline()):
                 with attempt:
+                    if any(REDACTED in url for url in task.image_urls):
+                        # A link the ledger keeps blanked (it carried the key): the gateway
+                        # hands it out again on a query.
+                        task = await self.client.get(task.id, surface=task.surface)
                     files = await self.client.download(
                         task, self.work.folder, overwrite=True, prefix=self.file_prefix(row)
                     )
@@ -757,10 +762,17 @@ class Engine:
             return  # out of time: a later run downloads it
         await self.work.store.keep(files)
         self.downloaded.append(time.monotonic())
-        row.urls = [f.url for f in files]
+        row.urls = self.kept_links([f.url for f in files])
         row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
         self.move(row, SAVED)
         await self.maybe_gallery()
+
+    def kept_links(self, urls: Iterable[str]) -> list[str]:
+        """Result links as the ledger keeps them: one that carries the API key (a gateway may
+        sign links so) is kept blanked, for no file in the folder holds the key; its download
+        asks the gateway for the link again."""
+        secrets = (self.client._settings.api_key,)
+        return [redact_url(url, secrets) for url in urls]
 
     def file_prefix(self, row: Row) -> str:
         """Task ids are per surface: a task of the other surface may share an id with one of
@@ -887,6 +899,9 @@ async def execute(
     except BaseException:
         work.ledger.discard()  # a refused plan leaves no ledger where there was none
         raise
+    # Links kept in clear by versions before links were kept blanked: the key goes now.
+    key = client._settings.api_key
+    await anyio.to_thread.run_sync(work.ledger.blank_links, key, REDACTED)
     totals = work.ledger.totals()
     if guard is None:
         guard = await anyio.to_thread.run_sync(local_guard, work.ledger, totals, options)

@@ -21,9 +21,10 @@ from typing import Any
 from .._exceptions import RequestValidationError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
+from ._files import StorageError
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from ._guards import Charge, charge_of, settles
-from ._ledger import INVALID_LINE, LEDGER_NAME, STOPPED_BY, StorageError, read_meta, read_rows
+from ._ledger import INVALID_LINE, LEDGER_NAME, STOPPED_BY, read_meta, read_rows
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from ._states import STATUSES, ExitCode, exit_code
 from ._storage import Storage, open_storage

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, TextIO
 from urllib.parse import quote
 
 from .._core import reasons
+from ._files import atomic_write, create_new, refuse_link
 
 GALLERY_NAME = "index.html"
 GALLERY_DIR = "gallery"
@@ -84,7 +85,9 @@ def write_gallery(
     """
     folder = Path(folder)
     root = folder / GALLERY_DIR
+    refuse_link(root)  # the pages go into no folder a planted link names
     root.mkdir(exist_ok=True)
+    refuse_link(root)
     generation = f"{time.time_ns():016x}-{secrets.token_hex(3)}"
     part = root / f".{generation}.part"
     part.mkdir()
@@ -97,13 +100,8 @@ def write_gallery(
     summary.update(title=_text(title, TEXT_CHARS) or "", generation=generation,
                    written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))  # fmt: skip
     page = folder / GALLERY_NAME
-    tmp = folder / f".{GALLERY_NAME}.{generation}.part"
-    try:
-        tmp.write_text(_page_html(summary), encoding="utf-8")
-        os.replace(tmp, page)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(page) as handle:
+        handle.write(_page_html(summary).encode("utf-8"))
     _sweep(root, generation)
     return page
 
@@ -133,7 +131,8 @@ class _Pages:
             return
         self.pages += 1
         path = self.folder / f"{self.pages}.js"
-        with path.open("w", encoding="utf-8", errors="replace") as handle:
+        # A new file in a folder made for this gallery: never one planted there first.
+        with os.fdopen(create_new(path), "w", encoding="utf-8", errors="replace") as handle:
             _write_call(handle, self.name, self.pages, self.rows)
         self.rows = []
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .._core import jsonio
-from .._exceptions import ImggwError, RequestValidationError
-from ._ledger import StorageError
+from .._exceptions import ConfigurationError, ImggwError, RequestValidationError
+from ._files import StorageError, create_new, refuse_link, temp_name
 from ._storage import Storage
 
 RUN_NAME = "run.json"
@@ -44,12 +44,14 @@ _ID = 8  # the bytes of a digest that name the line
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """The run id, the digest of the input it was made for and the surface it runs on (None in
-    a ``run.json`` written before runs kept it)."""
+    """The run id, the digest of the input it was made for, the surface it runs on and the
+    slow fingerprint of the API key it runs with (each None in a ``run.json`` written before
+    runs kept it)."""
 
     run_id: str
     input_digest: str
     surface: str | None = None
+    key_fingerprint: str | None = None
 
 
 RUN_ID_CHARS = 32
@@ -134,6 +136,48 @@ class InputChangedError(ImggwError):
         self.surface: str | None = surfaces[1] if surfaces is not None else None
 
 
+SHOWN_FINGERPRINT = 12  # hex digits of a key's fingerprint a message shows, as key_fingerprint's
+
+
+class KeyChangedError(ConfigurationError):
+    """This output folder's run was made with another API key (a rotated key, or a colleague's);
+    nothing was sent and no line was touched.
+
+    A task is visible only to the key that made it: run on with this key, every line's query
+    would find nothing and the paid results would be given up. ``fingerprint_was`` is the
+    slow fingerprint of the key the run was made with, ``fingerprint`` this client's (compare
+    with ``client.key_fingerprint``; neither reveals a key). Run with the run's key, or use
+    another folder for this one.
+
+    Example::
+
+        except KeyChangedError as err:
+            print(err.fingerprint_was[:12], err.fingerprint[:12])
+    """
+
+    def __init__(self, folder: object, fingerprint_was: str, fingerprint: str) -> None:
+        was, now = fingerprint_was[:SHOWN_FINGERPRINT], fingerprint[:SHOWN_FINGERPRINT]
+        super().__init__(
+            f"{folder}'s run was made with another API key (key fingerprint {was}...), and this "
+            f"run uses key {now}...: its tasks are visible only to the key that made them; "
+            "nothing was sent and no line was changed. Run with the run's key to resume it, or "
+            "use another output folder for this key",
+            code="key_changed",
+        )
+        self.fingerprint_was = fingerprint_was
+        self.fingerprint = fingerprint
+
+
+def check_key(folder: object, run: RunIdentity | None, fingerprint: str | None) -> None:
+    """Refuses (:class:`KeyChangedError`) a run whose key is not the one ``run`` was made with;
+    a run record that predates keeping the key's fingerprint passes (the run then records it).
+    """
+    if run is None or fingerprint is None or run.key_fingerprint is None:
+        return
+    if not hmac.compare_digest(run.key_fingerprint, fingerprint):
+        raise KeyChangedError(folder, run.key_fingerprint, fingerprint)
+
+
 def idempotency_key(run_id: str, identity: str, request_digest: str) -> str:
     """The key of one line: the same on every re-run of it, anywhere."""
     digest = hashlib.sha256(f"{run_id}\0{identity}\0{request_digest}".encode()).hexdigest()
@@ -149,6 +193,7 @@ def line_digest(identity: str, request_digest: str) -> bytes:
 def load(folder: Path) -> RunIdentity | None:
     """The folder's run identity, or None if no run began there."""
     path = folder / RUN_NAME
+    refuse_link(path)  # never read through a planted link (exit 4, naming it)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -188,8 +233,8 @@ class LineDigests:
         self._had_old = self._old_path.exists()
         self._old = _read_entries(self._old_path, within)
         self._in_step = True  # every entry so far matched the old one at its place
-        self._tmp = folder / f".{LINES_NAME}.{secrets.token_hex(4)}.part"
-        self._out: BinaryIO = self._tmp.open("wb")
+        self._tmp = temp_name(folder / LINES_NAME)
+        self._out: BinaryIO = os.fdopen(create_new(self._tmp), "wb")
         self._input_digest = hashlib.sha256()
         # Every change (new, changed and removed lines: what needs consent), and apart: the
         # new or changed lines (numbered as in this input) and the removed ones (numbered as
@@ -257,6 +302,7 @@ class LineDigests:
         """Makes the new entries the folder's record of its input."""
         with self._tmp.open("rb+") as handle:
             os.fsync(handle.fileno())
+        refuse_link(self.folder / LINES_NAME)
         os.replace(self._tmp, self.folder / LINES_NAME)
 
     def discard(self) -> None:
@@ -278,6 +324,7 @@ def _count_and_first(db: sqlite3.Connection, query: str) -> tuple[int, list[int]
 def _read_entries(
     path: Path, within: range | None = None
 ) -> Generator[tuple[int, bytes], None, None]:
+    refuse_link(path)
     try:
         handle = path.open("rb")
     except FileNotFoundError:
@@ -315,6 +362,8 @@ def identity_bytes(identity: RunIdentity) -> bytes:
     }
     if identity.surface is not None:
         fields["surface"] = identity.surface
+    if identity.key_fingerprint is not None:
+        fields["key_fingerprint"] = identity.key_fingerprint
     return json.dumps(fields, indent=1).encode() + b"\n"
 
 
@@ -337,10 +386,12 @@ def parse_identity(data: bytes, where: str) -> RunIdentity:
             "out_dir", f"{where} is damaged (no run id); it is not a run's folder"
         )
     surface = parsed.get("surface")
+    fingerprint = parsed.get("key_fingerprint")
     return RunIdentity(
         run_id,
         str(parsed.get("input_fingerprint", "")),
         surface if isinstance(surface, str) else None,
+        fingerprint if isinstance(fingerprint, str) and fingerprint else None,
     )
 
 
@@ -359,13 +410,19 @@ def load_stored(storage: Storage) -> RunIdentity | None:
 
 
 def claim(
-    storage: Storage, digests: LineDigests, input_digest: str, *, run_id: str, surface: str
+    storage: Storage,
+    digests: LineDigests,
+    input_digest: str,
+    *,
+    run_id: str,
+    surface: str,
+    key_fingerprint: str | None = None,
 ) -> tuple[RunIdentity, bool]:
     """The run's identity in ``storage``: created here, exactly once, if the folder has none
     (an exclusive create: of shards started at once on a fresh folder, one wins and every
     other loads its run id; each derives the same id, so none depends on which wins). Returns
     it and whether it was made here; its maker publishes the input's record at once."""
-    identity = RunIdentity(run_id, input_digest, surface)
+    identity = RunIdentity(run_id, input_digest, surface, key_fingerprint)
     if storage.create(RUN_NAME, identity_bytes(identity)):
         publish_lines(storage, digests)
         return identity, True

@@ -25,6 +25,7 @@ from typing import Any
 import filelock
 
 from .._exceptions import ImggwError, RequestValidationError
+from ._files import StorageError, cannot, make_private, open_private, refuse_link
 from ._input import GENERATE
 from ._states import (
     DOWNLOADING,
@@ -48,6 +49,7 @@ INVALID_LINE = "invalid_line"  # a bad input line's error code
 NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
 BAD = "bad"  # the kind of a bad input line's row (the others: _input.GENERATE, COLLECT)
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
+_LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
 
 _COLUMNS = (
     "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
@@ -101,23 +103,39 @@ class BatchLockedError(ImggwError):
     """
 
 
-class StorageError(ImggwError):
-    """The output folder or its ledger could not be written (a full disk, a read-only folder):
-    the run stopped, with everything it learned so far saved; the same command resumes it.
+# What SQLite says of a file that is no (whole) database: damaged, as a kill -9 mid-write on a
+# disk that reorders writes, or a copy cut short, can leave it. No fix of the disk mends it.
+_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
-    Example::
 
-        except StorageError as err:
-            print(err.message)   # names the path and what the system said
-    """
+def is_damaged(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite finding a damaged database (not a full or failing disk)."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return isinstance(exc, sqlite3.DatabaseError) and name.startswith(_DAMAGED)
+
+
+def damaged_ledger(path: Path | str, exc: BaseException) -> StorageError:
+    """The error of a ledger SQLite finds damaged: it names the safe remedy. The ledger is a
+    record, not the source of the keys: every line's idempotency key follows from the run's
+    ``run.json``, so a run without a ledger sends the same keys again and the gateway replays
+    the tasks it made instead of billing them again."""
+    ledger = Path(path)
+    if ledger.name != LEDGER_NAME:  # named by its folder
+        ledger = ledger / LEDGER_NAME
+    why = str(exc) or type(exc).__name__
+    return StorageError(
+        f"the batch ledger {ledger} is damaged ({why}). Deleting it is safe: remove "
+        f"{LEDGER_NAME}, {LEDGER_NAME}-wal and {LEDGER_NAME}-shm in {ledger.parent} (keep "
+        "run.json), then run the same command: every line's key follows from the run, so "
+        "tasks already made are replayed by the gateway and downloaded, never billed twice",
+        code="ledger_damaged",
+    )
 
 
 def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> StorageError:
-    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return StorageError(
-        f"cannot {verb} {path} ({why}); fix that, then run the same command to resume",
-        code="storage_failed",
-    )
+    if is_damaged(exc):
+        return damaged_ledger(path, exc)
+    return cannot(path, exc, verb)
 
 
 @dataclass(slots=True)
@@ -196,13 +214,32 @@ WAL_PAGES = 64
 WAL_BYTES = 256 * 1024
 
 
+def _private_database(path: Path) -> None:
+    """Readies ``path`` for SQLite, which opens its files itself (following symbolic links):
+    a link at the database or at its ``-wal``/``-shm`` is refused (:class:`StorageError`,
+    exit 4); a new database is made 0600 here (``O_EXCL|O_NOFOLLOW``), and SQLite gives its
+    log and shared memory the database's mode. A ledger holds what each line asked and got:
+    other users of the machine have no business reading it."""
+
+    for suffix in ("-wal", "-shm"):
+        side = Path(f"{path}{suffix}")
+        refuse_link(side)
+        with contextlib.suppress(FileNotFoundError):  # left by a run before ledgers were private
+            make_private(side)
+    open_private(path)
+
+
 def _connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=10000")
-    db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-    db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA busy_timeout=10000")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+        db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
@@ -214,11 +251,14 @@ class Ledger:
         self.path = path
         self.created = not path.exists()  # made by this process: see discard()
         try:
+            _private_database(path)
             self._db = _connect(path, check_same_thread=False)
             self._migrate()
-        except sqlite3.Error as exc:
+            last = self._db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+        except (sqlite3.Error, OSError) as exc:
+            if hasattr(self, "_db"):
+                self._db.close()
             raise storage_error(path, exc) from exc
-        last = self._db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
         self._plan = int(last[0]) if last else 0  # the last plan committed: what a reader sees
         self._read_lock = threading.Lock()
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
@@ -243,6 +283,8 @@ class Ledger:
             ) from exc
         except OSError as exc:  # a read-only or full disk: the place to write is the fault
             raise storage_error(folder, exc, "create") from exc
+
+        refuse_link(folder / LOCK_NAME)
         lock = filelock.FileLock(str(folder / LOCK_NAME), blocking=False)
         try:
             lock.acquire()
@@ -455,6 +497,35 @@ class Ledger:
             except sqlite3.Error as exc:
                 raise storage_error(self.path, exc) from exc
 
+    def blank_links(self, secret: str, blank: str) -> int:
+        """Replaces ``secret`` by ``blank`` in every link the ledger keeps, and wipes the old
+        bytes (SQLite's secure delete, then a log truncated): ledgers written before links
+        carrying the API key were kept blanked hold it in clear. A secret under 8 characters
+        is left (it occurs in links by chance; the engine blanks it where it is a whole path
+        segment or query value). Returns how many lines changed. Blocking."""
+        if len(secret) < 8 or self.get_meta(_LINKS_BLANKED) is not None:
+            return 0  # a ledger once looked through keeps its links blanked from then on
+        with self._read_lock:
+            try:
+                found = self._db.execute(
+                    "SELECT 1 FROM lines WHERE instr(urls, ?) > 0 LIMIT 1", (secret,)
+                ).fetchone()
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (_LINKS_BLANKED,)
+                )
+                if found is None:
+                    return 0
+                self._db.execute("PRAGMA secure_delete=ON")
+                changed = self._db.execute(
+                    "UPDATE lines SET urls=replace(urls, ?, ?) WHERE instr(urls, ?) > 0",
+                    (secret, blank, secret),
+                ).rowcount
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._db.execute("PRAGMA secure_delete=OFF")  # the rest costs no more I/O
+            except sqlite3.Error as exc:
+                raise storage_error(self.path, exc) from exc
+        return int(changed)
+
     def last_surfaces(self) -> set[str]:
         """The surfaces the last plan's generate lines ran on (at most two are told apart):
         a run whose ``run.json`` predates keeping it is told by its ledger."""
@@ -604,7 +675,10 @@ def remove_if_empty(folder: Path) -> None:
 @contextlib.contextmanager
 def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
     """A ledger file opened read only (a live run, another process, may be writing it), and
-    its last plan; None when it holds no plan (or is no ledger)."""
+    its last plan; None when it holds no plan (or is no ledger). A symbolic link planted in
+    its place is refused, not read."""
+
+    refuse_link(path)
     try:
         # A reader left half-read (a merge that stopped early) is closed when the garbage
         # collector finds it, in whatever thread runs then: a read-only connection may be.
@@ -685,6 +759,7 @@ def copy_ledger(path: Path, copy: Path) -> None:
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                     (_CHECKPOINT_KEY, str(number)),
                 )
+            _private_database(copy)
             with contextlib.closing(sqlite3.connect(copy)) as into:
                 db.backup(into)
     except sqlite3.Error as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core import jsonio
+from ._files import atomic_write
 from ._ledger import Row, storage_error
 from ._states import SAVED, STATUS
 
@@ -75,14 +76,11 @@ def write_manifest(folder: str | os.PathLike[str], rows: Iterable[dict[str, Any]
         write_manifest("out/", iter_manifest("elsewhere/manifest.jsonl"))
     """
     path = Path(folder) / MANIFEST_NAME
-    tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.part")
     try:
-        with tmp.open("w", encoding="utf-8") as handle:
+        with atomic_write(path) as handle:
             for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+                handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise storage_error(path, exc) from exc
     return path
 

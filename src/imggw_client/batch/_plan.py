@@ -24,6 +24,7 @@ from typing import Any, Protocol, TextIO
 from .._config import check_surface
 from .._exceptions import RequestValidationError
 from . import _identity
+from ._files import create_new, refuse_link, temp_name
 from ._input import (
     BAD_LINES_NAME,
     COLLECT,
@@ -107,7 +108,10 @@ class FolderIdentity:
     """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``. A folder
     with no ``run.json`` gets the run id ``derive`` makes (the same for the same folder,
     gateway and key: a folder made again replays its tasks), or a random one with
-    ``new_run`` (refused where a run is already kept: that folder's lines have their keys)."""
+    ``new_run`` (refused where a run is already kept: that folder's lines have their keys).
+    ``key_fingerprint``: the slow fingerprint of this run's API key, kept in ``run.json``; a
+    folder whose run was made with another key is refused (``KeyChangedError``) before
+    anything is sent (None: a dry run, which sends nothing and needs no key)."""
 
     def __init__(
         self,
@@ -116,10 +120,13 @@ class FolderIdentity:
         surface: str,
         derive: Callable[[], str] | None = None,
         new_run: bool = False,
+        key_fingerprint: str | None = None,
     ) -> None:
         self.folder = folder
         self.surface = surface
+        self.key_fingerprint = key_fingerprint
         self.run = _identity.load(folder)
+        _identity.check_key(folder, self.run, key_fingerprint)
         if new_run and self.run is not None:
             raise RequestValidationError(
                 "out_dir",
@@ -142,10 +149,16 @@ class FolderIdentity:
 
     def accept(self, digests: _identity.LineDigests, input_digest: str) -> None:
         run = self.run
-        if run is None or run.input_digest != input_digest or run.surface != self.surface:
+        fingerprint = self.key_fingerprint or (run.key_fingerprint if run is not None else None)
+        if (
+            run is None
+            or run.input_digest != input_digest
+            or run.surface != self.surface
+            or run.key_fingerprint != fingerprint  # a record older than keeping it gets it now
+        ):
             # Before anything is sent: the keys of every line follow from this run id.
-            _identity.save(self.folder, _identity.RunIdentity(self.run_id, input_digest,
-                                                              self.surface))  # fmt: skip
+            kept = _identity.RunIdentity(self.run_id, input_digest, self.surface, fingerprint)
+            _identity.save(self.folder, kept)
             digests.commit()
 
 
@@ -196,12 +209,13 @@ class _BadLines:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / BAD_LINES_NAME
-        self._tmp = folder / f".{BAD_LINES_NAME}.{secrets.token_hex(4)}.part"
+        refuse_link(self.path)  # refused before the plan, not after the paid work
+        self._tmp = temp_name(self.path)
         self._out: TextIO | None = None
 
     def add(self, bad: BadLine) -> None:
         if self._out is None:
-            self._out = self._tmp.open("w", encoding="utf-8")
+            self._out = os.fdopen(create_new(self._tmp), "w", encoding="utf-8")
         self._out.write(f"line {bad.line}: {bad.reason}\n")
 
     def finish(self, count: int) -> Path | None:
@@ -211,6 +225,7 @@ class _BadLines:
             self._tmp.unlink(missing_ok=True)
             self.path.unlink(missing_ok=True)
             return None
+        refuse_link(self.path)
         os.replace(self._tmp, self.path)
         return self.path
 
@@ -384,9 +399,9 @@ def scan_input(
     of a run's input at ``record`` (None: every line is new). With ``refuse``, a plan that may
     not go raises as a run's would. Blocking. What the Dask driver checks before dispatching
     anything, and what a shard that makes a run's identity publishes."""
-    nothing = work / f".no-record.{secrets.token_hex(4)}"  # compared with no record
+    nothing = work / f".no-record.{secrets.token_hex(16)}"  # compared with no record
     digests = _identity.LineDigests(work, old=record if record is not None else nothing)
-    seen_path = work / f".ids.{secrets.token_hex(4)}.sqlite"
+    seen_path = work / f".ids.{secrets.token_hex(16)}.sqlite"
     try:
         with closing(sqlite3.connect(seen_path)) as db:
             plan = _scan(source, digests, _Seen(db), surface=surface, run_id=None,

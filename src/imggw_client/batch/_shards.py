@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import threading
 from collections.abc import Callable
@@ -48,9 +47,10 @@ from .._models import DownloadedFile
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._engine import Workspace, execute
+from ._files import StorageError, temp_name
 from ._guards import Guard
 from ._input import count_lines, reads_csv
-from ._ledger import LEDGER_NAME, Ledger, StorageError, checkpoint_number, copy_ledger
+from ._ledger import LEDGER_NAME, Ledger, checkpoint_number, copy_ledger
 from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
 from ._plan import Slice, scan_input
@@ -254,7 +254,7 @@ class ShardStore:
 
     def checkpoint(self) -> None:
         """Copies the shard's ledger into the output folder, whole."""
-        tmp = self.work / f".{LEDGER_NAME}.{secrets.token_hex(4)}.part"
+        tmp = temp_name(self.work / LEDGER_NAME)
         try:
             copy_ledger(self.work / LEDGER_NAME, tmp)
             self.storage.put(tmp, f"{self.spec.folder}/{LEDGER_NAME}")
@@ -276,16 +276,23 @@ class ShardStore:
 
 
 def _prepare(
-    storage: Storage, spec: ShardSpec, surface: str, work: Path, derive: Callable[[], str]
+    storage: Storage,
+    spec: ShardSpec,
+    surface: str,
+    work: Path,
+    derive: Callable[[], str],
+    fingerprint: str | None = None,
 ) -> tuple[_identity.RunIdentity, str, range, Slice]:
     """The run's identity (made once), the shard's input, its range, and the part of that input
-    the shard reads. Blocking."""
+    the shard reads; a run made with another key than ``fingerprint``'s is refused
+    (``KeyChangedError``). Blocking."""
     if spec.sliced:  # an engine's driver made the identity and cut the input
         run = _identity.load_stored(storage)
         if run is None or spec.lines is None:
             raise RequestValidationError(
                 "out_dir", f"{storage.url} has no run.json: the driver makes it before dispatch"
             )
+        _identity.check_key(storage.url, run, fingerprint)
         # A CSV slice begins with the header row: the line before the shard's first.
         header = reads_csv(spec.source, collect=spec.options.collect, format=spec.options.format)
         part = Slice(None, spec.lines.start - header, spec.first_entry, sliced=True)
@@ -305,9 +312,11 @@ def _prepare(
                           refuse=False)  # fmt: skip
         try:
             run, _ = _identity.claim(storage, scan.digests, scan.plan.input_digest,
-                                     run_id=derive(), surface=surface)  # fmt: skip
+                                     run_id=derive(), surface=surface,
+                                     key_fingerprint=fingerprint)  # fmt: skip
         finally:
             scan.discard()
+    _identity.check_key(storage.url, run, fingerprint)
     # If its maker died before lines.fp, the shard compares with nothing, as a first run does.
     _identity.wait_for_lines(storage)
     return run, spec.source, lines, Slice(lines)
@@ -343,8 +352,9 @@ async def arun_shard(
     except OSError as exc:
         raise StorageError(f"cannot create {work}: {exc.strerror}", code="storage_failed") from exc
     derive = lambda: run_id_for(storage.url, client)  # noqa: E731 - called once, if at all
+    fingerprint = await anyio.to_thread.run_sync(lambda: client.key_fingerprint)  # slow once
     run, source, lines, part = await anyio.to_thread.run_sync(
-        _prepare, storage, spec, surface, work, derive
+        _prepare, storage, spec, surface, work, derive, fingerprint
     )
     store = ShardStore(storage, spec, work)
     with Ledger.open(work, prepare=None if local is not None else store.restore) as ledger:

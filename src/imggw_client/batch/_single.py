@@ -15,8 +15,11 @@ from .._config import RateLimit, check_surface
 from .._exceptions import RequestValidationError
 from . import _identity
 from ._engine import LocalStore, Workspace, execute
-from ._input import BatchInputError
-from ._ledger import Ledger, remove_if_empty
+from ._files import refuse_links
+from ._gallery import GALLERY_DIR, GALLERY_NAME
+from ._input import BAD_LINES_NAME, BatchInputError
+from ._ledger import LEDGER_NAME, LOCK_NAME, Ledger, remove_if_empty
+from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
@@ -28,6 +31,13 @@ if TYPE_CHECKING:
     from ._options import RunOptions
 
 __all__ = ["arun_batch", "client_maker", "run_batch", "run_id_for"]
+
+# The files a run writes into its folder: a symbolic link planted at any of them stops the run
+# before it plans (imggw writes through none: see _storage.atomic_write).
+FOLDER_FILES = (
+    LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", LOCK_NAME, MANIFEST_NAME,
+    _identity.RUN_NAME, _identity.LINES_NAME, GALLERY_NAME, GALLERY_DIR, BAD_LINES_NAME,
+)  # fmt: skip
 
 
 def run_id_for(dest: str | Path, client: AsyncClient) -> str:
@@ -87,9 +97,11 @@ async def arun_batch(
 
     def identity() -> FolderIdentity:
         derive = lambda: run_id_for(folder, client)  # noqa: E731 - called once, if at all
-        return FolderIdentity(folder, surface=surface, derive=derive, new_run=chosen.new_run)
+        return FolderIdentity(folder, surface=surface, derive=derive, new_run=chosen.new_run,
+                              key_fingerprint=client.key_fingerprint)  # fmt: skip
 
     try:
+        refuse_links(folder, FOLDER_FILES)  # before anything is planned or paid for
         with Ledger.open(folder) as ledger:
             try:
                 kept = await anyio.to_thread.run_sync(identity)
@@ -100,7 +112,8 @@ async def arun_batch(
                              gallery=title if chosen.gallery else None)  # fmt: skip
             return await execute(source, work, client=client, options=chosen,
                                  on_progress=on_progress)  # fmt: skip
-    except (BatchInputError, _identity.InputChangedError, RequestValidationError):
+    except (BatchInputError, _identity.InputChangedError, RequestValidationError,
+            _identity.KeyChangedError):  # fmt: skip
         if made:  # refused before anything was kept: no empty folder left behind either
             remove_if_empty(folder)
         raise

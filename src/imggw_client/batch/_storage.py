@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
 
 from .._exceptions import RequestValidationError
+from ._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
 from ._ledger import storage_error
 
 CHUNK = 1 << 20
@@ -73,26 +73,34 @@ class Storage:
         return str(self.root / rel)
 
     def read(self, rel: str) -> bytes | None:
+        path = self.root / rel
         try:
-            return (self.root / rel).read_bytes()
+            refuse_link(path)
+            fd = os.open(path, READ_FLAGS)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise storage_error(self.where(rel), exc, "read") from exc
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                return handle.read()
+        except OSError as exc:
+            raise storage_error(self.where(rel), exc, "read") from exc
 
     def write(self, rel: str, data: bytes) -> None:
-        """Writes the file whole (temp file, fsync, rename)."""
+        """Writes the file whole (temp file, fsync, rename); never through a symlink."""
         path = self.root / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._temp(path, data)
-            os.replace(tmp, path)
+            with atomic_write(path) as handle:
+                handle.write(data)
         except OSError as exc:
             raise storage_error(path, exc) from exc
 
     def create(self, rel: str, data: bytes) -> bool:
         """Writes the file whole if none is there; False if one is (it is left as it is)."""
         path = self.root / rel
+        refuse_link(path)  # a link there is no file of the run's: refused, not read
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._temp(path, data)
@@ -104,7 +112,7 @@ class Storage:
             return False
         except OSError:  # a filesystem without hard links: exclusive create, then the bytes
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                fd = create_new(path)
             except FileExistsError:
                 return False
             with os.fdopen(fd, "wb") as handle:
@@ -120,22 +128,24 @@ class Storage:
         path = self.root / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            refuse_link(path)
             try:
                 os.replace(local, path)
             except OSError:  # another filesystem: copy beside the target, then rename
-                tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-                shutil.copyfile(local, tmp)
-                os.replace(tmp, path)
+                with atomic_write(path) as handle, local.open("rb") as source:
+                    shutil.copyfileobj(source, handle, CHUNK)
                 local.unlink()
         except OSError as exc:
             raise storage_error(path, exc) from exc
 
     def get(self, rel: str, local: Path) -> bool:
         """Copies the file to ``local`` (whole); False if there is none."""
+        path = self.root / rel
         try:
-            tmp = local.with_name(f".{local.name}.{secrets.token_hex(4)}.part")
-            shutil.copyfile(self.root / rel, tmp)
-            os.replace(tmp, local)
+            refuse_link(path)
+            fd = os.open(path, READ_FLAGS)
+            with os.fdopen(fd, "rb") as source, atomic_write(local) as handle:
+                shutil.copyfileobj(source, handle, CHUNK)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -170,8 +180,8 @@ class Storage:
 
     @staticmethod
     def _temp(path: Path, data: bytes) -> Path:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-        with tmp.open("wb") as handle:
+        tmp = temp_name(path)
+        with os.fdopen(create_new(tmp), "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -250,7 +260,7 @@ class FsspecStorage(Storage):
         local.unlink(missing_ok=True)
 
     def get(self, rel: str, local: Path) -> bool:
-        tmp = local.with_name(f".{local.name}.{secrets.token_hex(4)}.part")
+        tmp = temp_name(local)
         try:
             self.fs.invalidate_cache(self._path(rel))
             self.fs.get_file(self._path(rel), str(tmp))
