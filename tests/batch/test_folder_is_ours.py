@@ -363,3 +363,26 @@ def test_the_manifest_is_written_under_an_unpredictable_name(
     random = re.fullmatch(r"\.manifest\.jsonl\.([0-9a-f]+)\.part", moved[0])
     assert random is not None
     assert len(random[1]) * 4 >= 64  # bits no one guesses to plant a link there first
+
+
+def test_a_link_planted_over_a_saved_image_is_refused_not_counted_as_saved(
+    tmp_path: Path,
+) -> None:
+    """A co-user replaces a saved image by a link to a file of the same size: a rerun would
+    take it for the image (the paid result never saved again). It stops, naming the link."""
+    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    source = prompts(tmp_path / "in.txt", ["a cat"])
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+        assert code == 0, err
+        [image] = [p for p in out.iterdir() if p.suffix == ".png"]
+        decoy = tmp_path / "elsewhere.png"
+        decoy.write_bytes(b"x" * image.stat().st_size)
+        image.unlink()
+        image.symlink_to(decoy)
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 4, err
+    assert str(image) in err
+    assert "symbolic link" in err
+    assert decoy.read_bytes() == b"x" * decoy.stat().st_size

@@ -70,7 +70,7 @@ from .._exceptions import (
     WaitTimeoutError,
 )
 from .._models import DownloadedFile, Submission, Task, TaskStatus
-from ._files import StorageError
+from ._files import StorageError, refuse_link
 from ._gallery import write_gallery
 from ._guards import Caps, Charge, Guard, LocalGuard, Spending, reported, settles
 from ._input import COLLECT
@@ -177,6 +177,9 @@ class LocalStore:
 
     def is_whole(self, name: str, size: int, sha256: str, *, hashes: bool) -> bool:
         path = self.folder / name
+        # A link planted where a saved image was would otherwise count as the image (a paid
+        # result never saved again): refused, naming it, as anywhere in the folder.
+        refuse_link(path)
         try:
             whole = path.stat().st_size == size
         except OSError:
