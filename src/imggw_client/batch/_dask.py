@@ -304,7 +304,9 @@ def _prepare(
                     continue  # compare again, with the record its maker published
             elif run.input_digest != found:  # changes, allowed
                 _identity.publish_lines(storage, scan.digests)
-                run = _identity.RunIdentity(run.run_id, found, run.surface or surface)
+                run = _identity.RunIdentity(
+                    run.run_id, found, run.surface or surface, run.key_fingerprint
+                )  # kept: it names the run's key
                 storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
             how, collect = options.format, options.collect  # how the input is read: its cuts
