@@ -9,7 +9,8 @@ key, polls at a fixed 2 s, a 429 retried after 1 s); and the adaptive client onc
 a gateway that behaves like surface A's provider (surface A, no Retry-After, the 429 as a body
 code on HTTP 200). The ways run side by side (a few requests per second each; ``--serial`` runs
 them one after another). Targets: at the gateway's limits, zero 429s and wall <= 1.15x the
-floor (N / submit rate); adaptive only, 429s < 5% of requests and wall <= 1.5x the floor;
+floor (N / submit rate); adaptive only, 429s <= 10% of requests (DESIGN 20: a burst goes at
+the gateway's speed until it pushes back) and wall <= 1.5x the floor;
 every way: nothing lost (every task finished and its PNG saved), N tasks billed.
 
 Part 2: W concurrent waits on tasks of 20 to 60 s under ``RateLimit(queries_per_second=Q)``
@@ -435,7 +436,7 @@ def part1_checks(way: str, r: dict[str, Any], n: int) -> list[tuple[str, bool]]:
     if way == "configured":
         checks += [("0 429s", r["limited"] == 0), ("wall <= 1.15x", r["wall_ratio"] <= 1.15)]
     elif way != "naive":
-        checks += [("429s < 5%", r["limited_share"] < 0.05)]
+        checks += [("429s <= 10%", r["limited_share"] <= 0.10)]
         checks += [("wall <= 1.5x", r["wall_ratio"] <= 1.5)]
     return checks
 

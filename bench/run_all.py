@@ -25,6 +25,7 @@ SUITE = [
     ("gallery", ["gallery.py"], ["gallery.py", "--quick"]),
     ("soak", ["soak.py"], ["soak.py", "--requests", "100"]),
     ("budget", ["budget.py"], ["budget.py", "--quick"]),
+    ("bursts", ["bursts.py", "--full"], ["bursts.py", "--part", "1"]),
     ("scale_out", ["scale_out.py"], ["scale_out.py", "--lines", "200"]),
     ("guards", ["guards.py"], ["guards.py", "--quick"]),
     ("shared budget", ["shared_budget.py"], ["shared_budget.py", "--quick"]),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import secrets
 import time
 import weakref
 from collections.abc import Hashable
@@ -54,8 +55,10 @@ class _Shared:
         self.fallback = Fallback(limit, self.label)
         # The slow fingerprint, worked out once per client (its copies share this budget).
         fingerprint = key_fingerprint(settings.api_key)
-        self.keys = {kind: shared.lane_key(fingerprint, settings.base_url, kind)
-                     for kind in (SUBMIT, QUERY)}  # fmt: skip
+        lanes = {kind: shared.lane_key(fingerprint, settings.base_url, kind)
+                 for kind in (SUBMIT, QUERY)}  # fmt: skip
+        # Each lane, and its requests in flight (the start window's, DESIGN 20).
+        self.keys = {kind: [lane, shared.flying_key(lane)] for kind, lane in lanes.items()}
         self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
         # Per kind: no request before this, just after going alone.
         self._quiet_until = {SUBMIT: 0.0, QUERY: 0.0}
@@ -186,13 +189,13 @@ class AsyncStoreBudget(_Shared):
         try:
             script = self._script()
             # The socket timeouts bound each read; this bounds the whole call.
-            return await asyncio.wait_for(script(keys=[self.keys[kind]], args=args),
+            return await asyncio.wait_for(script(keys=self.keys[kind], args=args),
                                           self.timeout)  # fmt: skip
         except Exception as exc:
             return exc
 
     async def reserve(self, kind: str) -> tuple[Hashable, float]:
-        ticket = StoreTicket(kind)
+        ticket = StoreTicket(kind, token=secrets.token_hex(8))
         return ticket, await self.wait_time(ticket)
 
     async def wait_time(self, ticket: Hashable) -> float:
@@ -254,13 +257,13 @@ class StoreBudget(_Shared):
     def _call(self, kind: str, args: list[str]) -> object:
         """The script's answer, or the failure it met (see :class:`AsyncStoreBudget`)."""
         try:
-            answer: object = self._script(keys=[self.keys[kind]], args=args)
+            answer: object = self._script(keys=self.keys[kind], args=args)
         except Exception as exc:
             return exc
         return answer
 
     def reserve(self, kind: str) -> tuple[Hashable, float]:
-        ticket = StoreTicket(kind)
+        ticket = StoreTicket(kind, token=secrets.token_hex(8))
         return ticket, self.wait_time(ticket)
 
     def wait_time(self, ticket: Hashable) -> float:

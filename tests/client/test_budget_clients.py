@@ -190,15 +190,15 @@ async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> N
                 group.start_soon(client.submit, f"image {i}")
     stats = gateway.stats()
     assert stats["tasks_created"] == 40
-    # A storm of 40 at once would meet 36 429s; the start window, slow start and the shared
-    # pause keep it to about half that (the window alone meets 12 against 4 a second).
-    assert stats["rate_limited"] < 20
+    # A storm of 40 at once would meet 36 429s; the start window (4 in flight, at most
+    # doubling a round trip) and the pause for the whole client keep it to a third (12).
+    assert stats["rate_limited"] <= 15
 
 
 @pytest.mark.anyio
 async def test_requests_cancelled_in_flight_give_back_their_places() -> None:
-    # Cancelled calls must not stay counted in flight: with no ceiling, 16 of them would fill
-    # the start window and pace every later call, one at a time as it may be.
+    # Cancelled calls must not stay counted in flight: with no ceiling, four of them would
+    # fill the start window and hold every later call back for an answer that never comes.
     gw = MockGateway(latency=0.2, fault_rate=1.0, faults=["latency"])
     async with gw.async_client() as client:
         sub = await client.submit("a cat")
@@ -207,6 +207,7 @@ async def test_requests_cancelled_in_flight_give_back_their_places() -> None:
                 await client.get(sub.task_id)
         lane = client._flows.budget._lanes["query"]
         assert lane.in_flight == 0
+        assert lane.flying == []  # nor noted as sent: no 429's doubt waits on them
         assert client._flows.budget.pace("query") is None  # one at a time: never slowed
 
 

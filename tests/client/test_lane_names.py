@@ -28,8 +28,10 @@ def settings() -> object:
 def test_a_lane_is_named_from_the_slow_fingerprint_not_a_fast_hash_of_the_key() -> None:
     lanes = _Shared(settings()).keys  # type: ignore[arg-type]
     slow = key_fingerprint(KEY)
-    for kind, name in lanes.items():
+    for kind, (name, flying) in lanes.items():
         assert name == shared_budget.lane_key(slow, BASE, kind)
+        assert flying == shared_budget.flying_key(name)  # named from the lane: no key in it
+        assert KEY not in flying
         fast = hashlib.sha256(KEY.encode()).hexdigest()
         old = hashlib.sha256(f"imggw-budget\n{BASE}\n{KEY}".encode()).hexdigest()
         for quick in (fast, old):

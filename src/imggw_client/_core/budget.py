@@ -19,20 +19,48 @@ goes out one by one, in order, instead of waking all together at every interval.
 - With a **ceiling** (``RateLimit``), requests are spaced evenly at it: a request goes only once
   the last one of its kind went at least one interval ago, so in any window of *w* seconds at
   most ``rate * w + 1`` go out, even when some wake late or the pace was lowered meanwhile.
-- With **no ceiling**, nothing is known of the gateway's limits, and a storm is what must not
-  happen: up to :data:`START_WINDOW` requests in flight go at once (one-at-a-time use is never
-  slowed); past that they are paced from :data:`START_RATE`, doubling each second that requests
-  queue, and left unpaced past :data:`FREE_RATE`.
-- A **429** pauses the lane for the whole client: ``Retry-After`` when given, but never less
-  than the retry policy's own backoff, which grows with each 429 in a row (so a hint of 0 never
-  makes a client spin). When 429s are a real share of the lane's recent answers (a gateway over
-  its limit, not one 429 by chance), the pace is lowered too, at most once a recovery period:
-  a guessed pace by half (from what the gateway accepted lately, if more), a known one to the
-  share that got through. It then recovers a step at a time while requests queue for it, up to
-  where the overload came, and (that pace having held) faster past it, up to the ceiling.
+- A **429** on a lane with a ceiling pauses the lane for the whole client: ``Retry-After``
+  when given, but never less than the retry policy's own backoff, which grows with each 429 in
+  a row (so a hint of 0 never makes a client spin). When 429s are a real share of the lane's
+  recent answers (a gateway over its limit, not one 429 by chance), the pace is lowered too,
+  at most once a recovery period, to the share that got through; it then recovers a step at a
+  time while requests queue for it, up to the ceiling.
+- With **no ceiling** (DESIGN 20), the client adds no timed delay until the gateway pushes
+  back. A lane starts with a window of :data:`START_WINDOW` requests in flight, which each
+  accepted answer to a request that filled it widens by one, at most doubling in a round trip
+  and in :data:`MIN_ROUND` (TCP's slow start, with its window validation); past
+  :data:`MAX_WINDOW` it grows no more. A request the window holds back goes when an
+  answer frees a place, so the window costs nothing while the gateway is the bottleneck (its
+  answers clock the requests: 150 submits at once take the time raw httpx takes), and a burst
+  at a gateway with a low limit is not sent whole before its first 429 can come back (100
+  generates at once against 20 submits per 10 s meet about 80 429s sent whole, 28 with a
+  slow start from 16 unbounded in time, 4 to 10 with this window).
+- On a lane with no ceiling, a **lone 429** (the answer before it was accepted, and 429s are
+  less than :data:`OVERLOAD_SHARE` of the recent answers) pauses the lane *in doubt*: the
+  first answer that accepts a request sent after it ends the pause at once (while such a
+  request is in flight, the waiting ones ask again every round trip), so a gateway that throws
+  a few 429s at random costs about a round trip each (3% random 429s: 1,000 submits take 1.1x
+  to 1.4x the time without them; a full pause each made it 8x). A gateway that gives no
+  ``Retry-After`` (surface A's provider) says nothing of when its limit frees, so the pause
+  ends on time: then one request goes first (a *probe*; the others wait for its answer, at
+  most :data:`PROBE_HOLD`), and a probe taken only after a pause of more than a round trip
+  proves a limit, not chance: the lane is paced from there as after an overload (the requests
+  that waited through the pause, sent all at once, met a gateway still full). On a paced lane,
+  a lone 429 at a pace well above what the gateway accepted in the last second lowers the
+  pace to that (by half at most) and holds it there for a :data:`RECOVERY_PERIOD`; an
+  overload it then turns into does not lower it twice. :data:`CONFIRM` requests sent
+  after it refused first, or a 429 right after a 429, or 429s that make up
+  :data:`OVERLOAD_SHARE` of the recent answers, are an **overload**: the lane pauses as above
+  and is paced from half of what the gateway accepted in the last whole second (never from
+  less than half :data:`START_RATE`), lowered again on each overload at most once a recovery
+  period. While requests queue for the pace and no overload comes it grows by
+  :data:`REGAIN_STEP` a second (a false overload, the two requests after a random 429 refused
+  as well, about 1 random 429 in 1,100, costs tens of seconds at worst) and past
+  :data:`FREE_RATE` the lane is unpaced again, within its window. A gateway over its limit is
+  met by one client slowing down, about one 429 a limit's window once paced.
 
-The constants were chosen with a discrete-event simulation of many waits against sliding-window
-limits and against random 429s (BENCHMARKS.md has the figures).
+The constants were chosen with ``bench/bursts.py`` and ``bench/budget.py`` against the
+reference gateway (BENCHMARKS.md has the figures).
 """
 
 from __future__ import annotations
@@ -50,25 +78,46 @@ from .._config import RateLimit, RetryPolicy
 SUBMIT = "submit"
 QUERY = "query"
 
-START_WINDOW = 16  # requests in flight that go unpaced while a lane knows nothing
-START_RATE = 10.0  # requests/s past that window, at first
-FREE_RATE = 1024.0  # past this, a lane that never met a 429 is left unpaced
+START_WINDOW = 4  # requests in flight a lane with no ceiling lets go before any answer
+MIN_ROUND = 0.05  # seconds: the window at most doubles in this time (and in a round trip)
+# The widest window: more in flight would wait in the HTTP client's pool instead (httpx keeps
+# 100 connections), where 256 at once cost about 3x the CPU of the same run held back here.
+MAX_WINDOW = 64
+RTT_GUESS = 0.02  # seconds an answer is taken to need before one came back
+# After a lone 429's pause, the first request sent (a probe) goes alone: the others wait for
+# its answer, at most this long (or four round trips) after it went.
+PROBE_HOLD = 2.0
+MIN_WAIT = 0.001  # the shortest wait for a place in the window (never spin)
+START_RATE = 10.0  # an overload never starts the pace below half this many requests/s
+FREE_RATE = 1024.0  # past this, a lane with no ceiling that recovered is unpaced again
 PACE_FLOOR = 1 / 60  # the pace never falls below one request a minute
-FIRST_DECREASE = 0.5  # the first overload halves a pace that was a guess
+FIRST_DECREASE = 0.5  # the first overload halves what the gateway accepted lately
 DECREASE = 0.8  # later ones, and one at a ceiling, lower it to the share that got through
 # (at most to this, at least by half), and no more than once a recovery period
-RECOVERY_STEP = 0.1  # the pace grows by a tenth every 5 s in which requests queued for it
-RECOVERY_PERIOD = 5.0  # and it was not lowered, up to where the last overload came; past that
-# (the pace held, so the limit was elsewhere) it doubles each such second, as at the start
+RECOVERY_STEP = 0.1  # with a ceiling, the pace grows by a tenth every 5 s in which requests
+RECOVERY_PERIOD = 5.0  # queued for it and it was not lowered, up to where the overload came,
+# and then doubles each such second, up to the ceiling.
+# With no ceiling there is no limit known to creep back to: the pace grows by a tenth each
+# second requests queued for it (0.25 cost more 429s at real limits, measured, for no gain).
+REGAIN_STEP = 0.1
 # A gateway over its limit answers most requests with 429; one that throws a few at random
-# does not, and slowing down would not help: the pace is lowered only when 429s make up
-# DECREASE_SHARE of the lane's last RECENT answers (counted out of at least MIN_ANSWERS).
+# does not, and slowing down would not help. With a ceiling, the pace is lowered only when 429s
+# make up DECREASE_SHARE of the lane's last RECENT answers (counted out of at least
+# MIN_ANSWERS); with none, a 429 is an overload when CONFIRM requests sent after a lone 429
+# are refused before one is accepted, when it comes right after a 429, or when 429s make up
+# OVERLOAD_SHARE of those answers. At 3% random 429s, the first two (1 in 1,100 lone 429s)
+# and 25% of 50 answers (under 1 in 10^6) almost never happen; at 12%, random clusters did.
 RECENT = 50
 DECREASE_SHARE = 0.06
+OVERLOAD_SHARE = 0.25
+CONFIRM = 2
 MIN_ANSWERS = 20
 # The retry policy's own first and longest backoff, when a caller gives none.
 DEFAULT_BACKOFF = (RetryPolicy.initial_backoff, RetryPolicy.max_backoff)
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
+# With no ceiling and no Retry-After, the longest pause: a probe every 4 s at worst. The
+# retry policy's 8 s overshot a 10 s limit's window by up to 5 s (measured: 0.1x the floor).
+NO_HINT_PAUSE = 4.0
 # Every paced interval is this much longer than the pace says: a gateway that counts N requests
 # in any S-second window sees our N+1st 1% of S past it (10 ms of a 1 s window, 100 ms of a
 # 10 s one), so jitter on the way cannot push one request into the window of another.
@@ -76,8 +125,7 @@ GUARD = 0.01
 
 # Lane modes.
 FIXED = "fixed"  # at the configured ceiling
-STARTING = "starting"  # no ceiling, no 429 yet: a window in flight, then growing from START_RATE
-FREE = "free"  # no ceiling, no 429, grown past FREE_RATE: unpaced
+STARTING = "starting"  # no ceiling, no overload yet: a window in flight, growing per answer
 RECOVERING = "recovering"  # after a 429: below the ceiling (if any), growing back
 _NEVER = -math.inf
 
@@ -88,11 +136,13 @@ class Ticket:
 
     kind: str
     slot: float
-    place: int  # the place it reserved in the lane's order (paced tickets)
-    paced: bool  # False for a request let through unpaced (free lane, or the start window)
+    place: int  # the place it reserved in the lane's order (paced tickets; windowed: its turn)
+    paced: bool  # False for a request let through unpaced (by the start window)
     sent_at: float | None = None
     counted: bool = False  # counted in the lane's requests in flight
     priority: float = 0.0  # smaller goes sooner (paced tickets)
+    windowed: bool = False  # held back by the start window until an answer frees a place
+    flying_at: float | None = None  # when it went (counted in flight, no-ceiling lanes)
 
 
 @dataclass(slots=True)
@@ -101,6 +151,15 @@ class _Lane:
     rate: float | None  # None: unpaced
     mode: str
     in_flight: int = 0
+    window: int = START_WINDOW  # requests in flight a starting lane lets go
+    rtt: float = RTT_GUESS  # smoothed seconds from send to answer
+    round_at: float = _NEVER  # when the window's current round began ...
+    round_window: int = START_WINDOW  # ... and its width then: at most double it this round
+    turns: int = 0  # turns handed to requests the window held back, in request order
+    last_limited: bool = False  # the lane's last answer was a 429
+    doubtful: bool = False  # paused by a lone 429, which a later acceptance calls chance
+    doubt_sent: float = _NEVER  # when the request of that lone 429 went
+    refused_after: int = 0  # requests sent after it refused since
     next_place: int = 0  # the place the next paced reservation gets
     anchor_place: int = 0  # the schedule: place ``anchor_place`` is due at ``anchor_at`` ...
     anchor_at: float = _NEVER  # ... and each later one an interval after the one before
@@ -110,6 +169,8 @@ class _Lane:
     strikes: int = 0
     decreased_at: float = _NEVER
     overloaded_at: float = 0.0  # the pace at which the last overload came
+    lone_pace: float = 0.0  # the pace at which the last lone 429 of a paced lane came ...
+    lone_at: float = _NEVER  # ... and when
     grow_at: float = _NEVER
     queued: bool = False  # a request had to wait for its slot since the last growth check
     second: int = 0  # accepted answers, counted per whole second: this one and the last
@@ -121,6 +182,8 @@ class _Lane:
     # goes when and never how many go.
     held: list[int] = field(default_factory=list)
     ranked: list[tuple[float, int]] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)  # the turns held back by the window
+    flying: list[float] = field(default_factory=list)  # when each one in flight went
 
     def place_of(self, ticket: Ticket) -> int:
         """The place a waiting paced ticket goes at, by its rank among those waiting."""
@@ -136,6 +199,10 @@ class _Lane:
     @property
     def interval(self) -> float:
         return 0.0 if self.rate is None else (1.0 + GUARD) / self.rate
+
+    @property
+    def unpaced(self) -> bool:
+        return self.mode == STARTING
 
     def due(self, place: int) -> float:
         return self.anchor_at + (place - self.anchor_place) * self.interval
@@ -156,11 +223,69 @@ class _Lane:
             place = min(place, self.anchor_place + ahead)
         self.anchor(place, self.earliest(now))
 
+    def window_wait(self, ticket: Ticket, now: float) -> float:
+        """0 if the window has a place for this held-back request (places go in request
+        order), else how long it sleeps before it asks again: about until the answer that
+        frees its place. Answers come about one an ``rtt / in_flight``, each frees a place
+        (two while the window widens), so the requests held back wake one or two an answer,
+        in order, as if each answer woke them: never a herd that goes together once many
+        answers came in. Never longer than two round trips: a wrong guess costs a wake-up,
+        not a stall."""
+        rank = bisect.bisect_left(self.waiting, ticket.place)
+        short = rank + 1 - (self.window - self.in_flight)  # places to free before it
+        if short <= 0:
+            return 0.0
+        answers = (short + 1) // 2
+        per_answer = self.rtt / max(1, self.in_flight)
+        return min(max(MIN_WAIT, answers * per_answer), max(MIN_WAIT, 2 * self.rtt))
+
+    def fly(self, ticket: Ticket, now: float, *, going: bool = True) -> None:
+        """Counts a request in flight from ``now`` and, when it is ``going`` now, notes its
+        send time on a lane with no ceiling (the window's guesses and a lone 429's doubt read
+        them; one that waits out a pause first is noted when it goes)."""
+        if not ticket.counted:
+            ticket.counted = True
+            self.in_flight += 1
+        if self.ceiling is None and going and ticket.flying_at is None:
+            ticket.flying_at = now
+            bisect.insort(self.flying, now)  # threads may pass an earlier ``now`` late
+
+    def recheck(self, wait: float, now: float) -> float:
+        """A wait shortened while a lone 429's pause may still be lifted (a request sent after
+        it is in flight, and its acceptance would call the 429 chance): such a pause is
+        checked again once a round trip, and costs the lane about that much if it lifts."""
+        lifts = self.doubtful and self.flying and self.flying[-1] > self.doubt_sent
+        if lifts and self.paused_until > now:
+            return min(wait, max(MIN_WAIT, self.rtt))
+        return wait
+
+    def probing(self, now: float) -> bool:
+        """Whether a request sent after a lone 429 (a probe) is on its way, sent less than
+        :data:`PROBE_HOLD` (or four round trips) ago: its answer says whether the gateway
+        takes requests again, so the others wait for it instead of all meeting a full one."""
+        if not self.doubtful or not self.flying:
+            return False
+        return self.flying[-1] > max(self.doubt_sent, now - max(PROBE_HOLD, 4 * self.rtt))
+
+    def land(self, ticket: Ticket) -> None:
+        """A request in flight ended: its send time is forgotten."""
+        if ticket.flying_at is None:
+            return
+        i = bisect.bisect_left(self.flying, ticket.flying_at)
+        if i < len(self.flying) and self.flying[i] == ticket.flying_at:
+            del self.flying[i]
+        ticket.flying_at = None
+
+    def unwait(self, ticket: Ticket) -> None:
+        """Takes a held-back request out of the window's line."""
+        ticket.windowed = False
+        del self.waiting[bisect.bisect_left(self.waiting, ticket.place)]
+
 
 def _lane(ceiling: float | None) -> _Lane:
     if ceiling is not None:
         return _Lane(ceiling=float(ceiling), rate=float(ceiling), mode=FIXED)
-    return _Lane(ceiling=None, rate=START_RATE, mode=STARTING)
+    return _Lane(ceiling=None, rate=None, mode=STARTING, window=START_WINDOW)
 
 
 class Budget:
@@ -189,31 +314,64 @@ class Budget:
         with self._lock:
             lane = self._lanes[kind]
             self._grow(lane, now)
-            place = lane.next_place
-            idle = lane.due(place) <= now and lane.earliest(now) <= now
-            if lane.mode == FREE or (
-                lane.mode == STARTING and idle and lane.in_flight < START_WINDOW
-            ):
-                lane.in_flight += 1  # the window counts it from now: a storm fills it at once
-                ticket = Ticket(kind, max(now, lane.paused_until), -1, paced=False)
-                ticket.counted = True
-                return ticket
-            lane.next_place += 1
-            if lane.due(place) < lane.earliest(now):  # nothing queued ahead: start from now
-                lane.anchor(place, lane.earliest(now))
-            slot = max(lane.due(place), lane.paused_until)
-            # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
-            lane.queued = lane.queued or slot > max(now, lane.paused_until)
             key = now if priority is None or math.isnan(priority) else priority
-            ticket = Ticket(kind, slot, place, paced=True, priority=key)
-            lane.held.append(place)  # places only grow: the list stays sorted
-            bisect.insort(lane.ranked, (key, place))
-            return ticket
+            free = now >= lane.paused_until and not lane.probing(now)
+            if lane.mode == STARTING and lane.in_flight < lane.window and not lane.waiting and free:
+                ticket = Ticket(kind, now, -1, paced=False, priority=key)
+                lane.fly(ticket, now)  # the window counts it from now: a burst fills it at once
+                return ticket
+            if lane.mode == STARTING:  # the window is full, or paused: it goes on a later answer
+                ticket = Ticket(kind, now, lane.turns, paced=False, priority=key)
+                ticket.windowed = True
+                lane.waiting.append(lane.turns)  # turns only grow: the list stays sorted
+                lane.turns += 1
+                ticket.slot = max(now + lane.window_wait(ticket, now), lane.paused_until)
+                return ticket
+            return self._hold(lane, kind, now, key)
+
+    def _hold(self, lane: _Lane, kind: str, now: float, key: float) -> Ticket:
+        """A paced place for a request of ``lane``, due after those reserved before it."""
+        place = lane.next_place
+        lane.next_place += 1
+        if lane.due(place) < lane.earliest(now):  # nothing queued ahead: start from now
+            lane.anchor(place, lane.earliest(now))
+        slot = max(lane.due(place), lane.paused_until)
+        # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
+        lane.queued = lane.queued or slot > max(now, lane.paused_until)
+        ticket = Ticket(kind, slot, place, paced=True, priority=key)
+        lane.held.append(place)  # places only grow: the list stays sorted
+        bisect.insort(lane.ranked, (key, place))
+        return ticket
 
     def wait_time(self, ticket: Ticket, now: float) -> float:
         """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
+            if ticket.flying_at is None and now >= lane.paused_until and lane.probing(now):
+                # A lone 429's pause is over and a probe is on its way: wait for its answer.
+                return max(MIN_WAIT, lane.rtt)
+            if ticket.windowed:
+                if lane.mode == STARTING:
+                    if now < lane.paused_until:  # no place in the window is taken in a pause
+                        return lane.recheck(lane.paused_until - now, now)
+                    wait = lane.window_wait(ticket, now)
+                    if wait > 0:
+                        return wait
+                    lane.fly(ticket, now)  # its place in the window: it goes now
+                # A place in the window came, or the start is over: unpaced, it goes now;
+                # after an overload it takes a paced place like any new request.
+                lane.unwait(ticket)
+                if not lane.unpaced:
+                    self._grow(lane, now)
+                    held = self._hold(lane, ticket.kind, now, ticket.priority)
+                    ticket.paced, ticket.place, ticket.slot = True, held.place, held.slot
+            elif not ticket.paced and ticket.sent_at is None and not lane.unpaced:
+                # Let through by the window while a pause held it, and the lane was overloaded
+                # meanwhile: it takes a paced place too, so the places held through the pause
+                # do not all go together when it ends (each would meet the same full gateway).
+                self._grow(lane, now)
+                held = self._hold(lane, ticket.kind, now, ticket.priority)
+                ticket.paced, ticket.place, ticket.slot = True, held.place, held.slot
             due = lane.paused_until
             place = -1
             if ticket.paced:
@@ -228,16 +386,14 @@ class Budget:
             if due > now:
                 if ticket.paced and due > lane.paused_until:
                     lane.queued = True
-                return due - now
+                return lane.recheck(due - now, now)
             if ticket.paced and ticket.sent_at is None:
                 lane.forget(ticket)
                 ticket.place = place
             ticket.sent_at = now
             if ticket.paced:
                 lane.last_sent = now
-            if not ticket.counted:
-                ticket.counted = True
-                lane.in_flight += 1
+            lane.fly(ticket, now)
             return 0.0
 
     def release(self, ticket: Ticket) -> None:
@@ -245,6 +401,8 @@ class Budget:
         with self._lock:
             lane = self._lanes[ticket.kind]
             self._uncount(lane, ticket)
+            if ticket.windowed:
+                lane.unwait(ticket)
             if ticket.paced and ticket.sent_at is None:
                 place = lane.forget(ticket)  # the others keep their places and their order
                 if place == lane.next_place - 1:
@@ -264,13 +422,34 @@ class Budget:
         with self._lock:
             lane = self._lanes[ticket.kind]
             sent = ticket.sent_at if ticket.sent_at is not None else now
+            # The window was used (requests wait for it, or half of it is in flight), as TCP's
+            # window validation asks before it widens one.
+            used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
             self._uncount(lane, ticket)
             lane.answers.append(limited)
+            after_429, lane.last_limited = lane.last_limited, limited
             if limited:
-                self._limited(lane, sent, now, retry_after, backoff)
+                self._limited(lane, sent, now, retry_after, backoff, after_429=after_429)
                 return
             if sent >= lane.paused_at:
                 lane.strikes = 0
+            if lane.doubtful and sent > lane.doubt_sent:
+                # The gateway took a request sent after the lone 429's: it was chance, not a
+                # full gateway. The pause ends, and the places waiting for it go now.
+                lane.doubtful = False
+                if lane.mode == STARTING and now - lane.paused_at >= max(MIN_ROUND, 2 * lane.rtt):
+                    # Only a probe sent after a pause of more than a round trip was taken: the
+                    # gateway needed the time (a limit, met at this speed, which a chance 429
+                    # amid requests in flight is not). The requests that waited for it would
+                    # meet it again all at once: the lane is paced from here, as after an
+                    # overload, and grows back as it does.
+                    self._decrease(lane, now, 0.0)
+                    lane.grow_at = now + 1.0
+                if lane.paused_until > now:
+                    lane.paused_until = now
+                    lane.reschedule(now, lane.interval)
+            if ticket.sent_at is not None:
+                self._widen(lane, max(0.0, now - ticket.sent_at), now, used=used)
             second = int(now)
             if second != lane.second:
                 lane.accepted_before = lane.accepted if second == lane.second + 1 else 0
@@ -281,13 +460,14 @@ class Budget:
         """The lane's current pace in requests per second (None: unpaced)."""
         with self._lock:
             lane = self._lanes[kind]
-            return None if lane.mode == STARTING and lane.in_flight < START_WINDOW else lane.rate
+            return None if lane.unpaced else lane.rate
 
     @staticmethod
     def _uncount(lane: _Lane, ticket: Ticket) -> None:
         if ticket.counted:
             ticket.counted = False
             lane.in_flight -= 1
+        lane.land(ticket)
 
     # ------------------------------------------------------------------------ pace changes
 
@@ -298,34 +478,82 @@ class Budget:
         now: float,
         retry_after: float | None,
         backoff: tuple[float, float],
+        *,
+        after_429: bool,
     ) -> None:
-        if sent >= lane.paused_at:  # a new episode, not an echo of one already met
+        share = sum(lane.answers) / max(len(lane.answers), MIN_ANSWERS)
+        lone = fresh = capped = False
+        if lane.ceiling is None:
+            if lane.doubtful:
+                if sent < lane.doubt_sent:
+                    return  # sent before the lone 429's request: it says nothing new
+                lane.refused_after += 1
+                if lane.refused_after < CONFIRM:
+                    # A later request refused too: a full gateway, or (once in 30 at 3%)
+                    # chance again. The pause grows, still in doubt.
+                    lone = True
+                    lane.strikes += 1
+                else:  # CONFIRM later requests refused, none accepted: the gateway is full
+                    lane.doubtful = False
+                    # If the lone 429 lowered a pace already (its request was sent at it),
+                    # that pace met the limit once: it is not lowered a second time.
+                    capped = lane.lone_at >= lane.doubt_sent
+            elif not after_429 and share < OVERLOAD_SHARE and now >= lane.paused_until:
+                # A lone 429 (the answer before it was accepted): chance, or the first of an
+                # overload. The lane pauses as for any 429, in doubt: the first request sent
+                # after this one that is accepted ends the pause; CONFIRM of them refused
+                # first make it an overload.
+                lone = fresh = True
+                lane.doubtful, lane.doubt_sent, lane.refused_after = True, sent, 0
+                if lane.mode == RECOVERING and lane.rate is not None:
+                    self._cap(lane, now)
+        if sent >= lane.paused_at and (fresh or not lone):  # a new episode, not an echo
             lane.strikes += 1
         first, longest = backoff
-        pause = min(longest, first * 2.0 ** min(lane.strikes - 1, 30))
+        pause = min(longest, first * 2.0 ** min(max(lane.strikes - 1, 0), 30))
         if retry_after is not None:
             pause = max(pause, min(retry_after, MAX_PAUSE))
+        elif lane.ceiling is None:
+            pause = min(pause, NO_HINT_PAUSE)
         until = now + pause
         if until > lane.paused_until:
             lane.paused_until, lane.paused_at = until, now
             lane.reschedule(now, lane.interval)  # the places waiting go after it, in order
-        share = sum(lane.answers) / max(len(lane.answers), MIN_ANSWERS)
+        if lone:
+            return
         settled = now - lane.decreased_at >= RECOVERY_PERIOD  # the last change had its effect
-        if sent > lane.decreased_at and share >= DECREASE_SHARE and settled:
+        # With no ceiling this is an overload already (a 429 in a row, or a real share).
+        overload = lane.ceiling is None or share >= DECREASE_SHARE
+        if sent > lane.decreased_at and overload and settled and not capped:
             self._decrease(lane, now, share)
             lane.answers.clear()
-            lane.grow_at = now + RECOVERY_PERIOD
+            lane.grow_at = now + (RECOVERY_PERIOD if lane.ceiling is not None else 1.0)
+
+    @staticmethod
+    def _cap(lane: _Lane, now: float) -> None:
+        """A lone 429 on a paced lane with no ceiling. Chance or not, it came at this pace: if
+        that is well above what the gateway accepted in the last second, the pace falls to it
+        (by half at most, never below half :data:`START_RATE`) and stays there for a
+        :data:`RECOVERY_PERIOD` (a pace that grew on past lone 429s called chance met a real
+        limit again and again)."""
+        assert lane.rate is not None
+        cap = max(_accepted_per_second(lane, now), START_RATE * FIRST_DECREASE,
+                  lane.rate * FIRST_DECREASE)  # fmt: skip
+        if cap < lane.rate * DECREASE:  # well above what got through (not a pace at its limit)
+            lane.lone_pace, lane.lone_at = lane.rate, now
+            old_interval = lane.interval
+            lane.rate = cap
+            lane.reschedule(now, old_interval)
 
     def _decrease(self, lane: _Lane, now: float, share: float) -> None:
         if lane.mode in (RECOVERING, FIXED):  # a pace that was close: to what got through
             assert lane.rate is not None
             overloaded_at = lane.rate
             rate = lane.rate * max(FIRST_DECREASE, min(DECREASE, 1.0 - share))
-        else:  # a guess so far: start again from what the gateway accepted lately, but
-            # never from less than the starting pace: a client that had sent little (or only
-            # for part of a second) says nothing of what the gateway would accept.
-            start = min(lane.rate or START_RATE, START_RATE)
-            overloaded_at = max(_accepted_per_second(lane, now), start)
+        else:  # unpaced so far: start from what the gateway accepted lately, but never from
+            # less than the starting pace: a client that had sent little (or only for part of
+            # a second) says nothing of what the gateway would accept.
+            overloaded_at = max(_accepted_per_second(lane, now), START_RATE)
             rate = overloaded_at * FIRST_DECREASE
         rate = max(PACE_FLOOR, rate)
         if lane.ceiling is not None:
@@ -335,25 +563,54 @@ class Budget:
         lane.rate, lane.mode, lane.decreased_at = rate, RECOVERING, now
         lane.reschedule(now, old_interval)
 
+    @staticmethod
+    def _widen(lane: _Lane, took: float, now: float, *, used: bool) -> None:
+        """An accepted answer that took ``took`` seconds. In the start, the window widens by
+        one if it was ``used`` (a window never used says nothing of a wider one, and would let
+        a later burst of that width go at once: TCP's window validation), but at most doubles
+        in a round trip and in :data:`MIN_ROUND`: a gateway that
+        answers at once says nothing yet of its limit, and what is in flight when its first
+        429 comes back is refused too (``bench/bursts.py``: 100 submits at once against 20
+        per 10 s met 28 429s in the first second unbounded, 4 to 10 bounded), and never past
+        :data:`MAX_WINDOW`."""
+        lane.rtt += (took - lane.rtt) / 8  # smoothed as TCP's srtt
+        if lane.mode != STARTING or not used:
+            return
+        if now - lane.round_at >= max(MIN_ROUND, lane.rtt):
+            lane.round_at, lane.round_window = now, lane.window
+        lane.window = min(lane.window + 1, 2 * lane.round_window, MAX_WINDOW)
+
     def _grow(self, lane: _Lane, now: float) -> None:
         if now < lane.grow_at:
             return
+        if lane.ceiling is None and now < lane.paused_until:
+            # Paused, nothing goes: requests queued behind a pause say nothing of the pace
+            # (measured: growing through pauses in doubt cost a 429 more a limit's window).
+            lane.queued = False
+            lane.grow_at = lane.paused_until + 1.0
+            return
         rate, old_interval = lane.rate, lane.interval
-        if lane.queued and lane.rate is not None:
-            if lane.mode == STARTING:
-                lane.rate *= 2.0
-                if lane.rate > FREE_RATE:
-                    lane.rate, lane.mode = None, FREE
-            elif lane.mode == RECOVERING:
-                careful = lane.rate < lane.overloaded_at
+        careful = lane.mode == RECOVERING and (lane.rate or 0) < lane.overloaded_at
+        # Requests queue for the pace when one had to wait for its slot or (with no ceiling)
+        # places reserved earlier still wait for theirs: a queue that holds its places from
+        # before a pause wakes at its slots and never finds one still ahead.
+        queued = lane.queued or (lane.ceiling is None and len(lane.held) > 1)
+        if queued and lane.rate is not None and lane.mode == RECOVERING:
+            if lane.ceiling is not None:
                 lane.rate *= 1.0 + RECOVERY_STEP if careful else 2.0
-                if lane.ceiling is not None and lane.rate >= lane.ceiling:
+                if lane.rate >= lane.ceiling:
                     lane.rate, lane.mode = lane.ceiling, FIXED
+            elif lane.rate < DECREASE * lane.lone_pace or now - lane.lone_at >= RECOVERY_PERIOD:
+                # (not near the pace of a lone 429 met less than a recovery period ago)
+                lane.rate *= 1.0 + REGAIN_STEP
+                if lane.rate > FREE_RATE:  # unpaced again, within the window it had
+                    lane.rate, lane.mode = None, STARTING
         if lane.rate != rate:
             lane.reschedule(now, old_interval)
         lane.queued = False
         careful = lane.mode == RECOVERING and (lane.rate or 0) < lane.overloaded_at
-        lane.grow_at = now + (RECOVERY_PERIOD if careful or lane.mode == FIXED else 1.0)
+        slow = lane.ceiling is not None and (careful or lane.mode == FIXED)
+        lane.grow_at = now + (RECOVERY_PERIOD if slow else 1.0)
 
 
 def _accepted_per_second(lane: _Lane, now: float) -> float:
