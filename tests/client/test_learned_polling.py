@@ -79,7 +79,9 @@ def test_a_learning_client_spends_far_fewer_queries_on_its_later_tasks(learned: 
 @pytest.mark.parametrize("hint", ["0", "3600"])
 def test_a_retry_after_on_active_tasks_never_costs_a_query_more(hint: str, learned: int) -> None:
     hinted, _ = queries_after_warm_up(learn=True, hint=hint)
-    assert hinted <= learned + 4, (hinted, learned)  # timing noise of 16 tasks, never a spin
+    # The tasks run on the wall clock, so a loaded machine moves both counts by a few queries a
+    # task; a hint that made waits spin would cost hundreds (a query per round trip).
+    assert hinted <= 1.3 * learned + 4, (hinted, learned)
 
 
 def test_the_threads_of_a_blocking_client_teach_one_model() -> None:
