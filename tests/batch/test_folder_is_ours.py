@@ -130,6 +130,25 @@ def test_a_run_record_without_a_fingerprint_works_and_gets_it(tmp_path: Path) ->
         assert code == 4, err
 
 
+def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
+    """The folder's writer chose it: a fingerprint that is not hex never reaches a message."""
+    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    source = prompts(tmp_path / "in.txt", ["a cat"])
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+        run = json.loads((out / RUN_NAME).read_text())
+        run["key_fingerprint"] = "\x1b]0;owned\x07" + "a" * 20
+        (out / RUN_NAME).write_text(json.dumps(run))
+        created = gw.stats()["tasks_created"]
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+        assert gw.stats()["tasks_created"] == created
+    assert code == 2, err
+    assert "key fingerprint is not one" in err
+    assert "\x1b" not in err
+    assert "owned" not in err
+
+
 # ---------------------------------------------------------------------------- a damaged ledger
 
 

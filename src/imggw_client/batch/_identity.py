@@ -387,11 +387,28 @@ def parse_identity(data: bytes, where: str) -> RunIdentity:
         )
     surface = parsed.get("surface")
     fingerprint = parsed.get("key_fingerprint")
+    if fingerprint is not None and not _is_fingerprint(fingerprint):
+        # Whoever can write the folder chose it, and messages show it: only hex is one.
+        raise RequestValidationError(
+            "out_dir",
+            f"{where} is damaged (its key fingerprint is not one); it is not a run's"
+            " folder as imggw wrote it",
+        )
     return RunIdentity(
         run_id,
         str(parsed.get("input_fingerprint", "")),
         surface if isinstance(surface, str) else None,
         fingerprint if isinstance(fingerprint, str) and fingerprint else None,
+    )
+
+
+def _is_fingerprint(value: object) -> bool:
+    """Whether ``value`` has the form of a key fingerprint: lowercase hex, as
+    ``key_fingerprint`` writes it."""
+    return (
+        isinstance(value, str)
+        and 16 <= len(value) <= 128
+        and all(c in "0123456789abcdef" for c in value)
     )
 
 
