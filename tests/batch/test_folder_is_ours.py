@@ -149,6 +149,26 @@ def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path
     assert "owned" not in err
 
 
+def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
+    """The run's surface picks where a rerun's requests go: one the spec does not name is a
+    damaged record, refused before anything is sent and never printed."""
+    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    source = prompts(tmp_path / "in.txt", ["a cat"])
+    out = tmp_path / "out"
+    with gw.serve() as url:
+        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+        run = json.loads((out / RUN_NAME).read_text())
+        run["surface"] = "../gamma\x1b[2J"
+        (out / RUN_NAME).write_text(json.dumps(run))
+        requests = sum(gw.stats()["requests"].values())
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+        assert sum(gw.stats()["requests"].values()) == requests
+    assert code == 2, err
+    assert "surface is not one" in err
+    assert "gamma" not in err
+    assert "\x1b" not in err
+
+
 # ---------------------------------------------------------------------------- a damaged ledger
 
 

@@ -68,7 +68,7 @@ from ._guards import Charge
 from ._input import count_lines
 from ._options import BatchOptions
 from ._plan import Scan, scan_input
-from ._shards import CHECKPOINT_EVERY, ShardReport, ShardSpec, env_run_id
+from ._shards import CHECKPOINT_EVERY, ShardReport, ShardSpec, env_fingerprint, env_run_id
 from ._states import ExitCode
 from ._storage import Storage, open_storage
 
@@ -275,6 +275,7 @@ def _prepare(
     options: BatchOptions,
     run_id: Callable[[], str],
     with_entries: bool,
+    fingerprint: str | None = None,
 ) -> _Prepared:
     """The whole input checked and the run's identity made, before any shard is dispatched;
     then each shard's slice put in the output folder (and, ``with_entries``, how many entries
@@ -298,11 +299,14 @@ def _prepare(
             found = scan.plan.input_digest
             run = _identity.load_stored(storage)
             if run is None:
-                run, created = _identity.claim(storage, scan.digests, found, run_id=run_id(),
-                                               surface=surface)  # fmt: skip
+                made = _identity.claim(storage, scan.digests, found, run_id=run_id(),
+                                       surface=surface, key_fingerprint=fingerprint)  # fmt: skip
+                run, created = made
                 if not created and run.input_digest != found:
                     continue  # compare again, with the record its maker published
-            elif run.input_digest != found:  # changes, allowed
+            # Before any slice is cut: a folder made with another key is refused here, whole.
+            run = _identity.adopt_key(storage, run, fingerprint)
+            if run.input_digest != found:  # changes, allowed
                 _identity.publish_lines(storage, scan.digests)
                 run = _identity.RunIdentity(
                     run.run_id, found, run.surface or surface, run.key_fingerprint
@@ -399,9 +403,11 @@ async def arun_sharded(
     work.mkdir(parents=True, exist_ok=True)
     run_id = functools.partial(env_run_id, storage, spec.base_url)
     try:
+        fingerprint = await anyio.to_thread.run_sync(env_fingerprint)  # slow, once
         prepared = await anyio.to_thread.run_sync(functools.partial(
             _prepare, source, storage, work, surface=surface, shard_size=shard_size,
             options=chosen, run_id=run_id, with_entries=on_progress is not None,
+            fingerprint=fingerprint,
         ))  # fmt: skip
     finally:
         await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, work, ignore_errors=True))

@@ -17,6 +17,7 @@ gateway replays the task instead of billing a second one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .._core import jsonio
+from .._core import jsonio, rules
 from .._exceptions import ConfigurationError, ImggwError, RequestValidationError
 from ._files import StorageError, create_new, refuse_link, temp_name
 from ._storage import Storage
@@ -386,6 +387,14 @@ def parse_identity(data: bytes, where: str) -> RunIdentity:
             "out_dir", f"{where} is damaged (no run id); it is not a run's folder"
         )
     surface = parsed.get("surface")
+    if surface is not None and surface not in rules.SURFACES:
+        # It picks the surface a rerun's requests go to and is shown in messages: only a
+        # surface the spec names is one.
+        raise RequestValidationError(
+            "out_dir",
+            f"{where} is damaged (its surface is not one); it is not a run's folder as imggw"
+            " wrote it",
+        )
     fingerprint = parsed.get("key_fingerprint")
     if fingerprint is not None and not _is_fingerprint(fingerprint):
         # Whoever can write the folder chose it, and messages show it: only hex is one.
@@ -447,6 +456,20 @@ def claim(
     if found is None:  # pragma: no cover - a run.json deleted in that very instant
         raise StorageError(f"{storage.where(RUN_NAME)} vanished", code="storage_failed")
     return found, False
+
+
+def adopt_key(storage: Storage, run: RunIdentity, fingerprint: str | None) -> RunIdentity:
+    """The run, checked against this key and, when its record does not name a key yet (made by
+    a driver without one, or by an older imggw), made to name this one: a rerun with another key
+    is then refused, not left to mark every line ``not_found``. Read back after writing: of
+    two processes with different keys recording at once, one is refused."""
+    check_key(storage.url, run, fingerprint)
+    if fingerprint is None or run.key_fingerprint is not None:
+        return run
+    storage.write(RUN_NAME, identity_bytes(dataclasses.replace(run, key_fingerprint=fingerprint)))
+    kept = load_stored(storage)
+    check_key(storage.url, kept, fingerprint)
+    return kept or run
 
 
 def publish_lines(storage: Storage, digests: LineDigests) -> None:

@@ -64,7 +64,10 @@ if TYPE_CHECKING:
 
     from ._options import RunOptions
 
-__all__ = ["CHECKPOINT_EVERY", "ShardReport", "ShardSpec", "arun_shard", "env_run_id", "run_shard"]
+__all__ = [
+    "CHECKPOINT_EVERY", "ShardReport", "ShardSpec", "arun_shard", "env_fingerprint", "env_run_id",
+    "run_shard",
+]  # fmt: skip
 
 log = logging.getLogger("imggw_client")
 CHECKPOINT_EVERY = 30.0  # seconds between checkpoints of a remote shard's ledger
@@ -160,6 +163,13 @@ def env_run_id(storage: Storage, base_url: str | None = None) -> str:
         return _identity.random_run_id()
     place = destination_name(storage.url)
     return _identity.derive_run_id(place, url.rstrip("/"), key_fingerprint(key))
+
+
+def env_fingerprint() -> str | None:
+    """The slow fingerprint of ``IMGGW_API_KEY`` as a process with no client sees it (the Dask
+    driver), or None when it has no key (the workers then record theirs)."""
+    key = os.environ.get(ENV_API_KEY)
+    return key_fingerprint(key) if key else None
 
 
 class ShardIdentity:
@@ -292,7 +302,7 @@ def _prepare(
             raise RequestValidationError(
                 "out_dir", f"{storage.url} has no run.json: the driver makes it before dispatch"
             )
-        _identity.check_key(storage.url, run, fingerprint)
+        run = _identity.adopt_key(storage, run, fingerprint)
         # A CSV slice begins with the header row: the line before the shard's first.
         header = reads_csv(spec.source, collect=spec.options.collect, format=spec.options.format)
         part = Slice(None, spec.lines.start - header, spec.first_entry, sliced=True)
@@ -316,7 +326,7 @@ def _prepare(
                                      key_fingerprint=fingerprint)  # fmt: skip
         finally:
             scan.discard()
-    _identity.check_key(storage.url, run, fingerprint)
+    run = _identity.adopt_key(storage, run, fingerprint)
     # If its maker died before lines.fp, the shard compares with nothing, as a first run does.
     _identity.wait_for_lines(storage)
     return run, spec.source, lines, Slice(lines)

@@ -24,10 +24,12 @@ from typer.testing import CliRunner
 from imggw_cli import _scale
 from imggw_cli._app import app
 from imggw_client import RateLimit, TaskStatus
-from imggw_client.batch import _dask, status
+from imggw_client._base_client import key_fingerprint
+from imggw_client.batch import KeyChangedError, _dask, status
 from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
 from imggw_client.batch._dask_budget import BudgetPlugin
 from imggw_client.batch._dask_progress import ProgressReader
+from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway
@@ -214,6 +216,38 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     records = check_from_storage(str(out), None, 6)
     assert records[4]["prompt"] == "an edited line"
     assert allowed.stdout.count("\n") == 6  # --json: the merged manifest on stdout
+
+
+def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
+    gateway: tuple[MockGateway, str],
+    dask_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A driver without the key leaves it to the workers, which record theirs; a driver with a
+    key refuses a folder made with another before any shard is dispatched (a rotated key would
+    otherwise mark every line not_found)."""
+    gw, url = gateway
+    source = write_prompts(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "out"
+    monkeypatch.delenv("IMGGW_API_KEY")  # the driver's own environment only
+    first = run_sharded(source, out, address=dask_client.scheduler.address, shard_size=2,
+                        client=spec(url))  # fmt: skip
+    assert first.exit_code == 0
+    run = json.loads((out / RUN_NAME).read_text())
+    assert run["key_fingerprint"] == key_fingerprint(KEY)  # recorded by the workers
+    run["key_fingerprint"] = key_fingerprint("sk-the-key-before-rotation")
+    (out / RUN_NAME).write_text(json.dumps(run))
+    monkeypatch.setenv("IMGGW_API_KEY", KEY)
+    write_prompts(source, 6)  # two more lines, allowed: they would be sent if not refused
+    requests = sum(gw.stats()["requests"].values())
+    with pytest.raises(KeyChangedError) as refused:
+        run_sharded(source, out, address=dask_client.scheduler.address, shard_size=2,
+                    client=spec(url), allow_changes=True)  # fmt: skip
+    assert refused.value.fingerprint == key_fingerprint(KEY)
+    assert sum(gw.stats()["requests"].values()) == requests  # nothing dispatched, nothing sent
+    assert not (out / "shards" / "0003-of-0003").exists()
+    assert json.loads((out / RUN_NAME).read_text()) == run  # the record is left as it was
 
 
 def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
