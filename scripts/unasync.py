@@ -89,6 +89,7 @@ PASSAGES = [
 WORDS = [
     (r"\bawait ", ""),
     (r"\basync with ", "with "),
+    (r"\basync for ", "for "),
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncBaseTransport\b", "BaseTransport"),
     (r"\bBudgetService\b", "SyncBudgetService"),

@@ -7,43 +7,55 @@ file, then run the script."""
 from __future__ import annotations
 
 import functools
+import math
+import os
 import time
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
 
 from . import _io_async as _io
 from . import _telemetry, _transport
 from ._base_client import (
+    COMPLETIONS_IN_FLIGHT,
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
     DEFAULT_POLL,
     DEFAULT_TIMEOUT,
     DEFAULT_WAIT_TIMEOUT,
     BaseClient,
+    log_resend,
+    unique,
 )
-from ._config import PollPolicy, RateLimit, RetryPolicy
+from ._config import PollPolicy, RateLimit, RetryPolicy, check_surface
 from ._core.budget import BudgetService, RemoteBudget
+from ._core.completions import Completions
 from ._core.flows import Flow, interrupt
 from ._core.wire import (
     Action,
+    Answered,
     Fetch,
     Fetched,
     Notify,
     Observe,
     Pace,
     Paced,
+    Record,
     Reply,
     Send,
     Sleep,
     TransportFailure,
 )
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
-from ._exceptions import ImggwError, UnknownOutcomeError, WaitTimeoutError
+from ._exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
 from ._models import DownloadedFile, Submission, Task
 from ._telemetry import Watch
+
+if TYPE_CHECKING:
+    from .tracking._journal import Journal
 
 T = TypeVar("T")
 
@@ -88,6 +100,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         rate_limit: RateLimit | None = None,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        journal: Journal | str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             api_key,
@@ -100,6 +113,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             rate_limit=rate_limit,
             http_client=http_client,
             transport=transport,
+            journal=journal,
         )
         self._sleep = _io.sleep
         if self._settings.rate_limit.store is not None:  # one budget with other processes
@@ -215,12 +229,16 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         validate: bool = True,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
         on_update: _io.OnUpdate | None = None,
+        on_submit: _io.OnSubmit | None = None,
     ) -> Task:
-        """Submits and waits: :meth:`submit` then :meth:`wait`.
+        """Submits and waits: :meth:`submit` then :meth:`wait`. ``on_submit(submission)`` is
+        called as soon as the submit answers, before the wait, as ``on_update`` is: the place
+        to keep the task id where your application keeps its own state.
 
         Example::
 
-            task = await client.generate("a lighthouse at dusk", resolution="2k")
+            task = await client.generate("a lighthouse at dusk", resolution="2k",
+                                         on_submit=lambda sub: save_id(sub.task_id))
         """
         with self._operation("imggw.generate", surface) as watch:
             return await self._run(
@@ -235,6 +253,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 ),
                 on_update,
                 watch=watch,
+                on_submit=on_submit,
             )
 
     async def download(
@@ -278,9 +297,94 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         limit = check_concurrency(concurrency)
         with self._operation("imggw.download", getattr(task, "surface", None)) as watch:
             run = functools.partial(self._run_catching, watch=watch)
-            files = first_error(await _io.map_concurrently(run, flows, limit))
+            try:
+                files = first_error(await _io.map_concurrently(run, flows, limit))
+            except ResultExpiredError:
+                await self._run(self._flows.expired(task))
+                raise
+            await self._run(self._flows.saved(task, files))
             watch.result(task)
             return files
+
+    async def as_completed(
+        self,
+        items: Iterable[Submission | Task | str],
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Task]:
+        """Waits on many tasks at once and yields each :class:`Task` as soon as it is terminal
+        (succeeded or failed: a failed task is yielded, not raised), in the order they finish.
+        ``items`` are submissions, tasks or task ids (on the client's surface). Every wait
+        shares the client's budget and what it learned of its tasks' durations; the queries
+        most likely to find a task finished go first. Past ``timeout`` seconds (default: no
+        limit) it raises :class:`WaitTimeoutError` naming every task still running in
+        ``still_running``: wait on them again. An error that is not a task's (an unknown task
+        id, a refused key) ends the call.
+
+        Example::
+
+            subs = [await client.submit(p) for p in prompts]
+            async for task in client.as_completed(subs, timeout=900):
+                if task.status is TaskStatus.SUCCEEDED:
+                    await client.download(task, "out/")
+        """
+        wait = math.inf if timeout is None else timeout
+        items = unique(items, self.surface)
+        flows = [self._flows.wait(item, surface=None, timeout=wait) for item in items]
+        completions = Completions(flows, self._flows.clock)
+        with self._operation("imggw.as_completed", None) as watch:
+            try:
+                while (step := completions.due()) is not None:
+                    if isinstance(step, float):
+                        await self._sleep(step)
+                    else:
+                        perform = functools.partial(self._perform_for, watch=watch)
+                        limit = COMPLETIONS_IN_FLIGHT
+                        completions.give(await _io.map_concurrently(perform, step, limit))
+                    for task in completions.finished():
+                        yield task
+                for task in completions.finished():
+                    yield task
+                error = completions.error()
+                if error is not None:
+                    raise error
+            finally:
+                completions.close()
+
+    async def unfinished(self) -> list[Submission]:
+        """Every task of this client's journal (this key, this gateway) that still needs a
+        wait or a download, as submissions to wait on (:meth:`as_completed`). A submit whose
+        outcome was never read (the process was killed while it was in flight) is sent again
+        with its idempotency key first: the gateway replays the task it made, never bills a
+        second one. One that is still unanswered stays in the journal for the next call; one
+        the gateway refuses (it made no task) leaves it. Without a journal: ``[]``.
+
+        Example::
+
+            async with AsyncClient(journal="state/imggw.sqlite") as client:
+                async for task in client.as_completed(await client.unfinished()):
+                    await client.download(task, "out/")
+        """
+        if self._journal is None:
+            return []
+        entries = await _io.run_sync(self._open_entries)
+        found: list[Submission] = []
+        for entry in entries:
+            if entry.task_id is not None:
+                found.append(Submission(task_id=entry.task_id, surface=check_surface(entry.surface),
+                                        idempotency_key=entry.idempotency_key,
+                                        resolution=entry.request.resolution,
+                                        submitted_at=entry.submitted_at))  # fmt: skip
+                continue
+            lost = UnknownOutcomeError(
+                "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
+                request=entry.request, surface=entry.surface,
+            )  # fmt: skip
+            try:
+                found.append(await self.submit(lost))
+            except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
+                log_resend(entry.idempotency_key, err)
+        return found
 
     def share_budget(self, service: BudgetService) -> None:
         """Makes every request of this client (and of the ``with_options`` copies made from
@@ -308,6 +412,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         # Else its connections belong to an event loop that is gone: nothing can close them.
         if not self._copy:
             await _io.close_budget(self._flows.budget)
+            if self._owns_journal and self._journal is not None:
+                self._journal.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -328,6 +434,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         on_update: _io.OnUpdate | None = None,
         *,
         watch: Watch = _telemetry.NULL,
+        on_submit: _io.OnSubmit | None = None,
     ) -> T:
         outcome: Any = None
         while True:
@@ -337,7 +444,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 watch.result(done.value)
                 return done.value  # type: ignore[no-any-return]
             try:
-                outcome = await self._perform(action, on_update, watch)
+                outcome = await self._perform(action, on_update, watch, on_submit)
             except BaseException as exc:  # cancelled, closed, interrupted: the flow gives back
                 interrupt(flow, exc)  # its place, and a submit names its key on exc
                 raise
@@ -350,7 +457,17 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         except Exception as exc:
             return exc
 
-    async def _perform(self, action: Action, on_update: _io.OnUpdate | None, watch: Watch) -> Any:
+    async def _perform_for(self, step: tuple[int, Action], *, watch: Watch) -> tuple[int, Any]:
+        index, action = step
+        return index, await self._perform(action, None, watch)
+
+    async def _perform(
+        self,
+        action: Action,
+        on_update: _io.OnUpdate | None,
+        watch: Watch,
+        on_submit: _io.OnSubmit | None = None,
+    ) -> Any:
         if isinstance(action, Send):
             return await self._send(action)
         if isinstance(action, Observe):
@@ -358,6 +475,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             return None
         if isinstance(action, Sleep):
             await self._sleep(action.seconds)
+        elif isinstance(action, Record):
+            await _io.run_sync(self._record, action.event)
+        elif isinstance(action, Answered):
+            if on_submit is not None:
+                await _io.notify(on_submit, action.submission)
         elif isinstance(action, Notify):
             if on_update is not None:
                 await _io.notify(on_update, action.task)

@@ -10,9 +10,9 @@ import hashlib
 import os
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
@@ -22,7 +22,11 @@ from ._core.flows import Flows, log
 from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
 from ._exceptions import ConfigurationError
+from ._models import Submission, Task
 from ._transport import user_agent
+
+if TYPE_CHECKING:
+    from .tracking._journal import Journal, JournalEntry, Scope
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
@@ -32,6 +36,9 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_WAIT_TIMEOUT = 600.0
 DEFAULT_DOWNLOAD_CONCURRENCY = 4
+# The most queries as_completed has in flight at once (its budget paces them anyway): a Client
+# runs its waits on this many threads at most, however many tasks it waits on.
+COMPLETIONS_IN_FLIGHT = 16
 DEFAULT_POLL = PollPolicy()
 # A fixed salt and a slow hash: a fingerprint names a key without revealing it, and guessing a
 # key from one costs this many rounds a guess.
@@ -145,6 +152,7 @@ class BaseClient(Generic[H]):
         rate_limit: RateLimit | None,
         http_client: H | None,
         transport: Transport | None,
+        journal: Any = None,
     ) -> None:
         self._settings: Settings = resolve_settings(
             api_key,
@@ -157,6 +165,8 @@ class BaseClient(Generic[H]):
             rate_limit=rate_limit,
         )
         self._flows = Flows(self._settings)
+        self._journal, self._owns_journal = open_journal(journal)
+        self._flows.journaled = self._journal is not None
         self._conn = self._connect(http_client, transport)
         self._agent = user_agent(self._conn.http)
         self._closed = False
@@ -213,6 +223,40 @@ class BaseClient(Generic[H]):
             cached = key_fingerprint(self._settings.api_key)
             self.__dict__["_key_fingerprint"] = cached
         return cached
+
+    @property
+    def journal(self) -> Journal | None:
+        """The :class:`~imggw_client.tracking.Journal` this client records its tasks in, or
+        None (the default: the SDK writes nothing unless given one, or ``IMGGW_JOURNAL``).
+
+        Example::
+
+            client = Client(journal="state/imggw.sqlite")
+            print([e.task_id for e in client.journal.tasks(unfinished=True)])
+        """
+        return self._journal
+
+    @property
+    def journal_scope(self) -> Scope:
+        """Whose tasks this client's journal rows are: its gateway and key fingerprint.
+
+        Example::
+
+            mine = client.journal.tasks(scope=client.journal_scope)
+        """
+        from .tracking._journal import Scope
+
+        return Scope(self._settings.base_url, self.key_fingerprint)
+
+    def _open_entries(self) -> list[JournalEntry]:
+        """This client's journaled tasks that still need work, oldest first."""
+        assert self._journal is not None
+        return self._journal.tasks(unfinished=True, scope=self.journal_scope)[::-1]
+
+    def _record(self, event: object) -> None:
+        """Commits a flow's journal event (blocking: a driver runs it off its event loop)."""
+        if self._journal is not None:
+            self._journal.record(event, self.journal_scope)
 
     @property
     def timeout(self) -> float:
@@ -295,6 +339,7 @@ class BaseClient(Generic[H]):
             budget=self._flows.budget,
             durations=self._flows.durations,
         )
+        clone._flows.journaled = self._flows.journaled
         clone._closed = self._closed
         clone._copy = True
         return clone
@@ -344,6 +389,52 @@ class BaseClient(Generic[H]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, surface={self.surface!r})"
+
+
+ENV_JOURNAL = "IMGGW_JOURNAL"
+
+
+def unique(items: Iterable[Submission | Task | str], surface: str) -> list[Submission | Task | str]:
+    """``as_completed``'s items, each task once (by surface and id; a bare id is on
+    ``surface``), in the order given."""
+    seen: set[tuple[str, str]] = set()
+    kept: list[Submission | Task | str] = []
+    for item in items:
+        name: tuple[str, str]
+        if isinstance(item, Submission):
+            name = (item.surface, item.task_id)
+        elif isinstance(item, Task):
+            name = (item.surface, item.id)
+        else:
+            name = (surface, item)
+        if name not in seen:
+            seen.add(name)
+            kept.append(item)
+    return kept
+
+
+def log_resend(key: str, err: BaseException) -> None:
+    """A journaled submit ``unfinished`` sent again and did not get back."""
+    log.warning("a journaled submit (idempotency key %s) was not resumed: %s", key, err)
+
+
+def open_journal(journal: object) -> tuple[Journal | None, bool]:
+    """The client's journal and whether the client opened it (and so closes it): a
+    :class:`Journal` as given, a path opened, or None, when ``IMGGW_JOURNAL`` (a path; ``off``
+    or empty for none) names none either."""
+    if journal is None:
+        named = os.environ.get(ENV_JOURNAL, "")
+        if not named or named.strip().lower() == "off":
+            return None, False
+        journal = named
+    from .tracking._journal import Journal
+
+    if isinstance(journal, Journal):
+        return journal, False
+    if isinstance(journal, (str, os.PathLike)) and os.fspath(journal):
+        return Journal(journal), True
+    raise ConfigurationError("journal must be a Journal, a path, or None",
+                             code="journal_unusable")  # fmt: skip
 
 
 def _require_type(name: str, value: object, expected: type[Any]) -> None:

@@ -11,43 +11,55 @@ above): every way in which the two differ lives in ``_io_sync`` and its twin."""
 from __future__ import annotations
 
 import functools
+import math
+import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
 
 from . import _io_sync as _io
 from . import _telemetry, _transport
 from ._base_client import (
+    COMPLETIONS_IN_FLIGHT,
     DEFAULT_DOWNLOAD_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
     DEFAULT_POLL,
     DEFAULT_TIMEOUT,
     DEFAULT_WAIT_TIMEOUT,
     BaseClient,
+    log_resend,
+    unique,
 )
-from ._config import PollPolicy, RateLimit, RetryPolicy
+from ._config import PollPolicy, RateLimit, RetryPolicy, check_surface
 from ._core.budget import RemoteBudget, SyncBudgetService
+from ._core.completions import Completions
 from ._core.flows import Flow, interrupt
 from ._core.wire import (
     Action,
+    Answered,
     Fetch,
     Fetched,
     Notify,
     Observe,
     Pace,
     Paced,
+    Record,
     Reply,
     Send,
     Sleep,
     TransportFailure,
 )
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
-from ._exceptions import ImggwError, UnknownOutcomeError, WaitTimeoutError
+from ._exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
 from ._models import DownloadedFile, Submission, Task
 from ._telemetry import Watch
+
+if TYPE_CHECKING:
+    from .tracking._journal import Journal
 
 T = TypeVar("T")
 
@@ -86,6 +98,7 @@ class Client(BaseClient[httpx.Client]):
         rate_limit: RateLimit | None = None,
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
+        journal: Journal | str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             api_key,
@@ -98,6 +111,7 @@ class Client(BaseClient[httpx.Client]):
             rate_limit=rate_limit,
             http_client=http_client,
             transport=transport,
+            journal=journal,
         )
         self._sleep = _io.sleep
         if self._settings.rate_limit.store is not None:  # one budget with other processes
@@ -213,12 +227,16 @@ class Client(BaseClient[httpx.Client]):
         validate: bool = True,
         timeout: float = DEFAULT_WAIT_TIMEOUT,
         on_update: _io.OnUpdate | None = None,
+        on_submit: _io.OnSubmit | None = None,
     ) -> Task:
-        """Submits and waits: :meth:`submit` then :meth:`wait`.
+        """Submits and waits: :meth:`submit` then :meth:`wait`. ``on_submit(submission)`` is
+        called as soon as the submit answers, before the wait, as ``on_update`` is: the place
+        to keep the task id where your application keeps its own state.
 
         Example::
 
-            task = client.generate("a lighthouse at dusk", resolution="2k")
+            task = client.generate("a lighthouse at dusk", resolution="2k",
+                                         on_submit=lambda sub: save_id(sub.task_id))
         """
         with self._operation("imggw.generate", surface) as watch:
             return self._run(
@@ -233,6 +251,7 @@ class Client(BaseClient[httpx.Client]):
                 ),
                 on_update,
                 watch=watch,
+                on_submit=on_submit,
             )
 
     def download(
@@ -276,9 +295,94 @@ class Client(BaseClient[httpx.Client]):
         limit = check_concurrency(concurrency)
         with self._operation("imggw.download", getattr(task, "surface", None)) as watch:
             run = functools.partial(self._run_catching, watch=watch)
-            files = first_error(_io.map_concurrently(run, flows, limit))
+            try:
+                files = first_error(_io.map_concurrently(run, flows, limit))
+            except ResultExpiredError:
+                self._run(self._flows.expired(task))
+                raise
+            self._run(self._flows.saved(task, files))
             watch.result(task)
             return files
+
+    def as_completed(
+        self,
+        items: Iterable[Submission | Task | str],
+        *,
+        timeout: float | None = None,
+    ) -> Iterator[Task]:
+        """Waits on many tasks at once and yields each :class:`Task` as soon as it is terminal
+        (succeeded or failed: a failed task is yielded, not raised), in the order they finish.
+        ``items`` are submissions, tasks or task ids (on the client's surface). Every wait
+        shares the client's budget and what it learned of its tasks' durations; the queries
+        most likely to find a task finished go first. Past ``timeout`` seconds (default: no
+        limit) it raises :class:`WaitTimeoutError` naming every task still running in
+        ``still_running``: wait on them again. An error that is not a task's (an unknown task
+        id, a refused key) ends the call.
+
+        Example::
+
+            subs = [client.submit(p) for p in prompts]
+            for task in client.as_completed(subs, timeout=900):
+                if task.status is TaskStatus.SUCCEEDED:
+                    client.download(task, "out/")
+        """
+        wait = math.inf if timeout is None else timeout
+        items = unique(items, self.surface)
+        flows = [self._flows.wait(item, surface=None, timeout=wait) for item in items]
+        completions = Completions(flows, self._flows.clock)
+        with self._operation("imggw.as_completed", None) as watch:
+            try:
+                while (step := completions.due()) is not None:
+                    if isinstance(step, float):
+                        self._sleep(step)
+                    else:
+                        perform = functools.partial(self._perform_for, watch=watch)
+                        limit = COMPLETIONS_IN_FLIGHT
+                        completions.give(_io.map_concurrently(perform, step, limit))
+                    for task in completions.finished():
+                        yield task
+                for task in completions.finished():
+                    yield task
+                error = completions.error()
+                if error is not None:
+                    raise error
+            finally:
+                completions.close()
+
+    def unfinished(self) -> list[Submission]:
+        """Every task of this client's journal (this key, this gateway) that still needs a
+        wait or a download, as submissions to wait on (:meth:`as_completed`). A submit whose
+        outcome was never read (the process was killed while it was in flight) is sent again
+        with its idempotency key first: the gateway replays the task it made, never bills a
+        second one. One that is still unanswered stays in the journal for the next call; one
+        the gateway refuses (it made no task) leaves it. Without a journal: ``[]``.
+
+        Example::
+
+            with Client(journal="state/imggw.sqlite") as client:
+                for task in client.as_completed(client.unfinished()):
+                    client.download(task, "out/")
+        """
+        if self._journal is None:
+            return []
+        entries = _io.run_sync(self._open_entries)
+        found: list[Submission] = []
+        for entry in entries:
+            if entry.task_id is not None:
+                found.append(Submission(task_id=entry.task_id, surface=check_surface(entry.surface),
+                                        idempotency_key=entry.idempotency_key,
+                                        resolution=entry.request.resolution,
+                                        submitted_at=entry.submitted_at))  # fmt: skip
+                continue
+            lost = UnknownOutcomeError(
+                "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
+                request=entry.request, surface=entry.surface,
+            )  # fmt: skip
+            try:
+                found.append(self.submit(lost))
+            except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
+                log_resend(entry.idempotency_key, err)
+        return found
 
     def share_budget(self, service: SyncBudgetService) -> None:
         """Makes every request of this client (and of the ``with_options`` copies made from
@@ -306,6 +410,8 @@ class Client(BaseClient[httpx.Client]):
         # Else its connections belong to an event loop that is gone: nothing can close them.
         if not self._copy:
             _io.close_budget(self._flows.budget)
+            if self._owns_journal and self._journal is not None:
+                self._journal.close()
 
     def __enter__(self) -> Client:
         return self
@@ -326,6 +432,7 @@ class Client(BaseClient[httpx.Client]):
         on_update: _io.OnUpdate | None = None,
         *,
         watch: Watch = _telemetry.NULL,
+        on_submit: _io.OnSubmit | None = None,
     ) -> T:
         outcome: Any = None
         while True:
@@ -335,7 +442,7 @@ class Client(BaseClient[httpx.Client]):
                 watch.result(done.value)
                 return done.value  # type: ignore[no-any-return]
             try:
-                outcome = self._perform(action, on_update, watch)
+                outcome = self._perform(action, on_update, watch, on_submit)
             except BaseException as exc:  # cancelled, closed, interrupted: the flow gives back
                 interrupt(flow, exc)  # its place, and a submit names its key on exc
                 raise
@@ -346,7 +453,17 @@ class Client(BaseClient[httpx.Client]):
         except Exception as exc:
             return exc
 
-    def _perform(self, action: Action, on_update: _io.OnUpdate | None, watch: Watch) -> Any:
+    def _perform_for(self, step: tuple[int, Action], *, watch: Watch) -> tuple[int, Any]:
+        index, action = step
+        return index, self._perform(action, None, watch)
+
+    def _perform(
+        self,
+        action: Action,
+        on_update: _io.OnUpdate | None,
+        watch: Watch,
+        on_submit: _io.OnSubmit | None = None,
+    ) -> Any:
         if isinstance(action, Send):
             return self._send(action)
         if isinstance(action, Observe):
@@ -354,6 +471,11 @@ class Client(BaseClient[httpx.Client]):
             return None
         if isinstance(action, Sleep):
             self._sleep(action.seconds)
+        elif isinstance(action, Record):
+            _io.run_sync(self._record, action.event)
+        elif isinstance(action, Answered):
+            if on_submit is not None:
+                _io.notify(on_submit, action.submission)
         elif isinstance(action, Notify):
             if on_update is not None:
                 _io.notify(on_update, action.task)

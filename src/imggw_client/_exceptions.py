@@ -324,7 +324,8 @@ class WaitTimeoutError(ImggwError):
     ``task_id`` and ``surface`` identify the task; ``last_task`` is the last state seen (None
     if no query succeeded); ``submission`` is the :class:`Submission` the wait was given (by
     ``generate``, or ``wait(sub)``), None when it was given a bare task id or a ``Task``, whose
-    key it never knew. ``timeout`` is the wait's. Wait again with ``client.wait(err)``: it asks
+    key it never knew. ``timeout`` is the wait's. From ``as_completed``, ``still_running`` names
+    every task it left running (this one first). Wait again with ``client.wait(err)``: it asks
     the task's own surface (a per-call ``surface=`` included) and, from a submission, keeps
     polling by what the client learned of such tasks. Never resubmit. It survives ``pickle``
     (from a worker process, say) with every field.
@@ -334,6 +335,9 @@ class WaitTimeoutError(ImggwError):
         except WaitTimeoutError as err:
             task = client.wait(err, timeout=3600)
     """
+
+    # Set by ``as_completed`` on the error it raises: the id of every task it left running.
+    still_running: tuple[str, ...] = ()
 
     def __init__(
         self,

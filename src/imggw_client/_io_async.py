@@ -22,12 +22,13 @@ from . import _transport
 from ._config import Settings
 from ._core.budget import BudgetService
 from ._exceptions import ConfigurationError
-from ._models import Task
+from ._models import Submission, Task
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
+OnSubmit = Callable[[Submission], Any]  # the same
 
 # A cancel scope bounds each whole request; when it ends one, the scope raises TimeoutError.
 FAILURES = (*_transport.FAILURES, TimeoutError)
@@ -48,8 +49,8 @@ def check_deadline(scope: anyio.CancelScope) -> None:
     """Between chunks of a body: nothing to do, the cancel scope ends the request on time."""
 
 
-async def notify(on_update: OnUpdate, task: Task) -> None:
-    result = on_update(task)
+async def notify(callback: Callable[[Any], Any], value: object) -> None:
+    result = callback(value)
     if inspect.isawaitable(result):
         await result
 

@@ -16,12 +16,13 @@ from . import _deadline, _transport
 from ._config import Settings
 from ._core.budget import SyncBudgetService
 from ._exceptions import ConfigurationError
-from ._models import Task
+from ._models import Submission, Task
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 OnUpdate = Callable[[Task], Any]
+OnSubmit = Callable[[Submission], Any]
 
 FAILURES = _transport.FAILURES
 
@@ -40,8 +41,8 @@ def check_deadline(deadline: float) -> None:
         raise httpx.ReadTimeout("the request's deadline passed")
 
 
-def notify(on_update: OnUpdate, task: Task) -> None:
-    on_update(task)
+def notify(callback: Callable[[Any], Any], value: object) -> None:
+    callback(value)
 
 
 def run_sync(func: Callable[..., T], *args: Any) -> T:
@@ -50,6 +51,8 @@ def run_sync(func: Callable[..., T], *args: Any) -> T:
 
 def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> list[R]:
     """``func`` of every item, at most ``limit`` at once (threads); results in the items' order."""
+    if len(items) <= 1 or limit <= 1:  # no thread to start for one (as_completed's usual step)
+        return [func(item) for item in items]
     with ThreadPoolExecutor(max_workers=max(1, min(limit, len(items)))) as pool:
         return list(pool.map(func, items))
 

@@ -219,8 +219,10 @@ def test_client_signature_matches_the_design() -> None:
         "rate_limit",
         "http_client",
         "transport",
+        "journal",
     ]
     defaults = {k: p.default for k, p in sig.parameters.items()}
+    assert defaults["journal"] is None
     assert defaults["surface"] == "beta"
     assert defaults["timeout"] == 30.0
     assert defaults["max_retries"] == 5
@@ -234,6 +236,12 @@ def test_client_signature_matches_the_design() -> None:
     assert submit["resolution"].default == "1k"
     assert inspect.signature(Client.wait).parameters["timeout"].default == 600.0
     assert inspect.signature(Client.download).parameters["overwrite"].default is False
+    assert inspect.signature(Client.generate).parameters["on_submit"].default is None
+    assert list(inspect.signature(Client.as_completed).parameters) == ["self", "items", "timeout"]
+    assert inspect.signature(Client.as_completed).parameters["timeout"].default is None
+    assert inspect.isasyncgenfunction(AsyncClient.as_completed)
+    assert inspect.isgeneratorfunction(Client.as_completed)
+    assert inspect.iscoroutinefunction(AsyncClient.unfinished)
 
 
 def test_task_status_values() -> None:

@@ -38,7 +38,7 @@ from .._exceptions import (
     WaitTimeoutError,
 )
 from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
-from . import reasons, rules, surfaces
+from . import reasons, rules, states, surfaces
 from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
 from .durations import DurationModel
 from .poll import WaitSchedule, plan_wait, query_priority
@@ -51,12 +51,14 @@ from .wire import (
     REQUEST,
     TASK_DONE,
     Action,
+    Answered,
     Fetch,
     Fetched,
     Notify,
     Observe,
     Pace,
     Paced,
+    Record,
     Reply,
     Send,
     Sleep,
@@ -116,6 +118,8 @@ class Flows:
         # Whether flows yield Observe actions (DESIGN 17): set by a client whose telemetry is
         # on, so that a client without it pays nothing for them.
         self.observe = False
+        # Whether flows yield Record actions (DESIGN 19): set by a client that keeps a journal.
+        self.journaled = False
 
     def surface(self, surface: str | None) -> Surface:
         return self.settings.surface if surface is None else check_surface(surface)
@@ -209,13 +213,19 @@ class Flows:
             )
 
         def stamped() -> Flow[Submission]:
+            if self.journaled:  # on disk before the request leaves: a crash cannot lose it
+                yield Record(states.Sending(key, surface, request))
             try:
                 submission = yield from self._attempts(send, read, give_up, kind=SUBMIT)
             except BaseException as exc:
                 if (in_flight or may_exist) and is_interruption(exc):
                     _carry_key(exc, request, surface, key, chosen=chosen)
+                elif self.journaled and _refused(exc, may_exist):
+                    yield Record(states.Refused(key, surface))
                 raise
             submission._accepted_at = self.clock()
+            if self.journaled:
+                yield Record(states.Accepted(submission))
             return submission
 
         return stamped()
@@ -224,11 +234,28 @@ class Flows:
         """One query (retried on transient failures)."""
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
         wire = surfaces.build_query(surface, task_id)
-        return self._attempts(
+        flow = self._attempts(
             lambda: Send(wire, self.settings.timeout),
             self._task_reader(surface, task_id),
             kind=QUERY,
         )
+        return self._seen(flow) if self.journaled else flow
+
+    def _seen(self, flow: Flow[Task]) -> Flow[Task]:
+        task = yield from flow
+        yield Record(states.Seen(task))
+        return task
+
+    def saved(self, task: Task, files: list[DownloadedFile]) -> Flow[None]:
+        """Tells the journal (if any) that ``task``'s results are saved as ``files``."""
+        if self.journaled and files:
+            paths = tuple(f.path for f in files)
+            yield Record(states.Saved(task.id, task.surface, paths))
+
+    def expired(self, task: Task) -> Flow[None]:
+        """Tells the journal (if any) that ``task``'s links died unsaved."""
+        if self.journaled:
+            yield Record(states.Expired(task.id, task.surface))
 
     def wait(
         self,
@@ -340,6 +367,8 @@ class Flows:
             )  # fmt: skip
             now = self.clock()
             if (task.status, task.progress) != seen:
+                if self.journaled and (seen is None or seen[0] is not task.status):
+                    yield Record(states.Seen(task))
                 seen = (task.status, task.progress)
                 yield Notify(task)
             last = task
@@ -386,6 +415,7 @@ class Flows:
             idempotency_key=idempotency_key,
             validate=validate,
         )
+        yield Answered(submission)  # the caller's on_submit, before any wait
         if self.observe:
             yield Observe(PHASE, kind="wait", task_id=submission.task_id)
         try:
@@ -715,6 +745,15 @@ def interrupt(flow: Flow[Any], exc: BaseException) -> None:
     except BaseException:
         return
     flow.close()  # it went on instead of stopping: it may not
+
+
+def _refused(exc: BaseException, may_exist: bool) -> bool:
+    """Whether a submit's failure is the gateway's refusal, for good: an answer (a 4xx) that
+    makes no task. Anything else (not sent, no answer, an unknown outcome) may have a task."""
+    if may_exist or not isinstance(exc, ImggwError) or isinstance(exc, UnknownOutcomeError):
+        return False
+    status = exc.status_code
+    return status is not None and 400 <= status < 500 and not classify(exc).unknown
 
 
 def _carry_key(

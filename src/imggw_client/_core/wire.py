@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._models import DownloadedFile, Task
+from .._models import DownloadedFile, Submission, Task
 from .budget import DEFAULT_BACKOFF
 
 
@@ -156,5 +156,22 @@ class Observe:
     limited: bool = False  # a request the gateway answered with a 429
 
 
-Action = Send | Sleep | Notify | Fetch | Pace | Paced | Observe
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Write ``event`` (one of :mod:`~imggw_client._core.states`' events) to the client's
+    journal, committed before the flow goes on -> ``None``. Yielded only by flows whose client
+    keeps a journal (``Flows.journaled``): a client without one writes nothing."""
+
+    event: object
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A submit was answered: call the user's ``on_submit`` with the submission (awaiting
+    what it returns) -> ``None``, before anything else happens to it."""
+
+    submission: Submission
+
+
+Action = Send | Sleep | Notify | Fetch | Pace | Paced | Observe | Record | Answered
 Outcome = Any  # Reply | TransportFailure | Fetched | (ticket, seconds) | None, by action

@@ -27,9 +27,9 @@ Example::
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._files import StorageError
 from ._cuts import parse_shard, shard_range
 from ._dryrun import BatchPlan, plan_batch
-from ._files import StorageError
 from ._folder import MergeReport, RunStatus, merge, status
 from ._gallery import GALLERY_NAME, write_gallery
 from ._guards import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES

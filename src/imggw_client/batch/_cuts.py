@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 
 from .._exceptions import RequestValidationError
-from ._files import TEMP_BYTES, create_new
+from .._files import TEMP_BYTES, create_new
 from ._input import CSV_SUFFIXES, ENTRY, HEADER, JSON_SUFFIX, JSONL_SUFFIXES, MORE, line_kinds
 from ._storage import Storage
 

@@ -69,8 +69,8 @@ from .._exceptions import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
+from .._files import StorageError, refuse_link
 from .._models import DownloadedFile, Submission, Task, TaskStatus
-from ._files import StorageError, refuse_link
 from ._gallery import write_gallery
 from ._guards import Caps, Charge, Guard, LocalGuard, Spending, reported, settles
 from ._input import COLLECT

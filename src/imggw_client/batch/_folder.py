@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import RequestValidationError
+from .._files import StorageError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
-from ._files import StorageError
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from ._guards import Charge, charge_of, settles
 from ._ledger import INVALID_LINE, LEDGER_NAME, STOPPED_BY, read_meta, read_rows

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, TextIO
 from urllib.parse import quote
 
 from .._core import reasons
-from ._files import atomic_write, create_new, refuse_link
+from .._files import atomic_write, create_new, refuse_link
 
 GALLERY_NAME = "index.html"
 GALLERY_DIR = "gallery"

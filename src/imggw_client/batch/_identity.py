@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from .._core import jsonio, rules
 from .._exceptions import ConfigurationError, ImggwError, RequestValidationError
-from ._files import StorageError, create_new, refuse_link, temp_name
+from .._files import StorageError, create_new, refuse_link, temp_name
 from ._storage import Storage
 
 RUN_NAME = "run.json"

@@ -25,7 +25,7 @@ from typing import Any
 import filelock
 
 from .._exceptions import ImggwError, RequestValidationError
-from ._files import StorageError, cannot, make_private, open_private, refuse_link
+from .._files import StorageError, cannot, make_private, open_private, refuse_link
 from ._input import GENERATE
 from ._states import (
     DOWNLOADING,

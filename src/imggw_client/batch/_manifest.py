@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core import jsonio
-from ._files import atomic_write
+from .._files import atomic_write
 from ._ledger import Row, storage_error
 from ._states import SAVED, STATUS
 

@@ -23,8 +23,8 @@ from typing import Any, Protocol, TextIO
 
 from .._config import check_surface
 from .._exceptions import RequestValidationError
+from .._files import create_new, refuse_link, temp_name
 from . import _identity
-from ._files import create_new, refuse_link, temp_name
 from ._input import (
     BAD_LINES_NAME,
     COLLECT,

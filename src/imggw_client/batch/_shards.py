@@ -43,11 +43,11 @@ from .._async_client import AsyncClient
 from .._base_client import key_fingerprint
 from .._config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
 from .._exceptions import RequestValidationError
+from .._files import StorageError, temp_name
 from .._models import DownloadedFile
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._engine import Workspace, execute
-from ._files import StorageError, temp_name
 from ._guards import Guard
 from ._input import count_lines, reads_csv
 from ._ledger import LEDGER_NAME, Ledger, checkpoint_number, copy_ledger

@@ -13,9 +13,9 @@ import anyio.to_thread
 from .._async_client import AsyncClient
 from .._config import RateLimit, check_surface
 from .._exceptions import RequestValidationError
+from .._files import refuse_links
 from . import _identity
 from ._engine import LocalStore, Workspace, execute
-from ._files import refuse_links
 from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._input import BAD_LINES_NAME, BatchInputError
 from ._ledger import LEDGER_NAME, LOCK_NAME, Ledger, remove_if_empty

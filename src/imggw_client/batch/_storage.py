@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import RequestValidationError
-from ._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
+from .._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
 from ._ledger import storage_error
 
 CHUNK = 1 << 20

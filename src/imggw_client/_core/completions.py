@@ -1,0 +1,131 @@
+"""Many waits in one driver, with no I/O: which flow acts next (DESIGN 19, ``as_completed``).
+
+Each wait is a flow, as a single ``wait`` is. Here their sleeps are kept in one heap, so that
+a driver with one thread (``Client``) or one task (``AsyncClient``) runs thousands of waits:
+it asks :meth:`Completions.due` what to do, performs the actions it is given (all at once, the
+queries of every wait due now), hands the outcomes back with :meth:`Completions.give`, and
+collects the tasks that finished. The waits share the client's budget and what it learned of
+its tasks' durations, as separate waits do.
+
+Example::
+
+    completions = Completions(flows, clock)
+    while (step := completions.due()) is not None:
+        if isinstance(step, float):
+            sleep(step)
+        else:
+            completions.give([(index, perform(action)) for index, action in step])
+        for task in completions.finished():
+            print(task.id, task.status)
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._errors import add_note
+from .._exceptions import ImggwError, TaskFailedError, WaitTimeoutError
+from .._models import Task
+from .wire import Action, Sleep
+
+__all__ = ["Completions"]
+
+Flow = Any  # Generator[Action, Any, Task]: a wait
+
+
+class Completions:
+    """The waits of one ``as_completed`` call (see the module's docstring)."""
+
+    def __init__(self, flows: Iterable[Flow], clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._flows: dict[int, Flow] = dict(enumerate(flows))
+        self._sleeping: list[tuple[float, int, int]] = []  # (wake at, order, flow)
+        self._order = itertools.count()
+        self._ready: list[tuple[int, Action]] = []
+        self._done: deque[Task] = deque()
+        self._timed_out: list[WaitTimeoutError] = []
+        self._error: ImggwError | None = None
+        for index in list(self._flows):
+            self._advance(index, None)
+
+    def due(self) -> list[tuple[int, Action]] | float | None:
+        """The actions to perform now (each with its flow's index), else the seconds until the
+        next flow wakes; None when every flow ended (or one failed: see :meth:`error`)."""
+        while not self._ready:
+            if self._error is not None or not self._flows:
+                return None
+            if not self._sleeping:  # pragma: no cover - every live flow sleeps or acts
+                return None
+            wake, _, _ = self._sleeping[0]
+            now = self._clock()
+            if wake > now:
+                return wake - now
+            while self._sleeping and self._sleeping[0][0] <= now:
+                _, _, index = heapq.heappop(self._sleeping)
+                self._advance(index, None)
+        ready, self._ready = self._ready, []
+        return ready
+
+    def give(self, outcomes: Iterable[tuple[int, Any]]) -> None:
+        """Each performed action's outcome, back to its flow."""
+        for index, outcome in outcomes:
+            self._advance(index, outcome)
+
+    def finished(self) -> list[Task]:
+        """The tasks that became terminal since the last call, in the order they did."""
+        tasks = list(self._done)
+        self._done.clear()
+        return tasks
+
+    def error(self) -> ImggwError | None:
+        """What ended the whole call: the first wait that failed other than by its task
+        failing (an unknown task id, a key refused), else, once every other wait ended, a
+        :class:`WaitTimeoutError` naming every task still running (``still_running``)."""
+        if self._error is not None:
+            return self._error
+        if self._flows or not self._timed_out:
+            return None
+        first = self._timed_out[0]
+        first.still_running = tuple(err.task_id for err in self._timed_out)
+        add_note(first, "still running: " + ", ".join(first.still_running))
+        return first
+
+    def close(self) -> None:
+        """Closes every flow still open (each gives back its budget places)."""
+        flows, self._flows = self._flows, {}
+        for flow in flows.values():
+            flow.close()
+
+    def _advance(self, index: int, outcome: Any) -> None:
+        flow = self._flows[index]
+        try:
+            action = flow.send(outcome)
+        except StopIteration as stop:
+            self._end(index)
+            self._done.append(stop.value)
+            return
+        except TaskFailedError as err:  # a finished task: it is yielded, as a success is
+            self._end(index)
+            self._done.append(err.task)
+            return
+        except WaitTimeoutError as err:
+            self._end(index)
+            self._timed_out.append(err)
+            return
+        except ImggwError as err:
+            self._end(index)
+            if self._error is None:
+                self._error = err
+            return
+        if isinstance(action, Sleep):
+            heapq.heappush(self._sleeping, (self._clock() + action.seconds, next(self._order),
+                                            index))  # fmt: skip
+        else:
+            self._ready.append((index, action))
+
+    def _end(self, index: int) -> None:
+        del self._flows[index]

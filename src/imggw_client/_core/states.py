@@ -1,0 +1,168 @@
+"""A paid task's life as the journal keeps it: its states, the events that move it, and the one
+table that decides each move (DESIGN 19).
+
+The table is executed, not asserted: :func:`move` is how a journal finds a task's next state,
+and what is left to do for a task (:data:`WORK`) is read off the same states. A move the table
+does not hold is ignored (the task keeps its state): a gateway that reports ``running`` after
+``succeeded``, or an answer that arrives after the result was saved, changes nothing.
+
+Adding a state takes a row here (its moves and its :data:`WORK`); the journal stores the name.
+
+Example::
+
+    move(State.RUNNING, Event.SUCCEEDED)    # State.SUCCEEDED
+    WORK[State.SUCCEEDED]                   # Work.DOWNLOAD
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+from .._models import ImageRequest, Submission, Task, TaskStatus
+
+__all__ = [
+    "MOVES",
+    "WORK",
+    "Accepted",
+    "Event",
+    "Expired",
+    "Refused",
+    "Saved",
+    "Seen",
+    "Sending",
+    "State",
+    "Work",
+    "event_of",
+    "move",
+]
+
+
+class State(str, Enum):
+    """Where a journaled task stands. ``unknown``: its submit left and no answer was read (a
+    task may exist: it is sent again with its key, a replay). ``saved``: succeeded and its
+    results are on disk; ``expired``: succeeded, its links died before they were saved."""
+
+    UNKNOWN = "unknown"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    SAVED = "saved"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+
+class Event(str, Enum):
+    """What happened to a task, as the client saw it."""
+
+    SENT = "sent"  # its submit is about to leave (the row is made)
+    REFUSED = "refused"  # the gateway refused the submit: no task exists (the row goes)
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SAVED = "saved"
+    EXPIRED = "expired"
+
+
+class Work(str, Enum):
+    """What a task still needs."""
+
+    RESEND = "resend"  # the submit again, with its key: the gateway replays its task
+    WAIT = "wait"
+    DOWNLOAD = "download"
+
+
+_ALIVE = (State.UNKNOWN, State.PENDING, State.RUNNING)
+_STATUS_EVENTS = {Event.PENDING: State.PENDING, Event.RUNNING: State.RUNNING,
+                  Event.SUCCEEDED: State.SUCCEEDED, Event.FAILED: State.FAILED}  # fmt: skip
+
+# (state, event) -> next state; None as a state: no row. The only table of moves.
+MOVES: dict[tuple[State | None, Event], State | None] = {
+    (None, Event.SENT): State.UNKNOWN,
+    (State.UNKNOWN, Event.SENT): State.UNKNOWN,  # a resend keeps the row it had
+    (State.UNKNOWN, Event.REFUSED): None,
+    # A task's status moves forward only: pending -> running -> succeeded | failed.
+    **{(state, event): target for state in _ALIVE for event, target in _STATUS_EVENTS.items()
+       if not (state is State.RUNNING and target is State.PENDING)},
+    (State.SUCCEEDED, Event.SUCCEEDED): State.SUCCEEDED,
+    (State.SUCCEEDED, Event.SAVED): State.SAVED,
+    (State.SUCCEEDED, Event.EXPIRED): State.EXPIRED,
+    (State.SAVED, Event.SAVED): State.SAVED,  # saved again (elsewhere): the newer files
+    (State.EXPIRED, Event.SAVED): State.SAVED,  # a refreshed link saved after all
+}  # fmt: skip
+
+# What each state still needs; a state with no work is final for the journal.
+WORK: dict[State, Work | None] = {
+    State.UNKNOWN: Work.RESEND,
+    State.PENDING: Work.WAIT,
+    State.RUNNING: Work.WAIT,
+    State.SUCCEEDED: Work.DOWNLOAD,
+    State.SAVED: None,
+    State.FAILED: None,
+    State.EXPIRED: None,
+}
+
+
+def move(state: State | None, event: Event) -> State | None:
+    """The state after ``event``; the same state when the table holds no such move."""
+    return MOVES.get((state, event), state)
+
+
+def event_of(status: TaskStatus) -> Event:
+    """The event of a status seen in an answer."""
+    return Event(status.value)
+
+
+# What a flow reports to the journal (through the driver's Record action). Pure data.
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """A submit is about to leave with ``key``: committed before the request is sent."""
+
+    key: str
+    surface: str
+    request: ImageRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The submit was answered: the task's id and when."""
+
+    submission: Submission
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The submit was refused for good (a 4xx that makes no task)."""
+
+    key: str
+    surface: str
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A query's answer: status, charge, link expiry."""
+
+    task: Task
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A task's results saved: the files' paths."""
+
+    task_id: str
+    surface: str
+    files: tuple[Path, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A task's result links died before they were saved."""
+
+    task_id: str
+    surface: str
+    at: datetime | None = None
