@@ -163,3 +163,14 @@ def alpha_error(code: int, msg: str = "refused", http_status: int = 200) -> http
 
 def body_of(request: httpx.Request) -> Any:
     return json.loads(request.content)
+
+
+@pytest.fixture(autouse=True)
+def private_state(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line keeps a journal in the XDG state folder by default: each test (and each
+    process it starts) gets a state folder of its own, never the user's, and no IMGGW_JOURNAL
+    from the environment it runs in."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.delenv("IMGGW_JOURNAL", raising=False)

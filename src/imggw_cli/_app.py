@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from . import _batch, _download, _exit, _gallery, _mock, _tasks
+from . import _batch, _download, _exit, _gallery, _journal, _mock, _tasks
 from ._globals import with_globals
 
 app = typer.Typer(
@@ -27,6 +27,7 @@ app = typer.Typer(
 # In the order --help lists them. A Typer added without a name gives its commands to the root.
 app.add_typer(_tasks.app)  # generate, submit, status, poll, wait
 app.add_typer(_download.app)  # download
+app.add_typer(_journal.app, name="tasks")  # tasks, tasks collect
 app.add_typer(_batch.app, name="batch")  # batch FILE, batch merge, batch status
 app.add_typer(_gallery.app)  # gallery
 app.add_typer(_mock.app, name="mock")  # mock serve

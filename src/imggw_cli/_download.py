@@ -83,7 +83,7 @@ def _download_ids(
     from imggw_client.text import printable
 
     met: list[_exit.Condition] = []
-    with session(), make_client(current()) as client:
+    with session(), make_client(current(), journal=True) as client:
         for task_id in task_ids:
             condition = _exit.Condition.OK
             tracked = Tracked(task_id, "download", output)

@@ -45,6 +45,7 @@ class Globals:
     query_rate: float | None = None
     rate_store: str | None = None
     log_format: str = "text"
+    no_journal: bool = False
     # Where each value came from (see _STRENGTH), so that a weaker source never replaces it.
     sources: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -144,6 +145,18 @@ _OPTIONS = [
             ),
         ],
         None,
+    ),
+    _keyword(
+        "g_no_journal",
+        Annotated[
+            bool,
+            typer.Option(
+                "--no-journal",
+                help="Keep no record of submitted tasks (default: a journal in the XDG state "
+                "folder, or IMGGW_JOURNAL; IMGGW_JOURNAL=off too)",
+            ),
+        ],
+        False,
     ),
     _keyword(
         "g_log_format",
@@ -256,13 +269,17 @@ def with_globals(command: F) -> F:
             setattr(chosen, name, value)
             chosen.sources[name] = strength
         _current.set(chosen)
+        if wants_context:  # Click hands its context to one parameter: ours, shared here
+            kwargs["ctx"] = ctx
         return command(*args, **kwargs)
 
+    wants_context = "ctx" in signature.parameters
+    own = [p for name, p in signature.parameters.items() if name != "ctx"]
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*signature.parameters.values(), _CONTEXT, *_OPTIONS]
+        parameters=[*own, _CONTEXT, *_OPTIONS]
     )
     wrapper.__annotations__ = {
-        **command.__annotations__,
+        **{k: v for k, v in command.__annotations__.items() if k != "ctx"},
         **{p.name: p.annotation for p in (_CONTEXT, *_OPTIONS)},
     }
     return wrapper  # type: ignore[return-value]

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import imggw_client
@@ -18,6 +19,7 @@ from ._stderr import safe
 
 if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client
+    from imggw_client.tracking import Journal
 
 # Every request the CLI makes names it; the SDK appends its own name after ours.
 USER_AGENT = f"imggw-cli/{imggw_client.__version__}"
@@ -27,13 +29,16 @@ MOCK_SETTINGS: dict[str, Any] = {"duration_min": 0.5, "duration_max": 1.5, "imag
 
 
 @contextmanager
-def make_client(options: Globals) -> Iterator[Client]:
+def make_client(options: Globals, *, journal: bool = False) -> Iterator[Client]:
     """A client for the options, closed with its HTTP connections when the command ends: the
     in-process reference gateway with --mock, else the gateway at --base-url / IMGGW_BASE_URL
-    with the key from IMGGW_API_KEY (the only place it is read)."""
+    with the key from IMGGW_API_KEY (the only place it is read). ``journal``: the command's
+    tasks are recorded in the CLI's journal (see :func:`open_journal`)."""
     from imggw_client import Client
 
     settings, http_options = _target(options)
+    if journal:
+        settings["journal"] = open_journal(options)
     # Made as the client makes its own (a whole request, headers included, ends within its
     # timeout however slowly a gateway answers), with our User-Agent on it.
     with (
@@ -44,11 +49,16 @@ def make_client(options: Globals) -> Iterator[Client]:
 
 
 @asynccontextmanager
-async def make_async_client(options: Globals) -> AsyncIterator[AsyncClient]:
-    """The same as make_client, asynchronous (for batches)."""
+async def make_async_client(
+    options: Globals, *, journal: Journal | bool = False
+) -> AsyncIterator[AsyncClient]:
+    """The same as make_client, asynchronous (for batches, and ``tasks collect`` with the
+    journal it opened)."""
     from imggw_client import AsyncClient
 
     settings, http_options = _target(options)
+    if journal:
+        settings["journal"] = journal
     async with (
         AsyncClient.make_http_client(**http_options) as http,
         AsyncClient(http_client=http, **settings) as client,
@@ -62,6 +72,9 @@ def _target(options: Globals) -> tuple[dict[str, Any], dict[str, Any]]:
         "surface": options.chosen_surface,
         "rate_limit": options.rate_limit,
         "base_url": options.base_url,
+        # A batch keeps its own ledger; only the task commands journal (and IMGGW_JOURNAL is
+        # read by open_journal, not by the client).
+        "journal": False,
     }
     http: dict[str, Any] = {"headers": {"User-Agent": USER_AGENT}}
     if options.mock:
@@ -191,3 +204,40 @@ def adopt(name: str) -> None:
         if stream in (sys.stderr, sys.__stderr__) or getattr(old, "imggw_cli", False):
             logger.removeHandler(old)
     logger.addHandler(handler)
+
+
+JOURNAL_ENV = "IMGGW_JOURNAL"
+
+
+def journal_path() -> Path | None:
+    """Where the CLI keeps its journal: ``$IMGGW_JOURNAL``, else
+    ``$XDG_STATE_HOME/imggw/journal.sqlite``, else ``~/.local/state/imggw/journal.sqlite``;
+    None when ``IMGGW_JOURNAL`` is ``off`` (or empty)."""
+    named = os.environ.get(JOURNAL_ENV)
+    if named is not None:
+        return None if named.strip().lower() in ("", "off") else Path(named).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                              "state")  # fmt: skip
+    return Path(state) / "imggw" / "journal.sqlite"
+
+
+def open_journal(options: Globals) -> Journal | bool:
+    """The journal a task command records in (False for none): none with --no-journal or
+    --mock (its tasks end with the process). One the user named (IMGGW_JOURNAL) that cannot be
+    opened raises ConfigurationError (exit 4, before anything is sent); the default one is a
+    warning and the command goes on without it."""
+    path = journal_path()
+    if options.no_journal or options.mock or path is None:
+        return False
+    from imggw_client import ConfigurationError
+    from imggw_client.tracking import Journal
+
+    try:
+        return Journal(path)
+    except ConfigurationError as err:
+        if os.environ.get(JOURNAL_ENV) is not None:
+            raise
+        text = f"warning: {safe(err.message)}; going on without a journal of this task"
+        _stderr.say(text + " (--no-journal silences this)", level="warning",
+                    event="journal_unusable")  # fmt: skip
+        return False

@@ -94,7 +94,7 @@ def generate(
         # Before the submit: a task is paid for once sent, and rerunning generate pays again.
         ready_folder(output, out, room=RESULT_ROOM[resolution.value])
         # One imggw.generate span, its download included (DESIGN 17), when telemetry records.
-        with make_client(current()) as client, client.generation():
+        with make_client(current(), journal=True) as client, client.generation():
             sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
                           idempotency_key)  # fmt: skip
             with out.progress(sub.task_id) as on_update:
@@ -118,7 +118,7 @@ def submit(
     tracked = Tracked()
     with session(tracked) as out:
         prompt = resolve_prompt(prompt, out)
-        with make_client(current()) as client:
+        with make_client(current(), journal=True) as client:
             sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
                           idempotency_key)  # fmt: skip
         record = submission_record(sub)
@@ -129,13 +129,13 @@ def submit(
 @with_globals
 def status(task_id: TaskId) -> None:
     """Query a task once."""
-    with session() as out, make_client(current()) as client:
+    with session() as out, make_client(current(), journal=True) as client:
         task = client.get(task_id)
         out.data(task_record(task), task_lines(task))
 
 
 def _poll(task_id: str, timeout: float) -> None:
-    with session(Tracked(task_id)) as out, make_client(current()) as client:
+    with session(Tracked(task_id)) as out, make_client(current(), journal=True) as client:
         with out.progress(task_id) as on_update:
             task = client.wait(task_id, timeout=timeout, on_update=on_update)
         out.data(task_record(task), task_lines(task))

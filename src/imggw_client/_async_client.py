@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import httpx
 
@@ -71,6 +71,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     makes its own HTTP client over it, and closes both.
     Share one client between tasks.
 
+    ``journal=`` (a path or a :class:`~imggw_client.tracking.Journal`; default
+    ``IMGGW_JOURNAL``, else none; ``False``: none whatever the environment says) records every
+    submit before its request leaves, and what becomes of its task: see :meth:`unfinished`.
+
     An ``AsyncClient`` may be used under one event loop after another (several
     ``asyncio.run()`` calls): the HTTP client it made is replaced on the new loop. A caller's
     own ``http_client``, or a transport that pools connections (``httpx.AsyncHTTPTransport``),
@@ -100,7 +104,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         rate_limit: RateLimit | None = None,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        journal: Journal | str | os.PathLike[str] | None = None,
+        journal: Journal | str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         super().__init__(
             api_key,

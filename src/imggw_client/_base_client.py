@@ -422,6 +422,8 @@ def open_journal(journal: object) -> tuple[Journal | None, bool]:
     """The client's journal and whether the client opened it (and so closes it): a
     :class:`Journal` as given, a path opened, or None, when ``IMGGW_JOURNAL`` (a path; ``off``
     or empty for none) names none either."""
+    if journal is False:
+        return None, False
     if journal is None:
         named = os.environ.get(ENV_JOURNAL, "")
         if not named or named.strip().lower() == "off":
@@ -433,7 +435,7 @@ def open_journal(journal: object) -> tuple[Journal | None, bool]:
         return journal, False
     if isinstance(journal, (str, os.PathLike)) and os.fspath(journal):
         return Journal(journal), True
-    raise ConfigurationError("journal must be a Journal, a path, or None",
+    raise ConfigurationError("journal must be a Journal, a path, False or None",
                              code="journal_unusable")  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import httpx
 
@@ -75,6 +75,10 @@ class Client(BaseClient[httpx.Client]):
     makes its own HTTP client over it, and closes both.
     Thread-safe: share one client between threads.
 
+    ``journal=`` (a path or a :class:`~imggw_client.tracking.Journal`; default
+    ``IMGGW_JOURNAL``, else none; ``False``: none whatever the environment says) records every
+    submit before its request leaves, and what becomes of its task: see :meth:`unfinished`.
+
     Example::
 
         with Client() as client:
@@ -98,7 +102,7 @@ class Client(BaseClient[httpx.Client]):
         rate_limit: RateLimit | None = None,
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
-        journal: Journal | str | os.PathLike[str] | None = None,
+        journal: Journal | str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         super().__init__(
             api_key,

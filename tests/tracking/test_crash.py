@@ -13,20 +13,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import anyio
-import anyio.to_thread
 import pytest
 
 from imggw_client import Client, PollPolicy, TaskStatus
 from imggw_client.mock import MockGateway
 
-from ..loopback import serve_asgi
+from ..held import Holder, held_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -47,42 +43,11 @@ anyio.run(main)
 """
 
 
-class Holder:
-    """The reference gateway, whose answer to the ``hold``-th submit waits (its task made and
-    billed) until ``release``; ``arrived`` says it is held."""
-
-    def __init__(self, gateway: MockGateway, hold: int) -> None:
-        self.app, self.hold, self.seen = gateway.asgi(), hold, 0
-        self.arrived, self.release = threading.Event(), threading.Event()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        self.seen += 1
-        if self.seen != self.hold:
-            await self.app(scope, receive, send)
-            return
-
-        async def held(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                self.arrived.set()
-                await anyio.to_thread.run_sync(self.release.wait)
-            await send(message)
-
-        with contextlib.suppress(OSError, RuntimeError):  # the client is gone by then
-            await self.app(scope, receive, held)
-
-
 @contextlib.contextmanager
 def gateway(hold: int, seed: int) -> Iterator[tuple[MockGateway, Holder, str]]:
     gw = MockGateway(api_keys=[KEY], seed=seed, duration_min=0.2, duration_max=1.5)
-    holder = Holder(gw, hold)
-    with serve_asgi(holder) as url:
-        try:
-            yield gw, holder, url
-        finally:
-            holder.release.set()
+    with held_gateway(gw, hold) as (holder, url):
+        yield gw, holder, url
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
