@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from . import _batch, _download, _exit, _gallery, _journal, _mock, _tasks
+from . import _batch, _completion, _download, _exit, _gallery, _journal, _mock, _tasks
 from ._globals import with_globals
 
 app = typer.Typer(
@@ -31,6 +31,7 @@ app.add_typer(_journal.app, name="tasks")  # tasks, tasks collect
 app.add_typer(_batch.app, name="batch")  # batch FILE, batch merge, batch status
 app.add_typer(_gallery.app)  # gallery
 app.add_typer(_mock.app, name="mock")  # mock serve
+app.add_typer(_completion.app)  # completion
 
 
 def _version(value: bool) -> None:
@@ -60,10 +61,15 @@ def run() -> None:
     """The entry point: Typer in standalone mode (usage errors exit 2); commands set their own
     exit codes, Ctrl-C included. With --log-format json, Click's own messages (a usage error)
     and a crash's traceback are JSON objects too (see _stderr)."""
+    import os
     import sys
 
     from . import _stderr
 
+    if os.environ.get(_completion.COMPLETE_VAR):  # a shell asks for completions
+        import typer.completion
+
+        typer.completion.completion_init()
     _stderr.start(sys.argv[1:])
     if not _stderr.is_json():
         app(prog_name="imggw")

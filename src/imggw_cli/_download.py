@@ -60,6 +60,8 @@ def download(
     cannot see exits 1, beside unfinished ones too (no later run mends it). With --from,
     results are saved the soonest-expiring first, a dead link is asked again for a fresh one,
     and the run resumes where it stopped (exit codes as imggw batch).
+
+    Example: imggw download 123 124 -o out/ --wait; imggw download --from ids.txt -o out/
     """
     if (source is None) == (not task_ids):
         refuse("give task ids, or --from FILE (one of them)")

@@ -9,13 +9,13 @@ import typer
 
 from . import _exit
 from ._command import session
-from ._globals import with_globals
+from ._globals import LOCAL, with_globals_of
 
 app = typer.Typer()
 
 
 @app.command(epilog=_exit.EPILOG)
-@with_globals
+@with_globals_of(*LOCAL)
 def gallery(
     folder: Annotated[Path, typer.Argument(help="A batch's output folder (with manifest.jsonl).")],
     title: Annotated[
@@ -24,7 +24,10 @@ def gallery(
     ] = None,
 ) -> None:
     """Write FOLDER/index.html, a contact sheet of the results, from FOLDER/manifest.jsonl;
-    print its path. Open it in a browser: it needs no network."""
+    print its path. Open it in a browser: it needs no network.
+
+    Example: imggw gallery out/ --title "Spring catalogue"
+    """
     from imggw_client.batch import MANIFEST_NAME, iter_manifest, write_gallery
 
     with session() as out:

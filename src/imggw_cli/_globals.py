@@ -95,7 +95,8 @@ _OPTIONS = [
     _keyword(
         "g_surface",
         Annotated[
-            SurfaceChoice | None, typer.Option("--surface", help="Wire surface [default: beta]")
+            SurfaceChoice | None,
+            typer.Option("--surface", envvar="IMGGW_SURFACE", help="Wire surface [default: beta]"),
         ],
         None,
     ),
@@ -239,6 +240,30 @@ _PARSE: dict[str, Callable[[Any], Any]] = {
 
 def with_globals(command: F) -> F:
     """Adds the global options to ``command``; their values are then ``current()``."""
+    return _with(command, _OPTIONS)
+
+
+# What a command that sends nothing uses: the output's form and the logs.
+LOCAL = ("json", "quiet", "verbose", "log_format")
+
+
+def with_globals_of(*names: str) -> Callable[[F], F]:
+    """Adds only the global options ``names`` (without ``g_``) to a command, so that its
+    ``--help`` lists only what it uses (one typed before the command name is still taken).
+
+    Example::
+
+        @app.command()
+        @with_globals_of(*LOCAL)
+        def gallery(folder: Path) -> None: ...
+    """
+    chosen = [p for p in _OPTIONS if p.name.removeprefix("g_") in names]
+    unknown = set(names) - {p.name.removeprefix("g_") for p in chosen}
+    assert not unknown, unknown
+    return functools.partial(_with, options=chosen)
+
+
+def _with(command: F, options: list[inspect.Parameter]) -> F:
     signature = inspect.signature(command)
 
     @functools.wraps(command)
@@ -252,7 +277,7 @@ def with_globals(command: F) -> F:
         # The root's callback runs first, then the command's: a value here replaces the one
         # from before the command name unless it came from a weaker source. --log-format is
         # taken first, so that a bad value of another option is reported in its format.
-        for param in sorted(_OPTIONS, key=lambda p: p.name != "g_log_format"):
+        for param in sorted(options, key=lambda p: p.name != "g_log_format"):
             value = kwargs.pop(param.name)
             source = ctx.get_parameter_source(param.name)
             origin = source.name if source else "DEFAULT"
@@ -276,11 +301,11 @@ def with_globals(command: F) -> F:
     wants_context = "ctx" in signature.parameters
     own = [p for name, p in signature.parameters.items() if name != "ctx"]
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*own, _CONTEXT, *_OPTIONS]
+        parameters=[*own, _CONTEXT, *options]
     )
     wrapper.__annotations__ = {
         **{k: v for k, v in command.__annotations__.items() if k != "ctx"},
-        **{p.name: p.annotation for p in (_CONTEXT, *_OPTIONS)},
+        **{p.name: p.annotation for p in (_CONTEXT, *options)},
     }
     return wrapper  # type: ignore[return-value]
 

@@ -11,7 +11,7 @@ import typer
 
 from . import _exit
 from ._command import OutputDir, RunTimeout, interrupted, ready_folder, refuse, session
-from ._globals import current, with_globals
+from ._globals import LOCAL, current, with_globals, with_globals_of
 from ._output import Output
 from ._runtime import journal_path, make_async_client, open_journal
 from ._when import iso_utc
@@ -26,7 +26,7 @@ NO_JOURNAL = "no journal: the command line keeps none (--no-journal, IMGGW_JOURN
 
 
 @app.callback(epilog=_exit.EPILOG)
-@with_globals
+@with_globals_of(*LOCAL, "no_journal")
 def tasks(
     ctx: typer.Context,
     unfinished: Annotated[

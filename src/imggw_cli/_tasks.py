@@ -87,7 +87,10 @@ def generate(
     overwrite: Overwrite = False,
     idempotency_key: IdempotencyKey = None,
 ) -> None:
-    """Submit, wait with a progress bar, download; print the saved paths."""
+    """Submit, wait with a progress bar, download; print the saved paths.
+
+    Example: imggw generate "a lighthouse at dusk" -a 16:9 -r 2k -o out/
+    """
     tracked = Tracked(command="generate", output=output)
     with session(tracked) as out:
         prompt = resolve_prompt(prompt, out)
@@ -114,7 +117,10 @@ def submit(
     resolution: Resolution = ONE_K,
     idempotency_key: IdempotencyKey = None,
 ) -> None:
-    """Submit one request; print its task id and idempotency key."""
+    """Submit one request; print its task id and idempotency key.
+
+    Example: imggw submit "a red fox in snow" -a 3:2 --json
+    """
     tracked = Tracked()
     with session(tracked) as out:
         prompt = resolve_prompt(prompt, out)
@@ -128,7 +134,10 @@ def submit(
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def status(task_id: TaskId) -> None:
-    """Query a task once."""
+    """Query a task once.
+
+    Example: imggw status 123 --surface alpha
+    """
     with session() as out, make_client(current(), journal=True) as client:
         task = client.get(task_id)
         out.data(task_record(task), task_lines(task))
@@ -144,12 +153,18 @@ def _poll(task_id: str, timeout: float) -> None:
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def poll(task_id: TaskId, timeout: Timeout = 600.0) -> None:
-    """Wait until the task finishes, with a progress bar. On timeout: exit 3, resume later."""
+    """Wait until the task finishes, with a progress bar. On timeout: exit 3, resume later.
+
+    Example: imggw poll 123 --timeout 900
+    """
     _poll(task_id, timeout)
 
 
 @app.command("wait", epilog=_exit.EPILOG)
 @with_globals
 def wait_(task_id: TaskId, timeout: Timeout = 600.0) -> None:
-    """The same as poll."""
+    """The same as poll.
+
+    Example: imggw wait 123
+    """
     _poll(task_id, timeout)

@@ -83,7 +83,7 @@ def test_no_journal_is_kept_when_asked_or_for_mock_tasks(
     args = ["submit", "a fox", *off] + ([] if "--mock" in off else ["--base-url", url])
     assert imggw(*args).code == 0
     assert not journal_file().exists()
-    refused = imggw("tasks", *off)
+    refused = imggw("tasks", "collect", *off)
     assert refused.code == 2
     assert "no journal" in refused.err
 

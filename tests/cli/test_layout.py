@@ -142,7 +142,7 @@ def test_batch_is_a_real_sub_app_and_the_root_resolves_commands_as_typer_does() 
     assert set(batch.commands) == {"merge", "status"}
     names = list(root.commands)
     assert names == ["generate", "submit", "status", "poll", "wait", "download", "tasks",
-                     "batch", "gallery", "mock"]  # fmt: skip
+                     "batch", "gallery", "mock", "completion"]  # fmt: skip
     assert set(root.commands["tasks"].commands) == {"collect"}  # type: ignore[attr-defined]
 
 
