@@ -1,11 +1,12 @@
-"""Shared fixtures: both clients behind one awaitable face, a fake clock, canned bodies."""
+"""Shared fixtures: both clients behind one awaitable face, a fake clock, canned bodies; and the
+test lanes (a bare ``pytest`` runs the fast lane, ``pytest --all`` everything)."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,11 +15,164 @@ import respx
 
 from imggw_client import AsyncClient, Client, PollPolicy, RetryPolicy
 
+from . import loopback
+
 CANARY_KEY = "sk-canary-5e1f0c2b9a8d7e6f4a3b"
 BASE_URL = "http://gateway.test"
 CDN = "http://cdn.test"
 # Signature, some bytes, and the IEND chunk a whole PNG ends with (downloads check for it).
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8 + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+# ---------------------------------------------------------------------------- lanes
+
+# Tests that start a service or take long run in a lane of their own (pyproject.toml registers
+# the marks). A bare `pytest` runs only the tests of no lane, for day-to-day work; `--all` runs
+# every lane (.ci/run does); selecting tests yourself (a path, -k, -m) runs what you selected.
+LANES = ("slow", "browser", "redis", "dask")
+# A test that takes one of these fixtures starts what the lane is named after: it gets the
+# lane's mark from here, so a new test that takes the fixture is in the lane without saying so.
+# A Dask run takes seconds on its cluster, and a local S3 server (moto) seconds to start.
+FIXTURE_LANES = {
+    "cluster": ("dask", "slow"),
+    "redis_store": ("redis",),
+    "browser": ("browser",),
+    "s3": ("slow",),
+}
+LANE_DESELECTED = pytest.StashKey[int]()
+# A test of the fast lane that takes longer than this on its own is named at the end of the
+# run, to be marked slow: the lane stays fast as tests are added (named, never failed: how long
+# a test takes depends on the machine's load).
+FAST_LANE_BUDGET = 1.0
+# Each test's seconds (setup, call and teardown), while the fast lane runs.
+fast_lane_times: dict[str, float] | None = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all", action="store_true", dest="all_lanes",
+        help="run every test: the fast lane and the slow, browser, redis and dask lanes "
+        "(a bare pytest runs the fast lane only)",
+    )  # fmt: skip
+
+
+def lanes_of(item: pytest.Item) -> list[str]:
+    return [lane for lane in LANES if item.get_closest_marker(lane) is not None]
+
+
+def selected_by_hand(config: pytest.Config) -> bool:
+    """Whether the user chose the tests: a path or node id, ``-k`` or ``-m``."""
+    return (
+        config.args_source is pytest.Config.ArgsSource.ARGS
+        or bool(config.getoption("keyword"))
+        or bool(config.getoption("markexpr"))
+    )
+
+
+# First, so that `-m redis` (pytest's own selection, after this) sees the marks given here.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, lanes in FIXTURE_LANES.items():
+            for lane in lanes:
+                if fixture in names and item.get_closest_marker(lane) is None:
+                    item.add_marker(lane)
+    if config.getoption("all_lanes") or selected_by_hand(config):
+        return
+    # Deselected, never skipped: the summary counts them apart from the tests that ran.
+    fast = [item for item in items if not lanes_of(item)]
+    laned = [item for item in items if lanes_of(item)]
+    if laned:
+        config.hook.pytest_deselected(items=laned)
+        items[:] = fast
+    config.stash[LANE_DESELECTED] = len(laned)
+    global fast_lane_times
+    fast_lane_times = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if fast_lane_times is not None:
+        fast_lane_times[report.nodeid] = fast_lane_times.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.stash.get(LANE_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(
+            f"fast lane: {count} tests of the {', '.join(LANES)} lanes deselected; "
+            "`pytest --all` runs every test"
+        )
+    times = fast_lane_times or {}
+    over = sorted((took, nodeid) for nodeid, took in times.items() if took > FAST_LANE_BUDGET)
+    for took, nodeid in reversed(over):
+        terminalreporter.write_line(
+            f"fast lane: {nodeid} took {took:.1f} s, over the lane's {FAST_LANE_BUDGET:g} s a "
+            "test: if it does on a quiet machine too, mark it @pytest.mark.slow"
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # The helpers that start a lane's service check that the test asking for it is in the lane.
+    loopback.running_lanes = set(lanes_of(item))
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    loopback.running_lanes = None
+
+
+# ---------------------------------------------------------------------------- servers
+
+
+class _Switch:
+    """An ASGI app that hands each request to the gateway of the test running now."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.app is None:  # between tests: a late request of the last one's
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture(scope="session")
+def _shared_server() -> Iterator[tuple[_Switch, str]]:
+    switch = _Switch()
+    with loopback.serve_asgi(switch) as url:
+        yield switch, url
+
+
+@pytest.fixture
+def shared_serve(_shared_server: tuple[_Switch, str]) -> Iterator[Callable[[Any], str]]:
+    """Serves the test's gateway over a real loopback socket, on one uvicorn server that the
+    session shares (starting and stopping one costs about 0.2 s a test); gives its base URL.
+
+    Example::
+
+        def test_it(shared_serve):
+            url = shared_serve(MockGateway())
+    """
+    switch, url = _shared_server
+
+    def serve(gateway: Any) -> str:
+        switch.app = gateway.asgi()
+        return url
+
+    yield serve
+    switch.app = None
+
+
+@pytest.fixture
+def redis_store() -> Iterator[loopback.RedisServer]:
+    """A real ``redis-server`` on a free loopback port, killed after the test (the redis lane)."""
+    with loopback.redis_server() as server:
+        yield server
+
+
+# ---------------------------------------------------------------------------- clients
 
 
 @pytest.fixture

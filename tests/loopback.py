@@ -32,6 +32,9 @@ def dropping_server(answer: Callable[[int], bytes | None]) -> Iterator[str]:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
+            if stop.is_set():  # woken to stop
+                conn.close()
+                break
             with conn:
                 conn.settimeout(5)
                 data = b""
@@ -58,9 +61,7 @@ def dropping_server(answer: Callable[[int], bytes | None]) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+        _stop(listener, stop, thread)
 
 
 def http_json(status: int, body: bytes) -> bytes:
@@ -89,6 +90,9 @@ def tcp_listener(handle: Callable[[socket.socket], None]) -> Iterator[int]:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
+            if stop.is_set():  # woken to stop
+                conn.close()
+                break
             threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
     thread = threading.Thread(target=loop, daemon=True)
@@ -96,9 +100,17 @@ def tcp_listener(handle: Callable[[socket.socket], None]) -> Iterator[int]:
     try:
         yield listener.getsockname()[1]
     finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
+        _stop(listener, stop, thread)
+
+
+def _stop(listener: socket.socket, stop: threading.Event, thread: threading.Thread) -> None:
+    """Stops an accept loop at once: a connection of our own wakes it, rather than waiting
+    out its accept timeout (a fifth of a second in every test that serves)."""
+    stop.set()
+    with contextlib.suppress(OSError), socket.create_connection(listener.getsockname(), 1):
+        pass
+    thread.join(timeout=5)
+    listener.close()
 
 
 @contextlib.contextmanager
@@ -128,16 +140,20 @@ def raw_server(handle: Handler) -> Iterator[str]:
 
 def drip(
     conn: socket.socket, data: bytes, every: float, stop: threading.Event | None = None
-) -> None:
+) -> bool:
     """Sends ``data`` a byte at a time, ``every`` seconds apart: each read sees a byte well
-    within any read timeout, so only a deadline on the whole request ends it."""
+    within any read timeout, so only a deadline on the whole request ends it. True when every
+    byte went out: a client that gave up first makes a send fail (OSError) or ``stop`` is set."""
     import time
 
-    for byte in data:
-        if stop is not None and stop.is_set():
-            return
+    for index, byte in enumerate(data):
+        pause = every if index else 0.0
+        if stop is not None and stop.wait(pause):
+            return False
+        if stop is None:
+            time.sleep(pause)
         conn.sendall(bytes([byte]))
-        time.sleep(every)
+    return True
 
 
 @contextlib.contextmanager
@@ -164,6 +180,19 @@ def mock_serve_process(options: list[str], env: dict[str, str]) -> Iterator[str]
 
 REDIS_SERVER = os.environ.get("IMGGW_REDIS_SERVER", "/usr/bin/redis-server")
 
+# The lanes of the test running now (set by tests/conftest.py; None outside a test).
+running_lanes: set[str] | None = None
+
+
+def require_lane(lane: str, what: str) -> None:
+    """Fails a test that starts ``what`` without being in ``lane``: the fast lane must never
+    need the service, and `pytest -m LANE` must find every test that does."""
+    if running_lanes is not None and lane not in running_lanes:
+        raise RuntimeError(
+            f"this test starts {what}, so it belongs in the {lane} lane: mark it "
+            f"@pytest.mark.{lane} (or take the fixture that gives the mark, tests/conftest.py)"
+        )
+
 
 class RedisServer:
     """A real ``redis-server`` (Debian's package; ``.ci/run`` installs it) on a free loopback
@@ -188,6 +217,7 @@ class RedisServer:
         import subprocess
         import time
 
+        require_lane("redis", "a redis-server")
         self.process = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "yes"],

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from imggw_cli import _runtime
+from imggw_client import PollPolicy, _io_sync
 from imggw_client.mock import MockGateway
 
 from .helpers import CANARY
@@ -19,8 +21,32 @@ def quick_mock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(_runtime.MOCK_SETTINGS, "duration_max", 0.08)
 
 
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands run here against gateways whose tasks take tens of ms: their first poll after
+    50 ms rather than the default 1 s (a second of waiting in each of a hundred tests). A
+    command given --mock keeps its own."""
+    target = _runtime._target
+
+    def quick(options: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        settings, http = target(options)
+        settings.setdefault("poll", PollPolicy(initial_interval=0.05, max_interval=0.2))
+        return settings, http
+
+    monkeypatch.setattr(_runtime, "_target", quick)
+
+
 @pytest.fixture
 def gateway() -> Iterator[tuple[MockGateway, str]]:
     gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
     with gw.serve() as url:
         yield gw, url
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Clients made from here on retry at once (each sleep they ask for is noted, not slept):
+    for what a command says after its retries, not for their pacing."""
+    slept: list[float] = []
+    monkeypatch.setattr(_io_sync, "sleep", slept.append)
+    return slept

@@ -56,6 +56,7 @@ def test_global_options_before_or_after_the_command(tmp_path: Path, where: str) 
     assert run.err == ""  # --quiet
 
 
+@pytest.mark.slow
 def test_submit_status_poll_download_over_loopback(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -133,6 +134,7 @@ def test_exit_2_for_a_reused_key(gateway: tuple[MockGateway, str]) -> None:
     assert "different request" in run.err
 
 
+@pytest.mark.slow
 def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
     slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
     with slow.serve() as url:
@@ -187,8 +189,7 @@ def test_exit_4_without_a_base_url() -> None:
     assert "IMGGW_BASE_URL" in run.err
 
 
-def test_exit_5_for_a_network_error_and_1_for_no_such_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("time.sleep", lambda seconds: None)  # retries without waiting
+def test_exit_5_for_a_network_error_and_1_for_no_such_task(no_backoff: list[float]) -> None:
     run = imggw("status", "1", "--base-url", "http://127.0.0.1:9")
     assert run.code == 5
     assert "http://127.0.0.1:9" in run.err
@@ -198,9 +199,8 @@ def test_exit_5_for_a_network_error_and_1_for_no_such_task(monkeypatch: pytest.M
 
 
 def test_exit_5_for_an_unknown_submit_outcome_with_the_safe_retry(
-    monkeypatch: pytest.MonkeyPatch,
+    no_backoff: list[float],
 ) -> None:
-    monkeypatch.setattr("time.sleep", lambda seconds: None)  # retries without waiting
     lossy = MockGateway(api_keys=[CANARY], fault_rate=1.0, faults=["lost"])
     with lossy.serve() as url:
         run = imggw("submit", "a private prompt", "--base-url", url, "-a", "16:9")
@@ -225,6 +225,7 @@ def test_verbose_logs_go_to_stderr_without_the_key(gateway: tuple[MockGateway, s
     assert "wrong-key-abcdef" not in bad.err
 
 
+@pytest.mark.slow
 def test_download_reports_each_task_and_the_worst_exit(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

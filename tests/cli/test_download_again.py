@@ -7,9 +7,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from imggw_client.mock import MockGateway
 
 from .helpers import imggw
+
+# Seconds a test: real generates and downloads against a gateway on a socket (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 
 def finished_tasks(url: str, count: int) -> list[str]:

@@ -14,8 +14,8 @@ import pytest
 
 from imggw_cli import _exit
 from imggw_client._core import reasons
-from imggw_client._core.serving import refuse
 from imggw_client.mock import MockGateway
+from imggw_client.mock._serving import refuse
 
 from .helpers import CANARY, imggw
 
@@ -65,6 +65,7 @@ def download(tasks: Tasks, folder: Path, *ids: str) -> int:
     return run.code
 
 
+@pytest.mark.slow
 def test_an_expired_result_exits_1_alone_and_beside_other_ids(tasks: Tasks, tmp_path: Path) -> None:
     assert download(tasks, tmp_path / "a", tasks.expired) == 1
     assert download(tasks, tmp_path / "b", tasks.done, tasks.expired) == 1
@@ -73,6 +74,7 @@ def test_an_expired_result_exits_1_alone_and_beside_other_ids(tasks: Tasks, tmp_
     assert download(tasks, tmp_path / "c", tasks.expired, tasks.running) == 3
 
 
+@pytest.mark.slow
 def test_a_task_the_key_cannot_see_exits_1_on_every_command_and_over_3(
     tasks: Tasks, tmp_path: Path
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_task_the_key_cannot_see_exits_1_on_every_command_and_over_3(
     assert download(tasks, tmp_path / "d", tasks.running, tasks.done) == 3
 
 
+@pytest.mark.slow
 def test_credits_ran_out_exits_6_on_every_command(tasks: Tasks, tmp_path: Path) -> None:
     poor = MockGateway(api_keys=[CANARY], credits=0, duration_min=0.02, duration_max=0.05)
     with poor.serve() as url:

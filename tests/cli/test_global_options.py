@@ -31,6 +31,7 @@ def created(url: str) -> int:
     return int(httpx.get(f"{url}/_mock/stats").json()["tasks_created"])
 
 
+@pytest.mark.slow
 def test_a_base_url_option_beats_the_environment_before_or_after_the_command(
     two_gateways: tuple[str, str],
 ) -> None:
@@ -63,6 +64,7 @@ def budgets(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     return seen
 
 
+@pytest.mark.slow
 def test_every_global_option_typed_after_the_command_beats_the_one_before(
     two_gateways: tuple[str, str], budgets: list[tuple[str, Any]]
 ) -> None:
@@ -112,15 +114,24 @@ def test_rate_options_reach_the_batch_client(
     assert budgets == [("AsyncClient", RateLimit(submits_per_second=50, queries_per_second=100))]
 
 
+@pytest.fixture(scope="module")
+def untouched() -> Iterator[tuple[MockGateway, str]]:
+    """One gateway for the module's refused options: none of them may send it anything (one
+    served for each of the 44 cases cost 9 s)."""
+    gw = MockGateway(api_keys=[CANARY])
+    with gw.serve() as url:
+        yield gw, url
+
+
 @pytest.mark.parametrize(
     "value", ["0", "-1", "-0.5", "abc", "", "inf", "nan", "1e400", "2/s", "1e-300", "0.0001"]
 )
 @pytest.mark.parametrize("flag", ["--rate", "--query-rate"])
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_bad_rate_exits_2_with_one_line_and_sends_nothing(
-    gateway: tuple[MockGateway, str], value: str, flag: str, where: str
+    untouched: tuple[MockGateway, str], value: str, flag: str, where: str
 ) -> None:
-    gw, url = gateway
+    gw, url = untouched
     option = [flag, value]
     command = ["submit", "a cat", "--base-url", url]
     run = imggw(*(option + command if where == "before" else command + option))

@@ -63,6 +63,7 @@ COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 def test_nothing_from_the_gateway_reaches_the_terminal_raw(hostile: str, tmp_path: Any) -> None:
     for args, code in COMMANDS:
         run = imggw(*(a.format(tmp=tmp_path) for a in args), "--base-url", hostile)

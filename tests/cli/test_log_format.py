@@ -72,6 +72,7 @@ def gateway() -> Iterator[tuple[MockGateway, str]]:
         yield gw, url
 
 
+@pytest.mark.slow
 def test_generate_logs_json_objects_and_prints_the_same_stdout(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -97,6 +98,7 @@ def test_generate_logs_json_objects_and_prints_the_same_stdout(
         assert expiry["expires_at"].endswith("Z")
 
 
+@pytest.mark.slow
 def test_the_environment_variable_asks_for_it_and_status_keeps_its_stdout(
     gateway: tuple[MockGateway, str],
 ) -> None:
@@ -115,6 +117,7 @@ def test_the_environment_variable_asks_for_it_and_status_keeps_its_stdout(
     assert as_text.stderr.startswith("error: the API key was refused")
 
 
+@pytest.mark.slow
 def test_a_refused_key_is_one_error_object_with_the_exit_code(
     gateway: tuple[MockGateway, str],
 ) -> None:
@@ -134,6 +137,7 @@ def test_a_refused_key_is_one_error_object_with_the_exit_code(
     assert gw.stats()["tasks_created"] == 0
 
 
+@pytest.mark.slow
 def test_verbose_puts_the_traceback_and_the_debug_logs_inside_objects(
     gateway: tuple[MockGateway, str],
 ) -> None:
@@ -151,6 +155,7 @@ def test_verbose_puts_the_traceback_and_the_debug_logs_inside_objects(
     assert not any(line.startswith(("Traceback", "  File")) for line in done.stderr.splitlines())
 
 
+@pytest.mark.slow
 def test_a_batch_logs_its_progress_with_counts_and_its_summary_as_one_object(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -192,6 +197,7 @@ def on_a_terminal(*args: str) -> tuple[int, str, str]:
     return code, out, seen.replace("\r\n", "\n")
 
 
+@pytest.mark.slow
 def test_on_a_terminal_too_there_is_no_live_display_only_objects(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -211,6 +217,7 @@ def test_on_a_terminal_too_there_is_no_live_display_only_objects(
     assert {r["event"] for r in objects(err)} == {"progress", "links_expire"}
 
 
+@pytest.mark.slow
 def test_usage_errors_are_objects_too(gateway: tuple[MockGateway, str]) -> None:
     gw, url = gateway
     for args in (["--rate", "abc", "submit", "a cat", "--base-url", url, "--log-format", "json"],
@@ -226,6 +233,7 @@ def test_usage_errors_are_objects_too(gateway: tuple[MockGateway, str]) -> None:
     assert gw.stats()["requests"] == {}
 
 
+@pytest.mark.slow
 def test_a_bad_log_format_exits_2_with_one_line(gateway: tuple[MockGateway, str]) -> None:
     gw, url = gateway
     done = run("--log-format", "xml", "status", "1", "--base-url", url)
@@ -243,6 +251,7 @@ def test_a_bad_log_format_exits_2_with_one_line(gateway: tuple[MockGateway, str]
 
 
 @pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow
 def test_ctrl_c_or_sigterm_during_a_wait_is_an_interrupted_object_and_its_exit_code(
     tmp_path: Path, sent: signal.Signals, code: int
 ) -> None:

@@ -40,6 +40,7 @@ def limited(limit: int, *args: str, key: str = CANARY) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("key", ["e", "1", "png", "http", "ab"])
+@pytest.mark.slow
 def test_a_short_key_that_occurs_in_result_links_loses_no_result(key: str, tmp_path: Path) -> None:
     gateway = MockGateway(api_keys=[key], duration_min=0.02, duration_max=0.05)
     env = {"IMGGW_API_KEY": key}
@@ -97,6 +98,7 @@ def test_a_link_that_carries_the_key_is_kept_said_plainly_and_never_shown(
 # ---------------------------------------------------------------------------- full disks
 
 
+@pytest.mark.slow
 def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
     tmp_path: Path,
 ) -> None:
@@ -115,6 +117,7 @@ def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
     assert gateway.stats()["tasks_created"] == 1
 
 
+@pytest.mark.slow
 def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) -> None:
     gateway = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05,
                           result_size=20_000)  # fmt: skip
@@ -159,6 +162,7 @@ def test_generate_refuses_a_folder_without_room_for_a_result_before_paying(
 # ---------------------------------------------------------------------------- --json records
 
 
+@pytest.mark.slow
 def test_json_poll_and_generate_print_the_record_of_a_failed_or_unfinished_task(
     tmp_path: Path,
 ) -> None:
@@ -219,7 +223,9 @@ def test_a_base_url_with_a_wrong_path_says_so_and_bills_nothing(
     assert gw.stats()["tasks_created"] == 0
 
 
-def test_a_proxy_that_cannot_be_reached_is_named(gateway: tuple[MockGateway, str]) -> None:
+def test_a_proxy_that_cannot_be_reached_is_named(
+    gateway: tuple[MockGateway, str], no_backoff: list[float]
+) -> None:
     _, url = gateway
     proxy = {"HTTP_PROXY": "http://user:secret-pass@127.0.0.1:9", "NO_PROXY": None,
              "no_proxy": None, "http_proxy": None, "ALL_PROXY": None, "all_proxy": None}  # fmt: skip

@@ -71,6 +71,7 @@ def gateway() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_huge_charges_summed_print_null_never_infinity(gateway: str, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"a fox number {i}\n" for i in range(6)))

@@ -44,6 +44,7 @@ def test_the_console_script_is_installed() -> None:
     assert done.stdout.startswith("imggw ")
 
 
+@pytest.mark.slow
 def test_generate_mock_in_a_real_process(tmp_path: Path) -> None:
     done = run("generate", "a lighthouse", "--mock", "--json", "-o", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -60,6 +61,7 @@ def slow_gateway() -> Iterator[tuple[MockGateway, str]]:
         yield gateway, url
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_poll_names_the_task_and_exits_130(
     slow_gateway: tuple[MockGateway, str],
 ) -> None:
@@ -80,6 +82,7 @@ def test_ctrl_c_mid_poll_names_the_task_and_exits_130(
     assert CANARY not in out + err
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_generate_names_the_task(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -97,6 +100,7 @@ def test_ctrl_c_mid_generate_names_the_task(
 
 
 @pytest.mark.parametrize(("sent", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+@pytest.mark.slow
 def test_sigterm_and_sighup_mid_generate_are_handled_as_ctrl_c(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path, sent: signal.Signals, code: int
 ) -> None:
@@ -119,6 +123,7 @@ def test_sigterm_and_sighup_mid_generate_are_handled_as_ctrl_c(
     assert CANARY not in out + err
 
 
+@pytest.mark.slow
 def test_a_sighup_ignored_by_nohup_stays_ignored(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -148,6 +153,7 @@ def test_a_command_run_in_process_puts_the_signal_handlers_back(
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.slow
 def test_sigterm_mid_download_wait_stops_every_id_and_names_the_one_under_way(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -167,6 +173,7 @@ def test_sigterm_mid_download_wait_stops_every_id_and_names_the_one_under_way(
     assert gateway.stats()["requests"].get("GET /beta/v1/tasks/{id}", 0) >= 1
 
 
+@pytest.mark.slow
 def test_sigterm_mid_batch_writes_the_manifest_and_a_rerun_submits_nothing(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -214,6 +221,7 @@ def test_sigterm_mid_batch_writes_the_manifest_and_a_rerun_submits_nothing(
 
 
 @pytest.mark.parametrize("command", ["submit", "generate"])
+@pytest.mark.slow
 def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
     command: str, tmp_path: Path
 ) -> None:
@@ -258,6 +266,7 @@ def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
     assert CANARY not in out + err
 
 
+@pytest.mark.slow
 def test_mock_serve_then_commands_against_it(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [*IMGGW, "mock", "serve", "--port", "0", "--api-key", CANARY, "--duration-min", "0",

@@ -86,6 +86,7 @@ def test_task_record_adds_cost_credits_and_expires_at_to_the_pinned_fields() -> 
     assert (bare["cost"], bare["credits"], bare["expires_at"]) == (None, None, None)
 
 
+@pytest.mark.slow
 def test_status_poll_and_generate_json_carry_cost_and_credits(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
@@ -118,6 +119,7 @@ def expiring(monkeypatch: pytest.MonkeyPatch) -> datetime:
     return soon
 
 
+@pytest.mark.slow
 def test_status_poll_and_generate_say_when_the_links_expire(
     gateway: tuple[MockGateway, str], expiring: datetime, tmp_path: Path
 ) -> None:

@@ -72,6 +72,7 @@ def test_generate_is_one_span_holding_its_submit_wait_and_download(
             assert CANARY not in str(value)
 
 
+@pytest.mark.slow
 def test_a_download_that_fails_marks_the_generate_span(
     spans: InMemorySpanExporter, gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -25,7 +25,11 @@ from imggw_client import AsyncClient, Client, ConfigurationError, RetryPolicy
 KEY = "test-key-0123456789"
 QUICK_RETRY = RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.05)
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
+# Seconds a test: forked processes over real sockets (the slow lane, tests/conftest.py).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only"),
+]
 
 
 class Gateway:

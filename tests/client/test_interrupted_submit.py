@@ -219,6 +219,7 @@ async def test_a_key_the_caller_chose_is_noted_and_said_below_warning(
     assert [r.levelno for r in said] == [logging.INFO]
 
 
+@pytest.mark.slow
 async def test_a_generate_cancelled_while_it_waits_names_its_task(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -178,6 +178,7 @@ def test_cli_a_malformed_store_url_is_one_line_and_exit_2(url: str) -> None:
     assert gw.stats()["requests"] == {}
 
 
+@pytest.mark.slow
 def test_cli_a_query_redis_cannot_read_exits_2_in_a_process_of_its_own() -> None:
     """As the user met it: a real process, no traceback, exit 2 (was 1 with a ValueError)."""
     done = subprocess.run(

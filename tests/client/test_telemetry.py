@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ def run_kind(kind: str, base: str, job: Any, **options: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.slow
 def test_a_generate_is_a_span_tree_under_the_applications_span(
     kind: str, otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
 ) -> None:
@@ -190,6 +192,7 @@ def test_a_failed_task_sets_the_error_status_with_its_class_and_code(
     assert total(points(reader), "imggw.task.duration.count", status="failed") == 1
 
 
+@pytest.mark.slow
 def test_each_batch_line_is_a_span_with_its_calls_beneath(
     otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
 ) -> None:
@@ -210,6 +213,7 @@ def test_each_batch_line_is_a_span_with_its_calls_beneath(
         assert {parent_of(span) for span in named[name]} == ids, name
 
 
+@pytest.mark.slow
 def test_metrics_after_a_run_that_met_a_429(
     otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
 ) -> None:
@@ -218,7 +222,9 @@ def test_metrics_after_a_run_that_met_a_429(
     # One submit a second: the second of two quick submits meets a 429 and is retried.
     gw = MockGateway(api_keys=[KEY], submit_limit="1/1", **QUICK)
     with gw.serve() as base, Client(api_key=KEY, base_url=base, **FAST) as client:
+        began = time.monotonic()
         tasks = [client.generate(f"{PROMPT} {i}") for i in range(2)]
+        spent = time.monotonic() - began
     assert gw.stats()["rate_limited"] >= 1
     after = points(reader)
 
@@ -234,11 +240,14 @@ def test_metrics_after_a_run_that_met_a_429(
     assert sum(n for route, n in queries.items() if "GET" in route) == polls
     assert grew("imggw.task.duration.count", surface="beta", status="succeeded") == 2
     took = grew("imggw.task.duration", surface="beta", status="succeeded")
-    assert 0.2 <= took < 10  # two tasks of 0.1-0.2 s, each seen within its poll schedule
+    # Two tasks of 0.1-0.2 s, each measured inside its own generate call: seconds, from the
+    # submit to the answer that saw it done, however long a loaded machine made the calls.
+    assert 0.2 <= took <= spent
     assert grew("imggw.budget.wait.count", kind="submit") >= 3  # every attempt asked it
     assert {t.status.value for t in tasks} == {"succeeded"}
 
 
+@pytest.mark.slow
 def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
     otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
 ) -> None:
@@ -266,6 +275,7 @@ def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
 
 
 @pytest.mark.parametrize("mode", ["no provider", "without the extra"])
+@pytest.mark.slow
 def test_without_a_provider_or_the_extra_nothing_is_recorded_and_all_works(mode: str) -> None:
     code = textwrap.dedent(
         f"""

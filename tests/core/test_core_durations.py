@@ -239,6 +239,7 @@ def feed(model: DurationModel, history: list[tuple[object, object, object]]) -> 
     hint=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
     seed=st.integers(0, 2**32),
 )
+@pytest.mark.slow
 def test_no_learned_sleep_is_shorter_than_todays_or_past_max_interval(
     policy: PollPolicy,
     history: list[tuple[object, object, object]],
@@ -267,6 +268,7 @@ def test_no_learned_sleep_is_shorter_than_todays_or_past_max_interval(
     hints=st.lists(st.one_of(st.none(), st.floats(-10, 100)), max_size=60),
     seed=st.integers(0, 2**32),
 )
+@pytest.mark.slow
 def test_a_hostile_history_never_makes_a_wait_poll_more_than_todays_schedule(
     policy: PollPolicy,
     history: list[tuple[object, object, object]],
@@ -469,6 +471,7 @@ def test_a_model_refuses_nonsense_settings(kwargs: dict[str, float]) -> None:
         DurationModel(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_over_a_million_observations_of_thousands_of_kinds() -> None:
     model = DurationModel()
     rng = random.Random(0)
@@ -544,6 +547,7 @@ def test_probabilities_are_conditional_on_what_the_wait_saw() -> None:
     assert model.probability_finished(KIND, 90.0, now=0.0, active_at=80.0) is None
 
 
+@pytest.mark.slow
 def test_one_model_is_shared_by_threads() -> None:
     model = DurationModel(max_kinds=4)
     errors: list[BaseException] = []
@@ -605,6 +609,7 @@ def serve_queue(
     max_interval=st.floats(0.5, 30),
     service=st.floats(0.05, 3),
 )
+@pytest.mark.slow
 def test_a_queued_query_is_passed_over_only_by_those_that_came_within_max_interval(
     gaps: list[float],
     chances: list[float | None],

@@ -300,6 +300,7 @@ task_fields = st.fixed_dictionaries(
     code=json_values,
     data=task_fields | json_values,
 )
+@pytest.mark.slow
 def test_garbage_never_crashes(surface: str, status: int, code: Any, data: Any) -> None:
     content = json.dumps({"code": code, "data": data}, allow_nan=True).encode()
     try:

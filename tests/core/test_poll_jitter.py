@@ -131,6 +131,7 @@ policies = st.builds(
     duration=st.floats(0.0, 600.0),
     seed=st.integers(0, 2**32),
 )
+@pytest.mark.slow
 def test_every_jittered_gap_is_within_todays_bounds_and_the_promise(
     policy: PollPolicy, history: int, fastest: float, duration: float, seed: int
 ) -> None:

@@ -40,6 +40,7 @@ def imggw_gateway_options() -> dict[str, Any]:
     return {"fault_rate": 0.3, "seed": 9}
 
 
+@pytest.mark.slow
 def test_options_can_be_overridden(imggw_client: Client, imggw_gateway: MockGateway) -> None:
     for i in range(10):
         imggw_client.generate(f"request {i}")
@@ -54,6 +55,7 @@ def test_the_url_fixture(imggw_gateway_url: str) -> None:
         assert client.submit("a cat").task_id == "1"
 
 
+@pytest.mark.slow
 def test_python_dash_m_serves_until_interrupted() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     child = subprocess.Popen(

@@ -48,6 +48,7 @@ def test_the_served_document_is_valid_openapi_3_1_and_covers_the_result_links() 
     assert {"200", "403", "404", "410"} <= set(results["responses"])
 
 
+@pytest.mark.slow
 def test_the_document_states_the_rules_the_gateway_enforces() -> None:
     header = DOC["paths"]["/beta/v1/images/generations"]["post"]["parameters"][0]
     assert header["name"] == "Idempotency-Key"
@@ -175,6 +176,7 @@ def bound_keys() -> set[str]:
     return set()
 
 
+@pytest.mark.slow  # a schemathesis sweep
 @SCHEMA.parametrize()
 def test_the_gateway_keeps_every_promise_of_its_document(
     case: Any, served: str, bound_keys: set[str]
@@ -201,6 +203,7 @@ def faulty() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow  # a schemathesis sweep
 @FAULTY_SCHEMA.parametrize()
 def test_faults_and_limits_answer_as_documented(case: Any, faulty: str) -> None:
     # Only the conformance checks: a 5xx that a fault injects on purpose is no server error.

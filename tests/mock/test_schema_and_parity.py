@@ -64,6 +64,7 @@ resolutions = st.sampled_from(["1k", "2k", "4k", "1K", "2K", "4K", "8k", ""])
 @given(
     prompt=prompts, ratio=ratios, resolution=resolutions, surface=st.sampled_from(["alpha", "beta"])
 )
+@pytest.mark.slow
 def test_image_request_and_gateway_accept_and_reject_the_same_requests(
     prompt: str, ratio: str, resolution: str, surface: str
 ) -> None:
@@ -97,6 +98,7 @@ def test_image_request_and_gateway_accept_and_reject_the_same_requests(
     [("/beta/v1/images/generations", "BetaSubmitRequest", "BetaSubmitResponse"),
      ("/alpha/api/v1/jobs/createTask", "AlphaSubmitRequest", "AlphaSubmitResponse")],
 )  # fmt: skip
+@pytest.mark.slow
 def test_every_body_the_schema_allows_is_accepted(
     path: str, request_schema: str, response_schema: str
 ) -> None:
@@ -171,6 +173,7 @@ def test_unsound_json_is_always_400_invalid_json(path: str, body: bytes) -> None
     ),
     idem=st.one_of(st.none(), st.text(max_size=300)),
 )
+@pytest.mark.slow
 def test_fuzzed_submits_never_cause_a_5xx_and_errors_match_their_schema(
     path: str, body: bytes, idem: str | None
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,13 @@ def gateway() -> MockGateway:
 
 
 @pytest.fixture
-def base(where: str, gateway: MockGateway) -> Iterator[tuple[str, Any]]:
+def base(
+    where: str, gateway: MockGateway, shared_serve: Callable[[MockGateway], str]
+) -> tuple[str, Any]:
     """(base URL, http client factory) for the chosen adapter."""
     if where == "in-process":
-        yield IN_PROCESS_URL, gateway.transport()
-    else:
-        with gateway.serve() as url:
-            yield url, None
+        return IN_PROCESS_URL, gateway.transport()
+    return shared_serve(gateway), None
 
 
 Make = Callable[..., Driven]

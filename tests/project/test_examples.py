@@ -12,6 +12,10 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
+# Seconds a test: each example in a process of its own (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 KEY = "sk-example-key-0123"
 

@@ -34,6 +34,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return wheel, sdist
 
 
+@pytest.mark.slow
 def test_the_wheel_and_sdist_ship_the_license(built: tuple[Path, Path]) -> None:
     wheel, sdist = built
     license_text = (ROOT / "LICENSE").read_text()

@@ -9,6 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Seconds a test: the soak script in a process of its own (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 REQUESTS = 80
 
