@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from imggw_client import TaskStatus
-from imggw_client._core import reasons, retry, serving, spec, surfaces
+from imggw_client._core import reasons, retry, spec, surfaces
 from imggw_client._core.wire import Reply
+from imggw_client.mock import _serving as serving
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 HOMES = {"imggw_client/_core/spec.py", "imggw_client/_core/reasons.py"}
@@ -118,6 +119,7 @@ def test_the_facts_are_collected() -> None:
         assert fact in facts, fact
 
 
+@pytest.mark.slow
 def test_no_module_outside_the_spec_spells_a_wire_fact() -> None:
     found = spelled_facts()
     assert not found, (

@@ -310,7 +310,7 @@ def test_deeply_nested_bodies_are_400_never_500(gw: MockGateway, path: str, raw:
 
 
 def test_canonical_never_raises() -> None:
-    from imggw_client._core import serving
+    from imggw_client.mock import _serving as serving
 
     for raw in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000, b"\xff", b'{"a":1,"a":2}'):
         assert isinstance(serving.canonical(raw), bytes)

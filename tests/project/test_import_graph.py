@@ -14,6 +14,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Edges left in place for now because they belong to files another change owns; each one closes
@@ -128,8 +130,8 @@ def _circle(graph: dict[str, set[str]], group: set[str]) -> list[str]:
 
 def test_the_graph_is_read_as_the_docstring_says() -> None:
     graph = import_graph()
-    # `from .._core import reasons, rules, serving, spec`: edges to the submodules themselves.
-    assert {"imggw_client._core.serving", "imggw_client._core.spec"} <= graph[
+    # `from .._core import reasons, rules, spec`: edges to the submodules themselves.
+    assert {"imggw_client._core.rules", "imggw_client._core.spec"} <= graph[
         "imggw_client.mock._gateway"
     ]
     assert "imggw_client._core" not in graph["imggw_client.mock._gateway"]
@@ -139,6 +141,7 @@ def test_the_graph_is_read_as_the_docstring_says() -> None:
     assert "imggw_client._models" in graph["imggw_client._exceptions"]
 
 
+@pytest.mark.slow
 def test_no_module_imports_itself_through_others() -> None:
     graph = import_graph()
     for (source, target), why in KNOWN_EDGES.items():

@@ -51,15 +51,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._core import reasons, rules, serving, spec
-from .._core.serving import Refusal, TaskView, refuse
+from .._core import reasons, rules, spec
 from .._core.spec import Surface
 from .._exceptions import ConfigurationError
 from .._models import ImageRequest, TaskError, TaskStatus
+from . import _serving as serving
 from ._config import MockConfig, parse_limit
 from ._messages import IN_PROCESS_URL, JSON_CONTENT, MockRequest, MockResponse
 from ._openapi import openapi_document
 from ._png import png, size_for
+from ._serving import Refusal, TaskView, refuse
 
 if TYPE_CHECKING:
     from .._async_client import AsyncClient
@@ -178,7 +179,7 @@ class MockGateway:
 
     Example::
 
-        gateway = MockGateway(api_keys=["test-key"], seed=0, duration_max=0.5)
+        gateway = MockGateway(api_keys=["test-key"], seed=0, duration_min=0.1, duration_max=0.5)
         with gateway.client() as client:                  # in-process, no sockets
             task = client.generate("a lighthouse")
         with gateway.serve() as base_url:                 # uvicorn on 127.0.0.1

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import reasons, rules, spec
-from .._core.serving import Shape, request_shape
 from .._core.spec import ALPHA, BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
+from ._serving import Shape, request_shape
 
 VERSION = "1.0.0-stage3a2"
 _REUSED, _LIMITED = reasons.IDEMPOTENCY_KEY_REUSED, reasons.RATE_LIMITED

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._core import jsonio, reasons, rules, spec
+from .._core.reasons import Reason
+from .._core.spec import BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
+from .._core.surfaces import encode_json
 from .._models import ImageRequest, TaskError, TaskStatus
-from . import jsonio, reasons, rules, spec
-from .reasons import Reason
-from .spec import BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
-from .surfaces import encode_json
 
 
 @dataclass(frozen=True, slots=True)
