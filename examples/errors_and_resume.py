@@ -32,13 +32,13 @@ def generate(client: Client, prompt: str, first_wait: float) -> Task:
         sub = client.submit(err)
     print(f"submitted task {sub.task_id}", file=sys.stderr)
     try:
-        return client.wait(sub, timeout=first_wait)
+        return client.wait(sub, wait_timeout=first_wait)
     except WaitTimeoutError as err:
         # Not a failure: the task is still running. Wait on the same task (on its own
         # surface); never resubmit.
         seen = err.last_task.status.value if err.last_task else "unknown"
         print(f"still {seen} after {first_wait}s; waiting on task {err.task_id}", file=sys.stderr)
-        return client.wait(err, timeout=600)
+        return client.wait(err, wait_timeout=600)
 
 
 def main() -> int:

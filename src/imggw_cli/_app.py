@@ -67,9 +67,9 @@ def run() -> None:
     from . import _stderr
 
     if os.environ.get(_completion.COMPLETE_VAR):  # a shell asks for completions
-        import typer.completion
+        from typer._completion_classes import completion_init
 
-        typer.completion.completion_init()
+        completion_init()
     _stderr.start(sys.argv[1:])
     if not _stderr.is_json():
         app(prog_name="imggw")

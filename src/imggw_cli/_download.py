@@ -96,7 +96,7 @@ def _download_ids(
                             try:
                                 task = client.wait(
                                     task_id,
-                                    timeout=600.0 if timeout is None else timeout,
+                                    wait_timeout=600.0 if timeout is None else timeout,
                                     on_update=on_update,
                                 )
                             except TaskFailedError as failed:  # reported below, like the rest

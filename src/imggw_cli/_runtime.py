@@ -145,8 +145,14 @@ def setup_logging(options: Globals) -> None:
     """Warnings from the SDK on stderr, sanitized; with --verbose, debug logs too, the key
     blanked. Idempotent, so that running several commands in one process (tests, embedding)
     never stacks handlers."""
-    handler = _Stderr(logging.DEBUG if options.verbose else logging.WARNING)
-    if options.verbose:
+    # IMGGW_LOG=debug|info asks the SDK for its records on stderr: here the command writes
+    # them itself (sanitized, in the chosen log format), at that level, never twice.
+    asked = os.environ.get("IMGGW_LOG", "").strip().lower()
+    level = logging.DEBUG if options.verbose or asked == "debug" else (
+        logging.INFO if asked == "info" else logging.WARNING
+    )  # fmt: skip
+    handler = _Stderr(level)
+    if level < logging.WARNING:
         handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         handler.setFormatter(_Printable("warning: %(message)s"))
@@ -155,11 +161,15 @@ def setup_logging(options: Globals) -> None:
         handler.addFilter(_Redact(key))
     for name in _LOGGERS:
         logger = logging.getLogger(name)
-        for old in [h for h in logger.handlers if getattr(h, "imggw_cli", False)]:
+        for old in [
+            h
+            for h in logger.handlers
+            if getattr(h, "imggw_cli", False) or type(h).__name__ == "StderrHandler"
+        ]:
             logger.removeHandler(old)
-        # Without --verbose the level is left to the root logger (WARNING unless the host
-        # program says otherwise).
-        logger.setLevel(logging.DEBUG if options.verbose else logging.NOTSET)
+        # Without --verbose (or IMGGW_LOG) the level is left to the root logger (WARNING
+        # unless the host program says otherwise).
+        logger.setLevel(level if level < logging.WARNING else logging.NOTSET)
         logger.addHandler(handler)
     _take_warnings(_stderr.is_json())
 

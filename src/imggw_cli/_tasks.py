@@ -4,7 +4,7 @@
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional, cast
 
 import typer
 
@@ -26,6 +26,7 @@ from ._runtime import make_client
 from ._when import iso_utc, links_expire
 
 if TYPE_CHECKING:
+    import imggw_client
     from imggw_client import Client, Submission
 
 app = typer.Typer()
@@ -70,7 +71,9 @@ def _submit(
     """The submit of ``generate`` and ``submit``: its key made before it goes (so that Ctrl-C
     can name it), and its task tracked once known."""
     sent = tracked.submitting(key, aspect_ratio, resolution)
-    sub = client.submit(prompt, aspect_ratio=aspect_ratio, resolution=resolution,
+    # Typer's choices hold them to the rules' values: the SDK's Literal types, as text.
+    sub = client.submit(prompt, aspect_ratio=cast("imggw_client.AspectRatio", aspect_ratio),
+                        resolution=cast("imggw_client.Resolution", resolution),
                         idempotency_key=sent)  # fmt: skip
     tracked.id = sub.task_id
     return sub
@@ -101,7 +104,7 @@ def generate(
             sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
                           idempotency_key)  # fmt: skip
             with out.progress(sub.task_id) as on_update:
-                task = client.wait(sub, timeout=timeout, on_update=on_update)
+                task = client.wait(sub, wait_timeout=timeout, on_update=on_update)
             files = client.download(task, output, overwrite=overwrite)
         if task.expires_at is not None:
             out.note(links_expire(task.expires_at), event="links_expire", task_id=task.id,
@@ -146,7 +149,7 @@ def status(task_id: TaskId) -> None:
 def _poll(task_id: str, timeout: float) -> None:
     with session(Tracked(task_id)) as out, make_client(current(), journal=True) as client:
         with out.progress(task_id) as on_update:
-            task = client.wait(task_id, timeout=timeout, on_update=on_update)
+            task = client.wait(task_id, wait_timeout=timeout, on_update=on_update)
         out.data(task_record(task), task_lines(task))
 
 

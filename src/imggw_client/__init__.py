@@ -25,18 +25,45 @@ Example::
         if err.code != imggw_client.FILE_EXISTS:
             raise
         client.download(task, "out/again/")
+
+The request's choices are types, for a type checker to hold code to what the gateway takes:
+``Surface`` (``"alpha"``, ``"beta"``), ``AspectRatio`` (the 16 ratios of
+``imggw_client.rules.ASPECT_RATIOS``) and ``Resolution`` (``"1k"``, ``"2k"``, ``"4k"``, in either
+case), each a ``typing.Literal``; every signature that takes one is typed with it.
+
+Example::
+
+    from imggw_client import AspectRatio, Resolution, Surface
+
+    def poster(client: Client, ratio: AspectRatio = "2:3", size: Resolution = "2k") -> Task:
+        return client.generate("a poster", aspect_ratio=ratio, resolution=size)
+
+    poster(client, "7:5")        # mypy: incompatible type "Literal['7:5']"
+
+Logging: the ``imggw_client`` logger has a ``NullHandler``, so an application that sets up no
+logging hears nothing from it. ``IMGGW_LOG=debug`` (or ``info``) in the environment writes its
+records to stderr, as ``OPENAI_LOG`` does for openai-python; no line holds an API key.
+
+Example::
+
+    IMGGW_LOG=debug python app.py      # every request, retry and note on stderr
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _logs
 from ._version import __version__
+
+_logs.setup()
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
     from ._async_client import AsyncClient
     from ._client import Client
     from ._config import MISSING_API_KEY, MISSING_BASE_URL, PollPolicy, RateLimit, RetryPolicy
     from ._core.budget import BudgetService, SyncBudgetService
+    from ._core.rules import AspectRatio, Resolution
+    from ._core.spec import Surface
     from ._download import FILE_EXISTS, WRITE_FAILED
     from ._exceptions import (
         APIConnectionError,
@@ -67,6 +94,7 @@ __all__ = [
     "APIConnectionError",
     "APIError",
     "APITimeoutError",
+    "AspectRatio",
     "AsyncClient",
     "AuthenticationError",
     "BudgetService",
@@ -90,10 +118,12 @@ __all__ = [
     "RateLimit",
     "RateLimitError",
     "RequestValidationError",
+    "Resolution",
     "ResultExpiredError",
     "RetryPolicy",
     "ServerError",
     "Submission",
+    "Surface",
     "SyncBudgetService",
     "Task",
     "TaskError",
@@ -117,6 +147,9 @@ _HOMES = {
     "RateLimit": "._config",
     "RetryPolicy": "._config",
     "BudgetService": "._core.budget",
+    "AspectRatio": "._core.rules",
+    "Resolution": "._core.rules",
+    "Surface": "._core.spec",
     "SyncBudgetService": "._core.budget",
     "FILE_EXISTS": "._download",
     "WRITE_FAILED": "._download",

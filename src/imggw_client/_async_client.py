@@ -6,14 +6,15 @@ file, then run the script."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, cast
 
 import httpx
 
@@ -29,11 +30,14 @@ from ._base_client import (
     BaseClient,
     log_resend,
     unique,
+    wait_deadline,
 )
-from ._config import PollPolicy, RateLimit, RetryPolicy, check_surface
-from ._core.budget import BudgetService, RemoteBudget
+from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface
+from ._core.budget import Budget, BudgetService, RemoteBudget
 from ._core.completions import Completions
 from ._core.flows import Flow, interrupt
+from ._core.rules import AspectRatio, Resolution
+from ._core.spec import Surface
 from ._core.wire import (
     Action,
     Answered,
@@ -71,6 +75,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     makes its own HTTP client over it, and closes both.
     Share one client between tasks.
 
+    ``timeout`` bounds each request: seconds from sending it to its last byte, or an
+    ``httpx.Timeout`` (each phase as httpx bounds it, the whole request by its largest limit).
+    ``default_headers`` go on every request to the gateway (never on result downloads, which
+    go to other hosts); they may not set ``Authorization`` or ``Idempotency-Key``, which the
+    SDK sets (:class:`ConfigurationError`).
+
     ``journal=`` (a path or a :class:`~imggw_client.tracking.Journal`; default
     ``IMGGW_JOURNAL``, else none; ``False``: none whatever the environment says) records every
     submit before its request leaves, and what becomes of its task: see :meth:`unfinished`.
@@ -96,8 +106,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         api_key: str | None = None,
         base_url: str | None = None,
         *,
-        surface: str = "beta",
-        timeout: float = DEFAULT_TIMEOUT,
+        surface: Surface = "beta",
+        default_headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry: RetryPolicy | None = None,
         poll: PollPolicy = DEFAULT_POLL,
@@ -118,10 +129,14 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             http_client=http_client,
             transport=transport,
             journal=journal,
+            default_headers=default_headers,
         )
         self._sleep = _io.sleep
-        if self._settings.rate_limit.store is not None:  # one budget with other processes
-            self._flows.budget = RemoteBudget(_io.store_budget(self._settings))
+
+    def _own_budget(self, settings: Settings) -> Budget | RemoteBudget:
+        if settings.rate_limit.store is not None:  # one budget with other processes
+            return RemoteBudget(_io.store_budget(settings))
+        return Budget(settings.rate_limit)
 
     @staticmethod
     def make_http_client(**options: Any) -> httpx.AsyncClient:
@@ -141,11 +156,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         self,
         prompt: str | UnknownOutcomeError,
         *,
-        aspect_ratio: str = "auto",
-        resolution: str = "1k",
-        surface: str | None = None,
+        aspect_ratio: AspectRatio = "auto",
+        resolution: Resolution = "1k",
+        surface: Surface | None = None,
         idempotency_key: str | None = None,
         validate: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Submission:
         """Submits one request and returns its task id and idempotency key.
 
@@ -154,7 +170,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         the key: ``submit(err)`` sends that submit again (its request, key and surface; the
         other arguments are not used), and the gateway replays the task it may have made. A
         submit cancelled or interrupted after its request left names its key in a note on the
-        exception and in one WARNING on the ``imggw_client`` logger.
+        exception and in one WARNING on the ``imggw_client`` logger. ``extra_headers`` go on
+        this call's requests, over the client's ``default_headers`` (not ``Authorization`` nor
+        ``Idempotency-Key``: :class:`RequestValidationError`, before anything is sent).
 
         Example::
 
@@ -168,7 +186,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         with self._operation("imggw.submit", resend.surface if resend else surface) as watch:
             if resend is not None:
                 flow = self._flows.resubmit(
-                    resend, surface=surface, idempotency_key=idempotency_key
+                    resend,
+                    surface=surface,
+                    idempotency_key=idempotency_key,
+                    extra_headers=extra_headers,
                 )
             else:
                 flow = self._flows.submit(
@@ -178,46 +199,65 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                     surface=surface,
                     idempotency_key=idempotency_key,
                     validate=validate,
+                    extra_headers=extra_headers,
                 )
             return await self._run(flow, watch=watch)
 
-    async def get(self, task_id: str, *, surface: str | None = None) -> Task:
-        """Queries a task once (transient failures are retried).
+    async def get(
+        self,
+        task_id: str,
+        *,
+        surface: Surface | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> Task:
+        """Queries a task once (transient failures are retried). ``extra_headers`` go on this
+        call's request, over the client's ``default_headers``.
 
         Example::
 
-            task = await client.get("12345")
+            task = await client.get("12345", extra_headers={"X-Request-Id": "r-7"})
         """
         with self._operation("imggw.get", surface) as watch:
-            return await self._run(self._flows.get(task_id, surface=surface), watch=watch)
+            flow = self._flows.get(task_id, surface=surface, extra_headers=extra_headers)
+            return await self._run(flow, watch=watch)
 
     async def wait(
         self,
         task_id_or_submission: str | Submission | Task | WaitTimeoutError,
         *,
-        surface: str | None = None,
-        timeout: float = DEFAULT_WAIT_TIMEOUT,
+        surface: Surface | None = None,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         on_update: _io.OnUpdate | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Task:
         """Polls until the task succeeds (returned) or fails (:class:`TaskFailedError`).
 
-        Past ``timeout`` seconds it raises :class:`WaitTimeoutError`, which is not a failure:
-        ``wait(err)`` waits again, on the task's own surface (a :class:`Submission` or
-        :class:`Task` carries its surface too; ``surface=`` is for a bare task id).
+        Past ``wait_timeout`` seconds it raises :class:`WaitTimeoutError`, which is not a
+        failure: ``wait(err)`` waits again, on the task's own surface (a :class:`Submission`
+        or :class:`Task` carries its surface too; ``surface=`` is for a bare task id).
         ``on_update(task)`` sees every new status or progress (a coroutine it returns is awaited).
-        A wait never submits.
+        ``extra_headers`` go on each of its queries. A wait never submits. ``timeout=`` is the
+        deprecated name of ``wait_timeout`` (a :class:`DeprecationWarning`); each query is
+        bounded by the client's own ``timeout``.
 
         Example::
 
-            task = await client.wait(sub, timeout=900, on_update=lambda t: print(t.progress))
+            task = await client.wait(sub, wait_timeout=900, on_update=lambda t: print(t.progress))
             try:
-                task = await client.generate("a lighthouse", surface="alpha", timeout=60)
+                task = await client.generate("a lighthouse", surface="alpha", wait_timeout=60)
             except WaitTimeoutError as err:
                 task = await client.wait(err)     # asks alpha again
         """
+        deadline = wait_deadline(wait_timeout, timeout)
         with self._operation("imggw.wait", surface) as watch:
             return await self._run(
-                self._flows.wait(task_id_or_submission, surface=surface, timeout=timeout),
+                self._flows.wait(
+                    task_id_or_submission,
+                    surface=surface,
+                    timeout=deadline,
+                    extra_headers=extra_headers,
+                ),
                 on_update,
                 watch=watch,
             )
@@ -226,24 +266,30 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         self,
         prompt: str,
         *,
-        aspect_ratio: str = "auto",
-        resolution: str = "1k",
-        surface: str | None = None,
+        aspect_ratio: AspectRatio = "auto",
+        resolution: Resolution = "1k",
+        surface: Surface | None = None,
         idempotency_key: str | None = None,
         validate: bool = True,
-        timeout: float = DEFAULT_WAIT_TIMEOUT,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         on_update: _io.OnUpdate | None = None,
         on_submit: _io.OnSubmit | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Task:
-        """Submits and waits: :meth:`submit` then :meth:`wait`. ``on_submit(submission)`` is
-        called as soon as the submit answers, before the wait, as ``on_update`` is: the place
-        to keep the task id where your application keeps its own state.
+        """Submits and waits: :meth:`submit` then :meth:`wait` (up to ``wait_timeout``
+        seconds; ``timeout=`` is its deprecated name). ``on_submit(submission)`` is called as
+        soon as the submit answers, before the wait, as ``on_update`` is: the place to keep
+        the task id where your application keeps its own state. ``extra_headers`` go on the
+        submit and on every query of the wait.
 
         Example::
 
             task = await client.generate("a lighthouse at dusk", resolution="2k",
+                                         wait_timeout=900,
                                          on_submit=lambda sub: save_id(sub.task_id))
         """
+        deadline = wait_deadline(wait_timeout, timeout)
         with self._operation("imggw.generate", surface) as watch:
             return await self._run(
                 self._flows.generate(
@@ -252,8 +298,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                     resolution=resolution,
                     surface=surface,
                     idempotency_key=idempotency_key,
-                    timeout=timeout,
+                    timeout=deadline,
                     validate=validate,
+                    extra_headers=extra_headers,
                 ),
                 on_update,
                 watch=watch,
@@ -309,6 +356,68 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             await self._run(self._flows.saved(task, files))
             watch.result(task)
             return files
+
+    async def read(
+        self,
+        task: Task,
+        index: int = 0,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
+    ) -> bytes:
+        """The bytes of result ``index`` of a succeeded task, for code that sends the image
+        on (an HTTP response, an upload) rather than saving it. Fetched and verified exactly
+        as :meth:`download` does (its Content-Length, or where a PNG, JPEG, GIF or WebP says
+        it ends; ``max_bytes``; ``timeout``, default the client's, for each attempt; a dead
+        link asked for again, :class:`ResultExpiredError` only when the fresh one fails too),
+        without the API key, and never written where you would see it. For a large image,
+        :meth:`open` holds it out of memory.
+
+        Example::
+
+            png = await client.read(task)                 # the first result
+            await upload("bucket/fox.png", png)
+        """
+        async with self.open(task, index, max_bytes=max_bytes, timeout=timeout) as stream:
+            return await _io.run_sync(stream.read)
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self,
+        task: Task,
+        index: int = 0,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
+    ) -> AsyncIterator[BinaryIO]:
+        """A context manager yielding result ``index`` of a succeeded task as a binary
+        stream (seekable, at its start), verified whole before the first byte is handed out,
+        exactly as :meth:`read` is. Up to 8 MiB are held in memory, a larger image in an
+        anonymous temporary file, deleted when the block ends.
+
+        Example::
+
+            async with client.open(task, 1) as image:
+                s3.upload_fileobj(image, "bucket", f"{task.id}-1.png")
+        """
+        stream = await self._held(task, index, max_bytes=max_bytes, timeout=timeout)
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+    async def _held(
+        self, task: Task, index: int, *, max_bytes: int, timeout: float | None
+    ) -> BinaryIO:
+        flow = self._flows.opened(task, index, max_bytes=max_bytes, timeout=timeout)
+        with self._operation("imggw.download", getattr(task, "surface", None)) as watch:
+            try:
+                stream = await self._run(flow, watch=watch)
+            except ResultExpiredError:
+                await self._run(self._flows.expired(task))
+                raise
+            watch.result(task)
+            return stream
 
     async def as_completed(
         self,
@@ -414,10 +523,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         if self._owns_http and self._conn.loop in (None, _io.current_loop()):
             await self._http.aclose()
         # Else its connections belong to an event loop that is gone: nothing can close them.
-        if not self._copy:
+        if self._owns_budget:
             await _io.close_budget(self._flows.budget)
-            if self._owns_journal and self._journal is not None:
-                self._journal.close()
+        if not self._copy and self._owns_journal and self._journal is not None:
+            self._journal.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -547,7 +656,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                     fetch.url,
                     headers=_transport.download_headers(self._agent),
                     follow_redirects=True,
-                    timeout=fetch.timeout,
+                    timeout=_transport.request_timeout(self._settings, fetch.timeout),
                 ) as response:
                     if response.status_code != 200:
                         return Fetched(response.status_code)

@@ -4,25 +4,32 @@ actions are performed (blocking or awaited)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import functools
 import hashlib
 import os
 import random
 import threading
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
-from . import _telemetry
+from . import _logs, _telemetry
 from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
+from ._core.budget import Budget, RemoteBudget
+from ._core.durations import DurationModel
 from ._core.flows import Flows, log
+from ._core.rules import Violation
+from ._core.spec import Surface
 from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
 from ._exceptions import ConfigurationError
-from ._models import Submission, Task
+from ._models import Submission, Task, raise_violations
 from ._transport import user_agent
 
 if TYPE_CHECKING:
@@ -132,6 +139,46 @@ class Connection(Generic[H]):
             self.http, self.loop = self.factory(), None
             self.pid, self.used = os.getpid(), False
 
+    def __del__(self) -> None:
+        # The client (and every with_options copy of it) was dropped unclosed: the HTTP client
+        # it made is closed here, so that no socket is left to the garbage collector
+        # (a ResourceWarning under -X dev). Never a caller's own, nor a parent process's.
+        if not getattr(self, "owned", False) or not self.mine:
+            return
+        with contextlib.suppress(Exception):  # at interpreter exit, say: nothing left to do
+            _close_dropped(self.http, self.loop)
+
+
+# An AsyncClient's pool closed by the garbage collector: kept until the close has run.
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _close_dropped(http: httpx.Client | httpx.AsyncClient, loop: object) -> None:
+    """Closes a dropped client's HTTP client. A blocking one at once; an asynchronous one on
+    the asyncio loop its connections belong to, while that loop runs (as openai-python does):
+    under a loop that has ended, nothing can close them any more."""
+    if http.is_closed:
+        return
+    if isinstance(http, httpx.Client):
+        http.close()
+        return
+    if not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed():
+        return
+
+    def start() -> None:
+        task = loop.create_task(http.aclose())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        start()
+    elif loop.is_running():  # collected in another thread
+        loop.call_soon_threadsafe(start)
+
 
 class BaseClient(Generic[H]):
     _http_type: type[H]
@@ -145,7 +192,7 @@ class BaseClient(Generic[H]):
         base_url: str | None,
         *,
         surface: str,
-        timeout: float,
+        timeout: float | httpx.Timeout,
         max_retries: int,
         retry: RetryPolicy | None,
         poll: PollPolicy | None,
@@ -153,6 +200,7 @@ class BaseClient(Generic[H]):
         http_client: H | None,
         transport: Transport | None,
         journal: Any = None,
+        default_headers: Mapping[str, str] | None = None,
     ) -> None:
         self._settings: Settings = resolve_settings(
             api_key,
@@ -163,8 +211,11 @@ class BaseClient(Generic[H]):
             retry=retry,
             poll=poll,
             rate_limit=rate_limit,
+            default_headers=default_headers,
         )
-        self._flows = Flows(self._settings)
+        _logs.watch_key(self._settings.api_key)  # IMGGW_LOG's lines never show it
+        self._flows = Flows(self._settings, budget=self._own_budget(self._settings))
+        self._owns_budget = True  # closes its budget's connections (a shared store's) on close
         self._journal, self._owns_journal = open_journal(journal)
         self._flows.journaled = self._journal is not None
         self._conn = self._connect(http_client, transport)
@@ -201,9 +252,23 @@ class BaseClient(Generic[H]):
         return self._settings.base_url
 
     @property
-    def surface(self) -> str:
+    def surface(self) -> Surface:
         """The default surface, ``"alpha"`` or ``"beta"``."""
         return self._settings.surface
+
+    @property
+    def default_headers(self) -> dict[str, str]:
+        """The headers sent on every request to the gateway (``default_headers=``), beside
+        the SDK's own; never on result downloads, which go to other hosts. A copy: change
+        them with :meth:`with_options`.
+
+        Example::
+
+            client = Client(default_headers={"X-Tenant": "acme"})
+            client.with_options(default_headers={"X-Trace": "1"}).default_headers
+            # {'X-Tenant': 'acme', 'X-Trace': '1'}
+        """
+        return dict(self._settings.headers)
 
     @property
     def key_fingerprint(self) -> str:
@@ -259,14 +324,19 @@ class BaseClient(Generic[H]):
             self._journal.record(event, self.journal_scope)
 
     @property
-    def timeout(self) -> float:
-        """Seconds each request may take, from sending it to its last byte.
+    def timeout(self) -> float | httpx.Timeout:
+        """What bounds each request, as given: seconds each request may take, from sending
+        it to its last byte, or an ``httpx.Timeout`` (each phase bounded as httpx does, and
+        the whole request by the largest of its limits). Not a wait's deadline: that is
+        ``wait_timeout=`` on :meth:`wait` and :meth:`generate`.
 
         Example::
 
             client.with_options(timeout=120).timeout    # 120.0
+            client.with_options(timeout=httpx.Timeout(60, connect=5)).timeout
         """
-        return self._settings.timeout
+        given = self._settings.http_timeout
+        return self._settings.timeout if given is None else given
 
     @property
     def retry(self) -> RetryPolicy:
@@ -313,21 +383,40 @@ class BaseClient(Generic[H]):
     def with_options(
         self: B,
         *,
-        timeout: float | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        surface: Surface | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | None = None,
         max_retries: int | None = None,
         retry: RetryPolicy | None = None,
         poll: PollPolicy | None = None,
     ) -> B:
-        """A copy of this client with other settings for the calls made through it. It shares
-        the HTTP connection pool, the request budget and what the client learned of its tasks'
-        durations; this client is unchanged. Closing the copy closes only the copy.
+        """A copy of this client with other settings for the calls made through it (None:
+        unchanged); this client is unchanged. ``default_headers`` are added to this client's
+        (a name given again replaces its value).
+
+        The copy shares the HTTP connection pool and the journal. It shares the request
+        budget and what the client learned of its tasks' durations too, unless it talks to
+        another gateway or with another key (``base_url``, ``api_key``): a gateway limits and
+        times each key apart, so that copy starts with a budget of its own (the same
+        ``rate_limit``; through the same store, when one is named, in that key's lanes) and
+        learns afresh. Closing the copy closes only the copy.
 
         Example::
 
             task = client.with_options(timeout=120, poll=PollPolicy(initial_interval=5)).wait(sub)
+            alpha = client.with_options(surface="alpha", default_headers={"X-Team": "ml"})
+            other = client.with_options(api_key=os.environ["OTHER_KEY"])   # its own budget
         """
         settings = updated(
-            self._settings, timeout=timeout, max_retries=max_retries, retry=retry, poll=poll
+            self._settings, api_key=api_key, base_url=base_url, surface=surface,
+            default_headers=default_headers, timeout=timeout, max_retries=max_retries,
+            retry=retry, poll=poll,
+        )  # fmt: skip
+        elsewhere = (settings.api_key, settings.base_url) != (
+            self._settings.api_key,
+            self._settings.base_url,
         )
         clone = copy.copy(self)
         clone._settings = settings
@@ -336,15 +425,23 @@ class BaseClient(Generic[H]):
             clock=self._flows.clock,
             wall=self._flows.wall,
             rng=random.Random(),
-            budget=self._flows.budget,
-            durations=self._flows.durations,
+            budget=self._own_budget(settings) if elsewhere else self._flows.budget,
+            durations=DurationModel() if elsewhere else self._flows.durations,
         )
         clone._flows.journaled = self._flows.journaled
         clone._closed = self._closed
         clone._copy = True
+        clone._owns_budget = elsewhere
+        if elsewhere:
+            clone.__dict__.pop("_key_fingerprint", None)  # another key's: never this one's
+            _logs.watch_key(settings.api_key)
         return clone
 
-    def generation(self, *, surface: str | None = None) -> AbstractContextManager[Any]:
+    def _own_budget(self, settings: Settings) -> Budget | RemoteBudget:
+        """A new request budget for ``settings`` (the driver's, when a store shares it)."""
+        return Budget(settings.rate_limit)
+
+    def generation(self, *, surface: Surface | None = None) -> AbstractContextManager[Any]:
         """One generate made of separate calls, as OpenTelemetry sees it (DESIGN 17): the block
         is one ``imggw.generate`` span whose children are the spans of the calls made in it
         (``imggw.submit``, ``imggw.wait``, ``imggw.download``...), with the task id, status,
@@ -411,6 +508,26 @@ def unique(items: Iterable[Submission | Task | str], surface: str) -> list[Submi
             seen.add(name)
             kept.append(item)
     return kept
+
+
+def wait_deadline(wait_timeout: float, timeout: float | None) -> float:
+    """A wait's deadline, from ``wait_timeout=`` or the deprecated ``timeout=`` (which says
+    so once per call, pointing at the caller's line). Checked before anything is sent."""
+    field, deadline = "wait_timeout", wait_timeout
+    if timeout is not None:
+        warnings.warn(
+            "timeout= on wait() and generate() is deprecated: it is the wait's deadline, now "
+            "named wait_timeout= (timeout= is the client's request limit, as in with_options)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if wait_timeout != DEFAULT_WAIT_TIMEOUT and wait_timeout != timeout:
+            rule = "is the deprecated name of wait_timeout: pass wait_timeout= alone"
+            raise_violations([Violation("timeout", rule, "invalid_timeout")])
+        field, deadline = "timeout", timeout
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline >= 0:
+        raise_violations([Violation(field, "must be seconds >= 0", "invalid_timeout")])
+    return float(deadline)
 
 
 def log_resend(key: str, err: BaseException) -> None:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
+from ._core.rules import check_headers
 from ._core.spec import Surface as Surface  # its home is the wire spec; imported from here too
 from ._exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings", "updated"]
 
@@ -266,7 +271,13 @@ def redact_store(url: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a client needs, resolved once. ``api_key`` never appears in the repr."""
+    """Everything a client needs, resolved once. ``api_key`` never appears in the repr, nor
+    the values of ``headers`` (a caller's header may hold a secret too).
+
+    ``timeout`` bounds each whole request, from sending it to its last byte; ``http_timeout``
+    is the ``httpx.Timeout`` the caller gave, if any (its limits then also bound each phase,
+    and ``timeout`` is the largest of them). ``headers`` are the caller's ``default_headers``,
+    sent on every request to the gateway."""
 
     api_key: str
     base_url: str
@@ -275,12 +286,17 @@ class Settings:
     retry: RetryPolicy
     poll: PollPolicy
     rate_limit: RateLimit = RateLimit()
+    headers: tuple[tuple[str, str], ...] = ()
+    http_timeout: httpx.Timeout | None = None
 
     def __repr__(self) -> str:
+        headers = (
+            f", headers=<{', '.join(name for name, _ in self.headers)}>" if self.headers else ""
+        )
         return (
             f"Settings(base_url={self.base_url!r}, surface={self.surface!r}, "
             f"timeout={self.timeout!r}, retry={self.retry!r}, poll={self.poll!r}, "
-            f"rate_limit={self.rate_limit!r})"
+            f"rate_limit={self.rate_limit!r}{headers})"
         )
 
 
@@ -294,16 +310,48 @@ def resolve_settings(
     base_url: str | None,
     *,
     surface: str,
-    timeout: float,
+    timeout: float | httpx.Timeout,
     max_retries: int,
     retry: RetryPolicy | None,
     poll: PollPolicy | None,
     rate_limit: RateLimit | None = None,
+    default_headers: Mapping[str, str] | None = None,
 ) -> Settings:
     """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``; raises ConfigurationError."""
-    key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+    key = _checked_key(api_key if api_key is not None else os.environ.get(ENV_API_KEY))
+    url = _checked_url(base_url if base_url is not None else os.environ.get(ENV_BASE_URL))
+    whole, given = _timeouts(timeout)
+    _, retry, poll = _policies(whole, max_retries, retry, poll)
+    if rate_limit is None:
+        rate_limit = RateLimit()
+    _require(isinstance(rate_limit, RateLimit), "rate_limit must be a RateLimit")
+    return Settings(
+        api_key=key,
+        base_url=url,
+        surface=check_surface(surface),
+        timeout=whole,
+        retry=retry,
+        poll=poll,
+        rate_limit=rate_limit,
+        headers=checked_headers({} if default_headers is None else default_headers),
+        http_timeout=given,
+    )
+
+
+def checked_headers(
+    headers: Mapping[str, str], base: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[str, str], ...]:
+    """``default_headers`` checked (:func:`~._core.rules.check_headers`), over ``base``: a
+    name given again (in any case) replaces the one there."""
+    problems = check_headers(headers, "default_headers")
+    _require(not problems, "; ".join(f"{v.field} {v.rule}" for v in problems), "invalid_headers")
+    merged = {name.lower(): (name, value) for name, value in base}
+    merged.update({name.lower(): (name, value) for name, value in headers.items()})
+    return tuple(merged.values())
+
+
+def _checked_key(key: object) -> str:
     _require(bool(key), f"no API key: pass api_key= or set {ENV_API_KEY}", MISSING_API_KEY)
-    assert key is not None
     # A key with whitespace or control characters would break (or forge) the header, and one
     # outside ASCII cannot be sent in it at all.
     _require(
@@ -313,12 +361,17 @@ def resolve_settings(
         and not any(c.isspace() for c in key),
         "the API key must be printable ASCII without whitespace",
     )
-    url = base_url if base_url is not None else os.environ.get(ENV_BASE_URL)
+    assert isinstance(key, str)
+    return key
+
+
+def _checked_url(url: object) -> str:
     _require(bool(url), f"no base URL: pass base_url= or set {ENV_BASE_URL}", MISSING_BASE_URL)
-    assert url is not None
     _require(
-        url.startswith(("http://", "https://")), "base_url must start with http:// or https://"
+        isinstance(url, str) and url.startswith(("http://", "https://")),
+        "base_url must start with http:// or https://",
     )
+    assert isinstance(url, str)
     # httpx would send user:password@ as Basic auth in place of our Bearer key, and the URL
     # is printed in errors and -v lines: refused, and never echoed.
     _require(
@@ -328,28 +381,36 @@ def resolve_settings(
         USERINFO_IN_BASE_URL,
     )
     _require(_valid_url(url), "base_url is not a valid URL (a scheme, a host, printable ASCII)")
-    timeout, retry, poll = _policies(timeout, max_retries, retry, poll)
-    if rate_limit is None:
-        rate_limit = RateLimit()
-    _require(isinstance(rate_limit, RateLimit), "rate_limit must be a RateLimit")
-    return Settings(
-        api_key=key,
-        base_url=url.rstrip("/"),
-        surface=check_surface(surface),
-        timeout=float(timeout),
-        retry=retry,
-        poll=poll,
-        rate_limit=rate_limit,
+    return url.rstrip("/")
+
+
+def _timeouts(timeout: object) -> tuple[float, httpx.Timeout | None]:
+    """The bound of each whole request, and the ``httpx.Timeout`` given (None for seconds).
+    An ``httpx.Timeout`` bounds each phase as httpx does, and the whole request by the
+    largest of its limits: ``httpx.Timeout(5)`` means what ``5`` does. Every limit must be a
+    number: the SDK promises that every request ends."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        _require(_positive(timeout), "timeout must be a positive number of seconds")
+        return float(timeout), None
+    import httpx  # only here: the light entry points never pay for it
+
+    _require(
+        isinstance(timeout, httpx.Timeout),
+        "timeout must be a positive number of seconds or an httpx.Timeout",
     )
+    assert isinstance(timeout, httpx.Timeout)
+    limits = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+    _require(
+        all(limit is not None and _positive(limit) for limit in limits),
+        "every limit of an httpx.Timeout must be a positive number of seconds (none may be "
+        "None: every request must end), e.g. httpx.Timeout(60, connect=5)",
+    )
+    return float(max(cast(tuple[float, ...], limits))), timeout
 
 
 def _policies(
     timeout: float, max_retries: int | None, retry: RetryPolicy | None, poll: PollPolicy | None
 ) -> tuple[float, RetryPolicy, PollPolicy]:
-    _require(
-        not isinstance(timeout, bool) and _positive(timeout),
-        "timeout must be a positive number of seconds",
-    )
     if retry is None:
         retry = RetryPolicy(max_attempts=_retries(5 if max_retries is None else max_retries) + 1)
     else:
@@ -364,22 +425,41 @@ def _policies(
 def updated(
     settings: Settings,
     *,
-    timeout: float | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    surface: str | None = None,
+    default_headers: Mapping[str, str] | None = None,
+    timeout: float | httpx.Timeout | None = None,
     max_retries: int | None = None,
     retry: RetryPolicy | None = None,
     poll: PollPolicy | None = None,
 ) -> Settings:
-    """``settings`` with the given values replaced, checked as the constructor checks them."""
+    """``settings`` with the given values replaced, checked as the constructor checks them
+    (None: unchanged; the environment is not read again). ``default_headers`` are added to
+    the ones there, a name given again replacing its value."""
     _require(retry is None or max_retries is None, "pass either retry= or max_retries=, not both")
     if max_retries is not None:
         retry = replace(settings.retry, max_attempts=_retries(max_retries) + 1)
+    whole, given = (
+        (settings.timeout, settings.http_timeout) if timeout is None else _timeouts(timeout)
+    )
     new_timeout, new_retry, new_poll = _policies(
-        settings.timeout if timeout is None else timeout,
+        whole,
         None,
         settings.retry if retry is None else retry,
         settings.poll if poll is None else poll,
     )
-    return replace(settings, timeout=new_timeout, retry=new_retry, poll=new_poll)
+    changes: dict[str, Any] = {}
+    if api_key is not None:
+        changes["api_key"] = _checked_key(api_key)
+    if base_url is not None:
+        changes["base_url"] = _checked_url(base_url)
+    if surface is not None:
+        changes["surface"] = check_surface(surface)
+    if default_headers is not None:
+        changes["headers"] = checked_headers(default_headers, settings.headers)
+    return replace(settings, timeout=new_timeout, http_timeout=given, retry=new_retry,
+                   poll=new_poll, **changes)  # fmt: skip
 
 
 def _retries(max_retries: object) -> int:

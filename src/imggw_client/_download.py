@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import struct
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -40,6 +41,9 @@ DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # a 4K image is at most ~33 MB even as ra
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
 _TAIL = 32
 _STEM = re.compile(r"[A-Za-z0-9_-]{1,200}")
+# A result held for read()/open() stays in memory up to this size, then moves to an anonymous
+# temporary file: a 4K image (tens of MB) does not sit in memory for as long as it is open.
+HELD_IN_MEMORY = 8 * 1024 * 1024
 
 
 def is_whole(head: bytes, tail: bytes, size: int) -> bool:
@@ -123,27 +127,38 @@ class Sink:
     the body instead of writing a temp file: a whole body with the same bytes is reported saved
     at that path, the file untouched (downloading twice is idempotent); other bytes are the
     ``FILE_EXISTS`` conflict, raised once the body is known to be a whole image (a proxy's page
-    served in its place is its own error, retried as such)."""
+    served in its place is its own error, retried as such).
+
+    A fetch that names no folder (``read``, ``open``) is held instead: in memory, then an
+    anonymous temporary file past :data:`HELD_IN_MEMORY`; verified the same way, then handed
+    back at its start (``Fetched.body``), the caller's to close."""
 
     def __init__(self, fetch: Fetch) -> None:
         self.fetch = fetch
         _check_stem(fetch.stem)
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._head = b""
+        self._tail = b""
+        self._done = False
+        self._existing: Path | None = None
+        self._theirs: BinaryIO | None = None  # the file already there, read as bytes come
+        self._differs = False
+        self._tmp: Path | None = None
+        self._file: BinaryIO | None = None
+        self._held: BinaryIO | None = None
+        if fetch.dest_dir is None:
+            # Deleted when closed, and never linked into a folder: nothing is left behind.
+            self._held = tempfile.SpooledTemporaryFile(max_size=HELD_IN_MEMORY)  # type: ignore[assignment]  # noqa: SIM115
+            self._file = self._held
+            return
         try:
             fetch.dest_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DownloadError(
                 f"cannot create {fetch.dest_dir}: {exc.strerror}", code=WRITE_FAILED
             ) from exc
-        self._hash = hashlib.sha256()
-        self._size = 0
-        self._head = b""
-        self._tail = b""
-        self._done = False
         self._existing = None if fetch.overwrite else _existing(fetch.dest_dir, fetch.stem)
-        self._theirs: BinaryIO | None = None  # the file already there, read as bytes come
-        self._differs = False
-        self._tmp: Path | None = None
-        self._file: BinaryIO | None = None
         if self._existing is not None:
             try:
                 self._theirs = open(self._existing, "rb")  # noqa: SIM115 - discard closes it
@@ -181,7 +196,8 @@ class Sink:
             self._file.write(chunk)
         except OSError as exc:
             raise DownloadError(
-                f"cannot write {self._tmp}: {exc.strerror}", code=WRITE_FAILED
+                f"cannot write {self._tmp or 'a temporary file'}: {exc.strerror}",
+                code=WRITE_FAILED,
             ) from exc
 
     def _compare(self, chunk: bytes) -> None:
@@ -205,8 +221,18 @@ class Sink:
             return Fetched(200, document=document)
         if self._existing is not None:
             return self._already_there(self._existing)
+        if self._held is not None:
+            try:
+                self._held.seek(0)
+            except OSError as exc:
+                raise DownloadError(
+                    f"cannot hold {self.fetch.stem}: {exc.strerror}", code=WRITE_FAILED
+                ) from exc
+            self._done = True
+            return Fetched(200, body=self._held)
         assert self._file is not None
         assert self._tmp is not None
+        assert self.fetch.dest_dir is not None
         ext = extension(self._head, headers.get("content-type"))
         try:
             self._file.flush()

@@ -333,7 +333,7 @@ class WaitTimeoutError(ImggwError):
     Example::
 
         except WaitTimeoutError as err:
-            task = client.wait(err, timeout=3600)
+            task = client.wait(err, wait_timeout=3600)
     """
 
     # Set by ``as_completed`` on the error it raises: the id of every task it left running.

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ._core import rules
+from ._core.rules import AspectRatio, Resolution
 from ._core.spec import Surface
 from ._core.text import link_for_display
 from ._errors import RequestValidationError
@@ -56,7 +57,9 @@ class ImageRequest(BaseModel):
     aspect_ratio: str = "auto"
     resolution: str = "1k"
 
-    def __init__(self, prompt: str, aspect_ratio: str = "auto", resolution: str = "1k") -> None:
+    def __init__(
+        self, prompt: str, aspect_ratio: AspectRatio = "auto", resolution: Resolution = "1k"
+    ) -> None:
         raise_violations(rules.check_request(prompt, aspect_ratio, resolution))
         super().__init__(prompt=prompt, aspect_ratio=aspect_ratio, resolution=resolution.lower())
 
@@ -126,15 +129,26 @@ class Submission(BaseModel):
 class TaskStatus(str, Enum):
     """The normalised task status, the same on both surfaces.
 
+    A status prints and formats as its value, as the string it also is.
+
     Example::
 
         if task.status is TaskStatus.SUCCEEDED: ...
+        print(f"task {task.id}: {task.status}")     # task 42: succeeded
     """
 
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+    # Python 3.12 made a str Enum's format() its name (TaskStatus.SUCCEEDED): the value, as
+    # StrEnum does and as users print it.
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class TaskError(BaseModel):
@@ -160,11 +174,15 @@ class Task(BaseModel):
     known to stop working: from the record where the gateway states it, else from the links'
     own signed expiry.
 
+    A task is hashable (a set of tasks, a dict keyed by task): by its surface, id, status and
+    progress, so equal tasks hash alike.
+
     Example::
 
         task = client.get("12345")
         if task.is_terminal and task.status is TaskStatus.SUCCEEDED:
             print(task.image_urls)
+        seen = {task}                                   # hashable, as frozen
     """
 
     model_config = ConfigDict(frozen=True)
@@ -184,6 +202,11 @@ class Task(BaseModel):
     def is_terminal(self) -> bool:
         """True once the task succeeded or failed: its record will not change again."""
         return self.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
+
+    def __hash__(self) -> int:
+        # Frozen, but its lists and dict cannot be hashed: the fields that tell one sighting of
+        # a task from another. Equal tasks have these equal, so they hash alike.
+        return hash((self.surface, self.id, self.status, self.progress))
 
     def __repr_args__(self) -> Any:
         # repr and str show links without query or userinfo: a gateway may put a key there.

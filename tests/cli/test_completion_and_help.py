@@ -35,12 +35,14 @@ def _complete(words: str, cword: int) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_the_script_completes_commands_and_choices_from_imggw_itself() -> None:
     assert _complete("imggw ta", 1) == ["tasks"]
     assert _complete("imggw generate x --surface ", 4) == ["alpha", "beta"]
     assert "16:9" in _complete("imggw generate x --aspect-ratio ", 4)
 
 
+@pytest.mark.slow
 def test_bash_loads_the_script_and_completes_through_it() -> None:
     """The script as bash runs it: ``imggw`` found on PATH (the venv's entry point)."""
     bash = shutil.which("bash")

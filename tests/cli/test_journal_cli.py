@@ -117,6 +117,7 @@ def test_a_default_journal_that_cannot_be_opened_warns_and_a_named_one_stops(
     assert gw.stats()["tasks_created"] == 1  # nothing sent
 
 
+@pytest.mark.slow
 def test_a_submit_killed_mid_request_is_collected_once(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[CANARY], duration_min=0.05, duration_max=0.2)
     env = process_env(CANARY)
@@ -157,6 +158,7 @@ def test_collect_exits_3_while_tasks_run_and_1_when_one_failed(tmp_path: Path) -
         assert "failed" in failed.err
 
 
+@pytest.mark.slow
 def test_many_processes_at_once_share_the_default_journal(
     gateway: tuple[MockGateway, str],
 ) -> None:

@@ -145,7 +145,7 @@ async def test_deadline_raises_wait_timeout_not_failure(
 ) -> None:
     route = gw.get(QUERY).mock(return_value=beta_task("42", "processing", progress=50))
     with pytest.raises(WaitTimeoutError) as info:
-        await client.wait("42", timeout=45)
+        await client.wait("42", wait_timeout=45)
     err = info.value
     assert not isinstance(err, TaskFailedError)
     assert err.task_id == "42"
@@ -161,7 +161,7 @@ async def test_unknown_state_is_active_until_the_deadline(
 ) -> None:
     gw.get(QUERY).mock(return_value=beta_task("42", "warming_up"))
     with pytest.raises(WaitTimeoutError):
-        await client.wait("42", timeout=20)
+        await client.wait("42", wait_timeout=20)
 
 
 async def test_not_found_ends_the_wait(client: Driven, gw: respx.MockRouter) -> None:
@@ -190,7 +190,7 @@ async def test_generate_timeout_never_resubmits(client: Driven, gw: respx.MockRo
     submit = gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
     gw.get(QUERY).mock(return_value=beta_task("42", "processing"))
     with pytest.raises(WaitTimeoutError) as info:
-        await client.generate("a cat", timeout=30)
+        await client.generate("a cat", wait_timeout=30)
     assert submit.call_count == 1
     assert info.value.task_id == "42"
 
@@ -200,9 +200,9 @@ async def test_bad_wait_timeout(client: Driven, gw: respx.MockRouter, timeout: o
     from imggw_client import RequestValidationError
 
     with pytest.raises(RequestValidationError):
-        await client.wait("42", timeout=timeout)
+        await client.wait("42", wait_timeout=timeout)
     with pytest.raises(RequestValidationError):
-        await client.generate("a cat", timeout=timeout)  # refused before the (paid) submit
+        await client.generate("a cat", wait_timeout=timeout)  # refused before the (paid) submit
     assert len(gw.calls) == 0
 
 

@@ -161,10 +161,11 @@ def generate_in_a_child(url: str) -> Task:
     """In a worker process: a generate on alpha from a beta client, whose wait times out."""
     with Client(api_key=KEY, base_url=url, poll=FAST) as client:
         return client.generate(
-            "a lighthouse", aspect_ratio="1:1", resolution="2k", surface="alpha", timeout=0.1
+            "a lighthouse", aspect_ratio="1:1", resolution="2k", surface="alpha", wait_timeout=0.1
         )
 
 
+@pytest.mark.slow
 def test_a_child_process_wait_timeout_reaches_the_parent_whole(
     gateway: MockGateway, url: str
 ) -> None:
@@ -184,7 +185,7 @@ def test_a_child_process_wait_timeout_reaches_the_parent_whole(
     assert err.last_task.status is TaskStatus.PENDING
     gateway.advance(3600)
     with Client(api_key=KEY, base_url=url, poll=FAST) as client:  # beta by default
-        task = client.wait(err, timeout=30)
+        task = client.wait(err, wait_timeout=30)
     assert (task.id, task.surface, task.status) == ("1", "alpha", TaskStatus.SUCCEEDED)
     assert gateway.stats()["tasks_created"] == 1
 
@@ -197,9 +198,9 @@ def test_waiting_again_asks_the_surface_of_the_call_that_timed_out(
     with Client(api_key=KEY, base_url=url, poll=FAST) as client:
         assert client.surface == "beta"
         with pytest.raises(WaitTimeoutError) as info:
-            client.generate("a lighthouse", surface="alpha", timeout=0.05)
+            client.generate("a lighthouse", surface="alpha", wait_timeout=0.05)
         gateway.advance(3600)
-        task = client.wait(again(info.value), timeout=30)  # type: ignore[arg-type]
+        task = client.wait(again(info.value), wait_timeout=30)  # type: ignore[arg-type]
     assert (task.id, task.surface, task.status) == ("1", "alpha", TaskStatus.SUCCEEDED)
     assert queries(gateway, "beta") == 0  # beta would answer 404, which invites a resubmit
 
@@ -208,11 +209,11 @@ def test_a_wait_on_a_task_id_times_out_with_its_surface(gateway: MockGateway, ur
     with Client(api_key=KEY, base_url=url, poll=FAST) as client:
         sub = client.submit("a lighthouse", surface="alpha")
         with pytest.raises(WaitTimeoutError) as info:
-            client.wait(sub.task_id, surface="alpha", timeout=0.05)
+            client.wait(sub.task_id, surface="alpha", wait_timeout=0.05)
         err = info.value
         assert (err.surface, err.submission) == ("alpha", None)  # a bare id: no key known
         gateway.advance(3600)
-        assert client.wait(err, timeout=30).surface == "alpha"
+        assert client.wait(err, wait_timeout=30).surface == "alpha"
     assert queries(gateway, "beta") == 0
 
 

@@ -15,6 +15,10 @@ import pytest
 from imggw_client import AsyncClient, Client, PollPolicy
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 
+# Seconds a test: tens of real tasks, waited for twice to compare (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+
 FAST = {"initial_interval": 0.05, "max_interval": 0.5}
 
 
@@ -41,7 +45,7 @@ def counting(gw: MockGateway, hint: str | None = None) -> Counter[str]:
 async def many(client: AsyncClient, n: int) -> None:
     async with anyio.create_task_group() as group:
         for i in range(n):
-            group.start_soon(lambda i=i: client.generate(f"prompt {i}", timeout=30))
+            group.start_soon(lambda i=i: client.generate(f"prompt {i}", wait_timeout=30))
 
 
 def queries_after_warm_up(learn: bool, hint: str | None = None) -> tuple[int, int]:
@@ -89,7 +93,7 @@ def test_the_threads_of_a_blocking_client_teach_one_model() -> None:
     counting(gw)
     with gw.serve() as url, Client(api_key=gw.config.api_keys[0], base_url=url,
                                    poll=PollPolicy(**FAST)) as client:  # fmt: skip
-        run: Callable[[int], object] = lambda i: client.generate(f"p {i}", timeout=30)  # noqa: E731
+        run: Callable[[int], object] = lambda i: client.generate(f"p {i}", wait_timeout=30)  # noqa: E731
         threads = [threading.Thread(target=run, args=(i,)) for i in range(12)]
         for t in threads:
             t.start()

@@ -43,6 +43,10 @@ API_ERRORS = {
     "PermissionDeniedError",
 }
 PINNED |= API_ERRORS
+# The request's choices as types (DESIGN 21): typing.Literal aliases, documented in the
+# package's docstring (an alias has no docstring of its own).
+TYPES = {"AspectRatio", "Resolution", "Surface"}
+PINNED |= TYPES
 ADDED = {
     "APIConnectionError",
     "APITimeoutError",
@@ -84,7 +88,7 @@ def test_sdk_never_imports_cli_or_server_libraries() -> None:
 
 def test_error_tree_matches_the_design() -> None:
     e = imggw_client
-    for name in PINNED | ADDED - {"__version__"} - set(CODES):
+    for name in (PINNED | ADDED) - {"__version__"} - set(CODES) - TYPES:
         obj = getattr(e, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, e.ImggwError), name
@@ -95,12 +99,22 @@ def test_error_tree_matches_the_design() -> None:
     assert issubclass(e.APITimeoutError, e.APIConnectionError)
 
 
-@pytest.mark.parametrize("name", sorted(PINNED | ADDED - {"__version__"} - set(CODES)))
+@pytest.mark.parametrize("name", sorted((PINNED | ADDED) - {"__version__"} - set(CODES) - TYPES))
 def test_public_names_have_docstrings_with_an_example(name: str) -> None:
     obj = getattr(imggw_client, name)
     doc = inspect.getdoc(obj) or ""
     assert doc, name
     assert "Example" in doc, name
+
+
+def test_the_type_aliases_are_literals_the_package_documents_with_an_example() -> None:
+    from typing import Literal, get_origin
+
+    package_doc = inspect.getdoc(imggw_client) or ""
+    for name in sorted(TYPES):
+        assert get_origin(getattr(imggw_client, name)) is Literal, name
+        assert f"``{name}``" in package_doc, name
+    assert "from imggw_client import AspectRatio, Resolution, Surface" in package_doc
 
 
 def test_error_codes_keep_their_values_and_the_package_documents_them() -> None:
@@ -167,10 +181,21 @@ def test_the_mock_gateway_can_be_served_from_another_program(
     assert mock.main(["--port", "not-a-port"]) == 2
 
 
-PUBLIC_METHODS = ["submit", "get", "wait", "generate", "download", "close"]
+PUBLIC_METHODS = ["submit", "get", "wait", "generate", "download", "read", "close"]
 # What other packages (the batch runner, the Dask driver, the CLI, the reference gateway) use
 # instead of a client's privates; each documented on both clients.
-SEAMS = ["make_http_client", "share_budget", "redact", "timeout", "retry", "poll"]
+SEAMS = [
+    "make_http_client",
+    "share_budget",
+    "redact",
+    "timeout",
+    "retry",
+    "poll",
+    "default_headers",
+    "with_options",
+    "read",
+    "open",
+]
 
 
 @pytest.mark.parametrize("cls", [Client, AsyncClient])
@@ -212,6 +237,7 @@ def test_client_signature_matches_the_design() -> None:
         "api_key",
         "base_url",
         "surface",
+        "default_headers",
         "timeout",
         "max_retries",
         "retry",
@@ -223,6 +249,7 @@ def test_client_signature_matches_the_design() -> None:
     ]
     defaults = {k: p.default for k, p in sig.parameters.items()}
     assert defaults["journal"] is None
+    assert defaults["default_headers"] is None
     assert defaults["surface"] == "beta"
     assert defaults["timeout"] == 30.0
     assert defaults["max_retries"] == 5
@@ -234,7 +261,24 @@ def test_client_signature_matches_the_design() -> None:
     submit = inspect.signature(Client.submit).parameters
     assert submit["aspect_ratio"].default == "auto"
     assert submit["resolution"].default == "1k"
-    assert inspect.signature(Client.wait).parameters["timeout"].default == 600.0
+    for name in ("wait", "generate"):  # the wait's deadline; timeout= its deprecated name
+        params = inspect.signature(getattr(Client, name)).parameters
+        assert params["wait_timeout"].default == 600.0, name
+        assert params["timeout"].default is None, name
+        assert params["extra_headers"].default is None, name
+    for name in ("submit", "get"):
+        assert inspect.signature(getattr(Client, name)).parameters["extra_headers"].default is None
+    assert list(inspect.signature(Client.with_options).parameters) == [
+        "self", "api_key", "base_url", "surface", "default_headers", "timeout", "max_retries",
+        "retry", "poll",
+    ]  # fmt: skip
+    for cls in (Client, AsyncClient):
+        read = inspect.signature(cls.read).parameters
+        opened = inspect.signature(cls.open).parameters
+        assert list(read) == list(opened) == ["self", "task", "index", "max_bytes", "timeout"]
+        assert read["index"].default == opened["index"].default == 0
+    assert inspect.iscoroutinefunction(AsyncClient.read)
+    assert not inspect.iscoroutinefunction(AsyncClient.open)  # an async context manager
     assert inspect.signature(Client.download).parameters["overwrite"].default is False
     assert inspect.signature(Client.generate).parameters["on_submit"].default is None
     assert list(inspect.signature(Client.as_completed).parameters) == ["self", "items", "timeout"]

@@ -55,7 +55,7 @@ async def test_the_key_never_appears_in_errors_reprs_or_debug_logs(
 
         gw.post("/beta/v1/images/generations").mock(side_effect=answer)
         gw.get("/beta/v1/tasks/42").mock(side_effect=answer)
-        for call in (lambda: client.submit("p"), lambda: client.wait("42", timeout=0)):
+        for call in (lambda: client.submit("p"), lambda: client.wait("42", wait_timeout=0)):
             try:
                 await call()
             except ImggwError as err:

@@ -23,7 +23,7 @@ def test_a_user_agent_the_caller_set_is_kept_and_ours_appended(tmp_path: Path) -
             event_hooks={"request": [lambda r: seen.append(r.headers["user-agent"])]},
         )
         with Client(api_key="test-key", base_url=url, http_client=http, poll=FAST) as client:
-            task = client.generate("a lighthouse", timeout=30)
+            task = client.generate("a lighthouse", wait_timeout=30)
             client.download(task, tmp_path)
         http.close()
     assert len(seen) >= 3  # submit, at least one query, the download

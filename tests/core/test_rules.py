@@ -189,6 +189,7 @@ def test_the_non_whitespace_rule_is_ecma_262s_backslash_s(prompt: str, ok: bool)
         assert "non-whitespace" in info.value.rule
 
 
+@pytest.mark.slow
 def test_whitespace_is_exactly_ecma_262s_for_every_code_point() -> None:
     pattern = re.compile(rules.NON_BLANK_PATTERN)
     blank = {chr(c) for c in range(sys.maxunicode + 1) if not pattern.match(chr(c))}

@@ -14,7 +14,8 @@ from imggw_client.mock import FAULT_KINDS, MockGateway, MockRequest
 
 from .helpers import png_size
 
-pytestmark = pytest.mark.anyio
+# Seconds a test: a thousand requests under faults (the slow lane, tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 RATIOS_1K = ["auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5", "16:9", "9:16", "2:1",
              "1:2", "3:1", "1:3", "21:9", "9:21"]  # fmt: skip
@@ -34,7 +35,7 @@ async def run_many(
     async def one(i: int) -> None:
         async with limiter:
             task = await client.generate(f"logical request {i}", aspect_ratio=RATIOS_1K[i % 16],
-                                         surface="alpha" if i % 2 else "beta", timeout=120)  # fmt: skip
+                                         surface="alpha" if i % 2 else "beta", wait_timeout=120)  # fmt: skip
             files = await client.download(task, folder)
             done[i] = (task, files)
 

@@ -210,6 +210,7 @@ def test_a_status_seen_by_get_and_a_gateway_going_back_are_recorded_by_the_table
         assert rows(path)[0]["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_processes_share_one_journal_without_locking_errors(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -8,29 +8,22 @@ same facts: the field, the rule (text that never echoes the prompt) and a stable
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, get_args
+from collections.abc import Mapping
+from typing import Literal, NamedTuple, get_args
 
 from . import reasons, spec
 
-ASPECT_RATIOS: tuple[str, ...] = (
-    "auto",
-    "1:1",
-    "3:2",
-    "2:3",
-    "4:3",
-    "3:4",
-    "5:4",
-    "4:5",
-    "16:9",
-    "9:16",
-    "2:1",
-    "1:2",
-    "3:1",
-    "1:3",
-    "21:9",
-    "9:21",
-)
-RESOLUTIONS: tuple[str, ...] = ("1k", "2k", "4k")
+# The request's enumerations as types (exported as ``imggw_client.AspectRatio`` and
+# ``Resolution``): a type checker refuses a ratio or resolution the gateway would. The tuples
+# below are read from them, so each value is spelled once.
+AspectRatio = Literal[
+    "auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5",
+    "16:9", "9:16", "2:1", "1:2", "3:1", "1:3", "21:9", "9:21",
+]  # fmt: skip
+# Either case, as ImageRequest accepts them (stored and sent in each surface's own case).
+Resolution = Literal["1k", "2k", "4k", "1K", "2K", "4K"]
+ASPECT_RATIOS: tuple[str, ...] = get_args(AspectRatio)
+RESOLUTIONS: tuple[str, ...] = tuple(r for r in get_args(Resolution) if r.islower())
 # Pixels of an image of each resolution, in 1k images: what its price and its file may grow
 # by from a 1k one (a 2k image has twice the side of a 1k one).
 PIXELS = {"1k": 1, "2k": 4, "4k": 16}
@@ -154,6 +147,47 @@ def check_idempotency_key(key: object) -> list[Violation]:
     else:
         return []
     return [Violation("idempotency_key", rule, INVALID_IDEMPOTENCY_KEY)]
+
+
+# A header's name is an HTTP token; its value printable ASCII (spaces and tabs inside): what
+# every HTTP stack sends as given, so a caller's header cannot split a request or be altered.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+# The headers a caller may not set: the key (api_key=) and the submit's idempotency key
+# (idempotency_key=), which keeps a retried submit from being billed twice.
+PROTECTED_HEADERS: Mapping[str, str] = {
+    spec.AUTHORIZATION_HEADER.lower(): "api_key=",
+    spec.IDEMPOTENCY_HEADER.lower(): "idempotency_key=",
+}
+INVALID_HEADERS = "invalid_headers"
+
+
+def check_headers(headers: object, field: str) -> list[Violation]:
+    """Checks headers a caller adds to the gateway's requests (``default_headers``,
+    ``extra_headers``): a mapping of header names (HTTP tokens) to printable ASCII values,
+    none of them one the SDK sets for the protocol's sake (the key, the idempotency key).
+    The rule names the header, never its value (it may be a secret).
+
+    Example::
+
+        check_headers({"X-Request-Id": "7"}, "extra_headers")      # []
+        check_headers({"authorization": "x"}, "extra_headers")    # [Violation(...)]
+    """
+    if not isinstance(headers, Mapping):
+        return [Violation(field, "must be a mapping of header names to values", INVALID_HEADERS)]
+    found: list[Violation] = []
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            rule = "has a header name that is not an HTTP token (letters, digits, -, ...)"
+        elif name.lower() in PROTECTED_HEADERS:
+            rule = (f"may not set {name}: the SDK sets it (pass "
+                    f"{PROTECTED_HEADERS[name.lower()]} instead)")  # fmt: skip
+        elif not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
+            rule = f"has a value for {name} that is not printable ASCII text"
+        else:
+            continue
+        found.append(Violation(field, rule, INVALID_HEADERS))
+    return found
 
 
 def check_task_id(task_id: object) -> list[Violation]:
