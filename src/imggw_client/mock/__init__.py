@@ -9,7 +9,8 @@ Example::
 
     from imggw_client.mock import MockGateway
 
-    gateway = MockGateway(api_keys=["test-key"], seed=0, duration_max=0.5, fault_rate=0.3)
+    gateway = MockGateway(api_keys=["test-key"], seed=0, duration_min=0.1, duration_max=0.5,
+                          fault_rate=0.3)
     with gateway.client() as client:
         task = client.generate("a lighthouse")
     assert gateway.stats()["tasks_created"] == 1
