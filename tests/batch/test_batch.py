@@ -123,6 +123,7 @@ def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
     assert records[6]["status"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_the_same_keys(tmp_path: Path) -> None:
     # Every answer is lost: the gateway creates the tasks, the runner never learns their ids.
     gw = gateway(fault_rate=1.0, faults=["lost"])
@@ -193,6 +194,7 @@ def test_a_second_process_on_the_same_folder_is_refused(tmp_path: Path) -> None:
     assert batch(gw, source, tmp_path / "out").exit_code == 0  # free again
 
 
+@pytest.mark.slow
 def test_timeout_leaves_running_tasks_for_the_next_run(tmp_path: Path) -> None:
     gw = gateway(duration_min=1.0, duration_max=1.0)
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
@@ -220,6 +222,7 @@ def test_failed_and_expired_lines_are_reported(tmp_path: Path) -> None:
     assert again.exit_code == 1
 
 
+@pytest.mark.slow
 def test_rate_limits_slow_the_run_but_fail_no_line(tmp_path: Path) -> None:
     gw = gateway(fault_rate=0.6, faults=["429"], retry_after=0)
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(15)])
@@ -367,6 +370,7 @@ def test_results_whose_links_died_are_looked_at_again_by_a_rerun(tmp_path: Path)
     assert gw.stats()["tasks_created"] == 2
 
 
+@pytest.mark.slow
 def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
     tmp_path: Path,
 ) -> None:

@@ -30,6 +30,7 @@ def prompts(path: Path, lines: list[str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_batch_json_writes_the_manifest_records_on_stdout(
     tmp_path: Path, monkeypatch: object
 ) -> None:
@@ -54,6 +55,7 @@ def test_batch_json_writes_the_manifest_records_on_stdout(
     assert gw.stats()["tasks_created"] == 3
 
 
+@pytest.mark.slow
 def test_batch_exit_codes(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.1)
     with gw.serve() as url:
@@ -86,6 +88,7 @@ def test_batch_with_mock_needs_no_key(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(list((tmp_path / "out").glob("*.png"))) == 2
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     # A task that never finishes (the clock moves only when told): the first run holds the
     # folder for as long as the second takes to start, however slow the machine.

@@ -73,6 +73,7 @@ def manifest(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_task(
     gateway: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -100,6 +101,7 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
     assert manifest(out) == records
 
 
+@pytest.mark.slow
 def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
     gateway: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -118,6 +120,7 @@ def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
     ]
 
 
+@pytest.mark.slow
 def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
     gateway: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -165,6 +168,7 @@ def test_a_bad_line_stops_the_run_before_anything_is_sent(
     assert gateway.stats()["requests"] == {}
 
 
+@pytest.mark.slow
 def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
     gateway: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -182,6 +186,7 @@ def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
     assert records[3]["error"]["code"] == "not_found"
 
 
+@pytest.mark.slow
 def test_without_wait_unfinished_tasks_are_reported_and_the_rest_saved(
     url: str, tmp_path: Path
 ) -> None:
@@ -198,6 +203,7 @@ def test_without_wait_unfinished_tasks_are_reported_and_the_rest_saved(
     assert record["status"] == "running"
 
 
+@pytest.mark.slow
 def test_a_batch_resumed_after_its_links_died_saves_every_file_through_fresh_links(
     tmp_path: Path,
 ) -> None:
@@ -290,11 +296,12 @@ def test_a_task_named_twice_with_and_without_its_surface_is_one_line(
     assert results_fetched(gateway) == 0
 
 
+@pytest.mark.slow
 def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
     gateway: MockGateway, url: str, tmp_path: Path
 ) -> None:
-    """The README's nightly collector: `download --from tasks.jsonl` on a list that grows by a
-    line between runs (later loses one, then is run on another --surface). Collecting bills
+    """The nightly collector of docs/collecting.md: `download --from tasks.jsonl` on a list that
+    grows by a line between runs (later loses one, then is run on another --surface). Collecting bills
     nothing: no flag is asked for, the new task is saved, the ones saved before are not fetched
     again, and nothing said mentions billing or a flag the command does not have."""
     tasks = tmp_path / "tasks.jsonl"

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from imggw_client import Client, RetryPolicy
 
@@ -23,6 +24,10 @@ from .test_crash import (
     kill_when,
     results_fetched,
 )
+
+# Seconds a test: a gateway process and a collect SIGKILLed three times (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 TASKS = 120
 

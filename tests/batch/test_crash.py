@@ -24,6 +24,10 @@ import pytest
 
 from ..loopback import mock_serve_process
 
+# Seconds a test: a gateway process and a batch SIGKILLed three times (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+
 KEY = "sk-batch-crash-key-01"
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 LINES = 200

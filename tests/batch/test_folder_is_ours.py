@@ -59,6 +59,7 @@ def ledger_rows(folder: Path) -> list[tuple[object, ...]]:
 # ---------------------------------------------------------------------------- another key
 
 
+@pytest.mark.slow
 def test_a_folder_made_with_another_key_is_refused_and_resumes_with_its_own(
     tmp_path: Path,
 ) -> None:
@@ -91,6 +92,7 @@ def test_a_folder_made_with_another_key_is_refused_and_resumes_with_its_own(
     assert gw.stats()["tasks_created"] == 2  # resumed, not submitted again
 
 
+@pytest.mark.slow
 def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY_A, KEY_B], duration_min=0.01, duration_max=0.05)
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog"])
@@ -112,6 +114,7 @@ def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> No
     assert shard(KEY_A, 2) == 0
 
 
+@pytest.mark.slow
 def test_a_run_record_without_a_fingerprint_works_and_gets_it(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY_A, KEY_B], duration_min=0.01, duration_max=0.05)
     source = prompts(tmp_path / "in.txt", ["a cat"])
@@ -130,6 +133,7 @@ def test_a_run_record_without_a_fingerprint_works_and_gets_it(tmp_path: Path) ->
         assert code == 4, err
 
 
+@pytest.mark.slow
 def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
     """The folder's writer chose it: a fingerprint that is not hex never reaches a message."""
     gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
@@ -173,6 +177,7 @@ def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(tmp_path: Pa
 
 
 @pytest.mark.parametrize("where", ["header", "pages"])
+@pytest.mark.slow
 def test_a_damaged_ledger_says_deleting_it_is_safe_and_it_is(tmp_path: Path, where: str) -> None:
     gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
     source = prompts(tmp_path / "in.txt", [f"a cat {i}" for i in range(40)])
@@ -250,6 +255,7 @@ def no_file_holds(folder: Path, secret: str) -> None:
             assert secret.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_a_ledger_that_kept_the_key_in_clear_has_it_wiped(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
     fetched: list[str] = []
@@ -278,6 +284,7 @@ def test_a_ledger_that_kept_the_key_in_clear_has_it_wiped(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("carried", ["query", "path"])
+@pytest.mark.slow
 def test_links_carrying_the_key_are_kept_blanked_and_asked_for_again(
     tmp_path: Path, carried: str
 ) -> None:
@@ -331,6 +338,7 @@ def outside(tmp_path: Path) -> tuple[Path, bytes]:
 
 @pytest.mark.parametrize("fresh", [True, False], ids=["new-folder", "rerun"])
 @pytest.mark.parametrize("name", PLANTED)
+@pytest.mark.slow
 def test_a_planted_symlink_stops_the_run_and_is_never_followed(
     tmp_path: Path, name: str, fresh: bool
 ) -> None:
@@ -404,6 +412,7 @@ def test_the_manifest_is_written_under_an_unpredictable_name(
     assert len(random[1]) * 4 >= 64  # bits no one guesses to plant a link there first
 
 
+@pytest.mark.slow
 def test_a_link_planted_over_a_saved_image_is_refused_not_counted_as_saved(
     tmp_path: Path,
 ) -> None:

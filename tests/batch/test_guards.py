@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import pytest
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy
 from imggw_client._core import spec
 from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
-from imggw_client.batch._guards import Caps, Charge, Spending, Verdict, reported, settles
+from imggw_client.batch._spending import Caps, Charge, Spending, Verdict, reported, settles
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
 from ..cli.helpers import CANARY, imggw
@@ -80,6 +80,7 @@ def billed(gw: MockGateway) -> float:
 # ---------------------------------------------------------------------------- spend caps
 
 
+@pytest.mark.slow
 def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised_one(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -150,6 +151,7 @@ def test_lines_are_estimated_at_the_price_seen_for_their_resolution(tmp_path: Pa
     assert [r["resolution"] for r in created] == ["4k", "1k", "1k", "1k", "1k"]
 
 
+@pytest.mark.slow
 def test_a_gateway_that_states_no_charge_cannot_be_capped_and_stops_after_one_line(
     tmp_path: Path,
 ) -> None:
@@ -175,6 +177,7 @@ def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
     assert gw.stats()["tasks_created"] == 1
 
 
+@pytest.mark.slow
 def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
     tmp_path: Path,
 ) -> None:
@@ -194,6 +197,7 @@ def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
 
 
 @pytest.mark.parametrize("stated", ["-4", "-1e999", "1e999", '"NaN"', '"-16"'])
+@pytest.mark.slow
 def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
     stated: str, tmp_path: Path
 ) -> None:
@@ -224,6 +228,7 @@ def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
     assert report.credits == 12
 
 
+@pytest.mark.slow
 def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_case(
     tmp_path: Path,
 ) -> None:
@@ -242,6 +247,7 @@ def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_
     assert made == ["1k"] * 20
 
 
+@pytest.mark.slow
 def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
     tmp_path: Path,
 ) -> None:
@@ -264,6 +270,7 @@ def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
 # ---------------------------------------------------------------------------- failures, 402
 
 
+@pytest.mark.slow
 def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Path) -> None:
     gw = gateway()
     handle, answered = gw.handle, [0]
@@ -301,6 +308,7 @@ def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Pa
     assert all(r["status"] == "pending" for r in rows if r["task_id"] is None)
 
 
+@pytest.mark.slow
 def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_resumes(
     tmp_path: Path,
 ) -> None:
@@ -342,6 +350,7 @@ class SlowRefusal:
         await self.app(scope, receive, send)
 
 
+@pytest.mark.slow
 def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
     # Issue 27 item 19: 12 lines, -c 2, a balance for 6: all 12 submits went out, 6 refused.
     gw = gateway(credits=24)
@@ -364,6 +373,7 @@ def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- dry run
 
 
+@pytest.mark.slow
 def test_a_dry_run_sends_nothing_and_says_what_a_run_would_do(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -432,6 +442,7 @@ def test_the_sdk_refuses_a_bad_limit_before_anything_is_made(tmp_path: Path) -> 
 # ---------------------------------------------------------------------------- shards, Dask
 
 
+@pytest.mark.slow
 def test_shard_processes_each_hold_their_share_of_the_cap(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -444,6 +455,8 @@ def test_shard_processes_each_hold_their_share_of_the_cap(
     assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
 
 
+@pytest.mark.dask  # starts a LocalCluster of its own
+@pytest.mark.slow
 def test_a_dask_run_holds_one_cap_for_every_shard(
     gw: MockGateway, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -547,8 +560,11 @@ def test_a_charge_reported_twice_counts_once() -> None:
 # ---------------------------------------------------------------------------- Ctrl-C
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)  # slow: it drains
+    # No task ever finishes (the gateway's clock moves only when told): the guard stops the
+    # submits from the charges stated while tasks run, never from a task that finished.
+    gw = MockGateway(api_keys=[CANARY], manual_clock=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     env.update(IMGGW_API_KEY=CANARY, PYTHONUNBUFFERED="1")
     with gw.serve() as url:
@@ -558,17 +574,74 @@ def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_pat
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert child.stderr is not None
-        began = time.monotonic()
         seen: list[str] = []
-        for line in child.stderr:  # the display says when the guard stopped the submits
-            seen.append(line)
-            if "stopped by max_credits" in line:
-                break
-        # ... at once, not when a task next finishes (each takes 30 s).
-        assert time.monotonic() - began < 20, seen
+        # A run that never says it stopped is killed: the test fails instead of waiting on it.
+        watchdog = threading.Timer(60, child.kill)
+        watchdog.start()
+        try:
+            for line in child.stderr:  # the display says when the guard stopped the submits
+                seen.append(line)
+                if "stopped by max_credits" in line:
+                    break
+        finally:
+            watchdog.cancel()
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=60)
     assert any("stopped by max_credits" in line for line in seen), seen
     assert child.returncode == 130
     assert "run the same command to resume" in err
     assert gw.stats()["tasks_created"] == 3
+
+
+# ---------------------------------------------------------------------------- the guard itself
+
+
+@pytest.mark.anyio
+async def test_a_guard_held_here_and_one_asked_elsewhere_agree_step_by_step() -> None:
+    from imggw_client.batch._guards import LocalGuard, RemoteGuard, handle
+
+    here = LocalGuard(Spending(Caps(max_credits=10, max_failures=2)))
+    held = Spending(Caps(max_credits=10, max_failures=2))
+    asked: list[str] = []
+
+    async def ask(**message: Any) -> dict[str, object]:
+        asked.append(str(message["action"]))
+        # As the scheduler's handler gets it: what crosses the wire, not the objects.
+        return handle(held, **json.loads(json.dumps(message)))
+
+    there = RemoteGuard(ask)
+    for guard in (here, there):
+        assert await guard.admit("a", "1k")
+        await guard.flying("old", "1k")
+        await guard.charged("a", "1k", Charge(), Charge(4.0, 0.01), final=True)
+        await guard.release("old")
+        assert await guard.admit("b", "1k")  # 4 spent + 4 for b <= 10
+        await guard.failed("content_policy")
+        await guard.failed("content_policy")  # the second failure arms max_failures
+        assert not await guard.admit("c", "1k")
+    assert (here.spending.stopped_by, held.stopped_by) == ("max_failures", "max_failures")
+    assert here.spending.charged_total == held.charged_total == Charge(4.0, 0.01)
+    state = await there.state()
+    assert (state.stopped_by, state.why) == ("max_failures", here.spending.why)
+    assert asked[:3] == ["admit", "flying", "charged"]
+    await there.out_of_credits()  # already stopped: the first guard's word stands
+    assert held.stopped_by == "max_failures"
+
+
+@pytest.mark.anyio
+async def test_a_line_waiting_for_the_first_price_goes_once_it_is_charged() -> None:
+    from imggw_client.batch._guards import LocalGuard
+
+    guard = LocalGuard(Spending(Caps(max_credits=100)))
+    assert await guard.admit("first", "1k")  # nothing charged yet: one line finds the price
+    admitted: list[bool] = []
+
+    async def second() -> None:
+        admitted.append(await guard.admit("second", "1k"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        assert admitted == []  # it waits for the first line's charge
+        await guard.charged("first", "1k", Charge(), Charge(4.0, 0.01), final=False)
+    assert admitted == [True]

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from imggw_client import PollPolicy, RetryPolicy
-from imggw_client._core import serving, spec
+from imggw_client._core import spec
 from imggw_client.batch import BatchInputError, BatchReport, plan_batch, run_batch
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
+from imggw_client.mock import _serving as serving
 
 from ..cli.helpers import CANARY, imggw
 
@@ -100,6 +101,7 @@ def events(stderr: str, name: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- 3: CSV
 
 
+@pytest.mark.slow
 def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
     wire: Wire, url: str, tmp_path: Path
 ) -> None:
@@ -156,6 +158,7 @@ def test_a_csv_rerun_resumes_and_submits_nothing_twice(
     assert gw.stats()["tasks_created"] == 3
 
 
+@pytest.mark.slow
 def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     wire: Wire, url: str, tmp_path: Path
 ) -> None:
@@ -198,6 +201,7 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
         "a fox\t16:9\na cat\t1:1\n",  # one tab on every line
     ],
 )
+@pytest.mark.slow
 def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
     wire: Wire, url: str, tmp_path: Path, text: str
 ) -> None:
@@ -237,6 +241,7 @@ def test_text_with_commas_here_and_there_is_still_prompts(
 HASHTAGS = "# a note\n#hashtag sunset\n#\n#1 bestseller book cover\n  #\tindented note\na fox\n"
 
 
+@pytest.mark.slow
 def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
     wire: Wire, url: str, tmp_path: Path
 ) -> None:
@@ -261,6 +266,7 @@ def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
     assert (summary["total"], summary["comments"]) == (3, 3)
 
 
+@pytest.mark.slow
 def test_the_summary_table_counts_comment_lines(gw: MockGateway, url: str, tmp_path: Path) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text(HASHTAGS)

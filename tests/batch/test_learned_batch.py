@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy
 from imggw_client.batch import BatchProgress, run_batch
@@ -16,6 +18,10 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 
 from ..cli.helpers import CANARY, imggw
+
+# Seconds a test: batches whose tasks take their real 0.2-0.3 s, run twice (the slow lane, tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.2),
         "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
@@ -41,13 +47,19 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path
     out = tmp_path / "out"
     with gw.serve() as url:
         factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+        began = time.monotonic()
         first = run_batch(prompts(tmp_path / "in.jsonl", 12), out, client_factory=factory,
                           concurrency=12, gallery=False)  # fmt: skip
+        spent = time.monotonic() - began
         assert first.exit_code == 0
         times = durations(out)
         assert all(s is not None and c is not None for s, c in times)
         took = [c - s for s, c in times if s is not None and c is not None]
-        assert all(0.2 <= t <= 0.3 * 1.15 + 0.2 for t in took), took  # seen within the promise
+        # Each task's seconds, from its submit to the answer that saw it done: at least what
+        # the gateway took (0.2-0.3 s), and inside the run, however loaded the machine. How
+        # soon a wait sees a task done is the poll schedule's, proved on a fake clock
+        # (tests/core/test_learned_waits.py).
+        assert all(0.2 <= t <= spent for t in took), (took, spent)
 
         # A rerun with more lines, in a new process as far as the client knows (a new one).
         seen: list[BatchProgress] = []
@@ -58,7 +70,11 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path
     # Before any line of this run finished, it already knew what its tasks take.
     assert seen[0].finished_this_run == 0
     assert set(seen[0].typical_durations) == {"1k"}
-    assert 0.15 <= seen[0].typical_durations["1k"] <= 0.45
+    # The median of what the ledger kept, however long a loaded machine made the tasks: each
+    # time t counts as "done between (t - the first poll's interval) / 1.25 and t"
+    # (DurationModel.seed), and the median (rounded to ms) lies within those bounds.
+    lowest = (min(took) - FAST["poll"].initial_interval) / 1.25
+    assert lowest - 0.001 <= seen[0].typical_durations["1k"] <= max(took) + 0.001
 
 
 def test_replayed_and_collected_tasks_teach_no_duration(tmp_path: Path) -> None:

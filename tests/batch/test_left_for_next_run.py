@@ -15,14 +15,21 @@ from typing import Any
 import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy, TaskStatus
-from imggw_client._core import reasons, serving, spec
-from imggw_client.batch import BatchOptions, BatchReport, StorageError, run_batch, run_shard
-from imggw_client.batch import _engine as engine
+from imggw_client._core import reasons, spec
+from imggw_client.batch import (
+    BatchOptions,
+    BatchReport,
+    StorageError,
+    _room,
+    run_batch,
+    run_shard,
+)
 from imggw_client.batch._folder import charges
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._states import DOWNLOADING, RUNNING
 from imggw_client.batch._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
+from imggw_client.mock import _serving as serving
 
 from ..cli.helpers import CANARY, imggw
 
@@ -75,6 +82,7 @@ PROXY_400 = MockResponse(400, b"<html>400 Bad Request</html>", (("content-type",
 @pytest.mark.parametrize(
     "refusal", [refused(reasons.INSUFFICIENT_CREDITS), PROXY_400], ids=["402", "proxy-400"]
 )
+@pytest.mark.slow
 def test_a_refused_status_query_leaves_the_paid_line_running_and_a_rerun_collects_it(
     refusal: MockResponse, tmp_path: Path
 ) -> None:
@@ -106,6 +114,7 @@ def test_a_refused_status_query_leaves_the_paid_line_running_and_a_rerun_collect
     assert len(list(out.glob("*.png"))) == 2
 
 
+@pytest.mark.slow
 def test_a_refused_query_for_fresh_links_leaves_the_line_to_download_next_run(
     tmp_path: Path,
 ) -> None:
@@ -167,6 +176,7 @@ def stuck(tmp_path: Path) -> Iterator[tuple[MockGateway, StuckTask, str]]:
         yield gw, wrapper, url
 
 
+@pytest.mark.slow
 def test_a_task_that_never_ends_is_left_running_and_the_run_ends(
     stuck: tuple[MockGateway, StuckTask, str], tmp_path: Path
 ) -> None:
@@ -189,6 +199,7 @@ def test_a_task_that_never_ends_is_left_running_and_the_run_ends(
     assert len(list(out.glob("*.png"))) == 3
 
 
+@pytest.mark.slow
 def test_a_shard_leaves_a_stuck_task_running_too(
     stuck: tuple[MockGateway, StuckTask, str], tmp_path: Path
 ) -> None:
@@ -203,6 +214,7 @@ def test_a_shard_leaves_a_stuck_task_running_too(
     assert again.counts == {"saved": 2}
 
 
+@pytest.mark.slow
 def test_a_charge_of_0_kept_for_a_running_line_teaches_no_price(
     stuck: tuple[MockGateway, StuckTask, str], tmp_path: Path
 ) -> None:
@@ -220,6 +232,7 @@ def test_a_charge_of_0_kept_for_a_running_line_teaches_no_price(
     assert spent.credits == 0
 
 
+@pytest.mark.slow
 def test_line_timeout_on_the_command_line(
     stuck: tuple[MockGateway, StuckTask, str], tmp_path: Path
 ) -> None:
@@ -257,6 +270,7 @@ class FakeDisk:
         return self.size - self.per_result * len(list(folder.glob("*.png")))
 
 
+@pytest.mark.slow
 def test_no_line_is_submitted_without_room_for_its_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -264,14 +278,14 @@ def test_no_line_is_submitted_without_room_for_its_result(
     # MiB disk whose results take 3 MiB each, 4 MiB kept free for each 1k result to come: two
     # go, a third once they are saved, then there is no room for a fourth.
     disk = FakeDisk(10 * MiB, 3 * MiB)
-    monkeypatch.setattr(engine, "free_bytes", disk)
+    monkeypatch.setattr(_room, "free_bytes", disk)
     gw = gateway()
     source = prompts(tmp_path / "in.txt", *(f"prompt {i}" for i in range(10)))
     out = tmp_path / "out"
     with gw.serve() as url:
         with pytest.raises(StorageError) as raised:
             batch(url, source, out, concurrency=4)
-        assert raised.value.code == engine.NO_ROOM
+        assert raised.value.code == _room.NO_ROOM
         assert str(out) in raised.value.message
         assert "1.0 MiB free" in raised.value.message
         assert "may need about 4 MiB" in raised.value.message
@@ -279,18 +293,19 @@ def test_no_line_is_submitted_without_room_for_its_result(
         assert len(list(out.glob("*.png"))) == 3  # what was paid for is saved
         statuses = [r["status"] for r in manifest(out)]
         assert statuses == ["succeeded"] * 3 + ["pending"] * 7
-        monkeypatch.setattr(engine, "free_bytes", FakeDisk(1 << 40, 3 * MiB))  # room again
+        monkeypatch.setattr(_room, "free_bytes", FakeDisk(1 << 40, 3 * MiB))  # room again
         again = batch(url, source, out)
     assert again.exit_code == 0
     assert gw.stats()["tasks_created"] == 10
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 70 MiB free: one 4k result (64 MiB kept free for it) fits; once saved (30 MiB), the
     # next does not.
-    monkeypatch.setattr(engine, "free_bytes", FakeDisk(70 * MiB, 30 * MiB))
+    monkeypatch.setattr(_room, "free_bytes", FakeDisk(70 * MiB, 30 * MiB))
     gw = gateway()
     out = tmp_path / "out"
     lines = [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(4)]
@@ -308,6 +323,7 @@ def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
     assert [r["status"] for r in manifest(out)] == ["succeeded"] + ["pending"] * 3
 
 
+@pytest.mark.slow
 def test_results_still_to_save_count_against_the_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -325,7 +341,7 @@ def test_results_still_to_save_count_against_the_room(
             png.unlink()
         source.write_text("a fox\na hen\na cow\n")
         # 10 MiB: room for a third line's result (4), not for it beside the two to save (12).
-        monkeypatch.setattr(engine, "free_bytes", FakeDisk(10 * MiB, 4 * MiB))
+        monkeypatch.setattr(_room, "free_bytes", FakeDisk(10 * MiB, 4 * MiB))
         with pytest.raises(StorageError, match=r"has 2\.0 MiB free"):
             batch(url, source, out, allow_changes=True)
     assert gw.stats()["tasks_created"] == 2  # the third line was not sent
@@ -335,7 +351,7 @@ def test_results_still_to_save_count_against_the_room(
 def test_a_folder_whose_free_space_cannot_be_told_is_not_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "free_bytes", lambda folder: None)
+    monkeypatch.setattr(_room, "free_bytes", lambda folder: None)
     gw = gateway()
     with gw.serve() as url:
         report = batch(url, prompts(tmp_path / "in.txt", "a", "b"), tmp_path / "out")
@@ -343,7 +359,7 @@ def test_a_folder_whose_free_space_cannot_be_told_is_not_stopped(
 
 
 def test_the_real_probe_tells_the_free_space_or_nothing(tmp_path: Path) -> None:
-    free = engine.free_bytes(tmp_path)
+    free = _room.free_bytes(tmp_path)
     assert free is not None
     assert abs(free - shutil.disk_usage(tmp_path).free) < 64 * MiB
-    assert engine.free_bytes(tmp_path / "missing") is None
+    assert _room.free_bytes(tmp_path / "missing") is None

@@ -70,6 +70,7 @@ def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
 # ---------------------------------------------------------------------------- 4: lost folders
 
 
+@pytest.mark.slow
 def test_a_rerun_on_a_deleted_and_recreated_folder_replays_every_task(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_rerun_on_a_deleted_and_recreated_folder_replays_every_task(
     assert len(list(out.glob("*.png"))) == 20
 
 
+@pytest.mark.slow
 def test_the_run_id_follows_from_folder_gateway_and_key_and_the_key_is_never_kept(
     gw: MockGateway, tmp_path: Path
 ) -> None:
@@ -130,6 +132,7 @@ def test_an_existing_run_json_keeps_its_id(gw: MockGateway, tmp_path: Path) -> N
             assert row.idempotency_key == expected
 
 
+@pytest.mark.slow
 def test_new_run_makes_new_keys_and_is_refused_where_a_run_is_kept(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -148,6 +151,7 @@ def test_new_run_makes_new_keys_and_is_refused_where_a_run_is_kept(
     assert gw.stats()["tasks_created"] == 6  # asked for: a new run, billed anew
 
 
+@pytest.mark.slow
 def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
@@ -169,6 +173,7 @@ def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_pa
 # ---------------------------------------------------------------------------- 5: the format
 
 
+@pytest.mark.slow
 def test_a_jsonl_file_named_json_is_read_as_jsonl(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -184,6 +189,7 @@ def test_a_jsonl_file_named_json_is_read_as_jsonl(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -203,6 +209,7 @@ def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -223,6 +230,7 @@ def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
 # ---------------------------------------------------------------------------- 6: a wrong URL
 
 
+@pytest.mark.slow
 def test_a_submit_answered_404_stops_the_run_and_the_right_url_resumes_every_line(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -259,6 +267,7 @@ def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
 # ---------------------------------------------------------------------------- 10: manifests
 
 
+@pytest.mark.slow
 def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -304,6 +313,7 @@ def test_a_repeated_json_key_is_named_as_such(tmp_path: Path) -> None:
         batch(MockGateway(), source, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_changed_input_names_only_the_lines_that_changed(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -329,6 +339,7 @@ def test_a_changed_input_names_only_the_lines_that_changed(
     assert gw.stats()["tasks_created"] == 101
 
 
+@pytest.mark.slow
 def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -356,6 +367,7 @@ def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
 # ---------------------------------------------------------------------------- 13: words
 
 
+@pytest.mark.slow
 def test_an_expired_line_is_failed_in_the_manifest_the_status_and_the_display(
     tmp_path: Path,
 ) -> None:
@@ -376,6 +388,7 @@ def test_an_expired_line_is_failed_in_the_manifest_the_status_and_the_display(
     assert "expired before download" not in run.err
 
 
+@pytest.mark.slow
 def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -386,6 +399,7 @@ def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
     assert "done" not in run.err
 
 
+@pytest.mark.slow
 def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_before_download(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -403,6 +417,7 @@ def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_befo
         assert record["error"]["message"].startswith("the files saved earlier are gone")
 
 
+@pytest.mark.slow
 def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
@@ -444,6 +459,7 @@ def test_a_refused_input_leaves_no_ledger_and_no_folder(
 WAL_BOUND = 1 << 20  # bytes
 
 
+@pytest.mark.slow
 def test_the_ledger_log_stays_small_while_a_run_goes(tmp_path: Path) -> None:
     gw = MockGateway(duration_min=0.01, duration_max=0.03)
     source = prompts(tmp_path / "in.txt", 400)

@@ -20,7 +20,8 @@ from imggw_client.batch import (
     run_batch,
 )
 from imggw_client.batch._identity import LINES_NAME, RUN_NAME, idempotency_key
-from imggw_client.batch._ledger import SCHEMA_VERSION, Ledger
+from imggw_client.batch._ledger import Ledger
+from imggw_client.batch._schema import SCHEMA_VERSION
 from imggw_client.mock import MockGateway
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
@@ -59,6 +60,7 @@ def test_the_run_id_is_written_before_anything_is_sent(tmp_path: Path) -> None:
     assert (tmp_path / "out" / LINES_NAME).stat().st_size == 2 * 16  # a 16-byte entry a line
 
 
+@pytest.mark.slow
 def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(tmp_path: Path) -> None:
     # Every answer is lost: the gateway creates each task, the run never learns its id.
     gw = MockGateway(duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"])

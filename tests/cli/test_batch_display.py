@@ -111,6 +111,7 @@ def test_links_at_risk_are_warned_about_once(
     assert len(err) == (1 if quiet else 2)  # and, without --quiet, the first progress line
 
 
+@pytest.mark.slow
 def test_batch_on_a_terminal_draws_the_bar(tmp_path: Path) -> None:
     """The real command, its stderr a pseudo-terminal: rich draws the bar there."""
     source = tmp_path / "in.txt"

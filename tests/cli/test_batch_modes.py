@@ -55,9 +55,12 @@ def test_without_dask_the_engine_exits_4_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch, source: Path, tmp_path: Path
 ) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
-    monkeypatch.delitem(sys.modules, "imggw_client.batch._dask", raising=False)
-    # An imported submodule is also an attribute of its package: gone too, as never imported.
-    monkeypatch.delattr(imggw_client.batch, "_dask", raising=False)
+    # Every module of the Dask engine imports it (the driver, its dispatch, its budget): none
+    # may be left imported. An imported submodule is also an attribute of its package: gone
+    # too, as never imported.
+    for name in [n for n in sys.modules if n.startswith("imggw_client.batch._dask")]:
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delattr(imggw_client.batch, name.rpartition(".")[2], raising=False)
     run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
                 "--workers", "1", "--base-url", "http://127.0.0.1:9")  # fmt: skip
     assert run.code == 4

@@ -32,15 +32,17 @@ from ._cuts import parse_shard, shard_range
 from ._dryrun import BatchPlan, plan_batch
 from ._folder import MergeReport, RunStatus, merge, status
 from ._gallery import GALLERY_NAME, write_gallery
-from ._guards import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._identity import InputChangedError, KeyChangedError
-from ._input import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine, iter_lines, read_lines
-from ._ledger import LEDGER_NAME, BatchLockedError
+from ._input import iter_lines, read_lines
+from ._ledger import BatchLockedError
+from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
 from ._options import BatchOptions, RunOptions
 from ._reports import BatchProgress, BatchReport
+from ._schema import LEDGER_NAME
 from ._shards import ShardReport, ShardSpec, arun_shard, run_shard
 from ._single import arun_batch, run_batch
+from ._spending import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._states import ExitCode, LineState
 from ._storage import Storage, is_url, open_storage
 

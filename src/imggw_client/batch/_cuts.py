@@ -18,7 +18,8 @@ from pathlib import Path
 
 from .._exceptions import RequestValidationError
 from .._files import TEMP_BYTES, create_new
-from ._input import CSV_SUFFIXES, ENTRY, HEADER, JSON_SUFFIX, JSONL_SUFFIXES, MORE, line_kinds
+from ._input import CSV_SUFFIXES, JSON_SUFFIX, JSONL_SUFFIXES, line_kinds
+from ._lines import ENTRY, HEADER, MORE
 from ._storage import Storage
 
 __all__ = [

@@ -11,9 +11,10 @@ in a task; each worker reads ``IMGGW_API_KEY`` from its own environment.
 Exactly once comes from the keys, not from the engine: Dask runs a task again when its worker
 dies (and may rerun a finished one, dask/distributed#7870); a shard run again sends the same
 keys and the gateway replays its tasks. A shard whose worker dies, or that raises, is run again
-(a few times, with tenacity's backoff); the others go on; one that keeps failing is reported.
-One request budget for the whole run lives on the scheduler (``_dask_budget``); progress
-between shard completions is read from the output folder (``_dask_progress``).
+(a few times, with tenacity's backoff); the others go on; one that keeps failing is reported
+(``_dask_dispatch`` runs the shards on the cluster). One request budget for the whole run lives
+on the scheduler (``_dask_budget``); progress between shard completions is read from the output
+folder (``_dask_progress``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import pickle
 import secrets
 import shutil
 import time
@@ -32,43 +32,18 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from distributed import Client as DaskClient
-from distributed import LocalCluster
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
-from .._async_client import AsyncClient
-from .._config import PollPolicy, RateLimit, RetryPolicy, check_surface
-from .._exceptions import (
-    AuthenticationError,
-    ConfigurationError,
-    ImggwError,
-    InsufficientCreditsError,
-    PermissionDeniedError,
-    RequestValidationError,
-)
+from .._config import RateLimit, check_surface
+from .._exceptions import ConfigurationError, RequestValidationError
 from . import _identity
-from ._cuts import scratch_folder, shard_folder, shard_name, shard_range, slice_name, write_slices
-from ._dask_budget import (
-    GUARD_HANDLER,
-    HANDLER,
-    PLUGIN_NAME,
-    BudgetPlugin,
-    SchedulerBudget,
-    scheduler_guard,
-)
-from ._dask_progress import PROGRESS_EVERY, SHARD_KEY, ProgressReader, ShardedProgress, entries
-from ._dask_progress import watch as watch_progress
+from ._cuts import scratch_folder, shard_name, slice_name, write_slices
+from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome
+from ._dask_progress import PROGRESS_EVERY, ProgressReader, ShardedProgress, entries
 from ._folder import MergeReport, charges, merge
-from ._guards import Charge
 from ._input import count_lines
 from ._options import BatchOptions
-from ._plan import Scan, scan_input
-from ._shards import CHECKPOINT_EVERY, ShardReport, ShardSpec, env_fingerprint, env_run_id
+from ._plan import scan_input
+from ._shards import CHECKPOINT_EVERY, ShardSpec, env_fingerprint, env_run_id
 from ._states import ExitCode
 from ._storage import Storage, open_storage
 
@@ -89,126 +64,11 @@ __all__ = [
 
 DEFAULT_SHARD_SIZE = 1000
 SHARD_RETRIES = 3  # a shard that fails is run this many more times before it is reported
-# Failures that no rerun of a shard can mend: the driver reports them at once.
-RUN_FATAL = (
-    AuthenticationError, PermissionDeniedError, InsufficientCreditsError, ConfigurationError,
-    RequestValidationError,
-)  # fmt: skip
 # Tests and benchmarks only: shard index -> lines after which that shard's first try raises
 # (a fault the driver must get over). Never a parameter of a public function.
 _FAULTS: dict[int, int] = {}
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class ClientSpec:
-    """How a worker makes its client: everything but the API key, which each worker reads
-    from its own ``IMGGW_API_KEY`` (a task's arguments are kept by the scheduler and may be
-    shown in its dashboard; a key has no place there).
-
-    Example::
-
-        spec = ClientSpec(base_url="https://gateway.example", surface="beta")
-    """
-
-    base_url: str | None = None
-    surface: str = "beta"
-    timeout: float = 30.0
-    retry: RetryPolicy | None = None
-    poll: PollPolicy | None = None
-    # Set by the driver when the run's RateLimit names a store (DESIGN 16): each worker's
-    # client then shares the store's budget, not the scheduler's.
-    rate_limit: RateLimit | None = None
-
-    def make(self) -> AsyncClient:
-        options: dict[str, Any] = {"base_url": self.base_url, "surface": self.surface,
-                                   "timeout": self.timeout, "retry": self.retry,
-                                   "rate_limit": self.rate_limit}  # fmt: skip
-        if self.poll is not None:
-            options["poll"] = self.poll
-        return AsyncClient(**options)
-
-
-class ShardError(ImggwError):
-    """A shard's failure as its worker reported it, when the error itself could not travel.
-
-    Example::
-
-        except ShardError as err:
-            print(err.kind, err.message)
-    """
-
-    def __init__(self, message: str, *, kind: str = "", code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.kind = kind
-
-    def __reduce__(self) -> Any:
-        return (_shard_error, (self.message, self.kind, self.code))
-
-
-def _shard_error(message: str, kind: str, code: str | None) -> ShardError:
-    return ShardError(message, kind=kind, code=code)
-
-
-class _InjectedFault(RuntimeError):
-    """The fault of ``_FAULTS``: the shard raises after some lines (first try only)."""
-
-
-@dataclass
-class _Failed:
-    error: ImggwError
-    fatal: bool
-
-
-def _portable(err: ImggwError) -> ImggwError:
-    """The error itself if it survives pickling, else a ShardError with its message."""
-    try:
-        pickle.loads(pickle.dumps(err))
-    except Exception:
-        return ShardError(err.message, kind=type(err).__name__, code=err.code)
-    return err
-
-
-async def _shard_task(
-    spec: ShardSpec, client: ClientSpec, budget: str, attempt: int, crash_after: int | None
-) -> ShardReport | _Failed:
-    """The Dask task of one shard, on a worker's event loop."""
-    from ._shards import arun_shard
-
-    def fault(progress: Any) -> None:
-        if progress.finished_this_run >= (crash_after or 0):
-            raise _InjectedFault(f"injected fault in shard {spec.name}")
-
-    on_progress = fault if crash_after is not None and attempt == 1 else None
-    async with client.make() as made:
-        if client.rate_limit is None or client.rate_limit.store is None:
-            made.share_budget(SchedulerBudget(budget))
-        try:
-            return await arun_shard(spec, client=made, on_progress=on_progress,
-                                    guard=scheduler_guard(budget))  # fmt: skip
-        except ImggwError as err:
-            return _Failed(_portable(err), isinstance(err, RUN_FATAL))
-
-
-@dataclass
-class ShardOutcome:
-    """How one shard ended: its report, or the error that ended its last try."""
-
-    index: int
-    count: int
-    lines: range
-    attempts: int
-    report: ShardReport | None = None
-    error: BaseException | None = None
-
-    @property
-    def name(self) -> str:
-        return shard_name(self.index, self.count)
-
-    @property
-    def ended(self) -> bool:
-        return self.report is not None or self.error is not None
 
 
 @dataclass
@@ -251,20 +111,6 @@ class ShardedReport:
         return ExitCode.UNFINISHED if self.failed_shards else self.merged.exit_code
 
 
-class _ShardCrashed(Exception):
-    """A try of a shard that ended without a report: its worker died, or it raised."""
-
-
-@dataclass
-class _Prepared:
-    run: _identity.RunIdentity
-    total: int
-    count: int
-    scan: Scan
-    first_entries: list[int]
-    entries: list[int] = field(default_factory=list)  # each shard's, when progress is read
-
-
 def _prepare(
     source: str,
     storage: Storage,
@@ -276,7 +122,7 @@ def _prepare(
     run_id: Callable[[], str],
     with_entries: bool,
     fingerprint: str | None = None,
-) -> _Prepared:
+) -> Prepared:
     """The whole input checked and the run's identity made, before any shard is dispatched;
     then each shard's slice put in the output folder (and, ``with_entries``, how many entries
     each has). Blocking. All of it reads one copy of the input: a file edited meanwhile must not
@@ -318,7 +164,7 @@ def _prepare(
                                          collect=collect)  # fmt: skip
             per_shard = (entries(source, count, total, format=how, collect=collect)
                          if with_entries else [])  # fmt: skip
-            return _Prepared(run, total, count, scan, first_entries, per_shard)
+            return Prepared(run, total, count, scan, first_entries, per_shard)
         finally:
             scan.discard()
     raise ConfigurationError(  # pragma: no cover - two runs racing twice on a fresh folder
@@ -418,7 +264,8 @@ async def arun_sharded(
         storage_options=dict(storage_options or {}),
         scratch=None if scratch is None else os.fspath(scratch), checkpoint_every=checkpoint_every,
     )  # fmt: skip
-    dispatch = _Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard)
+    dispatch = Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard,
+                        faults=_FAULTS)  # fmt: skip
     # One count for the whole run, on the scheduler, from what the folder's run was charged.
     dispatch.charged = await anyio.to_thread.run_sync(charges, storage)
     progress = None
@@ -441,138 +288,6 @@ async def arun_sharded(
         bad_count=plan.bad_count, stopped_by=dispatch.stopped_by,
         stop_reason=dispatch.stop_reason, comments=plan.comments,
     )  # fmt: skip
-
-
-class _Dispatch:
-    """The shards of one run on a cluster: each a Dask task, tried again when it ends without a
-    report, under one budget held by the scheduler."""
-
-    def __init__(
-        self,
-        prepared: _Prepared,
-        slice_file: str,
-        template: ShardSpec,
-        client: ClientSpec,
-        retries: int,
-        on_shard: Callable[[ShardOutcome], None] | None,
-    ) -> None:
-        self.prepared, self.slice_file, self.template = prepared, slice_file, template
-        self.client, self.retries, self.on_shard = client, retries, on_shard
-        self.charged: tuple[Charge, dict[str, Charge]] = (Charge(), {})
-        self.stopped_by: str | None = None  # the guard that stopped the run's submits, if one
-        self.stop_reason = ""
-        count = prepared.count
-        self.outcomes = [
-            ShardOutcome(i, count, shard_range(i, count, prepared.total), 0)
-            for i in range(1, count + 1)
-        ]
-
-    async def run(
-        self,
-        address: str | None,
-        workers: int | None,
-        rate_limit: RateLimit | None,
-        cluster_options: dict[str, Any],
-        progress: tuple[ProgressReader, float, Callable[[ShardedProgress], None]] | None,
-    ) -> float:
-        """Runs every shard; returns the seconds the engine took to be ready."""
-        began = time.monotonic()
-        cluster: LocalCluster | None = None
-        if workers is not None:
-            # Loopback only, and a free port: its HTTP endpoints (and the dashboard, with
-            # bokeh) are for this machine, and a second cluster never fights for port 8787.
-            settings = {"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                        "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"}  # fmt: skip
-            cluster = await LocalCluster(  # type: ignore[no-untyped-call]
-                asynchronous=True, **{**settings, **cluster_options}
-            )
-        try:
-            connect = DaskClient(cluster or address, asynchronous=True)  # type: ignore[no-untyped-call]
-            async with connect as dask:
-                limit = rate_limit or RateLimit()
-                if limit.store is not None:  # the store's budget, shared beyond this run
-                    self.client = replace(self.client, rate_limit=limit)
-                await dask.register_plugin(BudgetPlugin(), name=PLUGIN_NAME)
-                run_id = self.prepared.run.run_id
-                await getattr(dask.scheduler, HANDLER)(
-                    budget=run_id, action="open",
-                    limit={"submits_per_second": limit.submits_per_second,
-                           "queries_per_second": limit.queries_per_second},
-                )  # fmt: skip
-                spent, prices = self.charged
-                caps = self.template.options.caps
-                await getattr(dask.scheduler, GUARD_HANDLER)(
-                    run=run_id, action="open",
-                    caps=[caps.max_credits, caps.max_cost, caps.max_failures],
-                    spent=[spent.credits, spent.cost],
-                    prices={res: [c.credits, c.cost] for res, c in prices.items()},
-                )  # fmt: skip
-                startup = time.monotonic() - began
-                async with anyio.create_task_group() as watching:
-                    if progress is not None:
-                        reader, every, on_progress = progress
-                        ended = lambda: {o.name for o in self.outcomes if o.ended}  # noqa: E731
-                        watching.start_soon(watch_progress, dask, reader, ended, run_id,
-                                            time.monotonic(), every, on_progress)  # fmt: skip
-                    async with anyio.create_task_group() as group:
-                        for outcome in self.outcomes:
-                            group.start_soon(self.one, dask, outcome, run_id)
-                    watching.cancel_scope.cancel()
-                state = await getattr(dask.scheduler, GUARD_HANDLER)(run=run_id, action="state")
-                self.stopped_by, self.stop_reason = state.get("stopped_by"), state.get("why", "")
-        finally:
-            if cluster is not None:
-                await cluster.close()  # type: ignore[misc]  # awaitable when asynchronous
-        return startup
-
-    async def one(self, dask: DaskClient, outcome: ShardOutcome, budget: str) -> None:
-        spec = replace(
-            self.template, source=f"{shard_folder(outcome.index, outcome.count)}/"
-            f"{self.slice_file}", index=outcome.index, lines=outcome.lines,
-            first_entry=self.prepared.first_entries[outcome.index - 1],
-        )  # fmt: skip
-        try:
-            outcome.report = await self.tries(dask, outcome, spec, budget)
-        except _ShardCrashed as crash:
-            outcome.error = crash.__cause__ or crash
-        except ImggwError as err:
-            outcome.error = err
-        if self.on_shard is not None:
-            self.on_shard(outcome)
-
-    async def tries(
-        self, dask: DaskClient, outcome: ShardOutcome, spec: ShardSpec, budget: str
-    ) -> ShardReport:
-        """One shard, tried again (tenacity: a few times, backing off) when its try ends
-        without a report; a failure no rerun can mend is raised at once."""
-        crash_after = _FAULTS.get(outcome.index)
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(_ShardCrashed),
-            wait=wait_random_exponential(multiplier=0.5, max=10.0),
-            stop=stop_after_attempt(self.retries + 1),
-            reraise=True,
-        ):
-            with attempt:
-                outcome.attempts += 1
-                key = (f"{SHARD_KEY}{spec.name}-{budget[:8]}-{outcome.attempts}-"
-                       f"{secrets.token_hex(3)}")  # fmt: skip
-                future = dask.submit(_shard_task, spec, self.client, budget, outcome.attempts,
-                                     crash_after, key=key, pure=False)  # fmt: skip
-                try:
-                    result: Any = await future
-                except Exception as exc:  # the worker died (KilledWorker), or the task raised
-                    raise _ShardCrashed(f"shard {spec.name}: {exc!r}") from exc
-                finally:
-                    future.release()  # type: ignore[no-untyped-call]  # a result no one holds
-                    # cannot be rerun when its worker dies later (dask/distributed#7870)
-                if isinstance(result, _Failed):
-                    if result.fatal:
-                        raise result.error
-                    message = f"shard {spec.name}: {result.error.message}"
-                    raise _ShardCrashed(message) from result.error
-                assert isinstance(result, ShardReport)
-                return result
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _blocking(run: Callable[P, Awaitable[R]]) -> Callable[P, R]:

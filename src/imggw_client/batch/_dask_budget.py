@@ -15,7 +15,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._config import RateLimit
 from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
-from ._guards import Caps, RemoteGuard, Spending, charge_of, handle
+from ._guards import RemoteGuard, charge_of, handle
+from ._spending import Caps, Spending
 
 __all__ = ["GUARD_HANDLER", "HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget",
            "scheduler_guard"]  # fmt: skip

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._config import check_surface
 from . import _identity
-from ._guards import Charge, Spending, Verdict
-from ._input import COLLECT, GENERATE
-from ._ledger import BAD, Ledger, remove_if_empty
+from ._ledger import Ledger, remove_if_empty
+from ._lines import COLLECT, GENERATE
 from ._options import BatchOptions
 from ._plan import FolderIdentity, Plan, plan_run
+from ._schema import BAD
+from ._spending import Charge, Spending, Verdict
 from ._states import FINAL, PENDING, LineState
 
 if TYPE_CHECKING:

@@ -81,7 +81,7 @@ def write_gallery(
         from imggw_client.batch import iter_manifest, write_gallery
 
         page = write_gallery("out/", iter_manifest("out/manifest.jsonl"), title="Spring set")
-        print(page.as_uri())   # open it in a browser
+        print(page.resolve().as_uri())   # open it in a browser
     """
     folder = Path(folder)
     root = folder / GALLERY_DIR

@@ -1,4 +1,6 @@
-"""The batch ledger: one SQLite database (WAL) per run or shard, one row per input line.
+"""The batch ledger: one SQLite database (WAL) per run or shard, one row per input line. This
+module runs everything asked of an open ledger (planning, reading, writing); its file, schema
+and rows are ``_schema``'s, and reading a ledger another process writes is ``_ledger_files``'.
 
 Rows are read in line order, a chunk at a time, so a million-line run never holds them all;
 counts and money are summed by SQLite once, then kept up to date as lines change state. Saves
@@ -25,8 +27,19 @@ from typing import Any
 import filelock
 
 from .._exceptions import ImggwError, RequestValidationError
-from .._files import StorageError, cannot, make_private, open_private, refuse_link
-from ._input import GENERATE
+from .._files import StorageError, refuse_link
+from ._lines import GENERATE
+from ._schema import (
+    BAD,
+    COLUMNS,
+    LEDGER_NAME,
+    Row,
+    connect,
+    migrate,
+    private_database,
+    state_of,
+    storage_error,
+)
 from ._states import (
     DOWNLOADING,
     EXPIRED,
@@ -35,62 +48,14 @@ from ._states import (
     PENDING,
     RUNNING,
     SAVED,
-    STATUS,
     LineState,
 )
 
-LEDGER_NAME = "ledger.sqlite"
 LOCK_NAME = ".imggw-batch.lock"
-# PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
-# states (see _states.LEGACY) and `fingerprint` to `digest`, and added when a task was
-# submitted and first seen finished.
-SCHEMA_VERSION = 3
 INVALID_LINE = "invalid_line"  # a bad input line's error code
 NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
-BAD = "bad"  # the kind of a bad input line's row (the others: _input.GENERATE, COLLECT)
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
-
-_COLUMNS = (
-    "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
-    "task_id", "state", "urls", "expires_at", "error_code", "error_message", "files",
-    "credits", "cost", "finished_at", "submitted_at", "completed_at",
-)  # fmt: skip
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS lines (
-    identity        TEXT PRIMARY KEY,
-    line            INTEGER NOT NULL,
-    caller_id       TEXT,
-    kind            TEXT NOT NULL DEFAULT 'generate',
-    digest          TEXT NOT NULL,
-    fields          TEXT NOT NULL DEFAULT '{}',
-    surface         TEXT NOT NULL,
-    idempotency_key TEXT,
-    task_id         TEXT,
-    state           TEXT NOT NULL,
-    urls            TEXT NOT NULL DEFAULT '[]',
-    expires_at      REAL,
-    error_code      TEXT,
-    error_message   TEXT,
-    files           TEXT NOT NULL DEFAULT '[]',
-    credits         REAL,
-    cost            REAL,
-    finished_at     REAL,
-    submitted_at    REAL,
-    completed_at    REAL,
-    planned         INTEGER NOT NULL DEFAULT 0,
-    created_at      REAL NOT NULL,
-    updated_at      REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS lines_by_line ON lines (planned, line);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-# Columns that earlier formats lack, with how they are added.
-_ADDED = {
-    "kind": "TEXT NOT NULL DEFAULT 'generate'", "fields": "TEXT NOT NULL DEFAULT '{}'",
-    "expires_at": "REAL", "finished_at": "REAL", "planned": "INTEGER NOT NULL DEFAULT 0",
-    "submitted_at": "REAL", "completed_at": "REAL",
-}  # fmt: skip
 
 
 class BatchLockedError(ImggwError):
@@ -101,98 +66,6 @@ class BatchLockedError(ImggwError):
         except BatchLockedError:
             sys.exit("a batch is already running there")
     """
-
-
-# What SQLite says of a file that is no (whole) database: damaged, as a kill -9 mid-write on a
-# disk that reorders writes, or a copy cut short, can leave it. No fix of the disk mends it.
-_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
-
-
-def is_damaged(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite finding a damaged database (not a full or failing disk)."""
-    name = getattr(exc, "sqlite_errorname", None) or ""
-    return isinstance(exc, sqlite3.DatabaseError) and name.startswith(_DAMAGED)
-
-
-def damaged_ledger(path: Path | str, exc: BaseException) -> StorageError:
-    """The error of a ledger SQLite finds damaged: it names the safe remedy. The ledger is a
-    record, not the source of the keys: every line's idempotency key follows from the run's
-    ``run.json``, so a run without a ledger sends the same keys again and the gateway replays
-    the tasks it made instead of billing them again."""
-    ledger = Path(path)
-    if ledger.name != LEDGER_NAME:  # named by its folder
-        ledger = ledger / LEDGER_NAME
-    why = str(exc) or type(exc).__name__
-    return StorageError(
-        f"the batch ledger {ledger} is damaged ({why}). Deleting it is safe: remove "
-        f"{LEDGER_NAME}, {LEDGER_NAME}-wal and {LEDGER_NAME}-shm in {ledger.parent} (keep "
-        "run.json), then run the same command: every line's key follows from the run, so "
-        "tasks already made are replayed by the gateway and downloaded, never billed twice",
-        code="ledger_damaged",
-    )
-
-
-def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> StorageError:
-    if is_damaged(exc):
-        return damaged_ledger(path, exc)
-    return cannot(path, exc, verb)
-
-
-@dataclass(slots=True)
-class Row:
-    """One input line as the ledger keeps it: what it asks for (``digest`` of its request,
-    ``fields`` for the manifest), its key, its task and where it stands (``state``, see
-    ``_states``), its results, money and times (``submitted_at``: its submit was answered;
-    ``completed_at``: its task was first seen finished; ``finished_at``: the line reached a
-    final state; Unix seconds)."""
-
-    identity: str
-    line: int
-    caller_id: str | None
-    kind: str
-    digest: str
-    fields: dict[str, Any]
-    surface: str
-    idempotency_key: str | None
-    task_id: str | None
-    state: LineState
-    urls: list[str] = field(default_factory=list)
-    expires_at: float | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    files: list[dict[str, Any]] = field(default_factory=list)
-    credits: float | None = None
-    cost: float | None = None
-    finished_at: float | None = None
-    submitted_at: float | None = None
-    completed_at: float | None = None
-
-    def values(self) -> tuple[Any, ...]:
-        return (
-            self.identity, self.line, self.caller_id, self.kind, self.digest,
-            json.dumps(self.fields, ensure_ascii=False), self.surface, self.idempotency_key,
-            self.task_id, self.state.value, json.dumps(self.urls), self.expires_at,
-            self.error_code, self.error_message, json.dumps(self.files), self.credits, self.cost,
-            self.finished_at, self.submitted_at, self.completed_at,
-        )  # fmt: skip
-
-    @classmethod
-    def from_values(cls, values: tuple[Any, ...]) -> Row:
-        named = dict(zip(_COLUMNS, values, strict=True))
-        for name in ("fields", "urls", "files"):
-            named[name] = json.loads(named[name])
-        named["state"] = state_of(named["state"])
-        return cls(**named)
-
-    @property
-    def is_bad(self) -> bool:
-        """A bad input line: not work, reported apart."""
-        return self.kind == BAD
-
-
-def state_of(stored: str) -> LineState:
-    """The state a ledger row keeps, whatever format wrote it."""
-    return LEGACY.get(stored) or LineState(stored)
 
 
 @dataclass
@@ -207,42 +80,6 @@ class Totals:
     cost_unknown: int = 0
 
 
-# The write-ahead log is copied into the database (checkpointed) once it holds this many pages,
-# and cut back to this size after, instead of the 1,000 pages (4 MiB) SQLite lets it reach
-# and keeps: on a small disk the room is for images, not for the log of their rows.
-WAL_PAGES = 64
-WAL_BYTES = 256 * 1024
-
-
-def _private_database(path: Path) -> None:
-    """Readies ``path`` for SQLite, which opens its files itself (following symbolic links):
-    a link at the database or at its ``-wal``/``-shm`` is refused (:class:`StorageError`,
-    exit 4); a new database is made 0600 here (``O_EXCL|O_NOFOLLOW``), and SQLite gives its
-    log and shared memory the database's mode. A ledger holds what each line asked and got:
-    other users of the machine have no business reading it."""
-
-    for suffix in ("-wal", "-shm"):
-        side = Path(f"{path}{suffix}")
-        refuse_link(side)
-        with contextlib.suppress(FileNotFoundError):  # left by a run before ledgers were private
-            make_private(side)
-    open_private(path)
-
-
-def _connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=10000")
-        db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-        db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
 class Ledger:
     """A run's (or shard's) ledger. Open it with :meth:`open`; rows change through
     :meth:`save`, which a writer thread commits in groups."""
@@ -251,9 +88,9 @@ class Ledger:
         self.path = path
         self.created = not path.exists()  # made by this process: see discard()
         try:
-            _private_database(path)
-            self._db = _connect(path, check_same_thread=False)
-            self._migrate()
+            private_database(path)
+            self._db = connect(path, check_same_thread=False)
+            migrate(self._db, path)
             last = self._db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
         except (sqlite3.Error, OSError) as exc:
             if hasattr(self, "_db"):
@@ -307,33 +144,6 @@ class Ledger:
         finally:
             lock.release()
 
-    def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StorageError(
-                f"{self.path} was written by a newer imggw (ledger format {version}, this one "
-                f"reads up to {SCHEMA_VERSION}): upgrade imggw to resume this run",
-                code="ledger_too_new",
-            )
-        exists = self._db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='lines'"
-        ).fetchone()
-        if exists and version < SCHEMA_VERSION:
-            self._db.execute("BEGIN IMMEDIATE")
-            have = {r[1] for r in self._db.execute("PRAGMA table_info(lines)")}
-            if "fingerprint" in have:
-                self._db.execute("ALTER TABLE lines RENAME COLUMN fingerprint TO digest")
-            for name, kind in _ADDED.items():
-                if name not in have:
-                    self._db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
-            if "request" in have:  # the first format kept the request under this name
-                self._db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
-            for old, new in LEGACY.items():
-                self._db.execute("UPDATE lines SET state=? WHERE state=?", (new.value, old))
-            self._db.execute("COMMIT")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
     # ------------------------------------------------------------------------ planning
 
     def begin_plan(self) -> int:
@@ -348,7 +158,7 @@ class Ledger:
         unchanged, else a new row. Returns (row, new), or None if another line of this plan
         has the same identity."""
         found = self._db.execute(
-            f"SELECT planned, {', '.join(_COLUMNS)} FROM lines WHERE identity=?", (row.identity,)
+            f"SELECT planned, {', '.join(COLUMNS)} FROM lines WHERE identity=?", (row.identity,)
         ).fetchone()
         now = time.time()
         if found is not None and found[0] == self._plan:
@@ -364,8 +174,8 @@ class Ledger:
                 )  # fmt: skip
                 return old, False
         self._db.execute(
-            f"INSERT OR REPLACE INTO lines ({', '.join(_COLUMNS)}, planned, created_at, "
-            f"updated_at) VALUES ({', '.join('?' * (len(_COLUMNS) + 3))})",
+            f"INSERT OR REPLACE INTO lines ({', '.join(COLUMNS)}, planned, created_at, "
+            f"updated_at) VALUES ({', '.join('?' * (len(COLUMNS) + 3))})",
             (*row.values(), self._plan, now, now),
         )
         return row, True
@@ -566,7 +376,7 @@ class Ledger:
         try:
             with self._read_lock:
                 cursor = self._db.execute(
-                    f"SELECT {', '.join(_COLUMNS)} FROM lines WHERE {where} ORDER BY line LIMIT ?",
+                    f"SELECT {', '.join(COLUMNS)} FROM lines WHERE {where} ORDER BY line LIMIT ?",
                     (*args, limit),
                 )
                 return [Row.from_values(values) for values in cursor.fetchall()]
@@ -610,7 +420,7 @@ class Ledger:
             raise self._failure
 
     def _update(self, values: list[tuple[Any, ...]]) -> None:
-        assignments = ", ".join(f"{name}=?" for name in _COLUMNS)
+        assignments = ", ".join(f"{name}=?" for name in COLUMNS)
         with self._read_lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -667,115 +477,3 @@ def remove_if_empty(folder: Path) -> None:
     with contextlib.suppress(OSError):  # never made, or not empty (it lists the bad lines)
         (folder / LOCK_NAME).unlink(missing_ok=True)
         folder.rmdir()
-
-
-# ---------------------------------------------------------------------------- reading one
-
-
-@contextlib.contextmanager
-def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
-    """A ledger file opened read only (a live run, another process, may be writing it), and
-    its last plan; None when it holds no plan (or is no ledger). A symbolic link planted in
-    its place is refused, not read."""
-
-    refuse_link(path)
-    try:
-        # A reader left half-read (a merge that stopped early) is closed when the garbage
-        # collector finds it, in whatever thread runs then: a read-only connection may be.
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0,
-                             check_same_thread=False)  # fmt: skip
-    except sqlite3.Error:
-        yield None
-        return
-    with contextlib.closing(db):
-        try:
-            found = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
-        except sqlite3.Error:
-            found = None
-        yield (db, int(found[0])) if found is not None else None
-
-
-def read_rows(path: Path) -> Iterator[Row]:
-    """Every row of a ledger file's last plan, in line order, read only: what ``status`` and
-    ``merge`` read of a shard's ledger or checkpoint. Whatever cannot be read ends the rows."""
-    with _read_only(path) as opened:
-        if opened is None:
-            return
-        db, plan = opened
-        try:
-            cursor = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM lines WHERE planned=? ORDER BY line", (plan,)
-            )
-            for values in cursor:
-                yield Row.from_values(values)
-        except sqlite3.Error:
-            return
-
-
-def count_statuses(path: Path) -> dict[str, int] | None:
-    """Lines per word of ``_states.STATUSES`` in a ledger file's last plan (bad input lines
-    as ``bad``), read only and summed by SQLite: cheap enough to read every few seconds while
-    a shard runs. None when the file holds no plan yet."""
-    with _read_only(path) as opened:
-        if opened is None:
-            return None
-        db, plan = opened
-        found: Counter[str] = Counter()
-        for bad, state, n in db.execute(
-            "SELECT kind=?, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
-            (BAD, plan),
-        ):
-            found["bad" if bad else STATUS[state_of(state)]] += n
-        return dict(found)
-
-
-# ---------------------------------------------------------------------------- checkpoints
-
-_CHECKPOINT_KEY = "checkpoint"
-
-
-def checkpoint_number(path: Path) -> int:
-    """The checkpoint number a ledger file holds: 0 for a ledger never copied, -1 for no
-    ledger there (or none that can be read)."""
-    if not path.exists():
-        return -1
-    try:
-        with contextlib.closing(sqlite3.connect(path)) as db:
-            found = db.execute("SELECT value FROM meta WHERE key=?", (_CHECKPOINT_KEY,)).fetchone()
-    except sqlite3.Error:
-        return -1
-    return int(found[0]) if found else 0
-
-
-def copy_ledger(path: Path, copy: Path) -> None:
-    """A consistent copy of the ledger at ``path`` into ``copy``, while a run writes on (SQLite's
-    backup API), numbered one past its last checkpoint: a shard's ledger on its way to a
-    remote output folder. Blocking."""
-    try:
-        with contextlib.closing(sqlite3.connect(path, timeout=10.0)) as db:
-            number = max(checkpoint_number(path), 0) + 1
-            with db:
-                db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                    (_CHECKPOINT_KEY, str(number)),
-                )
-            _private_database(copy)
-            with contextlib.closing(sqlite3.connect(copy)) as into:
-                db.backup(into)
-    except sqlite3.Error as exc:
-        raise StorageError(
-            f"cannot checkpoint {path} ({exc}); the same command resumes", code="storage_failed"
-        ) from exc
-
-
-def read_meta(path: Path, key: str) -> str | None:
-    """A value a ledger file keeps beside its lines (``stopped_by``, say), read only."""
-    with _read_only(path) as opened:
-        if opened is None:
-            return None
-        db = opened[0]
-        try:
-            found = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        except sqlite3.Error:
-            return None
-        return None if found is None else str(found[0])

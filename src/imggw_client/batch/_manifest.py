@@ -17,7 +17,7 @@ from typing import Any
 
 from .._core import jsonio
 from .._files import atomic_write
-from ._ledger import Row, storage_error
+from ._schema import Row, storage_error
 from ._states import SAVED, STATUS
 
 __all__ = ["MANIFEST_NAME", "iter_manifest", "manifest_row", "manifest_rows", "write_manifest"]

@@ -14,8 +14,8 @@ from typing import Any, TypedDict
 
 from .._config import check_surface
 from .._exceptions import RequestValidationError
-from ._guards import Caps
 from ._input import FORMATS
+from ._spending import Caps
 
 __all__ = ["LINE_TIMEOUT", "BatchOptions", "RunOptions"]
 

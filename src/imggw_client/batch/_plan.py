@@ -25,7 +25,9 @@ from .._config import check_surface
 from .._exceptions import RequestValidationError
 from .._files import create_new, refuse_link, temp_name
 from . import _identity
-from ._input import (
+from ._input import parse_lines
+from ._ledger import INVALID_LINE, Ledger
+from ._lines import (
     BAD_LINES_NAME,
     COLLECT,
     SHOWN_BAD_LINES,
@@ -33,10 +35,10 @@ from ._input import (
     BatchInputError,
     InputLine,
     Tally,
-    parse_lines,
+    Where,
 )
-from ._ledger import BAD, INVALID_LINE, Ledger, Row, storage_error
 from ._options import BatchOptions
+from ._schema import BAD, Row, storage_error
 from ._states import FAILED, PENDING, RUNNING
 
 __all__ = [
@@ -275,11 +277,9 @@ def _scan(
     """The pass itself: every line read, checked, put where ``lines`` says and compared."""
     plan = Plan()
     tally = Tally()
-    items = parse_lines(
-        source, collect=options.collect, format=options.format, lines=part.lines,
-        first_line=part.first_line, first_entry=part.first_entry, tally=tally,
-        whole=part.lines is None and not part.sliced,
-    )  # fmt: skip
+    whole = part.lines is None and not part.sliced
+    where = Where(part.lines, part.first_line, part.first_entry, tally, whole)
+    items = parse_lines(source, where, collect=options.collect, format=options.format)
     for item in items:
         if isinstance(item, InputLine):
             row = new_row(item, surface, run_id)

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .._config import RateLimit
-from ._input import BadLine
+from ._lines import BadLine
 from ._states import FINAL, ExitCode, LineState, exit_code, statuses, words
 
 __all__ = ["BatchProgress", "BatchReport"]

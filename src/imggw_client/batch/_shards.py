@@ -47,17 +47,20 @@ from .._files import StorageError, temp_name
 from .._models import DownloadedFile
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
-from ._engine import Workspace, execute
+from ._engine import execute
 from ._guards import Guard
 from ._input import count_lines, reads_csv
-from ._ledger import LEDGER_NAME, Ledger, checkpoint_number, copy_ledger
+from ._ledger import Ledger
+from ._ledger_files import checkpoint_number, copy_ledger
 from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
 from ._plan import Slice, scan_input
 from ._reports import BatchProgress, BatchReport
+from ._schema import LEDGER_NAME
 from ._single import client_maker, run_id_for
 from ._states import ExitCode, LineState, exit_code, statuses
 from ._storage import Storage, destination_name, open_storage
+from ._workspace import Workspace
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -15,15 +15,17 @@ from .._config import RateLimit, check_surface
 from .._exceptions import RequestValidationError
 from .._files import refuse_links
 from . import _identity
-from ._engine import LocalStore, Workspace, execute
+from ._engine import execute
 from ._gallery import GALLERY_DIR, GALLERY_NAME
-from ._input import BAD_LINES_NAME, BatchInputError
-from ._ledger import LEDGER_NAME, LOCK_NAME, Ledger, remove_if_empty
+from ._ledger import LOCK_NAME, Ledger, remove_if_empty
+from ._lines import BAD_LINES_NAME, BatchInputError
 from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
+from ._schema import LEDGER_NAME
 from ._storage import destination_name
+from ._workspace import LocalStore, Workspace
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -66,6 +66,9 @@ class LineState(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __format__(self, spec: str) -> str:  # f"{state}" is its value on every Python
+        return format(self.value, spec)
+
 
 PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState
 FINAL = frozenset({SAVED, FAILED, EXPIRED})

@@ -26,7 +26,7 @@ from typing import Any
 
 from .._exceptions import RequestValidationError
 from .._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
-from ._ledger import storage_error
+from ._schema import storage_error
 
 CHUNK = 1 << 20
 

@@ -160,6 +160,7 @@ def batch_folder(batch: Batch) -> Path:
     return batch.folder
 
 
+@pytest.mark.slow
 def test_every_visible_image_decodes(browser: Browser, batch_folder: Path) -> None:
     opened = open_gallery(browser, batch_folder)
     opened.shown("all/1")
@@ -178,6 +179,7 @@ def test_every_visible_image_decodes(browser: Browser, batch_folder: Path) -> No
     opened.page.close()
 
 
+@pytest.mark.slow
 def test_hostile_prompts_show_as_text_and_never_run(browser: Browser, batch_folder: Path) -> None:
     opened = open_gallery(browser, batch_folder)
     opened.shown("all/1")
@@ -225,6 +227,7 @@ def test_header_counts_and_totals(browser: Browser, batch: Batch) -> None:
     opened.page.close()
 
 
+@pytest.mark.slow
 def test_filters_change_the_cards(browser: Browser, batch_folder: Path) -> None:
     opened = open_gallery(browser, batch_folder)
     page = opened.page
@@ -398,6 +401,7 @@ def colours(browser: Browser, shot: bytes) -> tuple[int, float]:
     return int(result[0]), result[1]
 
 
+@pytest.mark.slow
 def test_screenshot_has_content(browser: Browser, batch_folder: Path) -> None:
     opened = open_gallery(browser, batch_folder)
     opened.shown("all/1")
@@ -441,12 +445,11 @@ def big_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_ten_thousand_lines_open_with_one_page_of_cards(browser: Browser, big_folder: Path) -> None:
-    started = time.monotonic()
     opened = open_gallery(browser, big_folder)
     opened.shown("all/1")
-    elapsed = time.monotonic() - started
-    assert elapsed < 10  # about 0.5 s here
+    # Quick to open by count, not by the clock: one page of cards in the document, not 10,000.
     assert len(opened.cards()) == PAGE_SIZE
     assert opened.page.inner_text('[data-filter="all"] .count') == "10,000"
     opened.images_loaded()
@@ -463,6 +466,7 @@ def test_ten_thousand_lines_open_with_one_page_of_cards(browser: Browser, big_fo
     opened.page.close()
 
 
+@pytest.mark.slow
 def test_paging_through_ten_thousand_lines(browser: Browser, big_folder: Path) -> None:
     opened = open_gallery(browser, big_folder)
     page = opened.page
@@ -491,6 +495,7 @@ def test_paging_through_ten_thousand_lines(browser: Browser, big_folder: Path) -
     page.close()
 
 
+@pytest.mark.slow
 def test_a_page_open_across_two_rewrites_offers_a_reload(browser: Browser, tmp_path: Path) -> None:
     three_pages = [record(line, files=[]) for line in range(1, 2 * PAGE_SIZE + 2)]
     write_gallery(tmp_path, three_pages)

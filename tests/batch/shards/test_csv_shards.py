@@ -91,6 +91,7 @@ def test_shards_take_each_record_where_it_begins_and_send_it_once_whole(
     assert len(wire.submits) == 4
 
 
+@pytest.mark.slow
 def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
     gw: MockGateway, wire: Wire, url: str, dask_client: Any, tmp_path: Path
 ) -> None:

@@ -157,6 +157,7 @@ def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_pat
     assert sent[-1] - sent[0] >= (lines - 1) / rate * 0.9
 
 
+@pytest.mark.redis
 def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
     dask_client: Any, tmp_path: Path
 ) -> None:
@@ -277,6 +278,8 @@ def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
     assert gw.stats()["tasks_created"] == 6
 
 
+@pytest.mark.dask  # starts a LocalCluster of its own
+@pytest.mark.slow
 def test_workers_starts_and_stops_a_local_cluster(
     gateway: tuple[MockGateway, str], worker_env: None, tmp_path: Path
 ) -> None:

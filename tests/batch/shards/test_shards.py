@@ -91,6 +91,7 @@ def gateway_process() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
     gateway_process: str, tmp_path: Path
 ) -> None:
@@ -125,6 +126,7 @@ def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
         assert (out / "shards" / f"000{i}-of-0003" / "manifest.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_every_sqlite_file_deleted_mid_run_and_a_rerun_creates_no_new_task(
     tmp_path: Path,
 ) -> None:
@@ -148,6 +150,7 @@ def test_every_sqlite_file_deleted_mid_run_and_a_rerun_creates_no_new_task(
     check_from_storage(str(out), None, 8)
 
 
+@pytest.mark.slow
 def test_memory_storage_results_uploaded_checkpointed_and_merged(tmp_path: Path) -> None:
     import fsspec
 
@@ -175,6 +178,7 @@ def test_memory_storage_results_uploaded_checkpointed_and_merged(tmp_path: Path)
     fs.rm("/imggw-shards-test", recursive=True)
 
 
+@pytest.mark.slow
 def test_a_changed_input_is_refused_without_allow_changes_and_run_with_it(
     tmp_path: Path,
 ) -> None:
@@ -323,6 +327,7 @@ def test_shard_options_that_do_not_go_together_are_refused(tmp_path: Path) -> No
     assert "standard input" in piped.stderr
 
 
+@pytest.mark.slow
 def test_the_sdk_and_the_single_machine_cli_never_import_dask(tmp_path: Path) -> None:
     code = (
         "import sys, json\n"

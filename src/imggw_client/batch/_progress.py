@@ -1,0 +1,115 @@
+"""What a run tells while it goes: a :class:`BatchProgress` snapshot of its lines, money, request
+budget and download queue, at most every :data:`PROGRESS_EVERY` seconds (:class:`Progress`);
+and what the client learned of how long its tasks take, shown there and seeded from the ledger
+when a run resumes (DESIGN 15), so that its polls do not start from nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import anyio
+import anyio.to_thread
+
+from .._async_client import AsyncClient
+from .._core.durations import WINDOW
+from .._core.rules import RESOLUTIONS
+from ._downloads import DownloadQueue
+from ._ledger import Ledger
+from ._options import BatchOptions
+from ._reports import BatchProgress
+from ._run import RunLines
+from ._states import PENDING
+
+__all__ = ["PROGRESS_EVERY", "Progress", "learn_from_ledger", "typical_durations"]
+
+PROGRESS_EVERY = 0.25  # seconds between progress snapshots
+
+
+def typical_durations(client: AsyncClient, surface: str) -> dict[str, float]:
+    """The median running time ``client`` learned per resolution, on ``surface``.
+
+    Example::
+
+        typical_durations(client, "beta")   # {"1k": 8.2, "4k": 31.0}
+    """
+    model, now = client._flows.durations, time.monotonic()
+    found = {res: model.quantile((surface, res), 0.5, now) for res in RESOLUTIONS}
+    return {res: round(took, 3) for res, took in found.items() if took is not None}
+
+
+async def learn_from_ledger(client: AsyncClient, ledger: Ledger) -> None:
+    """A resumed run's polls start from what its ledger knows of its tasks' durations
+    (DESIGN 15), not from nothing.
+
+    Example::
+
+        await learn_from_ledger(client, ledger)
+    """
+    found = await anyio.to_thread.run_sync(ledger.durations, WINDOW)
+    model, now = client._flows.durations, time.monotonic()
+    for (surface, resolution), took in found.items():
+        kind = (surface, resolution.lower())  # as a wait names it
+        model.seed(kind, took, now, grace=client.poll.initial_interval)
+
+
+class Progress:
+    """A run's progress, told to ``on_progress`` (None: no one listens) as its lines move,
+    never more often than every :data:`PROGRESS_EVERY` seconds unless forced.
+
+    Example::
+
+        progress = Progress(on_progress, client, run, queue, options, "beta")
+        progress.report(force=True)
+    """
+
+    def __init__(
+        self,
+        on_progress: Callable[[BatchProgress], None] | None,
+        client: AsyncClient,
+        run: RunLines,
+        queue: DownloadQueue,
+        options: BatchOptions,
+        surface: str,
+    ) -> None:
+        self.on_progress, self.client, self.surface = on_progress, client, surface
+        self.run, self.queue, self.options = run, queue, options
+        self.last = 0.0  # when the last snapshot was told
+
+    def report(self, *, force: bool = False) -> None:
+        """Tells a snapshot, unless one was told less than :data:`PROGRESS_EVERY` ago."""
+        now = time.monotonic()
+        if self.on_progress is not None and (force or now - self.last >= PROGRESS_EVERY):
+            self.last = now
+            self.on_progress(self.snapshot())
+
+    def snapshot(self) -> BatchProgress:
+        """The run as it stands now."""
+        run, limit = self.run, self.client.rate_limit
+        pace = limit.submits_per_second
+        shown = limit if pace or limit.queries_per_second else None
+        pending = run.counts.get(PENDING, 0)
+        expiries = self.queue.expiries()
+        soonest = None
+        if expiries:
+            soonest = datetime.fromtimestamp(expiries[0], tz=timezone.utc)
+        return BatchProgress(
+            total=run.total,
+            counts={state: n for state, n in run.counts.items() if n},
+            credits=run.credits,
+            cost=round(run.cost, 6),
+            elapsed=time.monotonic() - run.started,
+            finished_this_run=run.finished_here,
+            rate_limit=shown,
+            least_time_left=pending / pace if pace else None,
+            awaiting_download=len(self.queue),
+            soonest_expiry=soonest,
+            at_risk=self.queue.at_risk(expiries),
+            cost_unknown=run.cost_unknown,
+            max_credits=self.options.max_credits,
+            max_cost=self.options.max_cost,
+            stopped_by=run.stopped_by,
+            typical_durations=typical_durations(self.client, self.surface),
+        )

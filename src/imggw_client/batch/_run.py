@@ -1,0 +1,228 @@
+"""A run's lines as they move (:class:`RunLines`): every state change held to
+``_states.MOVES``, the counts and money that progress and the report show, the room their
+results take, and what a failure means for a line: tried again later in this run, left where it
+stands for the next run (with its key), or the end of the run.
+
+What was paid for is never lost to this run's own limits: a line with a task id fails only when
+its task failed (or its result expired, or the gateway says it does not know the task); any
+other error leaves it where it stands for the next run. The steps that move lines (``_engine``
+for submits and waits, ``_downloads`` for results) share one :class:`RunLines`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
+
+from .._core.flows import NOT_AN_IMAGE
+from .._core.retry import classify
+from .._core.surfaces import safe_message
+from .._download import WRITE_FAILED
+from .._exceptions import (
+    AuthenticationError,
+    ConfigurationError,
+    DownloadError,
+    ImggwError,
+    PermissionDeniedError,
+    UnknownOutcomeError,
+)
+from .._files import StorageError
+from ._ledger import Ledger, Totals
+from ._room import Room
+from ._schema import Row
+from ._spending import Charge
+from ._states import DOWNLOADING, FAILED, FINAL, MOVES, RUNNING, LineState
+
+__all__ = ["FATAL", "RunLines", "retry_later"]
+
+log = logging.getLogger("imggw_client")
+UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are counted
+LEFT_LOGGED = 20  # lines left for the next run (a query error, the line timeout) logged one by one
+# Failures that doom every line alike: the run stops, and its unfinished lines wait for a rerun
+# (a submit answered 404, a base URL with a wrong path, is a ConfigurationError: nothing was
+# made, nothing billed, and the same command with the right URL resumes every line).
+FATAL = (AuthenticationError, PermissionDeniedError, ConfigurationError, StorageError)
+RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
+# Downloads that another try in this run would not mend (a rerun looks at a document's link
+# again: what a proxy served today may be the image tomorrow).
+_FINAL_DOWNLOAD_CODES = frozenset({"result_too_large", WRITE_FAILED, NOT_AN_IMAGE})
+
+
+def retry_later(err: BaseException) -> bool:
+    """A failure after which a line is tried again later instead of failing: what the core
+    retries, and an unknown submit outcome (the line's key makes another try safe).
+
+    Example::
+
+        retry_later(UnknownOutcomeError("lost"))   # True: the key replays it
+    """
+    if not isinstance(err, ImggwError) or isinstance(err, FATAL):
+        return False
+    if isinstance(err, DownloadError) and err.code in _FINAL_DOWNLOAD_CODES:
+        return False
+    return isinstance(err, (UnknownOutcomeError, DownloadError)) or classify(err).retry
+
+
+def _unknown_cost(charge: Charge) -> int:
+    """1 for a line charged in credits with no cost stated (as ``Totals.cost_unknown``)."""
+    return int(charge.credits is not None and charge.cost is None)
+
+
+class RunLines:
+    """The lines of one run over a planned ledger: their counts and money (from ``totals``,
+    then kept up to date), their moves, and the run's end (``fatal``, ``cancel``) or the end of
+    its submits (``stopped``, and the guard that stopped them: ``stopped_by``).
+
+    Example::
+
+        run = RunLines(ledger, ledger.totals(), Room(folder, flying), deadline=math.inf,
+                       line_timeout=1800.0, redact=client.redact)
+        run.move(row, RUNNING)
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        totals: Totals,
+        room: Room,
+        *,
+        deadline: float,
+        line_timeout: float | None,
+        redact: Callable[[str], str],
+    ) -> None:
+        self.ledger = ledger
+        self.room = room
+        self.counts: Counter[LineState] = totals.counts
+        self.credits, self.cost = totals.credits, totals.cost
+        self.cost_unknown = totals.cost_unknown
+        self.total = sum(self.counts.values())
+        self.started = time.monotonic()
+        self.finished_here = 0
+        self.deadline = deadline
+        self.line_timeout = line_timeout
+        self.redact = redact
+        self.fatal: ImggwError | None = None
+        self.cancel = anyio.CancelScope()
+        self.stopped = False  # no more submits in this run (a guard, a 402, the disk) ...
+        self.stopped_by: str | None = None  # ... this guard, having seen this
+        self.stop_reason = ""
+        self.unexpected = 0
+        self.left = 0  # lines left for the next run by a query error or the line timeout
+        self.on_move: Callable[[], None] = lambda: None  # progress, told after each move
+
+    # ------------------------------------------------------------------------ moves
+
+    def move(self, row: Row, state: LineState, *, at_once: bool = False) -> None:
+        """Moves the row to ``state`` (one of the moves ``_states.MOVES`` allows), keeps the
+        counts, and queues the row for the ledger (``at_once``: writes it now, in this thread,
+        before a run begins)."""
+        if state not in MOVES[row.state]:
+            raise AssertionError(f"line {row.line}: no move from {row.state} to {state}")
+        self.counts[row.state] -= 1
+        self.counts[state] += 1
+        self.room.moved(row, state)
+        row.state = state
+        now = time.time()
+        if state is DOWNLOADING and row.completed_at is None:
+            row.completed_at = now
+        if state in FINAL:
+            self.finished_here += 1
+            row.finished_at = now
+        if at_once:
+            self.ledger.save_now(row)
+            return
+        self.ledger.save(row)
+        self.on_move()
+
+    def fail(self, row: Row, code: str, message: str) -> None:
+        """The line failed, with ``code`` and ``message`` kept for its manifest row."""
+        row.error_code, row.error_message = code, message
+        self.move(row, FAILED)
+
+    def charged(self, before: Charge, now: Charge) -> None:
+        """A line's charge went from ``before`` to ``now``: the run's money follows."""
+        self.credits += (now.credits or 0) - (before.credits or 0)
+        self.cost += (now.cost or 0) - (before.cost or 0)
+        self.cost_unknown += _unknown_cost(now) - _unknown_cost(before)
+
+    @property
+    def unsaved(self) -> int:
+        """Lines whose results are still to be saved: running or downloading."""
+        return self.counts.get(RUNNING, 0) + self.counts.get(DOWNLOADING, 0)
+
+    # ------------------------------------------------------------------------ failures
+
+    def stop(self, err: ImggwError) -> None:
+        """A failure that ends the run (one of :data:`FATAL`): every step is cancelled."""
+        self.fatal = self.fatal or err
+        self.cancel.cancel()
+
+    def unexpected_fault(self, row: Row, exc: Exception) -> None:
+        """A fault no rule covers (a bug here or beneath): one line's step, not the run. The
+        line keeps the state last saved, so the next run takes it up again, with its key."""
+        self.unexpected += 1
+        if self.unexpected > UNEXPECTED_LOGGED:
+            return
+        frame = traceback.extract_tb(exc.__traceback__)[-1:]
+        where = f" at {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
+        # Only the type, place and a cleaned message: an exception's text may quote a header.
+        log.error(
+            "line %d: unexpected %s%s: %s; the line stays unfinished for the next run%s",
+            row.line, type(exc).__name__, where,
+            safe_message(self.redact(str(exc))) or "",
+            "; later ones are counted, not logged" if self.unexpected == UNEXPECTED_LOGGED else "",
+        )  # fmt: skip
+
+    def left_for_next_run(self, row: Row, why: str) -> None:
+        """The line keeps its state (and its key) for the next run, which takes it up again:
+        said in the log, one by one for the first few."""
+        self.left += 1
+        if self.left <= LEFT_LOGGED:
+            log.warning(
+                "line %d (task %s): %s; it stays %s for the next run%s",
+                row.line, row.task_id, why, row.state,
+                "; later ones are counted, not logged" if self.left == LEFT_LOGGED else "",
+            )  # fmt: skip
+
+    def why(self, err: ImggwError) -> str:
+        """What an error says of itself in the log: its code, else its cleaned message."""
+        return err.code or safe_message(self.redact(err.message)) or type(err).__name__
+
+    # ------------------------------------------------------------------------ time
+
+    def remaining(self) -> float:
+        """Seconds left before the run's deadline (negative once it passed)."""
+        return self.deadline - time.monotonic()
+
+    def line_deadline(self) -> float:
+        """When a line's step begun now gives up for this run: ``line_timeout`` from now, or
+        the run's deadline if sooner."""
+        limit = self.line_timeout
+        return self.deadline if limit is None else min(self.deadline, time.monotonic() + limit)
+
+    def out_of_time(self, until: float) -> Callable[[RetryCallState], bool]:
+        """A tenacity stop: the run ends (a failure that ends it), or ``until`` comes, before
+        the next try would go."""
+
+        def stop(state: RetryCallState) -> bool:
+            left = until - time.monotonic()
+            return self.fatal is not None or (state.upcoming_sleep or 0) >= left
+
+        return stop
+
+    def retrying(self, until: float) -> AsyncRetrying:
+        """A line's step tried again after failures worth waiting out, until ``until`` (or a
+        failure that ends the run)."""
+        return AsyncRetrying(
+            retry=retry_if_exception(retry_later),
+            wait=wait_random_exponential(multiplier=RETRY_PAUSE[0], max=RETRY_PAUSE[1]),
+            stop=self.out_of_time(until),
+            reraise=True,
+        )

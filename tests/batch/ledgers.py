@@ -1,0 +1,42 @@
+"""Ledgers made by hand for the unit tests of the modules around them: rows in given states,
+planned into a ledger in a folder, as a run's plan puts them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from imggw_client.batch._ledger import Ledger
+from imggw_client.batch._lines import GENERATE
+from imggw_client.batch._schema import Row
+from imggw_client.batch._states import PENDING, LineState
+
+
+def row(line: int, state: LineState = PENDING, *, resolution: str = "1k", **kw: Any) -> Row:
+    """A generate line's row (``kw`` sets any other column)."""
+    values: dict[str, Any] = {
+        "identity": f"line:{line}", "line": line, "caller_id": None, "kind": GENERATE,
+        "digest": f"digest-{line}", "surface": "beta", "idempotency_key": f"key-{line}",
+        "task_id": None, "state": state,
+        "fields": {"prompt": f"p{line}", "aspect_ratio": "auto", "resolution": resolution},
+    }  # fmt: skip
+    values.update(kw)
+    return Row(**values)
+
+
+def plan(ledger: Ledger, rows: Iterable[Row]) -> None:
+    """Puts ``rows`` in a plan of their own, committed."""
+    ledger.begin_plan()
+    for each in rows:
+        assert ledger.plan_line(each) is not None
+    ledger.end_plan(commit=True)
+
+
+@contextlib.contextmanager
+def planned(folder: Path, rows: Iterable[Row]) -> Iterator[Ledger]:
+    """The ledger in ``folder`` (locked, closed after), holding ``rows`` as its last plan."""
+    with Ledger.open(folder) as ledger:
+        plan(ledger, rows)
+        yield ledger

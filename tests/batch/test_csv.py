@@ -1,0 +1,114 @@
+"""CSV input (``batch/_csv.py``): records numbered by the line they begin on, the header row
+that names the columns, what cutting a file into slices sees of each line, and what tells a
+file read as text that it is a table."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from imggw_client.batch._csv import (
+    LooksLikeCsv,
+    csv_items,
+    csv_line_kinds,
+    header_message,
+    is_csv_header,
+)
+from imggw_client.batch._lines import (
+    ENTRY,
+    HEADER,
+    MORE,
+    SKIPPED,
+    BatchInputError,
+    Tally,
+    Unreadable,
+    Where,
+)
+
+WHOLE = Where(None, 1, 1, Tally(), True)
+
+
+def items(text: str, where: Where = WHOLE, *, tab: bool = False) -> list[tuple[int, int, Any]]:
+    return list(csv_items(io.StringIO(text, newline=""), where, "in.csv", tab))
+
+
+def test_records_are_numbered_by_their_first_line_and_keep_quoted_line_breaks() -> None:
+    text = 'Prompt,resolution\n"a fox\non two lines",2k\n\n,\n"the ""best"" cat", 4k \n'
+    found = items(text)
+    assert [(n, entry) for n, entry, _ in found] == [(2, 1), (6, 2)]  # blank rows skipped
+    assert found[0][2] == {"prompt": "a fox\non two lines", "resolution": "2k"}
+    assert found[1][2] == {"prompt": 'the "best" cat', "resolution": "4k"}  # cells trimmed
+
+
+def test_a_row_that_is_not_the_headers_width_is_a_bad_line_naming_the_columns() -> None:
+    ((_, _, short), (_, _, long)) = items("prompt,resolution,id\na fox\nb,1k,7,extra\n")
+    assert isinstance(short, Unreadable)
+    assert isinstance(long, Unreadable)
+    assert short.why == (
+        "1 field where the header row names 3: columns 2 (resolution), 3 (id) missing"
+    )
+    assert long.why == "4 fields where the header row names 3: column 4 is not in the header row"
+    ((_, _, unclosed),) = items('prompt\n"never closed\n')
+    assert unclosed.why == "a quoted field that begins on this line is never closed"
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        ("prompt,colour", "the header row names an unknown column 'colour' (column 2)"),
+        ("prompt,,id", "column 2 of the header row has no name"),
+        ("prompt,id,Prompt", "the header row names 'prompt' twice (columns 1 and 3)"),
+        ("id,resolution", "the header row names no prompt column"),
+    ],
+)
+def test_a_header_that_is_not_ours_stops_the_whole_input(header: str, problem: str) -> None:
+    with pytest.raises(BatchInputError) as raised:
+        items(f"\n{header}\na,b,c\n")
+    assert raised.value.bad_lines[0].line == 2
+    assert raised.value.message.startswith(f"in.csv, line 2: {problem}; the columns are prompt,")
+
+
+def test_a_range_reads_only_its_records_but_numbers_entries_over_the_whole_input() -> None:
+    text = "prompt\na\nb\nc\nd\n"
+    where = Where(range(4, 6), 1, 1, Tally(), False)
+    assert [(n, entry, f["prompt"]) for n, entry, f in items(text, where)] == [
+        (4, 3, "c"),
+        (5, 4, "d"),
+    ]
+
+
+def test_a_tab_separated_header_or_a_tsv_file_of_one_column_reads_tabs() -> None:
+    assert items("prompt\tid\na, b\t7\n")[0][2] == {"prompt": "a, b", "id": "7"}
+    assert items("prompt\na, b\n", tab=True)[0][2] == {"prompt": "a, b"}
+
+
+def test_each_line_of_a_csv_file_is_a_header_an_entry_more_of_one_or_skipped() -> None:
+    text = 'prompt\n"a\nb"\n\nc\n'
+    assert list(csv_line_kinds(io.StringIO(text, newline=""))) == [
+        ("prompt\n", HEADER),
+        ('"a\n', ENTRY),
+        ('b"\n', MORE),
+        ("\n", SKIPPED),
+        ("c\n", ENTRY),
+    ]
+
+
+def test_text_that_is_a_table_is_told_apart_from_prompts() -> None:
+    assert is_csv_header("Prompt, resolution")
+    assert is_csv_header('"prompt"\t"id"')
+    assert not is_csv_header("prompt, a fox")
+    assert not is_csv_header("prompt,prompt")
+    rows = LooksLikeCsv()
+    for raw in ("a, b, c", "d, e, f"):
+        rows.add(raw)
+    assert rows.separators() == (2, "comma")
+    prompts = LooksLikeCsv()
+    for raw in ("a fox, running", "a cat"):
+        prompts.add(raw)
+    assert prompts.separators() is None
+    one = LooksLikeCsv()
+    one.add("a, b")
+    assert one.separators() is None  # one line is no table
+    assert "--format csv" in header_message("in.txt", 1, "prompt,id")

@@ -1,0 +1,104 @@
+"""What a run tells while it goes (``batch/_progress.py``): snapshots at most every quarter of a
+second unless forced (on a fake clock), what each holds, and a resumed run's learned durations,
+seeded from its ledger."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import anyio
+import pytest
+
+from imggw_client import AsyncClient, RateLimit
+from imggw_client.batch import _progress
+from imggw_client.batch._downloads import DownloadQueue
+from imggw_client.batch._options import BatchOptions
+from imggw_client.batch._progress import Progress, learn_from_ledger, typical_durations
+from imggw_client.batch._reports import BatchProgress
+from imggw_client.batch._room import Room
+from imggw_client.batch._run import RunLines
+from imggw_client.batch._spending import Charge
+from imggw_client.batch._states import PENDING, RUNNING, SAVED
+
+from .ledgers import planned, row
+
+pytestmark = pytest.mark.anyio
+
+
+def client(**kw: object) -> AsyncClient:
+    return AsyncClient(api_key="sk-test-progress-0001", base_url="http://127.0.0.1:9", **kw)  # type: ignore[arg-type]
+
+
+async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(_progress, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    seen: list[BatchProgress] = []
+    with planned(tmp_path, [row(1), row(2)]) as ledger:
+        run = RunLines(ledger, ledger.totals(), Room(tmp_path, flying=lambda: 0),
+                       deadline=math.inf, line_timeout=None, redact=str)  # fmt: skip
+        progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
+        progress.report()
+        clock.now += 0.1
+        progress.report()  # too soon: nothing
+        progress.report(force=True)
+        clock.now += 0.2
+        progress.report()  # 0.2 s after the forced one: still too soon
+        clock.now += 0.05
+        progress.report()
+    assert len(seen) == 3
+    Progress(None, client(), run, DownloadQueue(), BatchOptions(), "beta").report(force=True)
+
+
+async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
+    with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
+        run = RunLines(ledger, ledger.totals(), Room(tmp_path, flying=lambda: 0),
+                       deadline=math.inf, line_timeout=None, redact=str)  # fmt: skip
+        run.charged(Charge(), Charge(4.0, 0.01))
+        first = ledger.rows()[0]
+        run.move(first, RUNNING)
+        run.stopped_by = "max_credits"
+        queue = DownloadQueue()
+        soon = time.time() + 60
+        options = BatchOptions(max_credits=100, max_cost=2.0)
+        progress = Progress(None, client(rate_limit=RateLimit(submits_per_second=2)), run,
+                            queue, options, "beta")  # fmt: skip
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.put, row(9, expires_at=soon))
+            await anyio.wait_all_tasks_blocked()
+            shot = progress.snapshot()
+            group.cancel_scope.cancel()
+    assert shot.total == 4
+    assert shot.counts == {PENDING: 2, RUNNING: 1, SAVED: 1}
+    assert shot.least_time_left == 1.0  # 2 lines to submit at 2 a second
+    assert shot.awaiting_download == 1
+    assert shot.soonest_expiry is not None
+    assert abs(shot.soonest_expiry.timestamp() - soon) < 1e-3
+    assert (shot.max_credits, shot.max_cost, shot.stopped_by) == (100, 2.0, "max_credits")
+    assert (shot.credits, shot.cost, shot.finished_this_run, shot.typical_durations) == (
+        4.0,
+        0.01,
+        0,
+        {},
+    )
+
+
+async def test_a_resumed_runs_polls_start_from_the_durations_its_ledger_kept(
+    tmp_path: Path,
+) -> None:
+    rows = [row(n, SAVED, task_id=str(n), submitted_at=1000.0 * n, completed_at=1000.0 * n + 8)
+            for n in range(1, 6)]  # fmt: skip
+    rows.append(row(6, SAVED, task_id="6", resolution="4k", submitted_at=9000.0,
+                    completed_at=9030.0))  # fmt: skip
+    made = client()
+    assert typical_durations(made, "beta") == {}
+    with planned(tmp_path, rows) as ledger:
+        await learn_from_ledger(made, ledger)
+    learned = typical_durations(made, "beta")
+    assert set(learned) == {"1k", "4k"}
+    assert learned["1k"] <= 8.0 < learned["4k"] <= 30.0
+    assert typical_durations(made, "alpha") == {}
