@@ -12,11 +12,9 @@ import typer
 from typer.core import TyperGroup
 
 from . import _exit
+from ._batch_run import BATCH_INTERRUPTED, run_local
 from ._command import Concurrency, RunTimeout, SkipBadLines, interrupted, refuse, session
 from ._globals import current, with_globals
-from ._runtime import make_async_client
-
-BATCH_INTERRUPTED = "interrupted; every line's progress is saved: run the same command to resume"
 
 
 class BatchGroup(TyperGroup):
@@ -139,6 +137,17 @@ def batch(
             help="Run lines that changed since this folder's run began, as new (billed) requests.",
         ),
     ] = False,
+    name: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--name",
+            metavar="TEMPLATE",
+            help="Name result files by {task_id}, {index}, {line} (the input line) and {id} "
+            "(the line's id), e.g. '{line:05}-{id}'; made safe for any filesystem, the extension "
+            "from the content; lines that would share a file are refused before anything is "
+            "sent [default: {task_id}-{index}].",
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
     ] = False,
@@ -289,6 +298,8 @@ def batch(
         "max_cost": _limit("--max-cost", max_cost),
         "max_failures": _limit("--max-failures", max_failures, whole=True),
     }  # fmt: skip
+    if name is not None:  # checked here: a bad template is exit 2 before anything is read
+        options["name"] = _template(name)
     if line_timeout is not None:  # else the SDK's default
         options["line_timeout"] = _limit("--line-timeout", line_timeout)
     if dry_run:
@@ -309,6 +320,17 @@ def batch(
         except KeyboardInterrupt:
             interrupted(out, BATCH_INTERRUPTED)  # Ctrl-C, SIGTERM or SIGHUP: exits 130/143/129
     raise typer.Exit(code)
+
+
+def _template(text: str) -> str:
+    from imggw_client.batch import BatchOptions
+    from imggw_client.text import printable
+
+    try:
+        BatchOptions(name=text)
+    except ValueError as err:
+        refuse(f"--name {printable(text, 60)!r} {getattr(err, 'rule', err)}; nothing was sent")
+    return text
 
 
 def _is_remote(dest: str) -> bool:
@@ -360,38 +382,3 @@ def status(dest: Dest) -> None:
     with session() as out:
         code = _scale.status_command(out, current(), dest)
     raise typer.Exit(code)
-
-
-def run_local(source: str, output: Path, **options: Any) -> None:
-    """A batch (or a collect, for ``download --from``) in this process into a local folder: its
-    live display, the manifest on stdout, the summary; exits with the run's code."""
-    import anyio
-
-    from imggw_client.batch import arun_batch
-
-    from ._batch_display import batch_display, batch_summary, report_stop_line
-
-    flags = current()
-    with session() as out:
-
-        async def main() -> Any:
-            async with make_async_client(flags) as client:
-                with batch_display(out) as on_progress:
-                    return await arun_batch(source, output, client=client,
-                                            on_progress=on_progress, **options)  # fmt: skip
-
-        try:
-            report = anyio.run(main)
-        except KeyboardInterrupt:
-            interrupted(out, BATCH_INTERRUPTED)  # Ctrl-C, SIGTERM or SIGHUP: exits 130/143/129
-        if flags.json:
-            with report.manifest.open(encoding="utf-8") as manifest:
-                for line in manifest:
-                    print(line.rstrip("\n"), flush=True)
-        else:
-            print(report.manifest, flush=True)
-        batch_summary(out, report)
-        stopped = report_stop_line(report)
-        if stopped is not None:  # said even with --quiet: it is why the run ends with 6
-            out.warn(stopped, event="stopped", stopped_by=report.stopped_by)
-    raise typer.Exit(report.exit_code)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import _exit
-from ._batch import run_local
+from ._batch_run import run_local
 from ._command import (
     Concurrency,
     OutputDir,

@@ -9,11 +9,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import anyio
 
@@ -24,9 +26,10 @@ from .._core import reasons
 from .._core.surfaces import REDACTED, redact_url
 from .._download import WRITE_FAILED
 from .._exceptions import DownloadError, ImggwError, NotFoundError, ResultExpiredError
-from .._files import StorageError
-from .._models import Task, TaskStatus
+from .._files import StorageError, refuse_link
+from .._models import DownloadedFile, Task, TaskStatus
 from ._ledger import NOT_FOUND
+from ._naming import INCOMING_DIR, NameTemplate
 from ._run import FATAL, RunLines, retry_later
 from ._schema import Row
 from ._states import EXPIRED, SAVED
@@ -118,7 +121,8 @@ class DownloadQueue:
 class Downloads:
     """The download step of a run's lines: queued (:meth:`download`), then saved by one of
     the slots (:meth:`slot`) into ``work``; ``surface`` is the run's (a task of the other
-    surface has its files' names start with its own).
+    surface has its files' names start with its own); ``template`` names the files (default:
+    ``{task_id}-{index}``).
 
     Example::
 
@@ -127,8 +131,10 @@ class Downloads:
         await downloads.download(row)
     """
 
-    def __init__(self, client: AsyncClient, run: RunLines, work: Workspace, surface: str) -> None:
+    def __init__(self, client: AsyncClient, run: RunLines, work: Workspace, surface: str,
+                 template: NameTemplate | None = None) -> None:  # fmt: skip
         self.client = client
+        self.template = None if template is None or template.is_default else template
         self.run = run
         self.work = work
         self.surface = surface
@@ -178,7 +184,7 @@ class Downloads:
                         # hands it out again on a query.
                         task = await self.client.get(task.id, surface=task.surface)
                     files = await self.client.download(
-                        task, self.work.folder, overwrite=True, prefix=self.file_prefix(row)
+                        task, self.landing(), overwrite=True, prefix=self.file_prefix(row)
                     )
         except ResultExpiredError as err:  # the fresh links failed too: really gone
             message = err.message
@@ -210,12 +216,42 @@ class Downloads:
             if not retry_later(err):
                 run.left_for_next_run(row, f"its download failed ({run.why(err)})")
             return  # out of time: a later run downloads it
+        if self.template is not None:
+            files = self.named(row, files)
         await self.work.store.keep(files)
         self.queue.downloaded.append(time.monotonic())
         row.urls = kept_links(self.client, [f.url for f in files])
         row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
         run.move(row, SAVED)
         await self.gallery.maybe()
+
+    def landing(self) -> Path:
+        """Where a download lands: the folder, or with a template its incoming folder."""
+        if self.template is None:
+            return self.work.folder
+        incoming = self.work.folder / INCOMING_DIR
+        refuse_link(incoming)
+        incoming.mkdir(exist_ok=True)
+        return incoming
+
+    def named(self, row: Row, files: list[DownloadedFile]) -> list[DownloadedFile]:
+        """The files just saved, renamed into the folder by the template (the extension
+        the content gave them kept). A disk that refuses is the run's end, as a failed write."""
+        assert self.template is not None
+        named = []
+        for index, saved in enumerate(files):
+            stem = self.file_prefix(row) + self.template.render(row, index)
+            target = self.work.folder / (stem + saved.path.suffix)
+            try:
+                refuse_link(target)
+                os.replace(saved.path, target)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot name {target}: {exc.strerror}; fix that, then run the same command "
+                    "to resume", code="storage_failed",
+                ) from exc  # fmt: skip
+            named.append(saved.model_copy(update={"path": target}))
+        return named
 
     def file_prefix(self, row: Row) -> str:
         """Task ids are per surface: a task of the other surface may share an id with one of

@@ -95,7 +95,7 @@ class Engine:
         self.room = Room(work.folder, flying=lambda: self.run.unsaved)
         self.run = RunLines(work.ledger, totals, self.room, deadline=deadline,
                             line_timeout=options.line_timeout, redact=client.redact)  # fmt: skip
-        self.downloads = Downloads(client, self.run, work, surface)
+        self.downloads = Downloads(client, self.run, work, surface, options.template)
         self.progress = Progress(on_progress, client, self.run, self.downloads.queue, options,
                                  surface)  # fmt: skip
         self.run.on_move = self.progress.report

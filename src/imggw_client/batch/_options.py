@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 from .._config import check_surface
 from .._exceptions import RequestValidationError
 from ._input import FORMATS
+from ._naming import DEFAULT_NAME, NameTemplate
 from ._spending import Caps
 
 __all__ = ["LINE_TIMEOUT", "BatchOptions", "RunOptions"]
@@ -40,6 +41,7 @@ class RunOptions(TypedDict, total=False):
     max_cost: float | None
     max_failures: int | None
     line_timeout: float | None
+    name: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,10 +71,14 @@ class BatchOptions:
       limit). A task still running then is left ``running``, with its key, for the next run;
       the run ends (exit 3) once every other line is final, so that no run (and no lock on
       its folder) lasts forever. Retries of a line's submit or download stop as soon, too.
+    - ``name``: the result files' names, a template of ``{task_id}``, ``{index}``, ``{line}``
+      (the input line's number) and ``{id}`` (the line's ``id``); default ``{task_id}-{index}``.
+      Made safe for any filesystem; lines whose files would share a name are refused before
+      anything is sent. The extension comes from the content.
 
     Example::
 
-        options = BatchOptions(concurrency=16, timeout=3600)
+        options = BatchOptions(concurrency=16, timeout=3600, name="{line:05}-{id}")
         run_batch("prompts.jsonl", "out/", **options.as_keywords())
     """
 
@@ -91,6 +97,7 @@ class BatchOptions:
     max_cost: float | None = None
     max_failures: int | None = None
     line_timeout: float | None = LINE_TIMEOUT
+    name: str = DEFAULT_NAME
 
     def __post_init__(self) -> None:
         concurrency = self.concurrency
@@ -134,6 +141,7 @@ class BatchOptions:
                 "max_failures", "must be an integer >= 1, or None for no limit",
                 code="invalid_option",
             )  # fmt: skip
+        NameTemplate.parse(self.name)
         for name in ("skip_bad_lines", "allow_changes", "collect", "wait", "verify", "gallery",
                      "new_run"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
@@ -162,6 +170,11 @@ class BatchOptions:
     def caps(self) -> Caps:
         """The run's guards (spend caps, failures)."""
         return Caps(self.max_credits, self.max_cost, self.max_failures)
+
+    @property
+    def template(self) -> NameTemplate:
+        """The result files' name template, checked."""
+        return NameTemplate.parse(self.name)
 
     @property
     def seconds(self) -> float:

@@ -359,6 +359,8 @@ def plan_run(
         if moved:
             plan.previous_surface = plan_surface
         _refuse(plan, options)
+        if not options.template.is_default:  # every line's files their own, or none is sent
+            options.template.check(ledger.iter_rows())
         ledger.recheck()
         if dry is not None:
             dry(ledger, plan)

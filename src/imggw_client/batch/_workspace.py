@@ -21,6 +21,7 @@ from .._models import DownloadedFile
 from ._gallery import write_gallery
 from ._ledger import STOPPED_BY, Ledger
 from ._manifest import manifest_rows, write_manifest
+from ._naming import INCOMING_DIR
 from ._plan import WHOLE, IdentityStore, Slice
 from ._schema import Row, storage_error
 from ._states import SAVED
@@ -122,8 +123,9 @@ class Workspace:
     def sweep_partial_files(self) -> None:
         """Temp files of downloads cut short by a kill: the run holds the folder's lock, so no
         live run owns them. Blocking."""
-        for leftover in self.folder.glob(".*.part"):
-            leftover.unlink(missing_ok=True)
+        for pattern in (".*.part", f"{INCOMING_DIR}/.*.part"):
+            for leftover in self.folder.glob(pattern):
+                leftover.unlink(missing_ok=True)
 
     def write_gallery(self) -> None:
         """The gallery of every line as the ledger has it now. Blocking."""
