@@ -355,13 +355,35 @@ def status_command(out: Output, flags: Globals, dest: str) -> int:
     record = st.as_dict()
     ended = sum(1 for shard in st.shards if shard["ended"])
     line = f"{st.total} lines: " + ", ".join(f"{n} {state}" for state, n in st.counts.items())
+    line += f", {st.expired} expired"
     if st.bad:
         line += f"; {st.bad} bad input line(s)"
     if st.shards:
         line += f"; shards: {ended} of {len(st.shards)} ended at least once"
     cost = "unknown" if st.spent.cost is None else f"{st.spent.cost:g}"
     lines = [line, f"spent: {st.spent.credits or 0:g} credits, cost {cost}"]
+    held = {True: "yes: a run holds the folder now", False: "no run holds the folder now",
+            None: "unknown (a remote folder)"}[st.active]  # fmt: skip
+    lines.append(f"active: {held}")
+    if st.soonest_expiry is not None:
+        lines.append(f"soonest expiry of a result not saved yet: {st.soonest_expiry} "
+                     "(run the batch again before then)")  # fmt: skip
     if st.stopped_by is not None:
         lines.append(f"stopped by: {st.stopped_by} (raise the limit, or top up, and run again)")
+    resume = _resume(dest, st)
+    record["resume"] = resume
+    if resume is not None:
+        lines.append(f"resume: {resume}")
     out.data(record, lines)
     return st.exit_code
+
+
+def _resume(dest: str, st: RunStatus) -> str | None:
+    """The command that goes on with a run that is not done (none while a run holds it: it
+    goes on by itself). The folder does not know its input's path: FILE is the run's input,
+    with the options it ran with."""
+    if st.active or st.exit_code in (_exit.OK, _exit.TASK_FAILED):
+        return None
+    import shlex
+
+    return f"imggw batch FILE -o {shlex.quote(dest)}"

@@ -60,3 +60,51 @@ def test_shards_merge_into_one_manifest_in_line_order_with_unreached_lines_pendi
     assert merged.counts == {"pending": 3, "succeeded": 3}
     assert merged.exit_code == 3
     assert not (out / "index.html").exists()
+
+
+def test_status_tells_an_active_run_expired_results_and_the_soonest_expiry(
+    tmp_path: Path,
+) -> None:
+    """What an operator acts on (DESIGN 21): whether a run holds the folder, results that
+    expired counted apart from failures, and when the soonest unsaved result's links die."""
+    from imggw_client.batch._states import EXPIRED, FAILED, RUNNING, SAVED
+
+    from .ledgers import planned, row
+
+    out = tmp_path / "out"
+    rows = [
+        row(1, SAVED, task_id="1", files=["1-0.png"]),
+        row(2, FAILED, task_id="2", error_code="task_failed", error_message="no"),
+        row(3, EXPIRED, task_id="3", error_code="result_expired", error_message="gone"),
+        row(4, RUNNING, task_id="4", expires_at=2_000_000_000.0),
+        row(5, RUNNING, task_id="5", expires_at=1_900_000_000.0),
+        row(6, RUNNING, task_id="6"),
+    ]
+    with planned(out, rows):
+        (out / "run.json").write_text('{"format": 1, "run_id": "r", "surface": "beta"}')
+        held = status(out)
+    assert held.active is True  # the ledger's lock is held while the run has it open
+    after = status(out)
+    assert after.active is False
+    assert after.counts == {"pending": 0, "running": 3, "succeeded": 1, "failed": 1}
+    assert after.expired == 1
+    assert after.total == 6
+    assert after.soonest_expiry == "2030-03-17T17:46:40Z"  # line 5's, the sooner of 4 and 5
+    assert after.exit_code == 3  # some still to do
+    record = json.loads(json.dumps(after.as_dict()))
+    assert (record["expired"], record["active"]) == (1, False)
+
+
+def test_expired_results_alone_exit_as_failures(tmp_path: Path) -> None:
+    from imggw_client.batch._states import EXPIRED, SAVED
+
+    from .ledgers import planned, row
+
+    out = tmp_path / "out"
+    with planned(out, [row(1, SAVED, task_id="1", files=["1-0.png"]),
+                       row(2, EXPIRED, task_id="2", error_code="result_expired")]):  # fmt: skip
+        (out / "run.json").write_text('{"format": 1, "run_id": "r", "surface": "beta"}')
+    found = status(out)
+    assert found.counts["failed"] == 0
+    assert found.expired == 1
+    assert found.exit_code == 1

@@ -22,9 +22,10 @@ from .._exceptions import RequestValidationError
 from .._files import StorageError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
+from ._downloads import RESULT_EXPIRED as EXPIRED_CODE
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from ._guards import charge_of
-from ._ledger import INVALID_LINE, STOPPED_BY
+from ._ledger import INVALID_LINE, STOPPED_BY, is_locked
 from ._ledger_files import read_meta, read_rows
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from ._schema import LEDGER_NAME
@@ -162,11 +163,15 @@ def _merged(
 class RunStatus:
     """A run's progress, read from its output folder alone: ``total`` lines, ``counts`` per
     status as the CLI and the manifest name them (pending, running, succeeded, failed: a line
-    whose task succeeded but whose files are not saved yet is running, one whose results
-    expired before they were saved failed), lines of bad input apart in ``bad``, each shard's
-    state, what the run's lines were charged (``spent``: credits and cost, None where never
-    stated) and the guard that stopped its last run's submits (``stopped_by``, or None).
-    ``exit_code`` as ``imggw batch``: 0 all saved, 1 some failed, 3 unfinished, 6 stopped.
+    whose task succeeded but whose files are not saved yet is running), lines whose results
+    expired before they were saved apart in ``expired`` (the manifest says failed, with error
+    ``result_expired``; the gallery counts them apart too), lines of bad input apart in
+    ``bad``, each shard's state, what the run's lines were charged (``spent``: credits and
+    cost, None where never stated), the guard that stopped its last run's submits
+    (``stopped_by``, or None), whether a run holds the folder now (``active``: None where it
+    cannot be told, a remote folder) and the soonest link expiry among results not saved yet
+    (``soonest_expiry``, ISO 8601 UTC, or None). ``exit_code`` as ``imggw batch``: 0 all saved,
+    1 some failed or expired, 3 unfinished, 6 stopped.
 
     Example::
 
@@ -180,15 +185,21 @@ class RunStatus:
     shards: list[dict[str, Any]]
     spent: Charge = field(default_factory=Charge)
     stopped_by: str | None = None
+    expired: int = 0
+    active: bool | None = None
+    soonest_expiry: str | None = None
 
     @property
     def exit_code(self) -> ExitCode:
-        return exit_code(self.counts, bad=self.bad, stopped_by=self.stopped_by)
+        counts = {**self.counts, "failed": self.counts.get("failed", 0) + self.expired}
+        return exit_code(counts, bad=self.bad, stopped_by=self.stopped_by)
 
     def as_dict(self) -> dict[str, Any]:
         spent = {"credits": self.spent.credits, "cost": self.spent.cost}
-        return {"total": self.total, "counts": self.counts, "bad": self.bad,
-                "shards": self.shards, "spent": spent, "stopped_by": self.stopped_by}  # fmt: skip
+        return {"total": self.total, "counts": self.counts, "expired": self.expired,
+                "bad": self.bad, "shards": self.shards, "spent": spent,
+                "stopped_by": self.stopped_by, "active": self.active,
+                "soonest_expiry": self.soonest_expiry}  # fmt: skip
 
 
 def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
@@ -241,12 +252,21 @@ def status(
     try:
         rows, shards = _merged(storage, snap)
         counts: Counter[str] = Counter()
-        bad, credits, cost, seen_cost = 0, 0.0, 0.0, False
+        bad, expired, credits, cost, seen_cost = 0, 0, 0.0, 0.0, False
+        soonest: str | None = None
         for row in rows:
             if row.get("_bad"):
                 bad += 1
                 continue
-            counts[_STATUS_OF_RANK.get(_rank(row), "pending")] += 1
+            rank = _rank(row)
+            error = row.get("error")
+            if rank == _FINAL and isinstance(error, dict) and error.get("code") == EXPIRED_CODE:
+                expired += 1
+            else:
+                counts[_STATUS_OF_RANK.get(rank, "pending")] += 1
+            when = row.get("expires_at")
+            if rank == _RUNNING and isinstance(when, str) and (soonest is None or when < soonest):
+                soonest = when  # ISO 8601 UTC, all written alike: their order is time's
             charge = charge_of([row.get("credits"), row.get("cost")])
             credits += charge.credits or 0.0
             cost += charge.cost or 0.0
@@ -256,7 +276,19 @@ def status(
         snap.close()
     ordered = {word: counts.get(word, 0) for word in STATUSES}
     spent = Charge(credits, round(cost, 6) if seen_cost else None)
-    return RunStatus(sum(ordered.values()), ordered, bad, shards, spent, stopped_by)
+    return RunStatus(sum(ordered.values()) + expired, ordered, bad, shards, spent, stopped_by,
+                     expired=expired, active=held(storage, shards),
+                     soonest_expiry=soonest)  # fmt: skip
+
+
+def held(storage: Storage, shards: list[dict[str, Any]]) -> bool | None:
+    """Whether a run holds the folder (or one of its shards' folders) now: its lock is taken.
+    None for a remote folder, whose runs lock their own scratch folders. Never waits."""
+    local = storage.local
+    if local is None:
+        return None
+    folders = [local] + [local / SHARDS_DIR / str(s["shard"]) for s in shards]
+    return any(is_locked(folder) for folder in folders if folder.is_dir())
 
 
 def _stopped_by(storage: Storage, snap: _Snapshot, shards: list[dict[str, Any]]) -> str | None:

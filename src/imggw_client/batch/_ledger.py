@@ -58,6 +58,24 @@ STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
 
 
+def is_locked(folder: Path) -> bool:
+    """Whether a run holds ``folder``'s lock now (taken and let go at once when free; never
+    through a planted link). What ``batch status`` says as ``active``."""
+    path = folder / LOCK_NAME
+    refuse_link(path)
+    if not path.exists():
+        return False
+    lock = filelock.FileLock(str(path), blocking=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        return True
+    except OSError:  # a folder we cannot write: no run of ours holds it either
+        return False
+    lock.release()
+    return False
+
+
 class BatchLockedError(ImggwError):
     """Another process is running a batch in this output folder.
 

@@ -1,0 +1,52 @@
+"""``imggw batch status`` for an operator (DESIGN 21): whether a run holds the folder, the
+soonest expiry of a result not saved yet, expired apart from failed, and the command that
+resumes; only the global options it uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from imggw_client.batch._states import EXPIRED, RUNNING, SAVED
+
+from ..batch.ledgers import planned, row
+from .helpers import imggw
+
+
+def folder(tmp_path: Path) -> Path:
+    out = tmp_path / "out dir"
+    rows = [row(1, SAVED, task_id="1", files=["1-0.png"]),
+            row(2, EXPIRED, task_id="2", error_code="result_expired", error_message="gone"),
+            row(3, RUNNING, task_id="3", expires_at=1_900_000_000.0)]  # fmt: skip
+    with planned(out, rows):
+        (out / "run.json").write_text('{"format": 1, "run_id": "r", "surface": "beta"}')
+    return out
+
+
+def test_status_says_what_an_operator_acts_on(tmp_path: Path) -> None:
+    out = folder(tmp_path)
+    run = imggw("batch", "status", str(out), "--json")
+    assert run.code == 3, run.err
+    record = json.loads(run.out)
+    assert record["counts"] == {"pending": 0, "running": 1, "succeeded": 1, "failed": 0}
+    assert record["expired"] == 1
+    assert record["active"] is False
+    assert record["soonest_expiry"] == "2030-03-17T17:46:40Z"
+    assert record["resume"] == f"imggw batch FILE -o '{out}'"
+    text = imggw("batch", "status", str(out)).out
+    assert "1 expired" in text
+    assert "soonest expiry of a result not saved yet: 2030-03-17T17:46:40Z" in text
+    assert f"resume: imggw batch FILE -o '{out}'" in text
+
+
+def test_status_lists_only_the_options_it_uses() -> None:
+    text = imggw("batch", "status", "--help").out
+    for flag in ("--rate", "--query-rate", "--rate-store", "--mock", "--base-url", "--surface"):
+        assert flag not in text, flag
+    assert "Example: imggw batch status" in " ".join(text.split())
+
+
+def test_the_batch_commands_help_shows_an_example() -> None:
+    for command in (["batch"], ["batch", "merge"]):
+        text = " ".join(imggw(*command, "--help").out.split())
+        assert "Example: imggw batch" in text, command
