@@ -50,3 +50,14 @@ def test_the_batch_commands_help_shows_an_example() -> None:
     for command in (["batch"], ["batch", "merge"]):
         text = " ".join(imggw(*command, "--help").out.split())
         assert "Example: imggw batch" in text, command
+
+
+def test_mock_serve_help_shows_an_example() -> None:
+    import subprocess
+
+    from .helpers import IMGGW, process_env
+
+    done = subprocess.run([*IMGGW, "mock", "serve", "--help"], env=process_env("unused"),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0
+    assert "Example: imggw mock serve --port 8080" in done.stdout

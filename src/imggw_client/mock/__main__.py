@@ -29,6 +29,7 @@ def parser(prog: str = "python -m imggw_client.mock") -> argparse.ArgumentParser
     p = argparse.ArgumentParser(
         prog=prog,
         description="Serve the imggw reference gateway (both surfaces) over HTTP.",
+        epilog=f"Example: {prog} --port 8080 --fault-rate 0.2 --submit-limit 20/10",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
