@@ -69,9 +69,9 @@ def serve_gateway(args: argparse.Namespace) -> int:
     """The reference gateway in this process, inside a recorder that notes the arrival time
     and the 429 (on A also the HTTP 200 with code 429) of every submit and query, returned by
     ``GET /_bench/log``. Prints the URL, then serves until stdin closes."""
-    from imggw_client._core.serving import match_route
     from imggw_client.mock import MockGateway
     from imggw_client.mock._asgi import serve_app
+    from imggw_client.mock._serving import match_route
 
     gateway = MockGateway(
         api_keys=[KEY],
@@ -199,7 +199,7 @@ def run_sdk(
 
             async def one(i: int) -> None:
                 try:
-                    task = await client.generate(f"budget bench {i}", timeout=600)
+                    task = await client.generate(f"budget bench {i}", wait_timeout=600)
                     saved.extend(f.path for f in await client.download(task, out))
                 except ImggwError as err:
                     errors[f"{type(err).__name__}: {err.message}"] += 1
@@ -310,17 +310,28 @@ def run_waits(url: str, n: int, qps: float, timeout: float, cut: float) -> dict[
     errors: Counter[str] = Counter()
     trace: list[tuple[float, Any]] = []
     cut_short: list[bool] = []
+    heads: list[float] = []  # when the write gate let each query's head go (the client's view)
 
     async def main() -> tuple[float, float, Any]:
         limiter = anyio.CapacityLimiter(SUBMIT_BOUND)
         rate_limit = RateLimit(queries_per_second=qps)
         async with AsyncClient(api_key=KEY, base_url=url, rate_limit=rate_limit) as client:
+            budget = client._flows.budget
+            gate = budget.writing
+
+            def writing(ticket: Any, now: float) -> float:
+                wait: float = gate(ticket, now)
+                if wait == 0 and ticket.kind == "query":
+                    heads.append(now)
+                return wait
+
+            budget.writing = writing  # (private, read for the report)
 
             async def one(i: int) -> None:
                 try:
                     async with limiter:
                         submission = await client.submit(f"budget waits {i}")
-                    finished.add((await client.wait(submission, timeout=timeout)).id)
+                    finished.add((await client.wait(submission, wait_timeout=timeout)).id)
                 except ImggwError as err:
                     errors[f"{type(err).__name__}: {err.message}"] += 1
 
@@ -345,7 +356,7 @@ def run_waits(url: str, n: int, qps: float, timeout: float, cut: float) -> dict[
 
     started, ended, final = anyio.run(main)
     return {"started": started, "seconds": ended - started, "finished": len(finished),
-            "errors": dict(errors), "lanes": final, "trace": trace,
+            "errors": dict(errors), "lanes": final, "trace": trace, "heads": heads,
             "cut_short": any(cut_short), **usage()}  # fmt: skip
 
 
@@ -495,6 +506,7 @@ def part2(w: int, qps: int, duration: tuple[float, float], timeout: float) -> di
         queries=len(queries),
         queries_per_wait=len(queries) / w,
         peak_queries=peak_in_window(queries, 1.0),
+        peak_heads=peak_in_window(r.pop("heads", []), 1.0),
         calendar_peak=max(per_second.values(), default=0),
         mean_qps=len(queries) / max(1e-9, r["seconds"]),
         floor_s=w / qps,
@@ -515,7 +527,8 @@ def print_part2(r: dict[str, Any], w: int, qps: int, duration: tuple[float, floa
     print(
         f"  queries {r['queries']} ({r['queries_per_wait']:.2f} per wait); peak in any 1 s "
         f"window {r['peak_queries']} (limit {qps}; busiest calendar second "
-        f"{r['calendar_peak']}); mean {r['mean_qps']:.1f}/s"
+        f"{r['calendar_peak']}; the client's write gate let at most {r['peak_heads']} heads "
+        f"go in a 1 s window); mean {r['mean_qps']:.1f}/s"
     )
     print(
         f"  429s {r['limited']}, lost {r['lost']}, billed {r['billed']}; wall {r['seconds']:.1f} s "

@@ -105,7 +105,7 @@ def memory_child(url: str, folder: str) -> dict[str, float]:
     from imggw_client import Client
 
     with Client(api_key=KEY, base_url=url) as client:
-        task = client.generate("a big one", timeout=60)
+        task = client.generate("a big one", wait_timeout=60)
         client.get(task.id)  # warm everything up before the baseline reading
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         (saved,) = client.download(task, folder)

@@ -112,8 +112,8 @@ def shape_duration(shape: str, index: int, slow_from: int, scale: float = 1.0) -
 
 
 def _build_app() -> Any:
-    from imggw_client._core import serving
     from imggw_client.mock import MockGateway
+    from imggw_client.mock import _serving as serving
 
     shape = os.environ.get(ENV_SHAPE, "uniform")
     slow_from = int(os.environ.get(ENV_SLOW_FROM, "0"))
@@ -229,7 +229,7 @@ async def drive(base: str, run: Run, total: int, rate: float) -> None:
                                           resolution="1k")  # fmt: skip
                 started = sub._accepted_at if sub._accepted_at is not None else time.monotonic()
                 run.started[sub.task_id] = started
-                await client.wait(sub, timeout=WAIT_TIMEOUT)
+                await client.wait(sub, wait_timeout=WAIT_TIMEOUT)
                 run.returned[sub.task_id] = time.monotonic()
                 lesson = lesson_of(model, started)
                 if lesson is not None:

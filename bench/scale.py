@@ -35,7 +35,7 @@ def child(mode: str, n: int) -> dict[str, float]:
             async def one(i: int) -> None:
                 async with limiter:
                     sub = await client.submit(f"image {i}")
-                task = await client.wait(sub, timeout=120)
+                task = await client.wait(sub, wait_timeout=120)
                 finished.append(task.id)
 
             async with anyio.create_task_group() as group:

@@ -219,7 +219,7 @@ def child_main(spec: dict[str, Any]) -> int:
             def one(i: int) -> None:
                 try:
                     sub = client.submit(f"shared budget {tag} {i}")
-                    client.wait(sub, timeout=WAIT_TIMEOUT)
+                    client.wait(sub, wait_timeout=WAIT_TIMEOUT)
                     finished.append(time.monotonic())
                 except Exception as err:
                     failed(err)
@@ -237,7 +237,7 @@ def child_main(spec: dict[str, Any]) -> int:
                     async with gate:
                         try:
                             sub = await client.submit(f"shared budget {tag} {i}")
-                            await client.wait(sub, timeout=WAIT_TIMEOUT)
+                            await client.wait(sub, wait_timeout=WAIT_TIMEOUT)
                             finished.append(time.monotonic())
                         except Exception as err:
                             failed(err)

@@ -50,7 +50,9 @@ def sync_part(
 
         def one(i: int) -> Result | Failure:
             try:
-                task = client.generate(f"soak {i}", timeout=max(1.0, deadline - time.monotonic()))
+                task = client.generate(
+                    f"soak {i}", wait_timeout=max(1.0, deadline - time.monotonic())
+                )
                 return i, task, client.download(task, folder)
             except ImggwError as err:
                 return i, err

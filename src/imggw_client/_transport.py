@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import anyio
 import httpx
 
 from ._config import Settings
 from ._core import surfaces
+from ._core.budget import WriteGate
 from ._core.wire import Reply, ReplyTooLarge, Send, TransportFailure
 from ._version import __version__
 
@@ -35,21 +40,65 @@ def build_request(
     http: HttpClient, settings: Settings, send: Send, agent: str = USER_AGENT
 ) -> httpx.Request:
     wire = send.request
+    headers = dict(wire.headers or {})
+    # A caller's own User-Agent (default_headers, extra_headers) names their application, as
+    # their httpx client's does: ours follows it.
+    for name in [name for name in headers if name.lower() == "user-agent"]:
+        theirs = headers.pop(name).strip()
+        agent = f"{theirs} {USER_AGENT}" if theirs else agent
     # The key goes on each request, never on the httpx client, so a caller's client is not
-    # altered and result downloads (which use the same client) never carry it.
-    headers = {
-        **(wire.headers or {}),
-        "User-Agent": agent,
-        surfaces.AUTHORIZATION_HEADER: surfaces.authorization(settings.api_key),
-    }
+    # altered and result downloads (which use the same client) never carry it. Last: nothing
+    # a caller adds can replace it.
+    headers["User-Agent"] = agent
+    headers[surfaces.AUTHORIZATION_HEADER] = surfaces.authorization(settings.api_key)
     return http.build_request(
         wire.method,
         settings.base_url + wire.path,
         params=wire.params,
         headers=headers,
         content=wire.body,
-        timeout=send.timeout,
+        timeout=request_timeout(settings, send.timeout),
+        extensions={} if send.gate is None else {"trace": _gated(http, send.gate)},
     )
+
+
+def request_timeout(settings: Settings, seconds: float) -> httpx.Timeout | float:
+    """httpx's timeout for a request that must end within ``seconds``: those seconds, or,
+    when the caller gave an ``httpx.Timeout``, each of its limits within them."""
+    given = settings.http_timeout
+    if given is None:
+        return seconds
+    limits = [
+        seconds if limit is None else min(limit, seconds)
+        for limit in (given.connect, given.read, given.write, given.pool)
+    ]
+    return httpx.Timeout(connect=limits[0], read=limits[1], write=limits[2], pool=limits[3])
+
+
+# httpcore's trace event right before it writes a request's head (HTTP/1.1 and HTTP/2 alike):
+# after any wait for a pooled connection, and followed by the write with no await between.
+_HEAD_STARTED = ".send_request_headers.started"
+
+
+def _gated(http: HttpClient, gate: WriteGate) -> Callable[[str, Any], Awaitable[None] | None]:
+    """httpcore's ``trace`` extension for a paced request: its head waits for the budget's
+    write gate (``Budget.writing``). A transport that traces nothing (a mock, ASGI) leaves
+    the request to its slot alone."""
+    if isinstance(http, httpx.AsyncClient):
+
+        async def trace_async(event: str, info: Any) -> None:
+            if event.endswith(_HEAD_STARTED):
+                while (wait := gate.wait()) > 0:
+                    await anyio.sleep(wait)
+
+        return trace_async
+
+    def trace(event: str, info: Any) -> None:
+        if event.endswith(_HEAD_STARTED):
+            while (wait := gate.wait()) > 0:
+                time.sleep(wait)
+
+    return trace
 
 
 class Body:

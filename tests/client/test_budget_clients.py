@@ -114,6 +114,7 @@ BETA_429 = (
 ALPHA_429 = http_json(200, b'{"code":429,"msg":"Too many requests","data":null}')  # no hint
 
 
+@pytest.mark.slow
 def test_a_429_seen_by_one_thread_pauses_every_thread() -> None:
     answer, arrivals = limited_then_fine(BETA_429)
     limited = threading.Event()
@@ -157,6 +158,7 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
     # The same rates over 2 s windows: this gateway runs in the test's own process, where the
     # GIL can delay its clock by more than the 10 ms a 1 s window leaves.
@@ -179,6 +181,7 @@ async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> None:
     gateway = MockGateway(submit_limit="4/1", duration_min=0.05, duration_max=0.1)
     with gateway.serve() as url:

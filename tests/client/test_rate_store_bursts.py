@@ -17,7 +17,7 @@ from imggw_client._core import budget as B
 from imggw_client._core import shared_budget as shared
 from imggw_client._core.shared_budget import StoreTicket
 
-from ..loopback import redis_server
+from ..loopback import RedisServer
 
 LIMIT = RateLimit()  # no ceiling
 LANE = shared.lane_key("sk-bursts", "http://gw.test", B.SUBMIT)
@@ -25,8 +25,8 @@ KEYS = [LANE, shared.flying_key(LANE)]
 
 
 @pytest.fixture
-def script() -> Iterator[Any]:
-    with redis_server() as server, contextlib.closing(server.client()) as store:
+def script(redis_store: RedisServer) -> Iterator[Any]:
+    with contextlib.closing(redis_store.client()) as store:
         yield store.register_script(shared.SCRIPT)
 
 
@@ -106,3 +106,71 @@ def test_a_ceiling_keeps_its_exact_spacing_and_no_window(script: Any) -> None:
     assert waits[1] == pytest.approx(0.101, abs=0.005)
     assert waits[2] == pytest.approx(0.202, abs=0.005)
     assert script.registered_client.zcard(shared.flying_key(LANE)) == 0
+
+
+def store_now(script: Any) -> float:
+    seconds, micros = script.registered_client.time()
+    return float(seconds) + micros / 1e6
+
+
+def went_at(at: float) -> StoreTicket:
+    ticket = new()
+    ticket.sent = at  # as the store's clock had it when the request went
+    return ticket
+
+
+def test_a_pause_with_no_hint_is_timed_to_the_window_learned_as_in_process(script: Any) -> None:
+    # A run of 20 began 3 s ago, the last run had 20 taken, and probes bounded the gateway's
+    # window to 7..11 s (budget.Budget._timed; the in-process twin of each step below).
+    now = store_now(script)
+    script.registered_client.hset(LANE, mapping={
+        "mode": "recovering", "rate": "5", "ru": repr(now - 3), "rn": "20", "rl": "20",
+        "clo": "7", "chi": "11",
+    })  # fmt: skip
+    twin = B.Budget(LIMIT)
+    inproc = twin._lanes[B.SUBMIT]
+    inproc.mode, inproc.rate, inproc.run_at = B.RECOVERING, 5.0, -3.0
+    inproc.run, inproc.last_run = 20, 20
+    inproc.cycle_lo, inproc.cycle_hi = 7.0, 11.0
+
+    def twin_went(at: float, *, limited: bool) -> None:
+        ticket = B.Ticket(B.SUBMIT, at, -1, paced=False, sent_at=at)
+        twin.finished(ticket, at, limited=limited, backoff=(0.5, 8.0))
+
+    finish(script, went_at(now), limited=True)  # the window full again: no hint
+    twin_went(0.0, limited=True)
+    state = lane(script)
+    assert float(state[b"pu"]) - now == pytest.approx(9 - 3, abs=0.05)  # halfway, not 0.5 s
+    assert inproc.paused_until == pytest.approx(9 - 3)
+    probe = store_now(script)
+    finish(script, went_at(probe), limited=True)  # a probe, refused: on to the upper bound
+    twin_went(probe - now, limited=True)
+    state = lane(script)
+    assert float(state[b"pu"]) - now == pytest.approx(11 - 3, abs=0.05)
+    assert inproc.paused_until == pytest.approx(11 - 3)
+    assert (state[b"ho"], inproc.held_out) == (b"1", 1)
+    taken = store_now(script)
+    finish(script, went_at(taken), limited=False)  # a probe taken: the cycle ends
+    twin_went(taken - now, limited=False)
+    state = lane(script)
+    assert float(state[b"chi"]) == pytest.approx(taken - now + 3, abs=0.01)
+    assert inproc.cycle_hi == pytest.approx(taken - now + 3)
+    assert (state[b"rl"], state[b"rn"], state[b"cy"]) == (b"20", b"1", b"0")
+    assert (inproc.last_run, inproc.run, inproc.cycling) == (20, 1, False)
+    assert float(state[b"ru"]) == pytest.approx(taken, abs=1e-3)
+
+
+def test_a_429_before_the_run_is_full_is_not_timed_and_the_next_pause_waits_for_it(
+    script: Any,
+) -> None:
+    now = store_now(script)
+    script.registered_client.hset(LANE, mapping={
+        "mode": "recovering", "rate": "5", "ru": repr(now - 1), "rn": "5", "rl": "20",
+        "clo": "9", "chi": "10",
+    })  # fmt: skip
+    finish(script, went_at(now), limited=True)  # 5 of 20: the window is not full again
+    state = lane(script)
+    assert float(state[b"pu"]) - now < 1.0  # the backoff, not 10 s after the run began
+    assert state[b"cy"] == b"0"
+    gap = float(state[b"rg"])
+    assert 0.4 < gap < 1.0  # the run's later requests go that much later: so will the next

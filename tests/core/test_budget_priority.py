@@ -113,6 +113,7 @@ def test_a_query_that_cannot_be_likely_still_goes_within_one_max_interval_of_new
     ),
     width=st.floats(min_value=0.1, max_value=10),
 )
+@pytest.mark.slow
 def test_priorities_never_break_the_pace_nor_let_a_query_be_passed_for_long(
     rate: float, gaps: list[float], chances: list[float | None], width: float
 ) -> None:

@@ -16,10 +16,11 @@ import re
 import secrets as _secrets
 import shlex
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from .._config import Settings, Surface, check_surface
 from .._errors import add_note
@@ -63,6 +64,7 @@ from .wire import (
     Send,
     Sleep,
     TransportFailure,
+    WireRequest,
 )
 
 # What telemetry calls a request of no budget kind: the only such is a result's download.
@@ -130,14 +132,16 @@ class Flows:
         self,
         prompt: str,
         *,
-        aspect_ratio: str,
-        resolution: str,
+        aspect_ratio: rules.AspectRatio,
+        resolution: rules.Resolution,
         surface: str | None,
         idempotency_key: str | None,
         validate: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Flow[Submission]:
         """Submits one logical request; every retry carries the same idempotency key."""
         surface = self.surface(surface)
+        extra = _checked_headers(extra_headers)
         if validate:
             request = ImageRequest(prompt, aspect_ratio, resolution)
         else:
@@ -147,7 +151,8 @@ class Flows:
         else:
             raise_violations(rules.check_idempotency_key(idempotency_key))
             key = idempotency_key
-        return self._submit(request, surface, key, validate, chosen=idempotency_key is not None)
+        return self._submit(request, surface, key, validate, chosen=idempotency_key is not None,
+                            extra=extra)  # fmt: skip
 
     def resubmit(
         self,
@@ -155,10 +160,12 @@ class Flows:
         *,
         surface: str | None = None,
         idempotency_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Flow[Submission]:
         """Sends the submit of an :class:`UnknownOutcomeError` again: its request, key and
         surface, so the gateway replays the task the first one may have made. ``surface`` and
         ``idempotency_key``, if given, must be the error's own: another would bill anew."""
+        extra = _checked_headers(extra_headers)
         asked = (("surface", surface, err.surface),
                  ("idempotency_key", idempotency_key, err.idempotency_key))  # fmt: skip
         for name, given, own in asked:
@@ -167,13 +174,21 @@ class Flows:
                 raise_violations([rules.Violation(name, rule, reasons.INVALID_REQUEST.code)])
         # The request is sent as it was built (checked or not): the same bytes, so a replay.
         surface = self.surface(err.surface)
-        return self._submit(err.request, surface, err.idempotency_key, False, chosen=True)
+        return self._submit(err.request, surface, err.idempotency_key, False, chosen=True,
+                            extra=extra)  # fmt: skip
 
     def _submit(
-        self, request: ImageRequest, surface: Surface, key: str, validate: bool, *, chosen: bool
+        self,
+        request: ImageRequest,
+        surface: Surface,
+        key: str,
+        validate: bool,
+        *,
+        chosen: bool,
+        extra: Mapping[str, str] | None = None,
     ) -> Flow[Submission]:
         """``chosen``: the caller gave the key (and so holds it already)."""
-        wire = surfaces.build_submit(surface, request, key, validate=validate)
+        wire = self._headed(surfaces.build_submit(surface, request, key, validate=validate), extra)
         secrets = (*self._secrets, request.prompt)
         # Whether a task may exist for this key: a request in flight, or one whose failure
         # left its outcome unknown, or an answer read. An interruption then names the key.
@@ -230,10 +245,13 @@ class Flows:
 
         return stamped()
 
-    def get(self, task_id: str, *, surface: str | None) -> Flow[Task]:
+    def get(
+        self, task_id: str, *, surface: str | None, extra_headers: Mapping[str, str] | None = None
+    ) -> Flow[Task]:
         """One query (retried on transient failures)."""
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        wire = surfaces.build_query(surface, task_id)
+        wire = self._headed(surfaces.build_query(surface, task_id),
+                            _checked_headers(extra_headers))  # fmt: skip
         flow = self._attempts(
             lambda: Send(wire, self.settings.timeout),
             self._task_reader(surface, task_id),
@@ -263,12 +281,14 @@ class Flows:
         *,
         surface: str | None,
         timeout: float,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Flow[Task]:
         """Polls until the task is terminal or ``timeout`` seconds pass. Never submits. A wait
         on a :class:`Submission` knows its task's kind and start, and so can learn; one on a
         :class:`WaitTimeoutError` waits on what that wait was given, on its surface."""
         now = self.clock()
         started = accepted = kind = None
+        extra = _checked_headers(extra_headers)
         if isinstance(task, UnknownOutcomeError):
             rule = "an UnknownOutcomeError names no task: resend it with submit(err), then wait"
             raise_violations([rules.Violation("task", rule, reasons.INVALID_REQUEST.code)])
@@ -291,7 +311,7 @@ class Flows:
         schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
                              accepted=accepted, now=now, rng=self.rng)  # fmt: skip
         return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started,
-                          submission)  # fmt: skip
+                          submission, extra)  # fmt: skip
 
     def _started(self, submitted_at: datetime | None) -> float | None:
         """A task's start on this process's monotonic clock, from the wall-clock time its
@@ -312,6 +332,7 @@ class Flows:
         schedule: WaitSchedule,
         started: float | None = None,
         submission: Submission | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> Flow[Task]:
         """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
         before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once. A
@@ -321,7 +342,7 @@ class Flows:
         bounded = timeout > 0
         # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
         lead = min(FINAL_QUERY_LEAD, self.settings.timeout, self.settings.poll.initial_interval)
-        wire = surfaces.build_query(surface, task_id)
+        wire = self._headed(surfaces.build_query(surface, task_id), extra)
         read_task = self._task_reader(surface, task_id)
         last: Task | None = None
         seen: tuple[TaskStatus, int | None] | None = None
@@ -396,15 +417,17 @@ class Flows:
         self,
         prompt: str,
         *,
-        aspect_ratio: str,
-        resolution: str,
+        aspect_ratio: rules.AspectRatio,
+        resolution: rules.Resolution,
         surface: str | None,
         idempotency_key: str | None,
         timeout: float,
         validate: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Flow[Task]:
         """Submit, then wait. A slow task is waited on, never replaced by a new submission."""
         timeout = _checked_timeout(timeout)  # before the submit: a bad value must cost nothing
+        extra = _checked_headers(extra_headers)
         if self.observe:
             yield Observe(PHASE, kind="submit")
         submission = yield from self.submit(
@@ -414,12 +437,14 @@ class Flows:
             surface=surface,
             idempotency_key=idempotency_key,
             validate=validate,
+            extra_headers=extra,
         )
         yield Answered(submission)  # the caller's on_submit, before any wait
         if self.observe:
             yield Observe(PHASE, kind="wait", task_id=submission.task_id)
         try:
-            return (yield from self.wait(submission, surface=None, timeout=timeout))
+            return (yield from self.wait(submission, surface=None, timeout=timeout,
+                                         extra_headers=extra))  # fmt: skip
         except BaseException as exc:
             if is_interruption(exc):  # the caller never saw the task id: name it
                 _carry_task(exc, submission)
@@ -438,40 +463,45 @@ class Flows:
         """One flow per result URL of a succeeded task, to run one after another or at once.
         ``timeout`` bounds each attempt at a file, from the request to the last byte (default:
         the client's timeout); ``prefix`` starts each file's name."""
-        if not isinstance(task, Task):
-            rule = "must be a Task (for a task id, call get(task_id) and download that)"
-            raise_violations([rules.Violation("task", rule, "invalid_task")])
-        # Before any path is built from them: a Task may come from stored data.
-        raise_violations(rules.check_task_identity(task.id, task.surface))
-        if task.status is TaskStatus.FAILED:
-            raise TaskFailedError(task)
-        if task.status is not TaskStatus.SUCCEEDED:
-            raise DownloadError(
-                f"task {task.id} has not succeeded yet ({task.status.value}): wait for it first",
-                surface=task.surface,
-            )
-        if not task.image_urls:
-            raise DownloadError(
-                f"task {task.id} succeeded without result URLs", surface=task.surface
-            )
+        _check_downloadable(task)
         limits = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
         prefix = _checked_prefix(prefix)
         fresh = _Refresh(self, task)
         return [
-            self._download_or_refresh(task, index, dest_dir, overwrite, limits, fresh, prefix)
+            cast(
+                Flow[DownloadedFile],
+                self._download_or_refresh(task, index, dest_dir, overwrite, limits, fresh, prefix),
+            )
             for index in range(len(task.image_urls))
         ]
+
+    def opened(
+        self, task: Task, index: int, *, max_bytes: int, timeout: float | None = None
+    ) -> Flow[BinaryIO]:
+        """Result ``index`` of a succeeded task, fetched and verified exactly as a download
+        is (its declared length or its image's end, ``max_bytes``, a dead link asked for
+        again), into a stream the driver holds instead of a file: returned at its start, for
+        the caller to read and close. Nothing is written where the caller would see it."""
+        _check_downloadable(task)
+        if (isinstance(index, bool) or not isinstance(index, int)
+                or not 0 <= index < len(task.image_urls)):  # fmt: skip
+            count = len(task.image_urls)
+            rule = f"must be the index of one of the task's {count} results (0 to {count - 1})"
+            raise_violations([rules.Violation("index", rule, "invalid_index")])
+        limits = _fetch_settings(max_bytes, self.settings.timeout if timeout is None else timeout)
+        flow = self._download_or_refresh(task, index, None, False, limits, _Refresh(self, task), "")
+        return cast(Flow[BinaryIO], flow)
 
     def _download_or_refresh(
         self,
         task: Task,
         index: int,
-        dest_dir: Path,
+        dest_dir: Path | None,
         overwrite: bool,
         limits: tuple[int, float],
         fresh: _Refresh,
         prefix: str,
-    ) -> Flow[DownloadedFile]:
+    ) -> Flow[DownloadedFile | BinaryIO]:
         """A dead link (403/404/410, or past ``expires_at``) is not proof the result is gone:
         many gateways sign a new link on every query. So the task is queried once more (once
         for all its files) and the link it hands out now is tried; ``ResultExpiredError`` only
@@ -509,18 +539,21 @@ class Flows:
         self,
         task: Task,
         url: str,
-        dest_dir: Path,
+        dest_dir: Path | None,
         stem: str,
         overwrite: bool,
         limits: tuple[int, float],
-    ) -> Flow[DownloadedFile]:
+    ) -> Flow[DownloadedFile | BinaryIO]:
+        """``dest_dir`` None: the result is held by the driver (``Fetched.body``)."""
         max_bytes, timeout = limits
 
-        def read(outcome: Fetched | TransportFailure) -> DownloadedFile:
+        def read(outcome: Fetched | TransportFailure) -> DownloadedFile | BinaryIO:
             if isinstance(outcome, TransportFailure):
                 raise surfaces.transport_error(task.surface, outcome) from outcome.error
             if outcome.file is not None:
                 return outcome.file
+            if outcome.body is not None:
+                return outcome.body
             if outcome.too_large:
                 raise DownloadError(
                     f"result {stem} of task {task.id} is larger than max_bytes={max_bytes}; "
@@ -566,6 +599,21 @@ class Flows:
 
     # ------------------------------------------------------------------------ machinery
 
+    def _headed(self, wire: WireRequest, extra: Mapping[str, str] | None) -> WireRequest:
+        """``wire`` with the caller's headers: the client's ``default_headers``, then the
+        call's ``extra_headers``, each replacing a header of the same name (in any case).
+        Neither may name the key's header or the idempotency key's (refused when checked);
+        the driver sets the key last."""
+        added = [*self.settings.headers, *(extra or {}).items()]
+        if not added:
+            return wire
+        headers = dict(wire.headers or {})
+        for name, value in added:
+            for same in [have for have in headers if have.lower() == name.lower()]:
+                del headers[same]
+            headers[name] = value
+        return replace(wire, headers=headers)
+
     def _task_reader(
         self, surface: Surface, task_id: str
     ) -> Callable[[Reply | TransportFailure], Task]:
@@ -605,6 +653,11 @@ class Flows:
                     )
                     raise (give_up(err, unknown) if give_up else err) from None
             action = make_action()
+            if isinstance(ticket, Ticket) and isinstance(action, Send):
+                assert isinstance(self.budget, Budget)
+                gate = self.budget.gate(ticket, self.clock)
+                if gate is not None:  # paced: the write itself waits its turn too
+                    action = replace(action, gate=gate)
             try:
                 outcome = yield action
             except BaseException:  # cancelled or closed in flight: its place counts no more
@@ -827,6 +880,26 @@ class _Refresh:
         return self.refreshed
 
 
+def _check_downloadable(task: object) -> None:
+    """A task whose results can be fetched: a :class:`Task`, checked (it may come from stored
+    data, and its id names files), succeeded, with links."""
+    if not isinstance(task, Task):
+        rule = "must be a Task (for a task id, call get(task_id) and download that)"
+        raise_violations([rules.Violation("task", rule, "invalid_task")])
+    assert isinstance(task, Task)
+    # Before any path is built from them: a Task may come from stored data.
+    raise_violations(rules.check_task_identity(task.id, task.surface))
+    if task.status is TaskStatus.FAILED:
+        raise TaskFailedError(task)
+    if task.status is not TaskStatus.SUCCEEDED:
+        raise DownloadError(
+            f"task {task.id} has not succeeded yet ({task.status.value}): wait for it first",
+            surface=task.surface,
+        )
+    if not task.image_urls:
+        raise DownloadError(f"task {task.id} succeeded without result URLs", surface=task.surface)
+
+
 def _expired(task: Task, stem: str, why: str, status: int | None = None) -> ResultExpiredError:
     what = f"result {stem} of task {task.id}" if stem else f"the results of task {task.id}"
     return ResultExpiredError(
@@ -858,6 +931,13 @@ def _checked_prefix(prefix: object) -> str:
         raise_violations([rules.Violation("prefix", rule, "invalid_prefix")])
     assert isinstance(prefix, str)
     return prefix
+
+
+def _checked_headers(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """A call's ``extra_headers``, checked before anything is sent."""
+    if headers is not None:
+        raise_violations(rules.check_headers(headers, "extra_headers"))
+    return headers
 
 
 def _checked_timeout(timeout: object) -> float:

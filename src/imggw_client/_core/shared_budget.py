@@ -10,7 +10,10 @@ whose clocks disagree still agree on it). It follows the rules of the in-process
 - **Places** are handed out in the order asked, spaced by the lane's interval (its pace plus
   :data:`~imggw_client._core.budget.GUARD`); a request goes only once its place has come *and*
   the last request of its kind went at least one interval ago, so in any window of *w* seconds
-  at most ``rate * w + 1`` go out, all processes together, even when some wake late.
+  at most ``rate * w + 1`` go out, all processes together, even when some wake late. That
+  holds at the slots: a request that then waits for a pooled connection is not spaced again
+  at its write, as an in-process budget's write gate does (that would cost a store round trip
+  on the way to the wire).
 - A **429** seen by any process pauses the lane for all (``Retry-After``, never less than the
   retry policy's growing backoff) and, when 429s are a real share of the lane's recent answers,
   lowers the shared pace, which recovers a step at a time while requests queue for it. A pause
@@ -26,8 +29,9 @@ whose clocks disagree still agree on it). It follows the rules of the in-process
   a pause that ended on time, one request (a probe) goes before the others, and one taken only
   after such a pause paces the lane; a lone 429 on a paced lane well above what was accepted
   in the last second lowers its pace to that and holds it for ``RECOVERY_PERIOD``, as
-  in-process. The requests the window holds back ask again about once an answer, in no
-  particular order.
+  in-process. A limit with no ``Retry-After`` is learned as a window between bounds, and the
+  pause after the next full run timed to it, as in-process (``Budget._timed``). The requests
+  the window holds back ask again about once an answer, in no particular order.
 
 The key never reaches the store: a lane is named by a hash of the key's slow fingerprint (PBKDF2,
 as batch run ids are) and the gateway base URL, so reading the store allows no fast guessing.
@@ -236,7 +240,8 @@ local function num(v, d) local n = tonumber(v) if n == nil then return d end ret
 local function fmt(x) return string.format('%.6f', x) end
 local f = redis.call('HMGET', key, 'mode', 'rate', 'tat', 'last', 'epoch', 'pu', 'pa',
   'strikes', 'dec', 'grow', 'over', 'queued', 'n', 'l', 'sec', 'acc', 'accb', 'win', 'rat',
-  'rw', 'rtt', 'doubt', 'ds', 'ra', 'll', 'lp', 'la')
+  'rw', 'rtt', 'doubt', 'ds', 'ra', 'll', 'lp', 'la', 'ru', 'rn', 'rl', 'cy', 'clo', 'chi',
+  'rg', 'ho')
 local mode, rate = f[1], tonumber(f[2])
 local tat, last, epoch = num(f[3], 0), num(f[4], -1e18), num(f[5], 0)
 local pu, pa, strikes = num(f[6], 0), num(f[7], -1e18), num(f[8], 0)
@@ -247,6 +252,11 @@ local win, rat, rw = num(f[18], {START_WINDOW}), num(f[19], -1e18), num(f[20], {
 local rtt, doubt, ds = num(f[21], {RTT_GUESS}), num(f[22], 0), num(f[23], -1e18)
 local ra, ll = num(f[24], 0), num(f[25], 0)
 local lp, la = num(f[26], 0), num(f[27], -1e18)
+-- the gateway's window as runs and pauses with no hint show it (INF: no upper bound yet)
+local INF = 1e18
+local ru, rn, rl, cy = num(f[28], -1e18), num(f[29], 0), num(f[30], 0), num(f[31], 0)
+local clo, chi = num(f[32], 0), num(f[33], INF)
+local rg, ho = num(f[34], 0), num(f[35], 0)
 if mode == false or mode == 'free' or (ceiling and mode == 'starting') then
   if ceiling then mode, rate = 'fixed', ceiling else mode, rate = 'starting', nil end
 end
@@ -268,11 +278,37 @@ if not ceiling then
   redis.call('ZREMRANGEBYSCORE', fkey, '-inf', now - {STALE})
   flying = redis.call('ZCARD', fkey)
 end
+-- When a pause with no hint ends (untl: the backoff's end): the first 429 after a run that
+-- filled the window again is timed to the window learned; a probe refused raises its lower
+-- bound and is followed at the upper one (budget.py: Budget._timed)
+local function timed(sent, untl)
+  if ru <= -1e17 then return untl end
+  local offset, planned = sent - ru, INF
+  if cy == 1 then
+    if sent < pa then return untl end
+    ho = ho + 1  -- a probe, refused
+    clo = math.max(clo, offset)
+    if clo >= chi then clo, chi = offset, INF end
+    planned = chi
+  else
+    if rl > 0 and (rn < {FULL_RUN} * rl or rn > rl / {FULL_RUN}) then
+      -- not the window full again: the run goes on, its later requests later by the pause
+      if rn < rl then rg = rg + (untl - now) end
+      return untl
+    end
+    cy, ho = 1, 0
+    if chi - clo <= {CYCLE_TOLERANCE} * chi then planned = chi else planned = (clo + chi) / 2 end
+  end
+  if planned >= INF or offset >= planned + rg then return untl end
+  return math.min(ru + planned + rg, now + {MAX_PAUSE})
+end
 local result
 if op == 'take' then
   if now >= grow then
     if (not ceiling) and now < pu then
       queued, grow = 0, pu + 1.0  -- paused: requests queued behind it say nothing of the pace
+    elseif (not ceiling) and chi < INF and now - ru < chi then
+      queued, grow = 0, now + 1.0  -- a run within a window learned: the window is the limit
     else
       if queued == 1 and rate and mode == 'recovering' then
         if ceiling then
@@ -367,7 +403,9 @@ elseif op == 'finished' then
       local pause = math.min(longest, first * 2 ^ math.min(math.max(strikes - 1, 0), 30))
       if hint then pause = math.max(pause, math.min(hint, {MAX_PAUSE}))
       elseif not ceiling then pause = math.min(pause, {NO_HINT_PAUSE}) end
-      if now + pause > pu then pu, pa = now + pause, now; anew() end
+      local untl = now + pause
+      if (not ceiling) and (not hint) then untl = timed(sent, untl) end
+      if untl > pu then pu, pa = untl, now; anew() end
       local overload = (not ceiling) or share >= {DECREASE_SHARE}
       if (not lone) and (not capped) and sent > dec and overload
           and now - dec >= {RECOVERY_PERIOD} then
@@ -387,6 +425,15 @@ elseif op == 'finished' then
     end
   else
     if sent >= pa then strikes = 0 end
+    if not ceiling then
+      if cy == 1 and sent >= pa then  -- a probe taken: its run's cycle ends, the next begins
+        -- (a window learned only once CONFIRM probes of a cycle were refused: not by chance)
+        if ho >= {CONFIRM} or chi < INF then chi = math.min(chi, sent - ru) end
+        rl, ru, rn, cy, rg = rn, sent, 0, 0, 0
+      elseif cy == 1 and doubt == 1 and sent > ds then cy = 0  -- taken amid the 429s: chance
+      elseif ru <= -1e17 then ru = sent end
+      rn = rn + 1
+    end
     if doubt == 1 and sent > ds then
       doubt = 0  -- a request sent after the lone 429's was taken: it was chance ...
       if mode == 'starting' and now - pa >= math.max({MIN_ROUND}, 2 * rtt) then
@@ -422,7 +469,8 @@ redis.call('HSET', key, 'mode', mode, 'rate', r, 'tat', fmt(tat), 'last', fmt(la
   'n', fmt(n), 'l', fmt(l), 'sec', tostring(sec), 'acc', tostring(acc), 'accb', tostring(accb),
   'win', tostring(win), 'rat', fmt(rat), 'rw', tostring(rw), 'rtt', fmt(rtt),
   'doubt', tostring(doubt), 'ds', fmt(ds), 'ra', tostring(ra), 'll', tostring(ll),
-  'lp', fmt(lp), 'la', fmt(la))
+  'lp', fmt(lp), 'la', fmt(la), 'ru', fmt(ru), 'rn', tostring(rn), 'rl', tostring(rl),
+  'cy', tostring(cy), 'clo', fmt(clo), 'chi', fmt(chi), 'rg', fmt(rg), 'ho', tostring(ho))
 redis.call('EXPIRE', key, {LANE_TTL})
 if not ceiling then redis.call('EXPIRE', fkey, {LANE_TTL}) end
 return result
@@ -442,7 +490,8 @@ def _filled(template: str) -> str:
         "RTT_GUESS": rules.RTT_GUESS, "MIN_WAIT": rules.MIN_WAIT,
         "REGAIN_STEP": rules.REGAIN_STEP, "OVERLOAD_SHARE": rules.OVERLOAD_SHARE,
         "CONFIRM": rules.CONFIRM, "STALE": STALE, "PROBE_HOLD": rules.PROBE_HOLD,
-        "NO_HINT_PAUSE": rules.NO_HINT_PAUSE,
+        "NO_HINT_PAUSE": rules.NO_HINT_PAUSE, "FULL_RUN": rules.FULL_RUN,
+        "CYCLE_TOLERANCE": rules.CYCLE_TOLERANCE,
     }  # fmt: skip
     for name, value in numbers.items():
         template = template.replace("{" + name + "}", repr(float(value)))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .._models import DownloadedFile, Submission, Task
-from .budget import DEFAULT_BACKOFF
+from .budget import DEFAULT_BACKOFF, WriteGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,8 @@ class ReplyTooLarge(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """A streamed result download. ``file`` is set when a 200 body was saved and verified;
+    """A streamed result download. ``file`` is set when a 200 body was saved and verified
+    (``body`` instead, at its start, when the fetch named no folder: the caller's to close);
     ``incomplete`` when the body ended short of its Content-Length or the image is cut short;
     ``too_large`` when it passed ``max_bytes`` (nothing was kept); ``document`` names what was
     served instead of an image (an error page, say: nothing was kept)."""
@@ -66,16 +67,19 @@ class Fetched:
     incomplete: bool = False
     too_large: bool = False
     document: str | None = None
+    body: BinaryIO | None = None
 
 
 # Actions a flow yields; the driver performs each and sends back the result shown.
 @dataclass(frozen=True, slots=True)
 class Send:
     """Perform the request (with the API key) -> ``Reply | TransportFailure``. ``timeout``
-    bounds the whole exchange, from sending to the last byte of the reply."""
+    bounds the whole exchange, from sending to the last byte of the reply. A paced request
+    carries its budget's ``gate``, asked right before its head is written."""
 
     request: WireRequest
     timeout: float
+    gate: WriteGate | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +100,11 @@ class Notify:
 class Fetch:
     """Stream a result URL, without credentials, to ``dest_dir/stem.<ext>`` -> ``Fetched |
     TransportFailure``. Never overwrites unless ``overwrite``; ``timeout`` bounds the whole
-    download; a body past ``max_bytes`` is abandoned."""
+    download; a body past ``max_bytes`` is abandoned. ``dest_dir`` None: into a stream the
+    driver holds (memory, then an anonymous temporary file), handed back verified."""
 
     url: str
-    dest_dir: Path
+    dest_dir: Path | None
     stem: str
     overwrite: bool
     timeout: float
