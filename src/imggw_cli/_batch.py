@@ -12,9 +12,9 @@ import typer
 from typer.core import TyperGroup
 
 from . import _exit
-from ._batch_run import BATCH_INTERRUPTED, run_local
+from ._batch_run import BATCH_INTERRUPTED, ProgressEvery, progress_every, run_local
 from ._command import Concurrency, RunTimeout, SkipBadLines, interrupted, refuse, session
-from ._globals import current, with_globals
+from ._globals import LOCAL, current, with_globals, with_globals_of
 
 
 class BatchGroup(TyperGroup):
@@ -130,6 +130,7 @@ def batch(
         ),
     ] = None,
     skip_bad_lines: SkipBadLines = False,
+    every: ProgressEvery = None,
     allow_changes: Annotated[
         bool,
         typer.Option(
@@ -276,6 +277,8 @@ def batch(
     budget for the whole run, held by the scheduler); --shard I/N runs one shard here. DEST may
     then be a URL. Also: imggw batch merge DEST (manifest.jsonl from the shards), imggw batch
     status DEST [--json] (progress, read from DEST alone).
+
+    Example: imggw batch prompts.jsonl -o out/ --max-credits 500 --name '{line:05}-{id}'
     """
     from . import _scale
 
@@ -289,6 +292,7 @@ def batch(
 
         shown = printable(input_format, 40)
         refuse(f"--format must be jsonl, csv or text, not {shown!r}; nothing was sent")
+    seconds = progress_every(every)  # checked here: a bad value is exit 2 before anything
     if new_run and (scaled or _is_remote(output)):
         refuse("--new-run is for one process into a local folder: give shards a new DEST")
     options: dict[str, Any] = {
@@ -310,7 +314,8 @@ def batch(
         dry_run_local(file, _local(output), new_run=new_run, **options)
         return
     if not scaled and not _is_remote(output):
-        run_local(file, _local(output), collect=False, wait=True, new_run=new_run, **options)
+        run_local(file, _local(output), collect=False, wait=True, new_run=new_run,
+                  every=seconds, **options)  # fmt: skip
         return
     flags = current()
     with session() as out:
@@ -353,7 +358,7 @@ Dest = Annotated[
 
 
 @app.command("merge", hidden=True, epilog=_exit.EPILOG)
-@with_globals
+@with_globals_of(*LOCAL)
 def merge(
     dest: Dest,
     title: Annotated[
@@ -363,7 +368,10 @@ def merge(
 ) -> None:
     """Write DEST/manifest.jsonl from the shards' manifests (one row per input line, in line
     order; lines no shard reached yet are pending), and the gallery DEST/index.html. Exit codes
-    as imggw batch."""
+    as imggw batch.
+
+    Example: imggw batch merge s3://bucket/run-7
+    """
     from . import _scale
 
     with session() as out:
@@ -372,11 +380,16 @@ def merge(
 
 
 @app.command("status", hidden=True, epilog=_exit.EPILOG)
-@with_globals
+@with_globals_of(*LOCAL)
 def status(dest: Dest) -> None:
     """Print a batch's progress, read from DEST alone (a single run's or a sharded one's):
-    lines per state (pending, running, succeeded, failed). --json prints one object with total
-    and counts. Exit 0 if every line succeeded, 1 if some failed, 3 if some are unfinished."""
+    lines per state (pending, running, succeeded, failed; expired apart), whether a run holds
+    the folder now, the soonest link expiry among results not saved yet, and the command that
+    resumes. --json prints one object (total, counts, expired, active, soonest_expiry, resume,
+    ...). Exit 0 if every line succeeded, 1 if some failed or expired, 3 if some are unfinished.
+
+    Example: imggw batch status out/ --json
+    """
     from . import _scale
 
     with session() as out:

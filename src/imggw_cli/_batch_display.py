@@ -4,6 +4,7 @@ its counts), and the summary at the end (one JSON object with --log-format json)
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,40 +28,78 @@ if TYPE_CHECKING:
 WORDS = ("pending", "running", "downloading", "succeeded", "failed")
 
 
+PROGRESS_EVERY = 30.0  # seconds at most between progress lines (--progress-every)
+CHANGES_EVERY = 2.0  # seconds at least between lines while lines move
+GATEWAY_SILENT = 60.0  # seconds the gateway answers nothing before it is warned about
+
+
+class _Warnings:
+    """What a run is warned about once, --quiet or not: results about to expire unseen, and a
+    gateway asked and silent for ``silent_after`` seconds (with a note when it answers again,
+    and a warning again if it falls silent again)."""
+
+    def __init__(self, out: Output, silent_after: float) -> None:
+        self.out, self.silent_after = out, silent_after
+        self.at_risk = False
+        self.silent = 0.0  # the longest silence seen since the warning (0: no warning out)
+
+    def __call__(self, progress: BatchProgress) -> None:
+        out, silence = self.out, progress.gateway_silent_for
+        if progress.at_risk > 0 and not self.at_risk:
+            self.at_risk = True
+            out.warn(f"{progress.at_risk} results will expire before their download turn at "
+                     "the current pace; raise --concurrency", event="at_risk",
+                     at_risk=progress.at_risk)  # fmt: skip
+        if silence >= self.silent_after and not self.silent:
+            out.warn(f"no answer from the gateway for {span(silence)}; still trying",
+                     event="gateway_silent", silent_for=round(silence, 1))  # fmt: skip
+        if self.silent and silence < self.silent_after:  # only an answer shortens a silence
+            out.note(f"the gateway answers again, after {span(self.silent)} without an answer",
+                     event="gateway_answers", silent_for=round(self.silent, 1))  # fmt: skip
+            self.silent = 0.0
+        elif silence >= self.silent_after:
+            self.silent = max(self.silent, silence)
+
+
 @contextmanager
-def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
-    """An ``on_progress`` for batches: a live bar and table on a terminal, a line every few
-    seconds otherwise, no progress with --quiet. Results about to expire unseen are warned
-    about once, --quiet or not."""
-    warned = False
+def batch_display(
+    out: Output,
+    *,
+    progress_every: float = PROGRESS_EVERY,
+    silent_after: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Callable[[BatchProgress], None]]:
+    """An ``on_progress`` for batches: a live bar and table on a terminal; otherwise (and with
+    --log-format json) a line when lines move (at most every :data:`CHANGES_EVERY` seconds)
+    and at least every ``progress_every`` seconds while none moves, as ``rclone --stats``
+    does; no progress with --quiet. Warned once, --quiet or not: results about to expire
+    unseen, and a gateway that answers nothing for ``silent_after`` seconds (default
+    :data:`GATEWAY_SILENT`).
 
-    def warn_at_risk(progress: BatchProgress) -> None:
-        nonlocal warned
-        if progress.at_risk > 0 and not warned:
-            warned = True
-            out.warn(
-                f"{progress.at_risk} results will expire before their download turn at the "
-                "current pace; raise --concurrency",
-                event="at_risk",
-                at_risk=progress.at_risk,
-            )
+    Example::
 
+        with batch_display(out, progress_every=60) as on_progress:
+            report = await arun_batch("in.jsonl", "out/", on_progress=on_progress)
+    """
+    warn = _Warnings(out, GATEWAY_SILENT if silent_after is None else silent_after)
     if out.quiet:
-        yield warn_at_risk
+        yield warn
         return
     if _stderr.is_json() or not sys.stderr.isatty():
-        last = [0.0]
-        stopped: list[str | None] = [None]
+        said: list[Any] = [-math.inf, None, None]  # when the last line was, its counts, its guard
 
         def line(progress: BatchProgress) -> None:
-            now = time.monotonic()
+            now, (last, counts, stopped) = clock(), said
             # A guard's stop is said at once: the next line may be a task's length away.
-            news = progress.stopped_by != stopped[0]
-            if now - last[0] >= 2.0 or progress.finished == progress.total or news:
-                last[0], stopped[0] = now, progress.stopped_by
+            news = progress.stopped_by != stopped
+            moved = progress.counts != counts and (
+                now - last >= CHANGES_EVERY or progress.finished == progress.total
+            )
+            if moved or news or now - last >= progress_every:
+                said[:] = [now, progress.counts, progress.stopped_by]
                 out.note(progress_text(progress), event="batch_progress",
                          **progress_fields(progress))  # fmt: skip
-            warn_at_risk(progress)
+            warn(progress)
 
         yield line
         return
@@ -71,7 +110,7 @@ def batch_display(out: Output) -> Iterator[Callable[[BatchProgress], None]]:
 
         def draw(progress: BatchProgress) -> None:
             live.update(progress_view(progress))
-            warn_at_risk(progress)
+            warn(progress)
 
         yield draw
 

@@ -4,20 +4,56 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import typer
 
-from ._command import interrupted, session
+from ._command import interrupted, refuse, session
 from ._globals import current
 from ._runtime import make_async_client
 
 BATCH_INTERRUPTED = "interrupted; every line's progress is saved: run the same command to resume"
 
+ProgressEvery = Annotated[
+    Optional[str],  # noqa: UP045 - Typer wants this spelling on Python 3.10
+    typer.Option(
+        "--progress-every",
+        metavar="SECONDS",
+        help="When stderr is not a terminal (or with --log-format json), a progress line at "
+        "least this often, lines moving or not [default: 30].",
+    ),
+]
 
-def run_local(source: str, output: Path, **options: Any) -> None:
+
+def progress_every(text: str | None) -> float:
+    """``--progress-every``: a number of seconds > 0 (default 30), else exit 2 with one line.
+
+    Example::
+
+        progress_every("60")   # 60.0
+    """
+    import math
+
+    from ._batch_display import PROGRESS_EVERY
+
+    if text is None:
+        return PROGRESS_EVERY
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        from imggw_client.text import printable
+
+        refuse(f"--progress-every must be a number of seconds > 0 (got {printable(text, 40)!r}); "
+               "nothing was sent")  # fmt: skip
+    return value
+
+
+def run_local(source: str, output: Path, *, every: float | None = None, **options: Any) -> None:
     """A batch (or a collect, for ``download --from``) in this process into a local folder: its
-    live display, the manifest on stdout, the summary; exits with the run's code."""
+    live display (a progress line at least every ``every`` seconds off a terminal), the
+    manifest on stdout, the summary; exits with the run's code."""
     import anyio
 
     from imggw_client.batch import arun_batch
@@ -29,7 +65,8 @@ def run_local(source: str, output: Path, **options: Any) -> None:
 
         async def main() -> Any:
             async with make_async_client(flags) as client:
-                with batch_display(out) as on_progress:
+                shown = progress_every(None) if every is None else every
+                with batch_display(out, progress_every=shown) as on_progress:
                     return await arun_batch(source, output, client=client,
                                             on_progress=on_progress, **options)  # fmt: skip
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import _exit
-from ._batch_run import run_local
+from ._batch_run import ProgressEvery, progress_every, run_local
 from ._command import (
     Concurrency,
     OutputDir,
@@ -53,6 +53,7 @@ def download(
     timeout: RunTimeout = None,
     concurrency: Concurrency = 8,
     skip_bad_lines: SkipBadLines = False,
+    every: ProgressEvery = None,
 ) -> None:
     """Download the results of finished tasks; print the saved paths.
 
@@ -67,7 +68,8 @@ def download(
         refuse("give task ids, or --from FILE (one of them)")
     if source is not None:
         run_local(source, output, collect=True, wait=wait, timeout=timeout,
-                  concurrency=concurrency, skip_bad_lines=skip_bad_lines)  # fmt: skip
+                  concurrency=concurrency, skip_bad_lines=skip_bad_lines,
+                  every=progress_every(every))  # fmt: skip
         return
     assert task_ids is not None
     _download_ids(task_ids, output, overwrite=overwrite, wait=wait, timeout=timeout)

@@ -37,6 +37,7 @@ from ._core.budget import Budget, BudgetService, RemoteBudget
 from ._core.completions import Completions
 from ._core.flows import Flow, interrupt
 from ._core.rules import AspectRatio, Resolution
+from ._core.silence import Silence, answered
 from ._core.spec import Surface
 from ._core.wire import (
     Action,
@@ -132,6 +133,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             default_headers=default_headers,
         )
         self._sleep = _io.sleep
+        # The gateway's silence as this client's requests see it (shared by its copies): what a
+        # batch's progress tells of a gateway down or hung.
+        self._silence = Silence()
 
     def _own_budget(self, settings: Settings) -> Budget | RemoteBudget:
         if settings.rate_limit.store is not None:  # one budget with other processes
@@ -628,6 +632,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         request = _transport.build_request(self._http, self._settings, send, self._agent)
         started = time.perf_counter()
         body = _transport.Body()
+        status: int | None = None
+        self._silence.asked(time.monotonic())
         try:
             with _io.bounded(send.timeout) as deadline:
                 response = await self._http.send(request, stream=True)
@@ -637,10 +643,13 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                         _io.check_deadline(deadline)
                 finally:
                     await response.aclose()
+            status = response.status_code
         except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except Exception as exc:
             return self._failure(exc)
+        finally:
+            self._silence.heard(time.monotonic(), answer=answered(status))
         return _transport.to_reply(response, body.content, time.perf_counter() - started)
 
     async def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:

@@ -41,6 +41,7 @@ from ._core.budget import Budget, RemoteBudget, SyncBudgetService
 from ._core.completions import Completions
 from ._core.flows import Flow, interrupt
 from ._core.rules import AspectRatio, Resolution
+from ._core.silence import Silence, answered
 from ._core.spec import Surface
 from ._core.wire import (
     Action,
@@ -130,6 +131,9 @@ class Client(BaseClient[httpx.Client]):
             default_headers=default_headers,
         )
         self._sleep = _io.sleep
+        # The gateway's silence as this client's requests see it (shared by its copies): what a
+        # batch's progress tells of a gateway down or hung.
+        self._silence = Silence()
 
     def _own_budget(self, settings: Settings) -> Budget | RemoteBudget:
         if settings.rate_limit.store is not None:  # one budget with other processes
@@ -622,6 +626,8 @@ class Client(BaseClient[httpx.Client]):
         request = _transport.build_request(self._http, self._settings, send, self._agent)
         started = time.perf_counter()
         body = _transport.Body()
+        status: int | None = None
+        self._silence.asked(time.monotonic())
         try:
             with _io.bounded(send.timeout) as deadline:
                 response = self._http.send(request, stream=True)
@@ -631,10 +637,13 @@ class Client(BaseClient[httpx.Client]):
                         _io.check_deadline(deadline)
                 finally:
                     response.close()
+            status = response.status_code
         except _io.FAILURES as exc:
             return _transport.to_failure(exc)
         except Exception as exc:
             return self._failure(exc)
+        finally:
+            self._silence.heard(time.monotonic(), answer=answered(status))
         return _transport.to_reply(response, body.content, time.perf_counter() - started)
 
     def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:

@@ -432,6 +432,7 @@ async def execute(
             async with anyio.create_task_group() as group:
                 for _ in range(options.concurrency):
                     group.start_soon(engine.downloads.slot)
+                group.start_soon(engine.progress.tick)
                 await engine.feed(group)
                 await engine.all_done()
                 group.cancel_scope.cancel()

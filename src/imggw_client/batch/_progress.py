@@ -1,5 +1,6 @@
 """What a run tells while it goes: a :class:`BatchProgress` snapshot of its lines, money, request
-budget and download queue, at most every :data:`PROGRESS_EVERY` seconds (:class:`Progress`);
+budget and download queue, at most every :data:`PROGRESS_EVERY` seconds and at least every
+:data:`PROGRESS_TICK` while the run goes, lines moving or not (:class:`Progress`);
 and what the client learned of how long its tasks take, shown there and seeded from the ledger
 when a run resumes (DESIGN 15), so that its polls do not start from nothing.
 """
@@ -23,9 +24,12 @@ from ._reports import BatchProgress
 from ._run import RunLines
 from ._states import PENDING
 
-__all__ = ["PROGRESS_EVERY", "Progress", "learn_from_ledger", "typical_durations"]
+__all__ = ["PROGRESS_EVERY", "PROGRESS_TICK", "Progress", "learn_from_ledger", "typical_durations"]
 
 PROGRESS_EVERY = 0.25  # seconds between progress snapshots
+# Seconds between snapshots while no line moves: a display's clock, a log's periodic line
+# and the gateway's silence must not wait for the next move, which may be minutes away.
+PROGRESS_TICK = 1.0
 
 
 def typical_durations(client: AsyncClient, surface: str) -> dict[str, float]:
@@ -57,12 +61,14 @@ async def learn_from_ledger(client: AsyncClient, ledger: Ledger) -> None:
 
 class Progress:
     """A run's progress, told to ``on_progress`` (None: no one listens) as its lines move,
-    never more often than every :data:`PROGRESS_EVERY` seconds unless forced.
+    never more often than every :data:`PROGRESS_EVERY` seconds unless forced, and every
+    :data:`PROGRESS_TICK` seconds while :meth:`tick` runs, whether lines move or not.
 
     Example::
 
         progress = Progress(on_progress, client, run, queue, options, "beta")
         progress.report(force=True)
+        group.start_soon(progress.tick)
     """
 
     def __init__(
@@ -84,6 +90,15 @@ class Progress:
         if self.on_progress is not None and (force or now - self.last >= PROGRESS_EVERY):
             self.last = now
             self.on_progress(self.snapshot())
+
+    async def tick(self) -> None:
+        """Tells a snapshot every :data:`PROGRESS_TICK` seconds until cancelled (a move told
+        less than :data:`PROGRESS_EVERY` ago stands for one)."""
+        if self.on_progress is None:
+            return
+        while True:
+            await anyio.sleep(PROGRESS_TICK)
+            self.report()
 
     def snapshot(self) -> BatchProgress:
         """The run as it stands now."""
@@ -112,4 +127,5 @@ class Progress:
             max_cost=self.options.max_cost,
             stopped_by=run.stopped_by,
             typical_durations=typical_durations(self.client, self.surface),
+            gateway_silent_for=self.client._silence.silent_for(time.monotonic()),
         )

@@ -29,7 +29,10 @@ class BatchProgress:
     are what the folder's run was charged so far; ``stopped_by`` names the guard that stopped
     new submits, once one did. ``typical_durations`` is what the client learned of how long the
     run's tasks take (the median, in seconds, per resolution; from its ledger when a run
-    resumes): what its polls go by.
+    resumes): what its polls go by. ``gateway_silent_for`` is how many seconds the gateway has
+    been asked and has answered nothing (no reply, or only 5xx ones); 0 while it answers.
+
+    A snapshot is told as lines move (at most 4 a second) and every second while none moves.
 
     Example::
 
@@ -52,6 +55,7 @@ class BatchProgress:
     max_cost: float | None = None
     stopped_by: str | None = None
     typical_durations: dict[str, float] = field(default_factory=dict)
+    gateway_silent_for: float = 0.0
 
     @property
     def words(self) -> dict[str, int]:
