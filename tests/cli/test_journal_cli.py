@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import stat
 import subprocess
 from pathlib import Path
@@ -19,17 +18,12 @@ import pytest
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 
 from ..held import held_gateway
+from ..journals import rows
 from .helpers import CANARY, IMGGW, imggw, process_env
 
 
 def journal_file() -> Path:
     return Path(os.environ["XDG_STATE_HOME"]) / "imggw" / "journal.sqlite"
-
-
-def rows(path: Path) -> list[dict[str, Any]]:
-    with sqlite3.connect(path) as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY row")]
 
 
 def test_submit_records_before_sending_and_tasks_lists_it(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from imggw_client._core.states import Seen
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import Journal, JournalEntry
 
+from ..journals import rows
+
 KEY = "sk-journal-3f9a1c7e5b2d8406"
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 
@@ -40,13 +41,6 @@ def gateway() -> Iterator[tuple[MockGateway, str]]:
     gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
     with gw.serve() as url:
         yield gw, url
-
-
-def rows(path: Path) -> list[dict[str, Any]]:
-    """The journal's rows as another process reads them: a connection of its own."""
-    with sqlite3.connect(path) as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY row")]
 
 
 def test_the_row_is_on_disk_before_the_submit_reaches_the_gateway(
