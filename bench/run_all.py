@@ -29,6 +29,7 @@ SUITE = [
     ("scale_out", ["scale_out.py"], ["scale_out.py", "--lines", "200"]),
     ("guards", ["guards.py"], ["guards.py", "--quick"]),
     ("shared budget", ["shared_budget.py"], ["shared_budget.py", "--quick"]),
+    ("journal", ["journal.py"], ["journal.py", "--quick"]),
 ]
 
 
