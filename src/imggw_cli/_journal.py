@@ -101,7 +101,7 @@ def _journal() -> "Journal":
     if options.mock or options.no_journal or journal_path() is None:
         refuse(NO_JOURNAL)
     found = open_journal(options)
-    if found is False or found is True:
+    if isinstance(found, bool):  # the default one could not be opened (already warned)
         refuse(NO_JOURNAL)
     return found
 
