@@ -102,8 +102,11 @@ def test_no_window_ever_holds_more_writes_than_the_ceiling_allows(
     budget = Budget(RateLimit(queries_per_second=rate))
     _, writes = pooled_run(budget, sorted(arrivals), pool, late, limited=limited)
     assert len(writes) == len(arrivals)
-    for width in (1.0, 2.5):  # a 429 may lower the pace: never raise it past the ceiling
-        assert most_in_window(writes, width) <= rate * width
+    # A 429 may lower the pace, never raise it past the ceiling: in any window of w seconds at
+    # most rate x w writes, plus the one a closed window's far edge may hold (the documented
+    # bound rate x w + 1; at 1 s the 1% guard keeps it to rate x w).
+    assert most_in_window(writes, 1.0) <= rate
+    assert most_in_window(writes, 2.5) <= math.floor(rate * 2.5) + 1
     gaps = [b - a for a, b in itertools.pairwise(sorted(writes))]
     assert min(gaps) >= (1 + B.GUARD) / rate - B.WRITE_SLACK - 1e-9
 
