@@ -60,12 +60,9 @@ _logs.setup()
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
     from ._async_client import AsyncClient
     from ._client import Client
-    from ._config import MISSING_API_KEY, MISSING_BASE_URL, PollPolicy, RateLimit, RetryPolicy
     from ._core.budget import BudgetService, SyncBudgetService
-    from ._core.rules import AspectRatio, Resolution
-    from ._core.spec import Surface
-    from ._download import FILE_EXISTS, WRITE_FAILED
-    from ._exceptions import (
+    from ._core.config import MISSING_API_KEY, MISSING_BASE_URL, PollPolicy, RateLimit, RetryPolicy
+    from ._core.exceptions import (
         APIConnectionError,
         APIError,
         APITimeoutError,
@@ -88,7 +85,10 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         UnknownOutcomeError,
         WaitTimeoutError,
     )
-    from ._models import DownloadedFile, ImageRequest, Submission, Task, TaskError, TaskStatus
+    from ._core.models import DownloadedFile, ImageRequest, Submission, Task, TaskError, TaskStatus
+    from ._core.rules import AspectRatio, Resolution
+    from ._core.spec import Surface
+    from ._download import FILE_EXISTS, WRITE_FAILED
 
 __all__ = [
     "APIConnectionError",
@@ -141,11 +141,11 @@ __all__ = [
 _HOMES = {
     "AsyncClient": "._async_client",
     "Client": "._client",
-    "MISSING_API_KEY": "._config",
-    "MISSING_BASE_URL": "._config",
-    "PollPolicy": "._config",
-    "RateLimit": "._config",
-    "RetryPolicy": "._config",
+    "MISSING_API_KEY": "._core.config",
+    "MISSING_BASE_URL": "._core.config",
+    "PollPolicy": "._core.config",
+    "RateLimit": "._core.config",
+    "RetryPolicy": "._core.config",
     "BudgetService": "._core.budget",
     "AspectRatio": "._core.rules",
     "Resolution": "._core.rules",
@@ -155,7 +155,7 @@ _HOMES = {
     "WRITE_FAILED": "._download",
     **dict.fromkeys(
         ["DownloadedFile", "ImageRequest", "Submission", "Task", "TaskError", "TaskStatus"],
-        "._models",
+        "._core.models",
     ),
 }
 
@@ -179,7 +179,7 @@ def new_idempotency_key() -> str:
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(_HOMES.get(name, "._exceptions"), __name__)
+    module = importlib.import_module(_HOMES.get(name, "._core.exceptions"), __name__)
     value = getattr(module, name)
     globals()[name] = value
     return value

@@ -32,10 +32,12 @@ from ._base_client import (
     unique,
     wait_deadline,
 )
-from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface
 from ._core.budget import Budget, BudgetService, RemoteBudget
 from ._core.completions import Completions
+from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface
+from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
 from ._core.flows import Flow, interrupt
+from ._core.models import DownloadedFile, Submission, Task
 from ._core.rules import AspectRatio, Resolution
 from ._core.silence import Silence, answered
 from ._core.spec import Surface
@@ -55,8 +57,6 @@ from ._core.wire import (
     TransportFailure,
 )
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
-from ._exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
-from ._models import DownloadedFile, Submission, Task
 from ._telemetry import Watch
 
 if TYPE_CHECKING:

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import httpx
 
 from . import _logs, _telemetry
-from ._config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
 from ._core.budget import Budget, RemoteBudget
+from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
 from ._core.durations import DurationModel
+from ._core.exceptions import ConfigurationError
 from ._core.flows import Flows, log
+from ._core.models import Submission, Task, raise_violations
 from ._core.rules import Violation
 from ._core.spec import Surface
 from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
-from ._exceptions import ConfigurationError
-from ._models import Submission, Task, raise_violations
 from ._transport import user_agent
 
 if TYPE_CHECKING:

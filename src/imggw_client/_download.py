@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+from ._core.exceptions import DownloadError, RequestValidationError
+from ._core.models import DownloadedFile
 from ._core.wire import Fetch, Fetched
-from ._exceptions import DownloadError, RequestValidationError
-from ._models import DownloadedFile
 
 T = TypeVar("T")
 

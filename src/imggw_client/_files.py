@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ._exceptions import ImggwError
+from ._core.exceptions import ImggwError
 
 __all__ = [
     "READ_FLAGS",

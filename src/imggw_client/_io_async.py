@@ -19,10 +19,10 @@ import anyio.to_thread
 import httpx
 
 from . import _transport
-from ._config import Settings
 from ._core.budget import BudgetService
-from ._exceptions import ConfigurationError
-from ._models import Submission, Task
+from ._core.config import Settings
+from ._core.exceptions import ConfigurationError
+from ._core.models import Submission, Task
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _deadline, _transport
-from ._config import Settings
 from ._core.budget import SyncBudgetService
-from ._exceptions import ConfigurationError
-from ._models import Submission, Task
+from ._core.config import Settings
+from ._core.exceptions import ConfigurationError
+from ._core.models import Submission, Task
 
 T = TypeVar("T")
 R = TypeVar("R")

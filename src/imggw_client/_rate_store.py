@@ -21,11 +21,11 @@ from collections.abc import Hashable
 from typing import Any
 
 from ._base_client import key_fingerprint
-from ._config import Settings, redact_store
 from ._core import shared_budget as shared
 from ._core.budget import QUERY, SUBMIT
+from ._core.config import Settings, redact_store
+from ._core.exceptions import ConfigurationError
 from ._core.shared_budget import Fallback, StoreTicket
-from ._exceptions import ConfigurationError
 
 __all__ = ["AsyncStoreBudget", "StoreBudget", "require_redis"]
 

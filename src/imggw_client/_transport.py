@@ -10,9 +10,9 @@ from typing import Any
 import anyio
 import httpx
 
-from ._config import Settings
 from ._core import surfaces
 from ._core.budget import WriteGate
+from ._core.config import Settings
 from ._core.wire import Reply, ReplyTooLarge, Send, TransportFailure
 from ._version import __version__
 

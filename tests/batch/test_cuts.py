@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imggw_client._exceptions import RequestValidationError
+from imggw_client._core.exceptions import RequestValidationError
 from imggw_client.batch._cuts import (
     parse_shard,
     scratch_folder,

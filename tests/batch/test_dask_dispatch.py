@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client import RetryPolicy
-from imggw_client._exceptions import ImggwError, InvalidRequestError
+from imggw_client._core.exceptions import ImggwError, InvalidRequestError
 from imggw_client.batch._dask_dispatch import (
     ClientSpec,
     Dispatch,

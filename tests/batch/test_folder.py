@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client import PollPolicy
-from imggw_client._exceptions import RequestValidationError
+from imggw_client._core.exceptions import RequestValidationError
 from imggw_client.batch import merge, run_batch, run_shard, status
 from imggw_client.batch._folder import charges
 from imggw_client.batch._spending import Charge

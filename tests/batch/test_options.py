@@ -9,7 +9,7 @@ from typing import Any, get_type_hints
 
 import pytest
 
-from imggw_client._exceptions import ConfigurationError, RequestValidationError
+from imggw_client._core.exceptions import ConfigurationError, RequestValidationError
 from imggw_client.batch._options import LINE_TIMEOUT, BatchOptions, RunOptions
 from imggw_client.batch._spending import Caps
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client import ImageRequest
-from imggw_client._exceptions import (
+from imggw_client._core.exceptions import (
     AuthenticationError,
     DownloadError,
     InvalidRequestError,

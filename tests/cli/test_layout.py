@@ -111,19 +111,19 @@ def test_the_reader_sees_every_kind_of_private_use(tmp_path: Path) -> None:
         "import imggw_client as sdk\n"
         "from imggw_client import Client, __version__, rules\n"
         "from imggw_client import _download\n"
-        "from imggw_client._config import MIN_RATE\n"
+        "from imggw_client._core.config import MIN_RATE\n"
         "from imggw_client.mock.__main__ import main\n"
         "from imggw_client.batch import _ledger\n"
         "from . import _exit\n"
         "def f(client, ctx):\n"
         "    from imggw_client.text import printable\n"
-        "    sdk._config, imggw_client.__version__, rules.ASPECT_RATIOS, rules._NON_BLANK\n"
+        "    sdk._core, imggw_client.__version__, rules.ASPECT_RATIOS, rules._NON_BLANK\n"
         "    client._conn, _exit.code_for, Client.make_http_client\n"
     )
     assert sorted(private_uses(sample)) == [
         "client._conn",
-        "imggw_client._config",
-        "imggw_client._config.MIN_RATE",
+        "imggw_client._core",
+        "imggw_client._core.config.MIN_RATE",
         "imggw_client._core.text",
         "imggw_client._download",
         "imggw_client.batch._ledger",

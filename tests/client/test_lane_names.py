@@ -10,8 +10,8 @@ import pytest
 
 from imggw_client import Client, RateLimit
 from imggw_client._base_client import key_fingerprint
-from imggw_client._config import resolve_settings
 from imggw_client._core import shared_budget
+from imggw_client._core.config import resolve_settings
 from imggw_client._rate_store import _Shared
 
 pytest.importorskip("redis")

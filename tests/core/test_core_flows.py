@@ -17,7 +17,7 @@ from imggw_client import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
-from imggw_client._config import resolve_settings
+from imggw_client._core.config import resolve_settings
 from imggw_client._core.flows import Flow, Flows
 from imggw_client._core.wire import Notify, Reply, Send, Sleep, TransportFailure
 

@@ -137,8 +137,8 @@ def test_the_graph_is_read_as_the_docstring_says() -> None:
     assert "imggw_client._core" not in graph["imggw_client.mock._gateway"]
     # Lazy imports inside a method count: MockGateway.transport() imports its adapter.
     assert "imggw_client.mock._transport" in graph["imggw_client.mock._gateway"]
-    # TYPE_CHECKING imports count: _exceptions names the models in annotations.
-    assert "imggw_client._models" in graph["imggw_client._exceptions"]
+    # TYPE_CHECKING imports count: exceptions names the models in annotations.
+    assert "imggw_client._core.models" in graph["imggw_client._core.exceptions"]
 
 
 @pytest.mark.slow
@@ -153,3 +153,22 @@ def test_no_module_imports_itself_through_others() -> None:
         f"{' -> '.join(circle)}  (all of: {', '.join(group)})" for group, circle in found
     )
     assert not found, f"import circles:\n{shown}"
+
+
+def test_the_core_is_the_bottom_layer() -> None:
+    """The protocol core (rules, wire surfaces, flows, models, errors, settings) imports nothing
+    of the package outside itself: the clients, the journal, the batch and the CLI stand on it,
+    never the other way round."""
+    graph = import_graph()
+    core = "imggw_client._core"
+    core_modules = [name for name in graph if name == core or name.startswith(f"{core}.")]
+    assert len(core_modules) > 15  # the core's modules were all found
+    upward = {
+        f"{source} -> {target}"
+        for source in core_modules
+        for target in graph[source]
+        if not (target == core or target.startswith(f"{core}."))
+    }
+    assert not upward, "the core imports layers above it:\n" + "\n".join(sorted(upward))
+    # and the layers above do stand on it
+    assert "imggw_client._core.flows" in graph["imggw_client._async_client"]

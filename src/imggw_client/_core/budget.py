@@ -90,7 +90,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .._config import RateLimit, RetryPolicy
+from .config import RateLimit, RetryPolicy
 
 SUBMIT = "submit"
 QUERY = "query"

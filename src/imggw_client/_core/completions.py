@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._errors import add_note
-from .._exceptions import ImggwError, TaskFailedError, WaitTimeoutError
-from .._models import Task
+from .errors import add_note
+from .exceptions import ImggwError, TaskFailedError, WaitTimeoutError
+from .models import Task
 from .wire import Action, Sleep
 
 __all__ = ["Completions"]

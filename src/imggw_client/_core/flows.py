@@ -22,9 +22,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
-from .._config import Settings, Surface, check_surface
-from .._errors import add_note
-from .._exceptions import (
+from . import reasons, rules, states, surfaces
+from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
+from .config import Settings, Surface, check_surface
+from .durations import DurationModel
+from .errors import add_note
+from .exceptions import (
     APITimeoutError,
     AuthenticationError,
     DownloadError,
@@ -38,10 +41,7 @@ from .._exceptions import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
-from .._models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
-from . import reasons, rules, states, surfaces
-from .budget import QUERY, SUBMIT, Budget, RemoteBudget, Ticket
-from .durations import DurationModel
+from .models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from .poll import WaitSchedule, plan_wait, query_priority
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
 from .text import printable

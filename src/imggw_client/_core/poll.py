@@ -8,7 +8,7 @@ import math
 import random
 from typing import Protocol
 
-from .._config import PollPolicy
+from .config import PollPolicy
 from .durations import DurationModel, Kind
 
 JITTER_LOW = 0.8  # each interval is scaled by a factor in [JITTER_LOW, 1.0]

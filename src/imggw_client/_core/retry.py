@@ -14,8 +14,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from .._config import RetryPolicy
-from .._exceptions import (
+from . import reasons
+from .config import RetryPolicy
+from .exceptions import (
     APIConnectionError,
     APIError,
     ClientClosedError,
@@ -25,7 +26,6 @@ from .._exceptions import (
     RateLimitError,
     ServerError,
 )
-from . import reasons
 
 
 @dataclass(frozen=True, slots=True)

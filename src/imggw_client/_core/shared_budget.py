@@ -44,9 +44,9 @@ import math
 import threading
 from dataclasses import dataclass
 
-from .._config import RateLimit
 from . import budget as rules
 from .budget import Budget, Ticket
+from .config import RateLimit
 
 __all__ = [
     "SCRIPT", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key", "read_take",

@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from .._models import ImageRequest, Submission, Task, TaskStatus
+from .models import ImageRequest, Submission, Task, TaskStatus
 
 __all__ = [
     "MOVES",

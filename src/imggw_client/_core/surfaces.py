@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .._exceptions import (
+from . import expiry, jsonio, reasons, rules, spec
+from .exceptions import (
     APIConnectionError,
     APIError,
     APITimeoutError,
@@ -36,8 +37,7 @@ from .._exceptions import (
     RequestValidationError,
     ServerError,
 )
-from .._models import ImageRequest, Submission, Task, TaskError, TaskStatus
-from . import expiry, jsonio, reasons, rules, spec
+from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
 from .retry import parse_retry_after
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec

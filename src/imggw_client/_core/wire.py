@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .._models import DownloadedFile, Submission, Task
 from .budget import DEFAULT_BACKOFF, WriteGate
+from .models import DownloadedFile, Submission, Task
 
 
 @dataclass(frozen=True, slots=True)

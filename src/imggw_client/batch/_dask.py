@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 
-from .._config import RateLimit, check_surface
-from .._exceptions import ConfigurationError, RequestValidationError
+from .._core.config import RateLimit, check_surface
+from .._core.exceptions import ConfigurationError, RequestValidationError
 from . import _identity
 from ._cuts import scratch_folder, shard_name, slice_name, write_slices
 from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome

@@ -13,8 +13,8 @@ from typing import Any
 from distributed import get_worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .._config import RateLimit
 from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
+from .._core.config import RateLimit
 from ._guards import RemoteGuard, charge_of, handle
 from ._spending import Caps, Spending
 

@@ -29,8 +29,8 @@ from tenacity import (
 )
 
 from .._async_client import AsyncClient
-from .._config import PollPolicy, RateLimit, RetryPolicy
-from .._exceptions import (
+from .._core.config import PollPolicy, RateLimit, RetryPolicy
+from .._core.exceptions import (
     AuthenticationError,
     ConfigurationError,
     ImggwError,

@@ -21,13 +21,13 @@ import anyio
 
 from .. import _telemetry
 from .._async_client import AsyncClient
-from .._config import check_surface
 from .._core import reasons
+from .._core.config import check_surface
+from .._core.exceptions import DownloadError, ImggwError, NotFoundError, ResultExpiredError
+from .._core.models import DownloadedFile, Task, TaskStatus
 from .._core.surfaces import REDACTED, redact_url
 from .._download import WRITE_FAILED
-from .._exceptions import DownloadError, ImggwError, NotFoundError, ResultExpiredError
 from .._files import StorageError, refuse_link
-from .._models import DownloadedFile, Task, TaskStatus
 from ._ledger import NOT_FOUND
 from ._naming import INCOMING_DIR, NameTemplate
 from ._run import FATAL, RunLines, retry_later

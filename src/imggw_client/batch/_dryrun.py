@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._config import check_surface
+from .._core.config import check_surface
 from . import _identity
 from ._ledger import Ledger, remove_if_empty
 from ._lines import COLLECT, GENERATE

@@ -33,17 +33,17 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponen
 
 from .. import _telemetry
 from .._async_client import AsyncClient
-from .._config import check_surface
-from .._core.surfaces import REDACTED
-from .._exceptions import (
+from .._core.config import check_surface
+from .._core.exceptions import (
     ImggwError,
     InsufficientCreditsError,
     NotFoundError,
     TaskFailedError,
     WaitTimeoutError,
 )
+from .._core.models import Submission, Task, TaskStatus
+from .._core.surfaces import REDACTED
 from .._files import StorageError
-from .._models import Submission, Task, TaskStatus
 from ._downloads import Downloads, kept_links
 from ._guards import Guard, LocalGuard
 from ._ledger import NOT_FOUND, Ledger, Totals

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import RequestValidationError
+from .._core.exceptions import RequestValidationError
 from .._files import StorageError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR

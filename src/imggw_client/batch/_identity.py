@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .._core import jsonio, rules
-from .._exceptions import ConfigurationError, ImggwError, RequestValidationError
+from .._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
 from .._files import StorageError, create_new, refuse_link, temp_name
 from ._storage import Storage
 

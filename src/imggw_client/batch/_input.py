@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._exceptions import RequestValidationError
+from .._core.exceptions import RequestValidationError
 from ._csv import LooksLikeCsv, csv_items, csv_line_kinds, header_message, is_csv_header
 from ._lines import (
     ENTRY,

@@ -26,7 +26,7 @@ from typing import Any
 
 import filelock
 
-from .._exceptions import ImggwError, RequestValidationError
+from .._core.exceptions import ImggwError, RequestValidationError
 from .._files import StorageError, refuse_link
 from ._lines import GENERATE
 from ._schema import (

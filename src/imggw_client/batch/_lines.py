@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._exceptions import ImggwError
-from .._models import ImageRequest
+from .._core.exceptions import ImggwError
+from .._core.models import ImageRequest
 
 CSV_COLUMNS = ("prompt", "aspect_ratio", "resolution", "surface", "id")
 REQUEST_FIELDS = frozenset(CSV_COLUMNS)  # what a request line may carry

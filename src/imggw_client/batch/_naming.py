@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._exceptions import RequestValidationError
+from .._core.exceptions import RequestValidationError
 from ._lines import BadLine, BatchInputError
 from ._schema import BAD, Row
 

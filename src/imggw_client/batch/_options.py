@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
-from .._config import check_surface
-from .._exceptions import RequestValidationError
+from .._core.config import check_surface
+from .._core.exceptions import RequestValidationError
 from ._input import FORMATS
 from ._naming import DEFAULT_NAME, NameTemplate
 from ._spending import Caps

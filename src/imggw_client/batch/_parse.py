@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._config import SURFACES
 from .._core import jsonio, rules
+from .._core.config import SURFACES
+from .._core.exceptions import RequestValidationError
+from .._core.models import ImageRequest
 from .._core.text import printable
-from .._exceptions import RequestValidationError
-from .._models import ImageRequest
 from ._lines import REQUEST_FIELDS, InputLine, Unreadable
 
 # What a collect line may carry besides task_id: what submit/status/poll print, a manifest's

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from .._config import check_surface
-from .._exceptions import RequestValidationError
+from .._core.config import check_surface
+from .._core.exceptions import RequestValidationError
 from .._files import create_new, refuse_link, temp_name
 from . import _identity
 from ._input import parse_lines

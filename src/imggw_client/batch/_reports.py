@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from .._config import RateLimit
+from .._core.config import RateLimit
 from ._lines import BadLine
 from ._states import FINAL, ExitCode, LineState, exit_code, statuses, words
 

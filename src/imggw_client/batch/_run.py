@@ -21,11 +21,7 @@ from pathlib import Path
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
-from .._core.flows import NOT_AN_IMAGE
-from .._core.retry import classify
-from .._core.surfaces import safe_message
-from .._download import WRITE_FAILED
-from .._exceptions import (
+from .._core.exceptions import (
     AuthenticationError,
     ConfigurationError,
     DownloadError,
@@ -33,6 +29,10 @@ from .._exceptions import (
     PermissionDeniedError,
     UnknownOutcomeError,
 )
+from .._core.flows import NOT_AN_IMAGE
+from .._core.retry import classify
+from .._core.surfaces import safe_message
+from .._download import WRITE_FAILED
 from .._files import StorageError
 from ._ledger import Ledger, Totals
 from ._room import Room

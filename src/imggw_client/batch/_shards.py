@@ -41,10 +41,10 @@ from tenacity import (
 
 from .._async_client import AsyncClient
 from .._base_client import key_fingerprint
-from .._config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
-from .._exceptions import RequestValidationError
+from .._core.config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
+from .._core.exceptions import RequestValidationError
+from .._core.models import DownloadedFile
 from .._files import StorageError, temp_name
-from .._models import DownloadedFile
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._engine import execute

@@ -11,8 +11,8 @@ import anyio
 import anyio.to_thread
 
 from .._async_client import AsyncClient
-from .._config import RateLimit, check_surface
-from .._exceptions import RequestValidationError
+from .._core.config import RateLimit, check_surface
+from .._core.exceptions import RequestValidationError
 from .._files import refuse_links
 from . import _identity
 from ._engine import execute

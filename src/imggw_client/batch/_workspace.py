@@ -16,8 +16,8 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from .._core.models import DownloadedFile
 from .._files import refuse_link
-from .._models import DownloadedFile
 from ._gallery import write_gallery
 from ._ledger import STOPPED_BY, Ledger
 from ._manifest import manifest_rows, write_manifest

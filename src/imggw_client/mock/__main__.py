@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .._exceptions import ConfigurationError
+from .._core.exceptions import ConfigurationError
 from ._config import options
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .._exceptions import ConfigurationError
+from .._core.exceptions import ConfigurationError
 
 FAULT_KINDS: tuple[str, ...] = (
     "lost",  # the task is created, then the connection drops: the answer never arrives

@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core import reasons, rules, spec
+from .._core.exceptions import ConfigurationError
+from .._core.models import ImageRequest, TaskError, TaskStatus
 from .._core.spec import Surface
-from .._exceptions import ConfigurationError
-from .._models import ImageRequest, TaskError, TaskStatus
 from . import _serving as serving
 from ._config import MockConfig, parse_limit
 from ._messages import IN_PROCESS_URL, JSON_CONTENT, MockRequest, MockResponse

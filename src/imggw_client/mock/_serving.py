@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core import jsonio, reasons, rules, spec
+from .._core.models import ImageRequest, TaskError, TaskStatus
 from .._core.reasons import Reason
 from .._core.spec import BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
 from .._core.surfaces import encode_json
-from .._models import ImageRequest, TaskError, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import pytest
 
 from .._async_client import AsyncClient
 from .._client import Client
-from .._config import PollPolicy, RetryPolicy
+from .._core.config import PollPolicy, RetryPolicy
 from ._gateway import MockGateway
 
 # Fast enough for a test suite, slow enough to see tasks move through their states.

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from .._core import states
+from .._core.exceptions import ConfigurationError
+from .._core.models import ImageRequest, TaskStatus
 from .._core.states import State, Work
-from .._exceptions import ConfigurationError
 from .._files import StorageError, open_private
-from .._models import ImageRequest, TaskStatus
 
 __all__ = ["Journal", "JournalEntry", "Scope"]
 

@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .._async_client import AsyncClient
-from .._exceptions import ResultExpiredError, WaitTimeoutError
-from .._models import DownloadedFile, Task, TaskStatus
+from .._core.exceptions import ResultExpiredError, WaitTimeoutError
+from .._core.models import DownloadedFile, Task, TaskStatus
 
 __all__ = ["CollectReport", "Tracker"]
 

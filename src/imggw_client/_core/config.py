@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from ._core.rules import check_headers
-from ._core.spec import Surface as Surface  # its home is the wire spec; imported from here too
-from ._exceptions import ConfigurationError
+from .exceptions import ConfigurationError
+from .rules import check_headers
+from .spec import Surface as Surface  # its home is the wire spec; imported from here too
 
 if TYPE_CHECKING:
     import httpx
@@ -243,7 +243,7 @@ def _query_problem(query: str, expected: str, shown: str) -> str | None:
         return None
     from urllib.parse import parse_qs
 
-    from ._core.text import printable
+    from .text import printable
 
     for name, values in parse_qs(query).items():
         parser = parsers.get(name)
@@ -264,7 +264,7 @@ def redact_store(url: str) -> str:
 
         redact_store("redis://:secret@cache:6379/0")   # "redis://***@cache:6379/0"
     """
-    from ._core.text import redact_store_url
+    from .text import redact_store_url
 
     return redact_store_url(url)
 

@@ -1,26 +1,26 @@
 """The root of the error tree and the error the models raise: a module that imports only the
 reason table.
 
-``_exceptions`` is their public home and draws the whole tree; they live here so that
-``_models`` can raise them without importing ``_exceptions``, which names the models in its
-own annotations (the import circle ``_exceptions`` -> ``_models`` -> ``_exceptions``).
-Both keep ``imggw_client._exceptions`` as their ``__module__``: tracebacks and pickles name the
-public home, as they did before the move.
+``exceptions`` is their home and draws the whole tree; they live here so that ``models`` can
+raise them without importing ``exceptions``, which names the models in its own annotations (the
+import circle ``exceptions`` -> ``models`` -> ``exceptions``). Both keep
+``imggw_client._core.exceptions`` as their ``__module__``: tracebacks and pickles name the
+module that draws the tree.
 
 Example::
 
-    from imggw_client._exceptions import RequestValidationError   # the same class
+    from imggw_client._core.exceptions import RequestValidationError   # the same class
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._core.reasons import INVALID_REQUEST
+from .reasons import INVALID_REQUEST
 
 __all__ = ["ImggwError", "RequestValidationError", "add_note"]
 
-_HOME = "imggw_client._exceptions"
+_HOME = "imggw_client._core.exceptions"
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from ._core import rules
-from ._core.rules import AspectRatio, Resolution
-from ._core.spec import Surface
-from ._core.text import link_for_display
-from ._errors import RequestValidationError
+from . import rules
+from .errors import RequestValidationError
+from .rules import AspectRatio, Resolution
+from .spec import Surface
+from .text import link_for_display
 
 __all__ = [
     "DownloadedFile",

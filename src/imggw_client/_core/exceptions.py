@@ -58,12 +58,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# The two errors the models raise live in ``_errors``, which imports nothing, so that the models
+# The two errors the models raise live in ``errors``, which imports nothing, so that the models
 # never import this module while it imports them for annotations; here is their public home.
-from ._errors import ImggwError, RequestValidationError
+from .errors import ImggwError, RequestValidationError
 
 if TYPE_CHECKING:
-    from ._models import ImageRequest, Submission, Task
+    from .models import ImageRequest, Submission, Task
 
 __all__ = [
     "APIConnectionError",
