@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import random
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,15 @@ LANE_DESELECTED = pytest.StashKey[int]()
 FAST_LANE_BUDGET = 1.0
 # Each test's seconds (setup, call and teardown), while the fast lane runs.
 fast_lane_times: dict[str, float] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`bash .ci/run &`) with SIGINT ignored, and an ignored
+    # signal stays ignored through exec: every CLI process a test interrupts with Ctrl-C would
+    # then finish unbothered (or never stop). A user's Ctrl-C reaches a normal process, so the
+    # tests run as one: Python's own handler, which exec turns back into the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
