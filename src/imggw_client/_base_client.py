@@ -21,7 +21,7 @@ import httpx
 
 from . import _logs, _telemetry
 from ._core.budget import Budget, RemoteBudget
-from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, resolve_settings, updated
+from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, updated
 from ._core.durations import DurationModel
 from ._core.exceptions import ConfigurationError
 from ._core.flows import Flows, log
@@ -188,31 +188,13 @@ class BaseClient(Generic[H]):
 
     def __init__(
         self,
-        api_key: str | None,
-        base_url: str | None,
+        settings: Settings,
         *,
-        surface: str,
-        timeout: float | httpx.Timeout,
-        max_retries: int,
-        retry: RetryPolicy | None,
-        poll: PollPolicy | None,
-        rate_limit: RateLimit | None,
         http_client: H | None,
         transport: Transport | None,
         journal: Any = None,
-        default_headers: Mapping[str, str] | None = None,
     ) -> None:
-        self._settings: Settings = resolve_settings(
-            api_key,
-            base_url,
-            surface=surface,
-            timeout=timeout,
-            max_retries=max_retries,
-            retry=retry,
-            poll=poll,
-            rate_limit=rate_limit,
-            default_headers=default_headers,
-        )
+        self._settings = settings
         _logs.watch_key(self._settings.api_key)  # IMGGW_LOG's lines never show it
         self._flows = Flows(self._settings, budget=self._own_budget(self._settings))
         self._owns_budget = True  # closes its budget's connections (a shared store's) on close

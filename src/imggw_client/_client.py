@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, cast
 
 import httpx
@@ -36,30 +35,23 @@ from ._base_client import (
     unique,
     wait_deadline,
 )
+from ._core import wire
 from ._core.budget import Budget, RemoteBudget, SyncBudgetService
 from ._core.completions import Completions
-from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface
+from ._core.config import (
+    PollPolicy,
+    RateLimit,
+    RetryPolicy,
+    Settings,
+    check_surface,
+    resolve_settings,
+)
 from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
 from ._core.flows import Flow, interrupt
 from ._core.models import DownloadedFile, Submission, Task
 from ._core.rules import AspectRatio, Resolution
 from ._core.silence import Silence, answered
 from ._core.spec import Surface
-from ._core.wire import (
-    Action,
-    Answered,
-    Fetch,
-    Fetched,
-    Notify,
-    Observe,
-    Pace,
-    Paced,
-    Record,
-    Reply,
-    Send,
-    Sleep,
-    TransportFailure,
-)
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._telemetry import Watch
 
@@ -116,7 +108,7 @@ class Client(BaseClient[httpx.Client]):
         transport: httpx.BaseTransport | None = None,
         journal: Journal | str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
-        super().__init__(
+        settings = resolve_settings(
             api_key,
             base_url,
             surface=surface,
@@ -125,11 +117,9 @@ class Client(BaseClient[httpx.Client]):
             retry=retry,
             poll=poll,
             rate_limit=rate_limit,
-            http_client=http_client,
-            transport=transport,
-            journal=journal,
             default_headers=default_headers,
         )
+        super().__init__(settings, http_client=http_client, transport=transport, journal=journal)
         self._sleep = _io.sleep
         # The gateway's silence as this client's requests see it (shared by its copies): what a
         # batch's progress tells of a gateway down or hung.
@@ -531,12 +521,7 @@ class Client(BaseClient[httpx.Client]):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------------ driver
@@ -568,43 +553,43 @@ class Client(BaseClient[httpx.Client]):
         except Exception as exc:
             return exc
 
-    def _perform_for(self, step: tuple[int, Action], *, watch: Watch) -> tuple[int, Any]:
+    def _perform_for(self, step: tuple[int, wire.Action], *, watch: Watch) -> tuple[int, Any]:
         index, action = step
         return index, self._perform(action, None, watch)
 
     def _perform(
         self,
-        action: Action,
+        action: wire.Action,
         on_update: _io.OnUpdate | None,
         watch: Watch,
         on_submit: _io.OnSubmit | None = None,
     ) -> Any:
-        if isinstance(action, Send):
+        if isinstance(action, wire.Send):
             return self._send(action)
-        if isinstance(action, Observe):
+        if isinstance(action, wire.Observe):
             watch.observe(action)
             return None
-        if isinstance(action, Sleep):
+        if isinstance(action, wire.Sleep):
             self._sleep(action.seconds)
-        elif isinstance(action, Record):
+        elif isinstance(action, wire.Record):
             _io.run_sync(self._record, action.event)
-        elif isinstance(action, Answered):
+        elif isinstance(action, wire.Answered):
             if on_submit is not None:
                 _io.notify(on_submit, action.submission)
-        elif isinstance(action, Notify):
+        elif isinstance(action, wire.Notify):
             if on_update is not None:
                 _io.notify(on_update, action.task)
-        elif isinstance(action, Fetch):
+        elif isinstance(action, wire.Fetch):
             return self._fetch(action)
         else:
             return self._budget_call(action)
         return None
 
-    def _budget_call(self, action: Pace | Paced) -> Any:
+    def _budget_call(self, action: wire.Pace | wire.Paced) -> Any:
         budget = self._flows.budget
         assert isinstance(budget, RemoteBudget), "only a shared budget yields these"
         service = cast(SyncBudgetService, budget.service)  # share_budget checked its kind
-        if isinstance(action, Pace):
+        if isinstance(action, wire.Pace):
             if action.ticket is None:
                 return service.reserve(action.kind)
             return action.ticket, service.wait_time(action.ticket)
@@ -618,7 +603,7 @@ class Client(BaseClient[httpx.Client]):
             )  # fmt: skip
         return None
 
-    def _send(self, send: Send) -> Reply | TransportFailure:
+    def _send(self, send: wire.Send) -> wire.Reply | wire.TransportFailure:
         closed = self._closed_failure()
         if closed is not None:
             return closed
@@ -646,7 +631,7 @@ class Client(BaseClient[httpx.Client]):
             self._silence.heard(time.monotonic(), answer=answered(status))
         return _transport.to_reply(response, body.content, time.perf_counter() - started)
 
-    def _fetch(self, fetch: Fetch) -> Fetched | TransportFailure:
+    def _fetch(self, fetch: wire.Fetch) -> wire.Fetched | wire.TransportFailure:
         closed = self._closed_failure()
         if closed is not None:
             return closed
@@ -664,11 +649,11 @@ class Client(BaseClient[httpx.Client]):
                 ) as response,
             ):
                 if response.status_code != 200:
-                    return Fetched(response.status_code)
+                    return wire.Fetched(response.status_code)
                 for chunk in response.iter_bytes():
                     sink.write(chunk)
                     if sink.too_large:
-                        return Fetched(200, too_large=True)
+                        return wire.Fetched(200, too_large=True)
                     _io.check_deadline(deadline)
                 return _io.run_sync(sink.finish, response.headers)
         except _io.FAILURES as exc:

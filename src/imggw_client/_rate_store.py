@@ -18,14 +18,17 @@ import secrets
 import time
 import weakref
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._base_client import key_fingerprint
 from ._core import shared_budget as shared
-from ._core.budget import QUERY, SUBMIT
+from ._core.budget import QUERY, SUBMIT, Ended
 from ._core.config import Settings, redact_store
 from ._core.exceptions import ConfigurationError
 from ._core.shared_budget import Fallback, StoreTicket
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["AsyncStoreBudget", "StoreBudget", "require_redis"]
 
@@ -117,19 +120,10 @@ class _Shared:
             return shared.place_args("release", self.limit, ticket)
         return None
 
-    def plan_finished(
-        self,
-        ticket: StoreTicket,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> list[str] | None:
+    def plan_finished(self, ticket: StoreTicket, **ended: Unpack[Ended]) -> list[str] | None:
         if ticket.local is None:
-            return shared.finished_args(self.limit, ticket, limited=limited,
-                                        retry_after=retry_after, backoff=backoff)  # fmt: skip
-        self.fallback.budget.finished(ticket.local, time.monotonic(), limited=limited,
-                                      retry_after=retry_after, backoff=backoff)  # fmt: skip
+            return shared.finished_args(self.limit, ticket, **ended)
+        self.fallback.budget.finished(ticket.local, time.monotonic(), **ended)
         return None
 
     def done(self, answer: object) -> None:
@@ -211,17 +205,9 @@ class AsyncStoreBudget(_Shared):
         if args is not None:
             self.done(await self._call(ticket.kind, args))
 
-    async def finished(
-        self,
-        ticket: Hashable,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> None:
+    async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
         assert isinstance(ticket, StoreTicket)
-        args = self.plan_finished(ticket, limited=limited, retry_after=retry_after,
-                                  backoff=backoff)  # fmt: skip
+        args = self.plan_finished(ticket, **ended)
         if args is not None:
             self.done(await self._call(ticket.kind, args))
 
@@ -279,17 +265,9 @@ class StoreBudget(_Shared):
         if args is not None:
             self.done(self._call(ticket.kind, args))
 
-    def finished(
-        self,
-        ticket: Hashable,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> None:
+    def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
         assert isinstance(ticket, StoreTicket)
-        args = self.plan_finished(ticket, limited=limited, retry_after=retry_after,
-                                  backoff=backoff)  # fmt: skip
+        args = self.plan_finished(ticket, **ended)
         if args is not None:
             self.done(self._call(ticket.kind, args))
 

@@ -19,6 +19,8 @@ from imggw_client import rules
 PROGRAM = """\
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import httpx
 
 from imggw_client import (
@@ -39,11 +41,50 @@ def right(client: Client, sub: Submission) -> None:
     where: Surface = "beta"
     client.submit("a fox", aspect_ratio=ratio, resolution=size, surface=where)
     Client(surface="alpha", default_headers={"X-Team": "ml"})
+    client.share_budget(Blocking())
+
+
+# Budget services as BudgetService's example writes them, every keyword of finished() spelled.
+class Unpaced:
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        return kind, 0.0
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        return 0.0
+
+    async def release(self, ticket: Hashable) -> None: ...
+
+    async def finished(
+        self, ticket: Hashable, *, limited: bool, retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None: ...
+
+
+class Blocking:
+    def reserve(self, kind: str) -> tuple[Hashable, float]:
+        return kind, 0.0
+
+    def wait_time(self, ticket: Hashable) -> float:
+        return 0.0
+
+    def release(self, ticket: Hashable) -> None: ...
+
+    def finished(
+        self, ticket: Hashable, *, limited: bool, retry_after: float | None,
+        backoff: tuple[float, float],
+    ) -> None: ...
+
+
+class Forgetful(Blocking):  # its finished() takes no backoff
+    def finished(  # type: ignore[override]
+        self, ticket: Hashable, *, limited: bool, retry_after: float | None
+    ) -> None: ...
 
 
 async def right_async(client: AsyncClient) -> None:
     await client.submit("a fox", aspect_ratio="1:1", resolution="2k", surface="alpha")
     await client.generate("a fox", aspect_ratio="4:5", resolution="1K")
+    client.share_budget(Unpaced())
 
 
 def wrong(client: Client, text: str) -> None:
@@ -62,6 +103,8 @@ def wrong(client: Client, text: str) -> None:
     ratio: AspectRatio = "5:7"  # wrong
     size: Resolution = "3k"  # wrong
     where: Surface = "gamma"  # wrong
+    client.share_budget(Forgetful())  # wrong
+    client.share_budget(Unpaced())  # wrong
 
 
 async def wrong_async(client: AsyncClient) -> None:
@@ -88,6 +131,8 @@ def test_mypy_strict_refuses_each_wrong_choice_and_accepts_the_right_ones(tmp_pa
     )  # fmt: skip
     errors: dict[int, list[str]] = {}
     for line in done.stdout.splitlines():
+        if re.match(r"typed_program\.py:\d+: note: ", line):  # what an error's lines go on to say
+            continue
         found = re.match(r"typed_program\.py:(\d+): error: (.*)", line)
         assert found, f"unexpected mypy output: {line}\n{done.stdout}{done.stderr}"
         errors.setdefault(int(found[1]), []).append(found[2])

@@ -88,9 +88,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from .config import RateLimit, RetryPolicy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SUBMIT = "submit"
 QUERY = "query"
@@ -778,6 +781,22 @@ class WriteGate:
         return self._budget.writing(self._ticket, self._clock())
 
 
+class Ended(TypedDict):
+    """How a request ended, as every budget held elsewhere is told it (the keywords of
+    :meth:`BudgetService.finished`; see :meth:`Budget.finished`): ``limited``, it met a 429 with
+    the hint ``retry_after`` (seconds, or None); ``backoff``, the retry policy's first and
+    longest backoff.
+
+    Example::
+
+        service.finished(ticket, **Ended(limited=True, retry_after=2.0, backoff=(1.0, 8.0)))
+    """
+
+    limited: bool
+    retry_after: float | None
+    backoff: tuple[float, float]
+
+
 class BudgetService(Protocol):
     """A :class:`Budget` held elsewhere, asked over the network (by the driver, never by the
     flows), as an ``AsyncClient`` asks it: the same four operations, awaited, on the holder's
@@ -807,15 +826,8 @@ class BudgetService(Protocol):
     async def release(self, ticket: Hashable) -> None:
         """Gives back a slot that will not be used."""
 
-    async def finished(
-        self,
-        ticket: Hashable,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> None:
-        """The request of ``ticket`` ended (see :meth:`Budget.finished`)."""
+    async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
+        """The request of ``ticket`` ended: its keywords are :class:`Ended`'s."""
 
 
 class SyncBudgetService(Protocol):
@@ -844,14 +856,7 @@ class SyncBudgetService(Protocol):
     def release(self, ticket: Hashable) -> None:
         """See :meth:`BudgetService.release`."""
 
-    def finished(
-        self,
-        ticket: Hashable,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> None:
+    def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
         """See :meth:`BudgetService.finished`."""
 
 

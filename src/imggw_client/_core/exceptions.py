@@ -58,6 +58,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import reasons
+
 # The two errors the models raise live in ``errors``, which imports nothing, so that the models
 # never import this module while it imports them for annotations; here is their public home.
 from .errors import ImggwError, RequestValidationError
@@ -381,3 +383,33 @@ class DownloadError(ImggwError):
         except DownloadError as err:
             files = client.download(task, "out/", overwrite=True)   # e.g. after "exists"
     """
+
+
+# The class of an error answer by its HTTP status, as the tree above draws it.
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    402: InsufficientCreditsError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: InvalidRequestError,
+    422: InvalidRequestError,
+    429: RateLimitError,
+}
+
+
+def answer_class(status: int, reason: str | None) -> type[APIError]:
+    """The class of the error a gateway's error answer raises: by its reason where the reason
+    decides (a reused key, an idempotency check that could not run), else by its status.
+
+    Example::
+
+        answer_class(429, "rate_limited")             # RateLimitError
+        answer_class(409, "idempotency_key_reused")   # IdempotencyConflictError
+    """
+    if reason == reasons.IDEMPOTENCY_KEY_REUSED.code:
+        return IdempotencyConflictError
+    if reason == reasons.IDEMPOTENCY_UNAVAILABLE.code or status >= 500:
+        return ServerError
+    return _BY_STATUS.get(status, APIError)

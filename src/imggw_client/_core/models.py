@@ -126,7 +126,27 @@ class Submission(BaseModel):
         return state
 
 
-class TaskStatus(str, Enum):
+class StrEnum(str, Enum):
+    """A str Enum that prints and formats as its value on every Python, as 3.11's
+    ``enum.StrEnum`` does (3.12 made a str Enum's ``format()`` its name): the base of every
+    state users print.
+
+    Example::
+
+        class Color(StrEnum):
+            RED = "red"
+
+        f"{Color.RED}", str(Color.RED)   # ('red', 'red')
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class TaskStatus(StrEnum):
     """The normalised task status, the same on both surfaces.
 
     A status prints and formats as its value, as the string it also is.
@@ -141,14 +161,6 @@ class TaskStatus(str, Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-
-    # Python 3.12 made a str Enum's format() its name (TaskStatus.SUCCEEDED): the value, as
-    # StrEnum does and as users print it.
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class TaskError(BaseModel):

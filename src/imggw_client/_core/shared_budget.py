@@ -43,10 +43,14 @@ import hashlib
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import budget as rules
-from .budget import Budget, Ticket
+from .budget import Budget, Ended, Ticket
 from .config import RateLimit
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "SCRIPT", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key", "read_take",
@@ -136,18 +140,12 @@ def place_args(op: str, limit: RateLimit, ticket: StoreTicket) -> list[str]:
     return [op, _ceiling(limit, ticket.kind), str(ticket.epoch), repr(ticket.slot), ticket.token]
 
 
-def finished_args(
-    limit: RateLimit,
-    ticket: StoreTicket,
-    *,
-    limited: bool,
-    retry_after: float | None,
-    backoff: tuple[float, float],
-) -> list[str]:
+def finished_args(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]) -> list[str]:
+    retry_after, (first, longest) = ended["retry_after"], ended["backoff"]
     hint = "" if retry_after is None or not math.isfinite(retry_after) else repr(retry_after)
     sent = "" if ticket.sent is None else repr(ticket.sent)
-    return ["finished", _ceiling(limit, ticket.kind), "1" if limited else "0", hint,
-            repr(float(backoff[0])), repr(float(backoff[1])), sent, ticket.token]  # fmt: skip
+    return ["finished", _ceiling(limit, ticket.kind), "1" if ended["limited"] else "0", hint,
+            repr(float(first)), repr(float(longest)), sent, ticket.token]  # fmt: skip
 
 
 def rate_of(limit: RateLimit, kind: str) -> float | None:

@@ -24,18 +24,11 @@ from .exceptions import (
     APIConnectionError,
     APIError,
     APITimeoutError,
-    AuthenticationError,
     ClientClosedError,
     ConfigurationError,
-    ConflictError,
-    IdempotencyConflictError,
-    InsufficientCreditsError,
-    InvalidRequestError,
-    NotFoundError,
-    PermissionDeniedError,
-    RateLimitError,
     RequestValidationError,
     ServerError,
+    answer_class,
 )
 from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
 from .retry import parse_retry_after
@@ -187,27 +180,6 @@ def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:
     return text or None
 
 
-_ERRORS_BY_STATUS: dict[int, type[APIError]] = {
-    400: InvalidRequestError,
-    401: AuthenticationError,
-    402: InsufficientCreditsError,
-    403: PermissionDeniedError,
-    404: NotFoundError,
-    409: ConflictError,
-    413: InvalidRequestError,
-    422: InvalidRequestError,
-    429: RateLimitError,
-}
-
-
-def _error_class(status: int, reason: str | None) -> type[APIError]:
-    if reason == reasons.IDEMPOTENCY_KEY_REUSED.code:
-        return IdempotencyConflictError
-    if reason == reasons.IDEMPOTENCY_UNAVAILABLE.code or status >= 500:
-        return ServerError
-    return _ERRORS_BY_STATUS.get(status, APIError)
-
-
 def _api_error(
     surface: Surface,
     status: int,
@@ -216,7 +188,7 @@ def _api_error(
     reply: Reply,
     now: float,
 ) -> APIError:
-    cls = _error_class(status, code)
+    cls = answer_class(status, code)
     text = message or f"the gateway answered HTTP {status}"
     if code is None:  # one condition, one code on both surfaces (DESIGN 18)
         reason = reasons.for_status(status, message)

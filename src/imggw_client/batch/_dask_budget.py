@@ -8,15 +8,18 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import get_worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .._core.budget import DEFAULT_BACKOFF, Budget, Ticket
+from .._core.budget import DEFAULT_BACKOFF, Budget, Ended, Ticket
 from .._core.config import RateLimit
 from ._guards import RemoteGuard, charge_of, handle
 from ._spending import Caps, Spending
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["GUARD_HANDLER", "HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget",
            "scheduler_guard"]  # fmt: skip
@@ -138,16 +141,8 @@ class SchedulerBudget:
     async def release(self, ticket: Hashable) -> None:
         await self._ask(action="release", ticket=ticket)
 
-    async def finished(
-        self,
-        ticket: Hashable,
-        *,
-        limited: bool,
-        retry_after: float | None,
-        backoff: tuple[float, float],
-    ) -> None:
-        await self._ask(action="finished", ticket=ticket, limited=limited, retry_after=retry_after,
-                        backoff=list(backoff))  # fmt: skip
+    async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
+        await self._ask(action="finished", ticket=ticket, **ended)
 
 
 def scheduler_guard(run: str) -> RemoteGuard:
