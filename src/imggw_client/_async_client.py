@@ -578,7 +578,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         if isinstance(action, wire.Sleep):
             await self._sleep(action.seconds)
         elif isinstance(action, wire.Record):
-            await _io.run_sync(self._record, action.event)
+            await _io.record(self._journal, action.event, self.journal_scope)
         elif isinstance(action, wire.Answered):
             if on_submit is not None:
                 await _io.notify(on_submit, action.submission)

@@ -300,11 +300,6 @@ class BaseClient(Generic[H]):
         assert self._journal is not None
         return self._journal.tasks(unfinished=True, scope=self.journal_scope)[::-1]
 
-    def _record(self, event: object) -> None:
-        """Commits a flow's journal event (blocking: a driver runs it off its event loop)."""
-        if self._journal is not None:
-            self._journal.record(event, self.journal_scope)
-
     @property
     def timeout(self) -> float | httpx.Timeout:
         """What bounds each request, as given: seconds each request may take, from sending

@@ -572,7 +572,7 @@ class Client(BaseClient[httpx.Client]):
         if isinstance(action, wire.Sleep):
             self._sleep(action.seconds)
         elif isinstance(action, wire.Record):
-            _io.run_sync(self._record, action.event)
+            _io.record(self._journal, action.event, self.journal_scope)
         elif isinstance(action, wire.Answered):
             if on_submit is not None:
                 _io.notify(on_submit, action.submission)

@@ -12,7 +12,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -23,6 +23,9 @@ from ._core.budget import BudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
 from ._core.models import Submission, Task
+
+if TYPE_CHECKING:
+    from .tracking._journal import Journal, Scope
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -59,6 +62,15 @@ async def run_sync(func: Callable[..., T], *args: Any) -> T:
     """``func(*args)`` in a worker thread, so that a slow disk (an fsync) holds up no other
     task of the event loop."""
     return await anyio.to_thread.run_sync(func, *args)
+
+
+async def record(journal: Journal | None, event: object, scope: Scope) -> None:
+    """Commits a journal event before the flow goes on: on the event loop's thread when that
+    takes no waiting (a hop to a worker thread costs more than the write, BENCHMARKS.md); in a
+    worker thread when another writer holds the file or a checkpoint (which syncs) is due,
+    where the journal's busy timeout waits and no other task of the loop is held up."""
+    if journal is not None and not journal.try_record(event, scope):
+        await run_sync(journal.record, event, scope)
 
 
 async def map_concurrently(

@@ -8,7 +8,7 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -17,6 +17,9 @@ from ._core.budget import SyncBudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
 from ._core.models import Submission, Task
+
+if TYPE_CHECKING:
+    from .tracking._journal import Journal, Scope
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,6 +50,13 @@ def notify(callback: Callable[[Any], Any], value: object) -> None:
 
 def run_sync(func: Callable[..., T], *args: Any) -> T:
     return func(*args)
+
+
+def record(journal: Journal | None, event: object, scope: Scope) -> None:
+    """Commits a journal event before the flow goes on, in the calling thread (which may
+    wait for another writer: nothing else runs on it)."""
+    if journal is not None:
+        journal.record(event, scope)
 
 
 def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> list[R]:

@@ -198,7 +198,7 @@ def test_a_status_seen_by_get_and_a_gateway_going_back_are_recorded_by_the_table
         task = client.wait(sub)
         assert rows(path)[0]["state"] == "succeeded"
         running = task.model_copy(update={"status": TaskStatus.RUNNING})
-        client._record(Seen(running))  # as a wait would record a gateway going back
+        client.journal.record(Seen(running), client.journal_scope)  # a gateway going back
         assert rows(path)[0]["state"] == "succeeded"  # the table ignores a move back
         client.get(sub.task_id)
         assert rows(path)[0]["state"] == "succeeded"

@@ -4,7 +4,15 @@ request leaves until its results are saved (DESIGN 19).
 Several processes (and threads) may share one file: WAL, a busy timeout, a short transaction
 per event. A row is committed before its submit is sent, so a process killed at any moment
 leaves every task it may have paid for on disk, with the idempotency key that finds it again.
-The state a row moves to is decided by the one table in ``_core/states.py``.
+The state a row moves to is decided by the one table in ``_core/states.py``; a status seen
+again that would change nothing this process wrote is not written at all.
+
+An event loop writes through :meth:`Journal.try_record`, on its own thread, with a connection
+that never waits for a lock (busy timeout 0) and never checkpoints: a commit costs the write
+alone (``synchronous=NORMAL`` in WAL syncs only at checkpoints). When the file is busy, and for
+the first write and every ``CHECKPOINT_EVERY``-th, it hands the event to :meth:`Journal.record`
+in a worker thread, which waits for the lock and checkpoints (and restarts the WAL, which syncs
+its header) off the loop.
 
 No result link is stored (one may carry a key): the task is asked for again when its results
 are downloaded. The file is made 0600 in a folder made 0700.
@@ -19,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +35,7 @@ from typing import Any
 
 from .._core import states
 from .._core.exceptions import ConfigurationError
-from .._core.models import ImageRequest, TaskStatus
+from .._core.models import ImageRequest, Task, TaskStatus
 from .._core.states import State, Work
 from .._files import StorageError, open_private
 
@@ -35,6 +43,10 @@ __all__ = ["Journal", "JournalEntry", "Scope"]
 
 FORMAT = 1
 BUSY_TIMEOUT_MS = 30_000  # many CLI processes at once wait for each other, never "locked"
+# Writes between two checkpoints, made off the event loop (a checkpoint syncs the file): about
+# 500 pages of WAL at 4 pages a write, half SQLite's own 1,000-page autocheckpoint.
+CHECKPOINT_EVERY = 128
+MEMO_SIZE = 4096  # tasks whose last written row this process remembers (see Journal._needless)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -141,9 +153,17 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(os.path.expanduser(os.fspath(path)))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # _db's; taken before _loop_lock when both are
         self._db: sqlite3.Connection | None = None
+        self._loop_lock = threading.Lock()  # _nowait's, which try_record never waits for
+        self._nowait: sqlite3.Connection | None = None  # the event loop's: busy timeout 0
         self._pid = os.getpid()
+        # Writes since the last checkpoint; _due: a try_record handed the next one to record;
+        # _ready: this process has checkpointed once (the WAL's start syncs, off the loop).
+        self._writes, self._due, self._ready = 0, False, False
+        # (gateway, key_fp, surface, task_id) -> (state, expires_at, charge) last committed here
+        self._memo: dict[tuple[str, str, str, str], tuple[State, Any, Any]] = {}
+        self._memo_lock = threading.Lock()
         try:
             self._db = self._open()
         except (OSError, sqlite3.Error, StorageError) as exc:
@@ -192,29 +212,67 @@ class Journal:
 
     def record(self, event: object, scope: Scope) -> None:
         """Commits one event of a flow's (``_core/states.py``); the table decides the move.
-        Raises :class:`StorageError` if the file cannot be written: a submit is then not
-        sent."""
+        Waits while another writer holds the file (30 s at most). Raises
+        :class:`StorageError` if the file cannot be written: a submit is then not sent.
+        Example: ``journal.record(event, client.journal_scope)``, as a blocking driver does.
+        """
+        if self._needless(event, scope):
+            return
         try:
             with self._connection() as db:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    _apply(db, event, scope)
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
+                if self._due or not self._ready or self._writes >= CHECKPOINT_EVERY:
+                    # No write on the loop's connection meanwhile: the checkpoint syncs, and
+                    # the write just after it restarts the WAL (a sync of its header) here.
+                    with self._loop_lock:
+                        with suppress(sqlite3.Error):  # not needed for this write
+                            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                        self._writes, self._due, self._ready = 0, False, True
+                        self._write(db, event, scope)
+                else:
+                    self._write(db, event, scope)
         except sqlite3.Error as exc:
             raise StorageError(
                 f"cannot write the journal {self.path} ({exc}); nothing was sent",
                 code="journal_failed",
             ) from exc
 
+    def try_record(self, event: object, scope: Scope) -> bool:
+        """Commits one event as :meth:`record` does, if that takes no waiting: True when it is
+        committed (or needs no write); False when nothing was written and the caller should
+        call :meth:`record` in a worker thread: another writer holds the file, a checkpoint is
+        due or under way, another thread is in here, or the write failed (``record`` says why).
+        What an event loop calls, on its own thread. Example::
+
+            if not journal.try_record(event, scope):
+                await anyio.to_thread.run_sync(journal.record, event, scope)
+        """
+        if self._needless(event, scope):
+            return True
+        if not self._loop_lock.acquire(blocking=False):  # record() is checkpointing
+            return False
+        try:
+            if self._db is None or self._pid != os.getpid() or not self._ready:
+                return False
+            if self._writes >= CHECKPOINT_EVERY:  # this caller's record() makes it; the
+                self._writes, self._due = 0, True  # loop's other writes go on meanwhile
+                return False
+            if self._nowait is None:
+                self._nowait = self._open_nowait()
+            self._write(self._nowait, event, scope)
+            return True
+        except sqlite3.Error:  # busy: another writer holds the lock (or a failure record reports)
+            return False
+        finally:
+            self._loop_lock.release()
+
     def close(self) -> None:
         """Closes the file (a journal the client opened from a path is closed with it)."""
-        with self._lock:
-            if self._db is not None and self._pid == os.getpid():
-                self._db.close()
-            self._db = None
+        with self._lock, self._loop_lock:
+            if self._pid == os.getpid():
+                for db in (self._nowait, self._db):
+                    if db is not None:
+                        db.close()
+            self._db = self._nowait = None
 
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r})"
@@ -243,11 +301,62 @@ class Journal:
             raise
         return db
 
+    def _open_nowait(self) -> sqlite3.Connection:
+        """The event loop's connection (see the module's docstring): no I/O until it writes."""
+        db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+        for pragma in ("busy_timeout=0", "wal_autocheckpoint=0", "synchronous=NORMAL"):
+            db.execute(f"PRAGMA {pragma}")  # synchronous as _open's: it is per connection
+        return db
+
+    def _write(self, db: sqlite3.Connection, event: object, scope: Scope) -> None:
+        """One event in one transaction on ``db`` (its lock held), and its row in the memo."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            after = _apply(db, event, scope)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
+        self._writes += 1
+        if after is not None:
+            self._remember(after)
+
+    def _needless(self, event: object, scope: Scope) -> bool:
+        """Whether ``event`` would leave its row as this process last wrote it: a status the
+        table keeps (``running`` again, ``succeeded`` after ``saved``) and no new link expiry
+        or charge. Read without the lock: a row is at or past what the memo says, and an event
+        the table ignores at one state it ignores at every later one."""
+        if not isinstance(event, states.Seen) or self._db is None:  # closed: record() says so
+            return False
+        task = event.task
+        known = self._memo.get((scope.gateway, scope.key_fingerprint, task.surface, task.id))
+        if known is None:
+            return False
+        state, expires, charge = known
+        if states.move(state, _event(event)) is not state:
+            return False
+        new_expires, new_charge = _seen_values(task)
+        return new_expires in (None, expires) and new_charge in (None, charge)
+
+    def _remember(self, after: Memo) -> None:
+        key, state, expires, charge = after
+        with self._memo_lock:  # two threads may write at once, on the two connections
+            self._memo.pop(key, None)
+            if state is None:
+                return
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.pop(next(iter(self._memo)))  # the oldest written
+            self._memo[key] = (state, expires, charge)
+
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's handle is not ours
-                self._db, self._pid = None, os.getpid()
+            if self._pid != os.getpid():  # a forked child: the parent's handles are not ours
+                with self._loop_lock:
+                    self._db, self._nowait, self._ready, self._due = None, None, False, False
+                    self._pid = os.getpid()
                 try:
                     self._db = self._open()
                 except (OSError, sqlite3.Error, StorageError) as exc:
@@ -263,7 +372,12 @@ def unusable(path: Path, exc: BaseException) -> ConfigurationError:
     return ConfigurationError(f"cannot use the journal {path} ({why})", code="journal_unusable")
 
 
-def _apply(db: sqlite3.Connection, event: object, scope: Scope) -> None:
+Memo = tuple[tuple[str, str, str, str], State | None, Any, Any]  # key, state, expiry, charge
+
+
+def _apply(db: sqlite3.Connection, event: object, scope: Scope) -> Memo | None:
+    """Runs ``event``'s move on its rows; returns what its one row holds after it (for the
+    memo; its state None when the row went, or when the event found no row or several)."""
     base = (scope.gateway, scope.key_fingerprint)
     if isinstance(event, states.Sending):
         request = event.request
@@ -274,14 +388,16 @@ def _apply(db: sqlite3.Connection, event: object, scope: Scope) -> None:
             (*base, event.surface, event.key, State.UNKNOWN.value, request.prompt,
              request.aspect_ratio, request.resolution, time.time()),
         )  # fmt: skip
-        return
+        return None
     surface: str
+    task_id: str | None
     if isinstance(event, (states.Accepted, states.Refused)):
         if isinstance(event, states.Accepted):
             sub = event.submission
-            surface, key, happened = sub.surface, sub.idempotency_key, states.Event.PENDING
+            surface, key, task_id = sub.surface, sub.idempotency_key, sub.task_id
+            happened = states.Event.PENDING
         else:
-            surface, key, happened = event.surface, event.key, states.Event.REFUSED
+            surface, key, task_id, happened = event.surface, event.key, None, states.Event.REFUSED
         where, args = "idempotency_key = ?", [key]
     else:
         task_id = event.task.id if isinstance(event, states.Seen) else event.task_id  # type: ignore[attr-defined]
@@ -290,15 +406,23 @@ def _apply(db: sqlite3.Connection, event: object, scope: Scope) -> None:
         happened = _event(event)
     mine = "gateway = ? AND key_fp = ? AND surface = ?"
     found = db.execute(
-        f"SELECT row, state FROM tasks WHERE {mine} AND {where}", (*base, surface, *args)
+        f"SELECT row, state, expires_at, charge FROM tasks WHERE {mine} AND {where}",
+        (*base, surface, *args),
     ).fetchall()
-    for row, state in found:
+    after: tuple[State, Any, Any] | None = None
+    for row, state, expires, charge in found:
         target = states.move(State(state), happened)
         if target is None:
             db.execute("DELETE FROM tasks WHERE row = ?", (row,))
             continue
-        sets, values = _changes(event, target)
-        db.execute(f"UPDATE tasks SET {sets} WHERE row = ?", (*values, row))
+        changes = _changes(event, target)
+        sets = ", ".join(f"{name} = ?" for name in changes)
+        db.execute(f"UPDATE tasks SET {sets} WHERE row = ?", (*changes.values(), row))
+        after = (target, changes.get("expires_at", expires), changes.get("charge", charge))
+    if task_id is None:
+        return None
+    known = after if len(found) == 1 and after is not None else (None, None, None)
+    return ((*base, surface, task_id), *known)
 
 
 def _event(event: object) -> states.Event:
@@ -309,28 +433,31 @@ def _event(event: object) -> states.Event:
     return states.Event.EXPIRED
 
 
-def _changes(event: object, target: State) -> tuple[str, tuple[Any, ...]]:
-    names: list[str] = ["state"]
-    values: list[Any] = [target.value]
+def _changes(event: object, target: State) -> dict[str, Any]:
+    """The columns ``event`` sets on a row that moves to ``target``."""
+    changes: dict[str, Any] = {"state": target.value}
     if isinstance(event, states.Accepted):
-        names.append("task_id")
-        values.append(event.submission.task_id)
+        changes["task_id"] = event.submission.task_id
         if event.submission.submitted_at is not None:
-            names.append("submitted_at")
-            values.append(event.submission.submitted_at.timestamp())
+            changes["submitted_at"] = event.submission.submitted_at.timestamp()
     elif isinstance(event, states.Seen):
-        task = event.task
-        if task.expires_at is not None:
-            names.append("expires_at")
-            values.append(task.expires_at.timestamp())
-        charge = task.credits if task.credits is not None else task.cost
-        if charge is not None and math.isfinite(charge):
-            names.append("charge")
-            values.append(float(charge))
+        expires, charge = _seen_values(event.task)
+        if expires is not None:
+            changes["expires_at"] = expires
+        if charge is not None:
+            changes["charge"] = charge
     elif isinstance(event, states.Saved) and target is State.SAVED:
-        names.append("files")
-        values.append(json.dumps([str(path) for path in event.files]))
-    return ", ".join(f"{name} = ?" for name in names), tuple(values)
+        changes["files"] = json.dumps([str(path) for path in event.files])
+    return changes
+
+
+def _seen_values(task: Task) -> tuple[float | None, float | None]:
+    """The link expiry and charge an answer gives (as stored), each None when it gives none."""
+    expires = None if task.expires_at is None else task.expires_at.timestamp()
+    charge = task.credits if task.credits is not None else task.cost
+    if charge is None or not math.isfinite(charge):
+        return expires, None
+    return expires, float(charge)
 
 
 def _entry(row: Sequence[Any]) -> JournalEntry:
