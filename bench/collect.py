@@ -101,9 +101,9 @@ def simulate(
 def runner_window(concurrency: int) -> tuple[int, str]:
     """The runner's window of lines in flight, from its own constants if they are still there."""
     try:
-        from imggw_client.batch import _engine
+        from imggw_client.tracking import _loop
 
-        low, per_slot = _engine.MIN_IN_FLIGHT, _engine.IN_FLIGHT_PER_SLOT
+        low, per_slot = _loop.MIN_IN_FLIGHT, _loop.IN_FLIGHT_PER_SLOT
         source = "the engine's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
     except (ImportError, AttributeError):
         low, per_slot = 1024, 64

@@ -28,6 +28,7 @@ import filelock
 
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._files import StorageError, refuse_link
+from ..tracking._store import NOT_FOUND  # a line's task unknown to the gateway (see recheck)
 from ._lines import GENERATE
 from ._schema import (
     BAD,
@@ -53,7 +54,6 @@ from ._states import (
 
 LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
-NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
 

@@ -47,7 +47,7 @@ from .._core.models import DownloadedFile
 from .._files import StorageError, temp_name
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
-from ._engine import execute
+from ._execute import execute
 from ._guards import Guard
 from ._input import count_lines, reads_csv
 from ._ledger import Ledger

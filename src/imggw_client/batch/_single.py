@@ -1,5 +1,5 @@
 """A batch in one process into one local folder: :func:`arun_batch` and :func:`run_batch`, a
-thin driver over the engine (``_engine``) whose folder is its own result store."""
+thin driver over the tracker's loop (``_execute``) whose folder is its own result store."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .._core.config import RateLimit, check_surface
 from .._core.exceptions import RequestValidationError
 from .._files import refuse_links
 from . import _identity
-from ._engine import execute
+from ._execute import execute
 from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._ledger import LOCK_NAME, Ledger, remove_if_empty
 from ._lines import BAD_LINES_NAME, BatchInputError

@@ -1,5 +1,5 @@
-"""The engine's scheduling (``batch/_engine.py``): a bounded window of lines in flight, and a
-line's wait given what its submit made (so its polls go by what the client learned)."""
+"""The tracker's run loop (``tracking/_loop.py``): a bounded window of items in flight, and an
+item's wait given what its submit made (so its polls go by what the client learned)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import httpx
 import pytest
 
 from imggw_client import AsyncClient, Submission
-from imggw_client.batch import _engine, arun_batch
-from imggw_client.batch._engine import _waited
+from imggw_client.batch import arun_batch
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import COLLECT
 from imggw_client.batch._states import PENDING, RUNNING
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
+from imggw_client.tracking import _loop
+from imggw_client.tracking._loop import waited
 
-from .ledgers import row
+from ..batch.ledgers import row
 
 
 class HeldQueries(httpx.AsyncBaseTransport):
@@ -40,8 +41,8 @@ class HeldQueries(httpx.AsyncBaseTransport):
 async def test_no_more_lines_are_in_flight_than_the_window_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_engine, "MIN_IN_FLIGHT", 3)
-    monkeypatch.setattr(_engine, "IN_FLIGHT_PER_SLOT", 1)
+    monkeypatch.setattr(_loop, "MIN_IN_FLIGHT", 3)
+    monkeypatch.setattr(_loop, "IN_FLIGHT_PER_SLOT", 1)
     gw = MockGateway(manual_clock=True)  # no task finishes unless told
     held = HeldQueries(gw)
     source = [f"p{n}" for n in range(10)]
@@ -61,12 +62,12 @@ async def test_no_more_lines_are_in_flight_than_the_window_holds(
 
 def test_a_lines_wait_is_given_its_submission_or_a_collected_tasks_id() -> None:
     sent = row(1, RUNNING, task_id="71", submitted_at=1_700_000_000.0, resolution="2k")
-    waited = _waited(sent)
-    assert isinstance(waited, Submission)
-    assert (waited.task_id, waited.idempotency_key, waited.resolution) == ("71", "key-1", "2k")
-    assert waited.submitted_at == datetime.fromtimestamp(1_700_000_000.0, timezone.utc)
-    assert not waited.replayed
-    replayed = _waited(row(2, RUNNING, task_id="72", submitted_at=None))
+    given = waited(sent)
+    assert isinstance(given, Submission)
+    assert (given.task_id, given.idempotency_key, given.resolution) == ("71", "key-1", "2k")
+    assert given.submitted_at == datetime.fromtimestamp(1_700_000_000.0, timezone.utc)
+    assert not given.replayed
+    replayed = waited(row(2, RUNNING, task_id="72", submitted_at=None))
     assert isinstance(replayed, Submission)
     assert replayed.replayed
-    assert _waited(row(3, RUNNING, task_id="73", kind=COLLECT, idempotency_key=None)) == "73"
+    assert waited(row(3, RUNNING, task_id="73", kind=COLLECT, idempotency_key=None)) == "73"
