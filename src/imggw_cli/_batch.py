@@ -314,8 +314,8 @@ def batch(
         dry_run_local(file, _local(output), new_run=new_run, **options)
         return
     if not scaled and not _is_remote(output):
-        run_local(file, _local(output), collect=False, wait=True, new_run=new_run,
-                  every=seconds, **options)  # fmt: skip
+        run_local(file, _local(output), wait=True, new_run=new_run, every=seconds,
+                  **options)  # fmt: skip
         return
     flags = current()
     with session() as out:

@@ -159,11 +159,9 @@ def _prepare(
                 )  # kept: it names the run's key
                 storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
-            how, collect = options.format, options.collect  # how the input is read: its cuts
-            first_entries = write_slices(source, storage, count, total, work, format=how,
-                                         collect=collect)  # fmt: skip
-            per_shard = (entries(source, count, total, format=how, collect=collect)
-                         if with_entries else [])  # fmt: skip
+            how = options.format  # how the input is read: its cuts
+            first_entries = write_slices(source, storage, count, total, work, format=how)
+            per_shard = entries(source, count, total, format=how) if with_entries else []
             return Prepared(run, total, count, scan, first_entries, per_shard)
         finally:
             scan.discard()

@@ -110,11 +110,13 @@ async def execute(
     options: BatchOptions,
     on_progress: Callable[[BatchProgress], None] | None = None,
     guard: Guard | None = None,
+    tasks: bool = False,
 ) -> BatchReport:
     """Plans and runs a run in its workspace on the tracker's loop. A plan that may not go
     raises before anything is sent (and a ledger this process made for it is removed).
     ``guard`` keeps the run's caps (default: one in this process, from ``options`` and the
-    folder's ledger; a Dask run's is held by its scheduler).
+    folder's ledger; a Dask run's is held by its scheduler). ``tasks``: the input lists tasks
+    made elsewhere (``collect_tasks``), each waited on and saved, none submitted.
 
     Example::
 
@@ -124,7 +126,8 @@ async def execute(
     surface = check_surface(options.surface or client.surface)
     ledger = work.ledger
     planning = functools.partial(plan_run, source, work.folder, ledger, work.identity,
-                                 surface=surface, options=options, part=work.part)  # fmt: skip
+                                 surface=surface, options=options, part=work.part,
+                                 tasks=tasks)  # fmt: skip
     try:
         plan: Plan = await anyio.to_thread.run_sync(planning)
     except BaseException:

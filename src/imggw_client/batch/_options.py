@@ -31,7 +31,6 @@ class RunOptions(TypedDict, total=False):
     surface: str | None
     skip_bad_lines: bool
     allow_changes: bool
-    collect: bool
     wait: bool
     verify: bool
     gallery: bool
@@ -55,9 +54,8 @@ class BatchOptions:
     - ``skip_bad_lines``: report bad input lines and go on (default: refuse the input).
     - ``allow_changes``: run lines new or changed since the folder's run began, as new
       (billed) requests (default: refuse the input).
-    - ``collect``: the input lists tasks made elsewhere (ids or JSON objects with ``task_id``).
-    - ``wait``: wait for unfinished tasks (``False``: report them, as a collect without
-      ``--wait`` does).
+    - ``wait``: wait for unfinished tasks (``False``: ask each once and report those still
+      running, as ``collect_tasks(..., wait=False)`` and ``download --from`` without ``--wait``).
     - ``verify``: check every saved file's sha256 on resume (default: its size).
     - ``gallery``: write ``index.html`` as lines finish and at the end.
     - ``format``: ``"jsonl"``, ``"csv"`` (a header row naming the columns, then a record a
@@ -87,7 +85,6 @@ class BatchOptions:
     surface: str | None = None
     skip_bad_lines: bool = False
     allow_changes: bool = False
-    collect: bool = False
     wait: bool = True
     verify: bool = False
     gallery: bool = True
@@ -142,8 +139,7 @@ class BatchOptions:
                 code="invalid_option",
             )  # fmt: skip
         NameTemplate.parse(self.name)
-        for name in ("skip_bad_lines", "allow_changes", "collect", "wait", "verify", "gallery",
-                     "new_run"):  # fmt: skip
+        for name in ("skip_bad_lines", "allow_changes", "wait", "verify", "gallery", "new_run"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestValidationError(name, "must be True or False", code="invalid_option")
 

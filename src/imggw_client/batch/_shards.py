@@ -307,7 +307,7 @@ def _prepare(
             )
         run = _identity.adopt_key(storage, run, fingerprint)
         # A CSV slice begins with the header row: the line before the shard's first.
-        header = reads_csv(spec.source, collect=spec.options.collect, format=spec.options.format)
+        header = reads_csv(spec.source, format=spec.options.format)
         part = Slice(None, spec.lines.start - header, spec.first_entry, sliced=True)
         local = storage.local
         if local is not None:
@@ -376,7 +376,7 @@ async def arun_shard(
         try:
             # A shard reads its part as a plain run (its gallery is the merge's).
             shard_options = BatchOptions.of({**options.as_keywords(), "gallery": False,
-                                             "collect": False, "wait": True})  # fmt: skip
+                                             "wait": True})  # fmt: skip
             if guard is None:
                 shard_options = _share_of(shard_options, spec.count)
             space = Workspace(work, ledger, identity, store, part)
