@@ -329,7 +329,7 @@ class Ledger:
         """Replaces ``secret`` by ``blank`` in every link the ledger keeps, and wipes the old
         bytes (SQLite's secure delete, then a log truncated): ledgers written before links
         carrying the API key were kept blanked hold it in clear. A secret under 8 characters
-        is left (it occurs in links by chance; the engine blanks it where it is a whole path
+        is left (it occurs in links by chance; the run blanks it where it is a whole path
         segment or query value). Returns how many lines changed. Blocking."""
         if len(secret) < 8 or self.get_meta(_LINKS_BLANKED) is not None:
             return 0  # a ledger once looked through keeps its links blanked from then on

@@ -1,5 +1,6 @@
 """The options of a batch run, checked once and passed whole: one object from the entry point
-(``run_batch``, ``run_shard``, ``run_sharded``, the CLI) down to the engine.
+(``run_batch``, ``collect_tasks``, ``run_shard``, ``run_sharded``, the CLI) down to the run
+(``_execute``).
 
 ``RunOptions`` types the keywords the entry points take (``run_batch(..., concurrency=16)``);
 :class:`BatchOptions` is what they become. Both list the same names (a test holds them

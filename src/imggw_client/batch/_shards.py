@@ -1,4 +1,4 @@
-"""A shard: one contiguous range of a run's input lines, run by the engine on its own, anywhere,
+"""A shard: one contiguous range of a run's input lines, run on its own, anywhere,
 into one output folder (a local path or an fsspec URL) shared with the run's other shards.
 
 The output folder::
@@ -342,7 +342,7 @@ async def arun_shard(
     on_progress: Callable[[BatchProgress], None] | None = None,
     guard: Guard | None = None,
 ) -> ShardReport:
-    """Runs (or resumes) one shard of a sharded run with the engine; any number of shards may
+    """Runs (or resumes) one shard of a sharded run on the tracker's loop; any number of shards may
     run at once, on any machines, into one output folder. ``guard`` is the run's, when one
     holds it for every shard (a Dask scheduler); without, each shard holds 1/``count`` of the
     spend caps, so that the shards of a run together stay within them.
