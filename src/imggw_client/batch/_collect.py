@@ -14,13 +14,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from .._async_client import AsyncClient
 from .._core.config import RateLimit
 from ._options import BatchOptions
 from ._reports import BatchProgress, BatchReport
-from ._single import client_maker, run_in_folder
+from ._single import run_blocking, run_in_folder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -74,12 +72,5 @@ def collect_tasks(
         report = collect_tasks(["123", {"task_id": "77", "surface": "alpha"}], "out/")
         sys.exit(report.exit_code)
     """
-    make = client_maker(client_factory, rate_limit)
-    BatchOptions.of(options)  # a bad option is refused before a client is made
-
-    async def main() -> BatchReport:
-        async with make() as client:
-            return await acollect_tasks(source, out_dir, client=client, on_progress=on_progress,
-                                        **options)  # fmt: skip
-
-    return anyio.run(main)
+    return run_blocking(source, out_dir, client_factory=client_factory, rate_limit=rate_limit,
+                        on_progress=on_progress, options=options, tasks=True)  # fmt: skip

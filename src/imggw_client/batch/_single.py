@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
     from ._options import RunOptions
 
-__all__ = ["arun_batch", "client_maker", "run_batch", "run_id_for", "run_in_folder"]
+__all__ = [
+    "arun_batch", "client_maker", "run_batch", "run_blocking", "run_id_for", "run_in_folder",
+]  # fmt: skip
 
 # The files a run writes into its folder: a symbolic link planted at any of them stops the run
 # before it plans (imggw writes through none: see _storage.atomic_write).
@@ -177,12 +179,34 @@ def run_batch(
         report = run_batch("prompts.jsonl", "out/", concurrency=16, timeout=3600)
         sys.exit(report.exit_code)
     """
+    return run_blocking(source, out_dir, client_factory=client_factory, rate_limit=rate_limit,
+                        on_progress=on_progress, options=options)  # fmt: skip
+
+
+def run_blocking(
+    source: str | Path | Iterable[Any],
+    out_dir: str | Path,
+    *,
+    client_factory: Callable[[], AsyncClient] | None,
+    rate_limit: RateLimit | None,
+    on_progress: Callable[[BatchProgress], None] | None,
+    options: RunOptions,
+    tasks: bool = False,
+) -> BatchReport:
+    """:func:`run_in_folder` to its end in this thread, with a client made for it (see
+    :func:`client_maker`): the blocking entry points (``run_batch``, ``collect_tasks``).
+
+    Example::
+
+        run_blocking(["123"], "out/", client_factory=None, rate_limit=None, on_progress=None,
+                     options={}, tasks=True)
+    """
     make = client_maker(client_factory, rate_limit)
-    BatchOptions.of(options)  # a bad option is refused before a client is made
+    chosen = BatchOptions.of(options)  # a bad option is refused before a client is made
 
     async def main() -> BatchReport:
         async with make() as client:
-            return await arun_batch(source, out_dir, client=client, on_progress=on_progress,
-                                    **options)  # fmt: skip
+            return await run_in_folder(source, out_dir, client=client, options=chosen,
+                                       on_progress=on_progress, tasks=tasks)  # fmt: skip
 
     return anyio.run(main)
