@@ -104,7 +104,7 @@ def runner_window(concurrency: int) -> tuple[int, str]:
         from imggw_client.tracking import _loop
 
         low, per_slot = _loop.MIN_IN_FLIGHT, _loop.IN_FLIGHT_PER_SLOT
-        source = "the engine's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
+        source = "the tracker loop's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
     except (ImportError, AttributeError):
         low, per_slot = 1024, 64
         source = "assumed 1024 / 64 per slot (the runner's constants moved)"
