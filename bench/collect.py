@@ -3,8 +3,8 @@ slots to save them all in time, and what each download order loses.
 
 Setup, in each run's own process: N tasks (10,000) are created through the in-process
 reference gateway (``gateway.async_client()``, one after another, all of the same duration, so
-they finish in the order of their ids) and left to finish. Then ``run_batch(ids.txt, out,
-collect=True, concurrency=C)`` collects them, through a thin transport around the gateway's
+they finish in the order of their ids) and left to finish. Then ``collect_tasks(ids.txt, out,
+concurrency=C)`` collects them, through a thin transport around the gateway's
 that gives each task's link its own expiry: a random permutation of moments spread over
 ``--span`` seconds, starting ``--lead`` seconds after the collect starts, so expiry order has
 nothing to do with the order the tasks finished (the reference gateway signs every link for
@@ -101,10 +101,10 @@ def simulate(
 def runner_window(concurrency: int) -> tuple[int, str]:
     """The runner's window of lines in flight, from its own constants if they are still there."""
     try:
-        from imggw_client.batch import _engine
+        from imggw_client.tracking import _loop
 
-        low, per_slot = _engine.MIN_IN_FLIGHT, _engine.IN_FLIGHT_PER_SLOT
-        source = "the engine's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
+        low, per_slot = _loop.MIN_IN_FLIGHT, _loop.IN_FLIGHT_PER_SLOT
+        source = "the tracker loop's MIN_IN_FLIGHT / IN_FLIGHT_PER_SLOT"
     except (ImportError, AttributeError):
         low, per_slot = 1024, 64
         source = "assumed 1024 / 64 per slot (the runner's constants moved)"
@@ -183,7 +183,7 @@ def child(mode: str, tasks: int, concurrency: int, latency: float, lead: float, 
     from imggw_cli._globals import Globals
     from imggw_cli._output import Output
     from imggw_client import AsyncClient, PollPolicy
-    from imggw_client.batch import BatchProgress, run_batch
+    from imggw_client.batch import BatchProgress, collect_tasks, run_batch
     from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
     gateway = MockGateway(duration_min=DURATION, duration_max=DURATION, seed=1)
@@ -229,9 +229,14 @@ def child(mode: str, tasks: int, concurrency: int, latency: float, lead: float, 
         usage = resource.getrusage(resource.RUSAGE_SELF)
         cpu = usage.ru_utime + usage.ru_stime
         started = time.perf_counter()
-        report = run_batch(source, work / "out", collect=mode != "generate",
-                           concurrency=concurrency, client_factory=make,
-                           on_progress=on_progress)  # fmt: skip
+        driver = run_batch if mode == "generate" else collect_tasks
+        report = driver(
+            source,
+            work / "out",
+            concurrency=concurrency,
+            client_factory=make,
+            on_progress=on_progress,
+        )
         seconds = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime - cpu

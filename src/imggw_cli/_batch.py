@@ -13,7 +13,15 @@ from typer.core import TyperGroup
 
 from . import _exit
 from ._batch_run import BATCH_INTERRUPTED, ProgressEvery, progress_every, run_local
-from ._command import Concurrency, RunTimeout, SkipBadLines, interrupted, refuse, session
+from ._command import (
+    Concurrency,
+    RunTimeout,
+    SkipBadLines,
+    interrupted,
+    option,
+    refuse,
+    session,
+)
 from ._globals import LOCAL, current, with_globals, with_globals_of
 
 
@@ -76,6 +84,81 @@ SCALE = "Beyond one machine"
 GUARDS = "Spend and failure guards"
 
 
+# The options of `imggw batch` (Typer reads these annotations at run time).
+LineTimeout = Annotated[Optional[str], option(  # noqa: UP045
+    "--line-timeout", metavar="SECONDS",
+    help="Wait at most this long on a line's task; one still running is left for the "
+    "next run (exit 3) [default: 1800].",
+)]  # fmt: skip
+AllowChanges = Annotated[bool, option(
+    "--allow-changes",
+    help="Run lines that changed since this folder's run began, as new (billed) requests.",
+)]  # fmt: skip
+NameTemplate = Annotated[Optional[str], option(  # noqa: UP045
+    "--name", metavar="TEMPLATE",
+    help="Name result files by {task_id}, {index}, {line} (the input line) and {id} "
+    "(the line's id), e.g. '{line:05}-{id}'; made safe for any filesystem, the extension "
+    "from the content; lines that would share a file are refused before anything is "
+    "sent [default: {task_id}-{index}].",
+)]  # fmt: skip
+Verify = Annotated[bool, option(
+    "--verify", help="Check every saved file's sha256 (default: its size)."
+)]  # fmt: skip
+InputFormat = Annotated[Optional[str], option(  # noqa: UP045
+    "--format", metavar="jsonl|csv|text",
+    help="Read FILE as JSONL (a JSON object a line), CSV (a header row, then a record "
+    "a row; comma- or tab-separated) or text (a prompt a line), whatever its name.",
+)]  # fmt: skip
+NewRun = Annotated[bool, option(
+    "--new-run",
+    help="Start a new run (new keys: every line billed anew) in a folder that holds "
+    "none. By default a folder made again resumes its run: the same keys, no new tasks.",
+)]  # fmt: skip
+MaxCredits = Annotated[Optional[str], option(  # noqa: UP045
+    "--max-credits", metavar="N", panel=GUARDS,
+    help="Stop submitting before the folder's run is charged more than N credits in "
+    "all (across reruns); lines sent are finished and saved, then exit 6.",
+)]  # fmt: skip
+MaxCost = Annotated[Optional[str], option(  # noqa: UP045
+    "--max-cost", metavar="X", panel=GUARDS,
+    help="The same for the cost the gateway states.",
+)]  # fmt: skip
+MaxFailures = Annotated[Optional[str], option(  # noqa: UP045
+    "--max-failures", metavar="N", panel=GUARDS,
+    help="Stop submitting once N lines failed in this run (exit 6).",
+)]  # fmt: skip
+DryRun = Annotated[bool, option(
+    "--dry-run", panel=GUARDS,
+    help="Check everything a run checks, then say what it would do and cost: nothing "
+    "is sent (--json: one object).",
+)]  # fmt: skip
+Engine = Annotated[Optional[EngineChoice], option(  # noqa: UP045
+    "--engine", panel=SCALE, help="Run the shards on Dask (pip install 'imggw[dask]').",
+)]  # fmt: skip
+Address = Annotated[Optional[str], option(  # noqa: UP045
+    "--address", metavar="tcp://HOST:PORT", panel=SCALE,
+    help="A running Dask scheduler (with --engine dask).",
+)]  # fmt: skip
+Workers = Annotated[Optional[int], option(  # noqa: UP045
+    "--workers", min=1, metavar="N", panel=SCALE,
+    help="Start (and stop) a local Dask cluster of N workers.",
+)]  # fmt: skip
+ShardSize = Annotated[Optional[int], option(  # noqa: UP045
+    "--shard-size", min=1, metavar="N", panel=SCALE,
+    help="Input lines per shard on the engine [default: 1000].",
+)]  # fmt: skip
+Shard = Annotated[Optional[str], option(  # noqa: UP045
+    "--shard", metavar="I/N", panel=SCALE,
+    help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
+    "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
+)]  # fmt: skip
+Scratch = Annotated[Optional[Path], option(  # noqa: UP045
+    "--scratch", metavar="DIR", panel=SCALE,
+    help="Local folder where shards of a remote DEST keep their ledgers "
+    "[default: the system's temp folder].",
+)]  # fmt: skip
+
+
 def _limit(flag: str, text: Optional[str], *, whole: bool = False) -> Any:  # noqa: UP045
     """A limit from the command line: a number > 0 (a whole one for --max-failures), else
     exit 2 with one line saying so (Click's own message comes with a usage block)."""
@@ -120,149 +203,24 @@ def batch(
     ],
     concurrency: Concurrency = 8,
     timeout: RunTimeout = None,
-    line_timeout: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--line-timeout",
-            metavar="SECONDS",
-            help="Wait at most this long on a line's task; one still running is left for the "
-            "next run (exit 3) [default: 1800].",
-        ),
-    ] = None,
+    line_timeout: LineTimeout = None,
     skip_bad_lines: SkipBadLines = False,
     every: ProgressEvery = None,
-    allow_changes: Annotated[
-        bool,
-        typer.Option(
-            "--allow-changes",
-            help="Run lines that changed since this folder's run began, as new (billed) requests.",
-        ),
-    ] = False,
-    name: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--name",
-            metavar="TEMPLATE",
-            help="Name result files by {task_id}, {index}, {line} (the input line) and {id} "
-            "(the line's id), e.g. '{line:05}-{id}'; made safe for any filesystem, the extension "
-            "from the content; lines that would share a file are refused before anything is "
-            "sent [default: {task_id}-{index}].",
-        ),
-    ] = None,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="Check every saved file's sha256 (default: its size).")
-    ] = False,
-    input_format: Annotated[
-        Optional[str],  # noqa: UP045 - Typer wants this spelling on Python 3.10
-        typer.Option(
-            "--format",
-            metavar="jsonl|csv|text",
-            help="Read FILE as JSONL (a JSON object a line), CSV (a header row, then a record "
-            "a row; comma- or tab-separated) or text (a prompt a line), whatever its name.",
-        ),
-    ] = None,
-    new_run: Annotated[
-        bool,
-        typer.Option(
-            "--new-run",
-            help="Start a new run (new keys: every line billed anew) in a folder that holds "
-            "none. By default a folder made again resumes its run: the same keys, no new tasks.",
-        ),
-    ] = False,
-    max_credits: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--max-credits",
-            metavar="N",
-            rich_help_panel=GUARDS,
-            help="Stop submitting before the folder's run is charged more than N credits in "
-            "all (across reruns); lines sent are finished and saved, then exit 6.",
-        ),
-    ] = None,
-    max_cost: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--max-cost",
-            metavar="X",
-            rich_help_panel=GUARDS,
-            help="The same for the cost the gateway states.",
-        ),
-    ] = None,
-    max_failures: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--max-failures",
-            metavar="N",
-            rich_help_panel=GUARDS,
-            help="Stop submitting once N lines failed in this run (exit 6).",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            rich_help_panel=GUARDS,
-            help="Check everything a run checks, then say what it would do and cost: nothing "
-            "is sent (--json: one object).",
-        ),
-    ] = False,
-    engine: Annotated[
-        Optional[EngineChoice],  # noqa: UP045
-        typer.Option(
-            "--engine",
-            help="Run the shards on Dask (pip install 'imggw[dask]').",
-            rich_help_panel=SCALE,
-        ),
-    ] = None,
-    address: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--address",
-            metavar="tcp://HOST:PORT",
-            rich_help_panel=SCALE,
-            help="A running Dask scheduler (with --engine dask).",
-        ),
-    ] = None,
-    workers: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--workers",
-            min=1,
-            metavar="N",
-            rich_help_panel=SCALE,
-            help="Start (and stop) a local Dask cluster of N workers.",
-        ),
-    ] = None,
-    shard_size: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--shard-size",
-            min=1,
-            metavar="N",
-            rich_help_panel=SCALE,
-            help="Input lines per shard on the engine [default: 1000].",
-        ),
-    ] = None,
-    shard: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--shard",
-            metavar="I/N",
-            rich_help_panel=SCALE,
-            help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
-            "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
-        ),
-    ] = None,
-    scratch: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--scratch",
-            metavar="DIR",
-            rich_help_panel=SCALE,
-            help="Local folder where shards of a remote DEST keep their ledgers "
-            "[default: the system's temp folder].",
-        ),
-    ] = None,
+    allow_changes: AllowChanges = False,
+    name: NameTemplate = None,
+    verify: Verify = False,
+    input_format: InputFormat = None,
+    new_run: NewRun = False,
+    max_credits: MaxCredits = None,
+    max_cost: MaxCost = None,
+    max_failures: MaxFailures = None,
+    dry_run: DryRun = False,
+    engine: Engine = None,
+    address: Address = None,
+    workers: Workers = None,
+    shard_size: ShardSize = None,
+    shard: Shard = None,
+    scratch: Scratch = None,
 ) -> None:
     """Generate every line of FILE exactly once, downloading each result as it is ready.
 
@@ -314,8 +272,8 @@ def batch(
         dry_run_local(file, _local(output), new_run=new_run, **options)
         return
     if not scaled and not _is_remote(output):
-        run_local(file, _local(output), collect=False, wait=True, new_run=new_run,
-                  every=seconds, **options)  # fmt: skip
+        run_local(file, _local(output), wait=True, new_run=new_run, every=seconds,
+                  **options)  # fmt: skip
         return
     flags = current()
     with session() as out:

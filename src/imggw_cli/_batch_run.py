@@ -50,13 +50,17 @@ def progress_every(text: str | None) -> float:
     return value
 
 
-def run_local(source: str, output: Path, *, every: float | None = None, **options: Any) -> None:
-    """A batch (or a collect, for ``download --from``) in this process into a local folder: its
-    live display (a progress line at least every ``every`` seconds off a terminal), the
-    manifest on stdout, the summary; exits with the run's code."""
+def run_local(
+    source: str, output: Path, *, every: float | None = None, tasks: bool = False, **options: Any
+) -> None:
+    """A batch (or with ``tasks`` a list of tasks collected, for ``download --from``) in this
+    process into a local folder: its live display (a progress line at least every ``every``
+    seconds off a terminal), the manifest on stdout, the summary; exits with the run's code."""
     import anyio
 
-    from imggw_client.batch import arun_batch
+    from imggw_client.batch import acollect_tasks, arun_batch
+
+    driver = acollect_tasks if tasks else arun_batch
 
     from ._batch_display import batch_display, batch_summary, report_stop_line
 
@@ -67,8 +71,8 @@ def run_local(source: str, output: Path, *, every: float | None = None, **option
             async with make_async_client(flags) as client:
                 shown = progress_every(None) if every is None else every
                 with batch_display(out, progress_every=shown) as on_progress:
-                    return await arun_batch(source, output, client=client,
-                                            on_progress=on_progress, **options)  # fmt: skip
+                    return await driver(source, output, client=client,
+                                        on_progress=on_progress, **options)  # fmt: skip
 
         try:
             report = anyio.run(main)

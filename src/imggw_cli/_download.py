@@ -67,7 +67,7 @@ def download(
     if (source is None) == (not task_ids):
         refuse("give task ids, or --from FILE (one of them)")
     if source is not None:
-        run_local(source, output, collect=True, wait=wait, timeout=timeout,
+        run_local(source, output, tasks=True, wait=wait, timeout=timeout,
                   concurrency=concurrency, skip_bad_lines=skip_bad_lines,
                   every=progress_every(every))  # fmt: skip
         return

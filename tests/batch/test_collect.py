@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from imggw_cli._app import app
 from imggw_client import Client, PollPolicy, RetryPolicy
-from imggw_client.batch import run_batch
+from imggw_client.batch import collect_tasks, run_batch
 from imggw_client.mock import MockGateway
 
 from ..conftest import PNG
@@ -274,8 +274,8 @@ def test_finished_tasks_are_downloaded_soonest_expiry_first(tmp_path: Path) -> N
     source = tmp_path / "ids.txt"
     source.write_text("".join(f"{i}\n" for i in expiry))
     with serve_asgi(gateway_app) as base_url:
-        report = run_batch(source, tmp_path / "out", collect=True, concurrency=1,
-                           client_factory=lambda: _client(base_url))  # fmt: skip
+        report = collect_tasks(source, tmp_path / "out", concurrency=1,
+                               client_factory=lambda: _client(base_url))  # fmt: skip
     assert report.counts == {"saved": 10}
     assert len(fetched) == 10
     later = fetched[1:]  # the first may start before the others are queued
@@ -340,3 +340,27 @@ def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
         assert "billed" not in text
         assert "allow-changes" not in text
         assert "changed" not in text
+
+
+def test_collect_tasks_saves_a_list_of_ids_and_an_unknown_one_fails_only_its_line(
+    gateway: MockGateway, url: str, tmp_path: Path
+) -> None:
+    """The SDK's driver of ``download --from``: ids in, files and a manifest out, nothing
+    submitted; the same list again saves nothing twice."""
+    ids = [
+        json.loads(line)["task_id"] for line in submit_json(url, ["a cat", "a dog"]).splitlines()
+    ]
+    created = gateway.stats()["tasks_created"]
+    make = lambda: _client(url)  # noqa: E731
+    out = tmp_path / "out"
+    report = collect_tasks([*ids, "999999"], out, client_factory=make, concurrency=2)
+    assert report.counts == {"saved": 2, "failed": 1}
+    assert report.exit_code == 1
+    rows = manifest(out)
+    assert [r["line"] for r in rows] == [1, 2, 3]
+    assert rows[2]["error"]["code"] == "not_found"
+    assert gateway.stats()["tasks_created"] == created  # collected, never submitted
+    fetched = results_fetched(gateway)
+    again = collect_tasks([*ids, "999999"], out, client_factory=make)
+    assert again.counts == report.counts
+    assert results_fetched(gateway) == fetched  # a rerun saves nothing twice

@@ -49,3 +49,13 @@ def test_every_module_of_the_batch_package_has_its_test_file() -> None:
     assert not missing, f"modules of batch/ with no test file named after them: {missing}"
     stale = [m for m in COVERED_BY if not (SRC / "imggw_client" / "batch" / f"{m}.py").exists()]
     assert not stale, f"COVERED_BY names modules that are gone: {stale}"
+
+
+def test_every_module_of_the_tracking_package_has_its_test_file() -> None:
+    tracking_tests = ROOT / "tests" / "tracking"
+    names = {path.name for path in tracking_tests.glob("test_*.py")}
+    modules = sorted((SRC / "imggw_client" / "tracking").glob("_*.py"))
+    missing = [m.name for m in modules
+               if m.name != "__init__.py" and f"test_{m.stem.lstrip('_')}.py" not in names]  # fmt: skip
+    assert modules
+    assert not missing, f"modules of tracking/ with no tests/tracking/test_<module>.py: {missing}"

@@ -54,3 +54,12 @@ def test_each_wrong_option_is_one_clear_error(
 def test_an_unknown_surface_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="surface must be 'alpha' or 'beta'"):
         BatchOptions(surface="gamma")
+
+
+def test_a_list_of_tasks_is_its_drivers_business_not_an_option() -> None:
+    """DESIGN 19: ``collect_tasks`` (``download --from``) reads a list of tasks; no batch option
+    turns a run into a collect."""
+    assert "collect" not in {f.name for f in fields(BatchOptions)}
+    assert "collect" not in get_type_hints(RunOptions)
+    with pytest.raises(RequestValidationError, match="collect"):
+        BatchOptions.of({"collect": True})

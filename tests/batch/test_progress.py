@@ -14,7 +14,6 @@ import pytest
 
 from imggw_client import AsyncClient, RateLimit
 from imggw_client.batch import _progress
-from imggw_client.batch._downloads import DownloadQueue
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._progress import Progress, learn_from_ledger, typical_durations
 from imggw_client.batch._reports import BatchProgress
@@ -22,6 +21,7 @@ from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
 from imggw_client.batch._spending import Charge
 from imggw_client.batch._states import PENDING, RUNNING, SAVED
+from imggw_client.tracking._downloads import DownloadQueue
 
 from .ledgers import planned, row
 

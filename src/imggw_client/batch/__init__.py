@@ -7,7 +7,8 @@ crash, a kill, Ctrl-C or a lost ledger, sends the same key and the gateway repla
 SQLite ledger records each line's task id, state (:class:`LineState`) and files; results are
 downloaded as soon as each task succeeds (the soonest-expiring first), verified by sha256, and
 listed in ``manifest.jsonl``; ``index.html`` shows them. Lines with ``task_id`` collect tasks
-made elsewhere. Options are those of :class:`BatchOptions`, passed as keywords.
+made elsewhere; :func:`collect_tasks` saves a whole list of them (``imggw download --from``).
+Options are those of :class:`BatchOptions`, passed as keywords.
 
 Beyond one machine, a run is cut into shards (contiguous ranges of lines) that run anywhere into
 one output folder, a local path or an fsspec URL (``s3://...``): :func:`run_shard` runs one in
@@ -28,6 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
+from ._collect import acollect_tasks, collect_tasks
 from ._cuts import parse_shard, shard_range
 from ._dryrun import BatchPlan, plan_batch
 from ._folder import MergeReport, RunStatus, merge, status
@@ -107,9 +109,11 @@ __all__ = [
     "ShardedReport",
     "Storage",
     "StorageError",
+    "acollect_tasks",
     "arun_batch",
     "arun_shard",
     "arun_sharded",
+    "collect_tasks",
     "is_url",
     "iter_lines",
     "iter_manifest",

@@ -109,7 +109,6 @@ def write_slices(
     work: Path,
     *,
     format: str | None = None,
-    collect: bool = False,
 ) -> list[int]:
     """Cuts ``source`` into the slices of ``count`` shards, each put in its shard's folder in
     the output folder (where every worker can read it); returns each slice's first entry
@@ -123,9 +122,9 @@ def write_slices(
     name = slice_name(source)
     first_entries = []
     entries = 0
-    kinds = line_kinds(source, format=format, collect=collect)
-    header = next((raw for raw, kind in line_kinds(source, format=format, collect=collect)
-                   if kind == HEADER), None)  # fmt: skip
+    kinds = line_kinds(source, format=format)
+    header = next((raw for raw, kind in line_kinds(source, format=format) if kind == HEADER),
+                  None)  # fmt: skip
     ahead: deque[tuple[str, str]] = deque()  # lines read past a slice, to place in the next
     for index in range(1, count + 1):
         first_entries.append(entries + 1)

@@ -4,8 +4,8 @@ shards, one Dask task each, on an existing cluster or a local one it starts and 
 Before anything is dispatched the driver checks the whole input (``_plan.scan_input``: bad
 lines, repeated ids, lines changed since the run began, refused unless allowed), makes the
 run's identity once, and puts each shard's slice of the input in the output folder, where every
-worker can read it. Each shard is one ``async def`` task on a worker's event loop, running the
-engine (``_shards.arun_shard``) with an ``AsyncClient`` made there: the API key never travels
+worker can read it. Each shard is one ``async def`` task on a worker's event loop, running a
+shard (``_shards.arun_shard``) with an ``AsyncClient`` made there: the API key never travels
 in a task; each worker reads ``IMGGW_API_KEY`` from its own environment.
 
 Exactly once comes from the keys, not from the engine: Dask runs a task again when its worker
@@ -159,11 +159,9 @@ def _prepare(
                 )  # kept: it names the run's key
                 storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
-            how, collect = options.format, options.collect  # how the input is read: its cuts
-            first_entries = write_slices(source, storage, count, total, work, format=how,
-                                         collect=collect)  # fmt: skip
-            per_shard = (entries(source, count, total, format=how, collect=collect)
-                         if with_entries else [])  # fmt: skip
+            how = options.format  # how the input is read: its cuts
+            first_entries = write_slices(source, storage, count, total, work, format=how)
+            per_shard = entries(source, count, total, format=how) if with_entries else []
             return Prepared(run, total, count, scan, first_entries, per_shard)
         finally:
             scan.discard()
@@ -209,7 +207,7 @@ async def arun_sharded(
 
     ``address`` is a running scheduler (``tcp://host:8786``); ``workers`` starts a local cluster
     of that many processes for this run and stops it after. Each shard is ``shard_size`` lines
-    run by the engine with the run's ``options`` (those of :func:`run_batch`); ``rate_limit``
+    run as a shard with the run's ``options`` (those of :func:`run_batch`); ``rate_limit``
     is one budget for the whole run, held by the scheduler. ``client`` says how workers reach
     the gateway (default: their ``IMGGW_BASE_URL``); the key is read from each worker's
     ``IMGGW_API_KEY``. The scheduler and workers need imggw installed. Bad or changed input is

@@ -1,5 +1,5 @@
 """The shards of a Dask run on its cluster (``_dask`` is the driver that prepares them): each
-shard one ``async def`` task on a worker's event loop, running the engine
+shard one ``async def`` task on a worker's event loop, running the loop
 (``_shards.arun_shard``) with an ``AsyncClient`` made there from a :class:`ClientSpec` (the API
 key never travels in a task: each worker reads ``IMGGW_API_KEY`` from its own environment).
 

@@ -147,14 +147,12 @@ class ProgressReader:
         )  # fmt: skip
 
 
-def entries(
-    source: str, count: int, total: int, *, format: str | None = None, collect: bool = False
-) -> list[int]:
+def entries(source: str, count: int, total: int, *, format: str | None = None) -> list[int]:
     """Each shard's entries (lines neither blank nor comments; CSV records, each in the shard
     of its first line), counted as ``write_slices`` counts them. Blocking."""
     found = [0] * count
     starts = [shard_range(i, count, total).start for i in range(1, count + 1)]
-    for number, (_, kind) in enumerate(line_kinds(source, format=format, collect=collect), 1):
+    for number, (_, kind) in enumerate(line_kinds(source, format=format), 1):
         if kind == ENTRY:
             found[bisect_right(starts, number) - 1] += 1
     return found

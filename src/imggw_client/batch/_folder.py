@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._core import reasons
 from .._core.exceptions import RequestValidationError
 from .._files import StorageError
 from . import _identity
 from ._cuts import SHARD_NAME, SHARDS_DIR
-from ._downloads import RESULT_EXPIRED as EXPIRED_CODE
 from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from ._guards import charge_of
 from ._ledger import INVALID_LINE, STOPPED_BY, is_locked
@@ -32,6 +32,8 @@ from ._schema import LEDGER_NAME
 from ._spending import Charge, settles
 from ._states import STATUSES, ExitCode, exit_code
 from ._storage import Storage, open_storage
+
+EXPIRED_CODE = reasons.RESULT_EXPIRED.code
 
 __all__ = ["MergeReport", "RunStatus", "charges", "merge", "status"]
 

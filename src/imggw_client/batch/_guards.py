@@ -2,7 +2,7 @@
 pure logic) held in this process (:class:`LocalGuard`) or elsewhere, on a Dask scheduler for
 every shard of a run (``_dask_budget``), and asked through a :class:`RemoteGuard`. Both are
 told each step as one message (:func:`handle` reads them where the spending is held), so that
-the engine sees one :class:`Guard`, wherever its spending lives.
+the run (``_hooks``) sees one :class:`Guard`, wherever its spending lives.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ WAIT_POLL = 0.2  # seconds between a remote guard's answers "wait" and the next 
 
 
 class Guard:
-    """What the engine asks before each submit, and tells as lines are charged and fail. What
+    """What a run asks before each submit, and tells as lines are charged and fail. What
     it tells travels as one message a step (see :func:`handle`); a guard says how a message
     reaches its :class:`Spending` (:meth:`tell`) and how a line waits to be admitted.
 

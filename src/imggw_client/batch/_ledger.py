@@ -28,6 +28,7 @@ import filelock
 
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._files import StorageError, refuse_link
+from ..tracking._store import NOT_FOUND  # a line's task unknown to the gateway (see recheck)
 from ._lines import GENERATE
 from ._schema import (
     BAD,
@@ -53,7 +54,6 @@ from ._states import (
 
 LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
-NOT_FOUND = "not_found"  # a line's task unknown to the gateway (see Ledger.recheck)
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
 
@@ -329,7 +329,7 @@ class Ledger:
         """Replaces ``secret`` by ``blank`` in every link the ledger keeps, and wipes the old
         bytes (SQLite's secure delete, then a log truncated): ledgers written before links
         carrying the API key were kept blanked hold it in clear. A secret under 8 characters
-        is left (it occurs in links by chance; the engine blanks it where it is a whole path
+        is left (it occurs in links by chance; the run blanks it where it is a whole path
         segment or query value). Returns how many lines changed. Blocking."""
         if len(secret) < 8 or self.get_meta(_LINKS_BLANKED) is not None:
             return 0  # a ledger once looked through keeps its links blanked from then on

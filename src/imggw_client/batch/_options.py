@@ -1,5 +1,6 @@
 """The options of a batch run, checked once and passed whole: one object from the entry point
-(``run_batch``, ``run_shard``, ``run_sharded``, the CLI) down to the engine.
+(``run_batch``, ``collect_tasks``, ``run_shard``, ``run_sharded``, the CLI) down to the run
+(``_execute``).
 
 ``RunOptions`` types the keywords the entry points take (``run_batch(..., concurrency=16)``);
 :class:`BatchOptions` is what they become. Both list the same names (a test holds them
@@ -31,7 +32,6 @@ class RunOptions(TypedDict, total=False):
     surface: str | None
     skip_bad_lines: bool
     allow_changes: bool
-    collect: bool
     wait: bool
     verify: bool
     gallery: bool
@@ -55,9 +55,8 @@ class BatchOptions:
     - ``skip_bad_lines``: report bad input lines and go on (default: refuse the input).
     - ``allow_changes``: run lines new or changed since the folder's run began, as new
       (billed) requests (default: refuse the input).
-    - ``collect``: the input lists tasks made elsewhere (ids or JSON objects with ``task_id``).
-    - ``wait``: wait for unfinished tasks (``False``: report them, as a collect without
-      ``--wait`` does).
+    - ``wait``: wait for unfinished tasks (``False``: ask each once and report those still
+      running, as ``collect_tasks(..., wait=False)`` and ``download --from`` without ``--wait``).
     - ``verify``: check every saved file's sha256 on resume (default: its size).
     - ``gallery``: write ``index.html`` as lines finish and at the end.
     - ``format``: ``"jsonl"``, ``"csv"`` (a header row naming the columns, then a record a
@@ -87,7 +86,6 @@ class BatchOptions:
     surface: str | None = None
     skip_bad_lines: bool = False
     allow_changes: bool = False
-    collect: bool = False
     wait: bool = True
     verify: bool = False
     gallery: bool = True
@@ -142,8 +140,7 @@ class BatchOptions:
                 code="invalid_option",
             )  # fmt: skip
         NameTemplate.parse(self.name)
-        for name in ("skip_bad_lines", "allow_changes", "collect", "wait", "verify", "gallery",
-                     "new_run"):  # fmt: skip
+        for name in ("skip_bad_lines", "allow_changes", "wait", "verify", "gallery", "new_run"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestValidationError(name, "must be True or False", code="invalid_option")
 

@@ -273,13 +273,15 @@ def _scan(
     options: BatchOptions,
     part: Slice,
     listing: _BadLines | None,
+    tasks: bool = False,
 ) -> Plan:
-    """The pass itself: every line read, checked, put where ``lines`` says and compared."""
+    """The pass itself: every line read, checked, put where ``lines`` says and compared;
+    ``tasks``: the input is a list of tasks (``download --from``), not of requests."""
     plan = Plan()
     tally = Tally()
     whole = part.lines is None and not part.sliced
     where = Where(part.lines, part.first_line, part.first_entry, tally, whole)
-    items = parse_lines(source, where, collect=options.collect, format=options.format)
+    items = parse_lines(source, where, collect=tasks, format=options.format)
     for item in items:
         if isinstance(item, InputLine):
             row = new_row(item, surface, run_id)
@@ -295,7 +297,7 @@ def _scan(
         lines.bad(bad_row(item, surface))
     plan.comments = tally.comments
     plan.input_digest = digests.finish()
-    if _changes_bill(options):
+    if _changes_bill(tasks):
         plan.changed, plan.changed_count = digests.added, digests.added_count
         plan.removed, plan.removed_count = digests.removed, digests.removed_count
     if listing is not None:
@@ -303,12 +305,12 @@ def _scan(
     return plan
 
 
-def _changes_bill(options: BatchOptions) -> bool:
+def _changes_bill(tasks: bool) -> bool:
     """Whether lines new, changed or removed since the run's record of its input (or a run on
     another surface) are held to ``allow_changes``: a batch's are new requests, billed anew. A
-    collect (``download --from``) sends nothing but queries and downloads, so its list may grow,
+    list of tasks (``download --from``) sends nothing but queries and downloads, so it may grow,
     shrink or name another surface freely, and none of it is reported as a change."""
-    return not options.collect
+    return not tasks
 
 
 def _refuse(plan: Plan, options: BatchOptions) -> None:
@@ -332,19 +334,21 @@ def plan_run(
     options: BatchOptions,
     part: Slice = WHOLE,
     dry: Callable[[Ledger, Plan], None] | None = None,
+    tasks: bool = False,
 ) -> Plan:
     """Plans a run (or a shard) into its ledger, in one transaction that commits only if the
     run may go: no bad line (unless skipped), no changed line and no other surface than the
     run's (unless allowed). Then the identity store keeps the input's record and the ledger
     moves back what a second look may mend (``Ledger.recheck``). Blocking: run it in a worker
     thread. ``dry``: a dry run: every check, then ``dry`` sees the planned ledger, and nothing
-    is kept (the transaction is rolled back, the identity left as it was)."""
+    is kept (the transaction is rolled back, the identity left as it was). ``tasks``: the input
+    lists tasks made elsewhere (the driver ``collect_tasks`` says so), never submitted."""
     plan_surface = identity.previous_surface()
     if plan_surface is None and isinstance(identity, FolderIdentity):
         # A run.json written before runs kept their surface: the ledger tells it.
         kept = ledger.last_surfaces()
         plan_surface = kept.pop() if len(kept) == 1 else None
-    moved = plan_surface is not None and plan_surface != surface and _changes_bill(options)
+    moved = plan_surface is not None and plan_surface != surface and _changes_bill(tasks)
     if moved and not options.allow_changes:  # every line a new request: one fact, not a list
         assert plan_surface is not None
         raise _identity.InputChangedError([], 0, surfaces=(plan_surface, surface))
@@ -355,7 +359,7 @@ def plan_run(
     try:
         plan = _scan(source, digests, _Ledgered(ledger), surface=surface,
                      run_id=identity.run_id, options=options, part=part,
-                     listing=listing)  # fmt: skip
+                     listing=listing, tasks=tasks)  # fmt: skip
         if moved:
             plan.previous_surface = plan_surface
         _refuse(plan, options)

@@ -17,7 +17,7 @@ import anyio.to_thread
 from .._async_client import AsyncClient
 from .._core.durations import WINDOW
 from .._core.rules import RESOLUTIONS
-from ._downloads import DownloadQueue
+from ..tracking._downloads import DownloadQueue
 from ._ledger import Ledger
 from ._options import BatchOptions
 from ._reports import BatchProgress

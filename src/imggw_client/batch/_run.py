@@ -5,8 +5,9 @@ stands for the next run (with its key), or the end of the run.
 
 What was paid for is never lost to this run's own limits: a line with a task id fails only when
 its task failed (or its result expired, or the gateway says it does not know the task); any
-other error leaves it where it stands for the next run. The steps that move lines (``_engine``
-for submits and waits, ``_downloads`` for results) share one :class:`RunLines`.
+other error leaves it where it stands for the next run. The tracker's loop (``tracking/_loop``)
+moves the lines through the batch's store (``_ledger_store``), which keeps them here; a run's
+time, retries and end are the tracker's ``Course``, which ``RunLines`` extends.
 """
 
 from __future__ import annotations
@@ -18,22 +19,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
-
-from .._core.exceptions import (
-    AuthenticationError,
-    ConfigurationError,
-    DownloadError,
-    ImggwError,
-    PermissionDeniedError,
-    UnknownOutcomeError,
-)
-from .._core.flows import NOT_AN_IMAGE
-from .._core.retry import classify
 from .._core.surfaces import safe_message
-from .._download import WRITE_FAILED
-from .._files import StorageError
+from ..tracking._store import FATAL, Course, retry_later
 from ._ledger import Ledger, Totals
 from ._room import Room
 from ._schema import Row
@@ -45,29 +32,6 @@ __all__ = ["FATAL", "RunLines", "retry_later"]
 log = logging.getLogger("imggw_client")
 UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are counted
 LEFT_LOGGED = 20  # lines left for the next run (a query error, the line timeout) logged one by one
-# Failures that doom every line alike: the run stops, and its unfinished lines wait for a rerun
-# (a submit answered 404, a base URL with a wrong path, is a ConfigurationError: nothing was
-# made, nothing billed, and the same command with the right URL resumes every line).
-FATAL = (AuthenticationError, PermissionDeniedError, ConfigurationError, StorageError)
-RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before a line's step is tried again
-# Downloads that another try in this run would not mend (a rerun looks at a document's link
-# again: what a proxy served today may be the image tomorrow).
-_FINAL_DOWNLOAD_CODES = frozenset({"result_too_large", WRITE_FAILED, NOT_AN_IMAGE})
-
-
-def retry_later(err: BaseException) -> bool:
-    """A failure after which a line is tried again later instead of failing: what the core
-    retries, and an unknown submit outcome (the line's key makes another try safe).
-
-    Example::
-
-        retry_later(UnknownOutcomeError("lost"))   # True: the key replays it
-    """
-    if not isinstance(err, ImggwError) or isinstance(err, FATAL):
-        return False
-    if isinstance(err, DownloadError) and err.code in _FINAL_DOWNLOAD_CODES:
-        return False
-    return isinstance(err, (UnknownOutcomeError, DownloadError)) or classify(err).retry
 
 
 def _unknown_cost(charge: Charge) -> int:
@@ -75,7 +39,7 @@ def _unknown_cost(charge: Charge) -> int:
     return int(charge.credits is not None and charge.cost is None)
 
 
-class RunLines:
+class RunLines(Course):
     """The lines of one run over a planned ledger: their counts and money (from ``totals``,
     then kept up to date), their moves, and the run's end (``fatal``, ``cancel``) or the end of
     its submits (``stopped``, and the guard that stopped them: ``stopped_by``).
@@ -97,6 +61,7 @@ class RunLines:
         line_timeout: float | None,
         redact: Callable[[str], str],
     ) -> None:
+        super().__init__(deadline=deadline, line_timeout=line_timeout, redact=redact)
         self.ledger = ledger
         self.room = room
         self.counts: Counter[LineState] = totals.counts
@@ -105,14 +70,6 @@ class RunLines:
         self.total = sum(self.counts.values())
         self.started = time.monotonic()
         self.finished_here = 0
-        self.deadline = deadline
-        self.line_timeout = line_timeout
-        self.redact = redact
-        self.fatal: ImggwError | None = None
-        self.cancel = anyio.CancelScope()
-        self.stopped = False  # no more submits in this run (a guard, a 402, the disk) ...
-        self.stopped_by: str | None = None  # ... this guard, having seen this
-        self.stop_reason = ""
         self.unexpected = 0
         self.left = 0  # lines left for the next run by a query error or the line timeout
         self.on_move: Callable[[], None] = lambda: None  # progress, told after each move
@@ -159,11 +116,6 @@ class RunLines:
 
     # ------------------------------------------------------------------------ failures
 
-    def stop(self, err: ImggwError) -> None:
-        """A failure that ends the run (one of :data:`FATAL`): every step is cancelled."""
-        self.fatal = self.fatal or err
-        self.cancel.cancel()
-
     def unexpected_fault(self, row: Row, exc: Exception) -> None:
         """A fault no rule covers (a bug here or beneath): one line's step, not the run. The
         line keeps the state last saved, so the next run takes it up again, with its key."""
@@ -190,39 +142,3 @@ class RunLines:
                 row.line, row.task_id, why, row.state,
                 "; later ones are counted, not logged" if self.left == LEFT_LOGGED else "",
             )  # fmt: skip
-
-    def why(self, err: ImggwError) -> str:
-        """What an error says of itself in the log: its code, else its cleaned message."""
-        return err.code or safe_message(self.redact(err.message)) or type(err).__name__
-
-    # ------------------------------------------------------------------------ time
-
-    def remaining(self) -> float:
-        """Seconds left before the run's deadline (negative once it passed)."""
-        return self.deadline - time.monotonic()
-
-    def line_deadline(self) -> float:
-        """When a line's step begun now gives up for this run: ``line_timeout`` from now, or
-        the run's deadline if sooner."""
-        limit = self.line_timeout
-        return self.deadline if limit is None else min(self.deadline, time.monotonic() + limit)
-
-    def out_of_time(self, until: float) -> Callable[[RetryCallState], bool]:
-        """A tenacity stop: the run ends (a failure that ends it), or ``until`` comes, before
-        the next try would go."""
-
-        def stop(state: RetryCallState) -> bool:
-            left = until - time.monotonic()
-            return self.fatal is not None or (state.upcoming_sleep or 0) >= left
-
-        return stop
-
-    def retrying(self, until: float) -> AsyncRetrying:
-        """A line's step tried again after failures worth waiting out, until ``until`` (or a
-        failure that ends the run)."""
-        return AsyncRetrying(
-            retry=retry_if_exception(retry_later),
-            wait=wait_random_exponential(multiplier=RETRY_PAUSE[0], max=RETRY_PAUSE[1]),
-            stop=self.out_of_time(until),
-            reraise=True,
-        )

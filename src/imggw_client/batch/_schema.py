@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import StorageError, cannot, make_private, open_private, refuse_link
+from ._lines import COLLECT
 from ._states import LEGACY, LineState
 
 LEDGER_NAME = "ledger.sqlite"
@@ -145,6 +146,13 @@ class Row:
             named[name] = json.loads(named[name])
         named["state"] = state_of(named["state"])
         return cls(**named)
+
+    @property
+    def made_here(self) -> bool:
+        """A line the run submits (False: a ``task_id`` line, a task made elsewhere: waited on
+        and downloaded, never submitted, and asked about once if the gateway does not know
+        it)."""
+        return self.kind != COLLECT
 
     @property
     def is_bad(self) -> bool:

@@ -1,4 +1,4 @@
-"""A shard: one contiguous range of a run's input lines, run by the engine on its own, anywhere,
+"""A shard: one contiguous range of a run's input lines, run on its own, anywhere,
 into one output folder (a local path or an fsspec URL) shared with the run's other shards.
 
 The output folder::
@@ -47,7 +47,7 @@ from .._core.models import DownloadedFile
 from .._files import StorageError, temp_name
 from . import _identity
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
-from ._engine import execute
+from ._execute import execute
 from ._guards import Guard
 from ._input import count_lines, reads_csv
 from ._ledger import Ledger
@@ -307,7 +307,7 @@ def _prepare(
             )
         run = _identity.adopt_key(storage, run, fingerprint)
         # A CSV slice begins with the header row: the line before the shard's first.
-        header = reads_csv(spec.source, collect=spec.options.collect, format=spec.options.format)
+        header = reads_csv(spec.source, format=spec.options.format)
         part = Slice(None, spec.lines.start - header, spec.first_entry, sliced=True)
         local = storage.local
         if local is not None:
@@ -342,7 +342,7 @@ async def arun_shard(
     on_progress: Callable[[BatchProgress], None] | None = None,
     guard: Guard | None = None,
 ) -> ShardReport:
-    """Runs (or resumes) one shard of a sharded run with the engine; any number of shards may
+    """Runs (or resumes) one shard of a sharded run on the tracker's loop; any number of shards may
     run at once, on any machines, into one output folder. ``guard`` is the run's, when one
     holds it for every shard (a Dask scheduler); without, each shard holds 1/``count`` of the
     spend caps, so that the shards of a run together stay within them.
@@ -376,7 +376,7 @@ async def arun_shard(
         try:
             # A shard reads its part as a plain run (its gallery is the merge's).
             shard_options = BatchOptions.of({**options.as_keywords(), "gallery": False,
-                                             "collect": False, "wait": True})  # fmt: skip
+                                             "wait": True})  # fmt: skip
             if guard is None:
                 shard_options = _share_of(shard_options, spec.count)
             space = Workspace(work, ledger, identity, store, part)

@@ -1,5 +1,5 @@
 """A batch in one process into one local folder: :func:`arun_batch` and :func:`run_batch`, a
-thin driver over the engine (``_engine``) whose folder is its own result store."""
+thin driver over the tracker's loop (``_execute``) whose folder is its own result store."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .._core.config import RateLimit, check_surface
 from .._core.exceptions import RequestValidationError
 from .._files import refuse_links
 from . import _identity
-from ._engine import execute
+from ._execute import execute
 from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._ledger import LOCK_NAME, Ledger, remove_if_empty
 from ._lines import BAD_LINES_NAME, BatchInputError
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
     from ._options import RunOptions
 
-__all__ = ["arun_batch", "client_maker", "run_batch", "run_id_for"]
+__all__ = [
+    "arun_batch", "client_maker", "run_batch", "run_blocking", "run_id_for", "run_in_folder",
+]  # fmt: skip
 
 # The files a run writes into its folder: a symbolic link planted at any of them stops the run
 # before it plans (imggw writes through none: see _storage.atomic_write).
@@ -68,14 +70,15 @@ async def arun_batch(
     ``source`` is a JSONL or text file (``-``: standard input), or an iterable of requests
     (``ImageRequest``, dicts with the JSONL fields, or prompts); ``options`` are those of
     :class:`BatchOptions` (``concurrency``, ``timeout``, ``line_timeout``, ``surface``,
-    ``skip_bad_lines``, ``allow_changes``, ``collect``, ``wait``, ``verify``, ``gallery``,
-    ``format``, ``new_run``, and the guards ``max_credits``, ``max_cost``, ``max_failures``).
-    A line with ``task_id`` names a task made elsewhere: it is collected (waited on and
-    downloaded), never submitted. Bad lines stop the run before anything is sent
-    (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an input that changed since
-    the folder's run began, or a surface other than its run's (:class:`InputChangedError`),
-    unless ``allow_changes``. What ``timeout`` leaves unfinished, and a task still running after
-    ``line_timeout`` (default 1800 s), is resumed by the next run with the same ``out_dir``.
+    ``skip_bad_lines``, ``allow_changes``, ``wait``, ``verify``, ``gallery``, ``format``,
+    ``new_run``, and the guards ``max_credits``, ``max_cost``, ``max_failures``). A line with
+    ``task_id`` names a task made elsewhere: it is collected (waited on and downloaded), never
+    submitted (a whole list of tasks: :func:`collect_tasks`). Bad lines stop the run before
+    anything is sent (:class:`BatchInputError`) unless ``skip_bad_lines``; so does an input that
+    changed since the folder's run began, or a surface other than its run's
+    (:class:`InputChangedError`), unless ``allow_changes``. What ``timeout`` leaves unfinished,
+    and a task still running after ``line_timeout`` (default 1800 s), is resumed by the next
+    run with the same ``out_dir``.
     A run never submits a line whose result the folder has no room for: short of room it
     finishes what it sent, then raises :class:`StorageError` (the CLI's exit 4).
 
@@ -91,15 +94,37 @@ async def arun_batch(
             report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
     """
     chosen = BatchOptions.of(options)
+    return await run_in_folder(source, out_dir, client=client, options=chosen,
+                               on_progress=on_progress)  # fmt: skip
+
+
+async def run_in_folder(
+    source: str | Path | Iterable[Any],
+    out_dir: str | Path,
+    *,
+    client: AsyncClient,
+    options: BatchOptions,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    tasks: bool = False,
+) -> BatchReport:
+    """A run in one local folder, its own result store: the folder's ledger (locked) and
+    identity, then :func:`execute` (``tasks``: the input lists tasks made elsewhere). A run
+    refused before anything was kept leaves no empty folder behind.
+
+    Example::
+
+        report = await run_in_folder("ids.txt", "out/", client=client,
+                                     options=BatchOptions(), tasks=True)
+    """
     folder = Path(out_dir)
     made = not folder.exists()
-    surface = check_surface(chosen.surface or client.surface)
+    surface = check_surface(options.surface or client.surface)
     named = isinstance(source, (str, Path)) and str(source) != "-"
     title = f"imggw batch: {Path(str(source)).name}" if named else "imggw batch"
 
     def identity() -> FolderIdentity:
         derive = lambda: run_id_for(folder, client)  # noqa: E731 - called once, if at all
-        return FolderIdentity(folder, surface=surface, derive=derive, new_run=chosen.new_run,
+        return FolderIdentity(folder, surface=surface, derive=derive, new_run=options.new_run,
                               key_fingerprint=client.key_fingerprint)  # fmt: skip
 
     try:
@@ -111,9 +136,9 @@ async def arun_batch(
                 ledger.discard()
                 raise
             work = Workspace(folder, ledger, kept, LocalStore(folder),
-                             gallery=title if chosen.gallery else None)  # fmt: skip
-            return await execute(source, work, client=client, options=chosen,
-                                 on_progress=on_progress)  # fmt: skip
+                             gallery=title if options.gallery else None)  # fmt: skip
+            return await execute(source, work, client=client, options=options,
+                                 on_progress=on_progress, tasks=tasks)  # fmt: skip
     except (BatchInputError, _identity.InputChangedError, RequestValidationError,
             _identity.KeyChangedError):  # fmt: skip
         if made:  # refused before anything was kept: no empty folder left behind either
@@ -154,12 +179,34 @@ def run_batch(
         report = run_batch("prompts.jsonl", "out/", concurrency=16, timeout=3600)
         sys.exit(report.exit_code)
     """
+    return run_blocking(source, out_dir, client_factory=client_factory, rate_limit=rate_limit,
+                        on_progress=on_progress, options=options)  # fmt: skip
+
+
+def run_blocking(
+    source: str | Path | Iterable[Any],
+    out_dir: str | Path,
+    *,
+    client_factory: Callable[[], AsyncClient] | None,
+    rate_limit: RateLimit | None,
+    on_progress: Callable[[BatchProgress], None] | None,
+    options: RunOptions,
+    tasks: bool = False,
+) -> BatchReport:
+    """:func:`run_in_folder` to its end in this thread, with a client made for it (see
+    :func:`client_maker`): the blocking entry points (``run_batch``, ``collect_tasks``).
+
+    Example::
+
+        run_blocking(["123"], "out/", client_factory=None, rate_limit=None, on_progress=None,
+                     options={}, tasks=True)
+    """
     make = client_maker(client_factory, rate_limit)
-    BatchOptions.of(options)  # a bad option is refused before a client is made
+    chosen = BatchOptions.of(options)  # a bad option is refused before a client is made
 
     async def main() -> BatchReport:
         async with make() as client:
-            return await arun_batch(source, out_dir, client=client, on_progress=on_progress,
-                                    **options)  # fmt: skip
+            return await run_in_folder(source, out_dir, client=client, options=chosen,
+                                       on_progress=on_progress, tasks=tasks)  # fmt: skip
 
     return anyio.run(main)

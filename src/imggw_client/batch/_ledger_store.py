@@ -1,0 +1,130 @@
+"""The batch's store to the tracker's loop (``tracking/_store.Store``): a run's items are its
+ledger's rows, read in line order; their moves go through ``RunLines`` (held to
+``_states.MOVES``, counted, saved in the ledger); their results land in the run's folder (or
+its incoming folder, to be named by the template) and go where the run's results belong
+(``Workspace.store``).
+
+The loop speaks the task states of ``_core/states.py``; the ledger keeps line states:
+``running`` is ``running``, ``succeeded`` (results to save) is ``downloading``, and ``saved``,
+``failed``, ``expired`` are themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .._core import reasons
+from .._core.models import DownloadedFile
+from .._core.states import State, Work
+from .._files import StorageError, refuse_link
+from ._naming import INCOMING_DIR, NameTemplate
+from ._run import RunLines
+from ._schema import Row
+from ._states import DOWNLOADING, EXPIRED, PENDING, RUNNING, SAVED, LineState
+from ._workspace import Workspace
+
+__all__ = ["LedgerStore"]
+
+RESULT_EXPIRED = reasons.RESULT_EXPIRED.code
+_LINE_STATES: dict[State, LineState] = {
+    State.RUNNING: RUNNING,
+    State.SUCCEEDED: DOWNLOADING,
+    State.SAVED: SAVED,
+}
+_WORK = {PENDING: Work.RESEND, RUNNING: Work.WAIT, DOWNLOADING: Work.DOWNLOAD}
+
+
+class LedgerStore:
+    """The rows of ``run``'s ledger as the loop's items, their results saved into ``work``;
+    ``surface`` is the run's (a task of the other surface has its files' names start with its
+    own); ``template`` names the files (default: ``{task_id}-{index}``).
+
+    Example::
+
+        store = LedgerStore(run, work, "beta")
+        await Loop(client, store, hooks, run, concurrency=8).run()
+    """
+
+    def __init__(self, run: RunLines, work: Workspace, surface: str,
+                 template: NameTemplate | None = None) -> None:  # fmt: skip
+        self.run = run
+        self.space = work
+        self.surface = surface
+        self.template = None if template is None or template.is_default else template
+
+    def chunk(self, after: int) -> list[Row]:
+        """The ledger's next rows after line ``after``. Blocking."""
+        return self.space.ledger.next_rows(after)
+
+    def work(self, row: Row) -> Work | None:
+        """What the line needs now, by its state (None: final)."""
+        return _WORK.get(row.state)
+
+    def reached(self, row: Row, state: State) -> None:
+        """The line moves to the line state of the task state it reached."""
+        self.run.move(row, _LINE_STATES[state])
+
+    def fail(self, row: Row, code: str, message: str) -> None:
+        """The line failed, its code and message kept for its manifest row."""
+        self.run.fail(row, code, message)
+
+    def expire(self, row: Row, message: str) -> None:
+        """The line's results are gone; one saved by an earlier run says its files are gone
+        too (it did not expire before its download)."""
+        if row.files:
+            message = (
+                "the files saved earlier are gone from the folder, and the gateway no "
+                f"longer has the result ({message})"
+            )
+        row.error_code, row.error_message = RESULT_EXPIRED, message
+        self.run.move(row, EXPIRED)
+
+    def left_for_next_run(self, row: Row, why: str) -> None:
+        """The line stays where it stands for the next run (said in the log)."""
+        self.run.left_for_next_run(row, why)
+
+    def unexpected_fault(self, row: Row, exc: Exception) -> None:
+        """A fault no rule covers: logged; the line keeps its last saved state."""
+        self.run.unexpected_fault(row, exc)
+
+    def landing(self, row: Row) -> Path:
+        """Where a download lands: the folder, or with a template its incoming folder."""
+        if self.template is None:
+            return self.space.folder
+        incoming = self.space.folder / INCOMING_DIR
+        refuse_link(incoming)
+        incoming.mkdir(exist_ok=True)
+        return incoming
+
+    def prefix(self, row: Row) -> str:
+        """Task ids are per surface: a task of the other surface may share an id with one of
+        the run's, so its files' names start with its surface."""
+        return "" if row.surface == self.surface else f"{row.surface}-"
+
+    async def keep(self, row: Row, files: list[DownloadedFile]) -> None:
+        """The line's files named by the template, put where the run's results belong, and
+        listed in its row."""
+        if self.template is not None:
+            files = self.named(row, files)
+        await self.space.store.keep(files)
+        row.files = [{"path": f.path.name, "sha256": f.sha256, "size": f.size} for f in files]
+
+    def named(self, row: Row, files: list[DownloadedFile]) -> list[DownloadedFile]:
+        """The files just saved, renamed into the folder by the template (the extension
+        the content gave them kept). A disk that refuses is the run's end, as a failed write."""
+        assert self.template is not None
+        named = []
+        for index, saved in enumerate(files):
+            stem = self.prefix(row) + self.template.render(row, index)
+            target = self.space.folder / (stem + saved.path.suffix)
+            try:
+                refuse_link(target)
+                os.replace(saved.path, target)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot name {target}: {exc.strerror}; fix that, then run the same command "
+                    "to resume", code="storage_failed",
+                ) from exc  # fmt: skip
+            named.append(saved.model_copy(update={"path": target}))
+        return named

@@ -1,0 +1,103 @@
+"""The tracker's downloads: finished tasks queue for download slots, the soonest-expiring first
+(:class:`DownloadQueue`), with the pace of recent downloads that tells which results are at risk
+of expiring in the queue; and result links as a store keeps them (:func:`kept_links`: one that
+carries the API key is kept blanked, and its download asks the gateway for it again).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .. import _telemetry
+from .._async_client import AsyncClient
+from .._core.surfaces import redact_url
+
+__all__ = ["DownloadQueue", "kept_links"]
+
+
+def kept_links(client: AsyncClient, urls: Iterable[str]) -> list[str]:
+    """Result links as a store keeps them: one that carries the API key (a gateway may sign
+    links so) is kept blanked, for no file a store writes holds the key; its download asks the
+    gateway for the link again.
+
+    Example::
+
+        kept_links(client, task.image_urls)
+    """
+    secrets = (client._settings.api_key,)
+    return [redact_url(url, secrets) for url in urls]
+
+
+@dataclass(order=True)
+class _Queued:
+    """A finished task waiting for a download slot: soonest expiry first, then (unknown
+    expiry) in the order they finished."""
+
+    expires: float
+    seq: int
+    item: Any = field(compare=False)
+    done: anyio.Event = field(compare=False)
+    context: object = field(compare=False, default=None)  # the line's span, for its download
+
+
+class DownloadQueue:
+    """Finished tasks waiting for a download slot, the soonest-expiring first, and the pace
+    of recent downloads (what tells which results are at risk of expiring in the queue).
+
+    Example::
+
+        queue = DownloadQueue()
+        await queue.put(item)       # returns once a slot has saved it (or given up)
+        await queue.serve(save)     # one slot, forever
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[_Queued] = []
+        self._ready = anyio.Semaphore(0)
+        self._order = itertools.count()
+        self.downloaded: deque[float] = deque(maxlen=64)  # when recent downloads ended
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    async def put(self, item: Any) -> None:
+        """Queues the item (anything with an ``expires_at``: Unix seconds or None) for a
+        download slot and waits for its turn to end."""
+        queued = _Queued(item.expires_at or math.inf, next(self._order), item, anyio.Event(),
+                         _telemetry.current())  # fmt: skip
+        heapq.heappush(self._heap, queued)
+        self._ready.release()
+        await queued.done.wait()
+
+    async def serve(self, save: Callable[[Any], Awaitable[None]]) -> None:
+        """One download slot: always the queued result whose links die first."""
+        while True:
+            await self._ready.acquire()
+            item = heapq.heappop(self._heap)
+            try:
+                with _telemetry.resumed(item.context):
+                    await save(item.item)
+            finally:
+                item.done.set()
+
+    def expiries(self) -> list[float]:
+        """The known link expiries of the queued results (Unix seconds), soonest first."""
+        return sorted(q.expires for q in self._heap if math.isfinite(q.expires))
+
+    def at_risk(self, expiries: list[float]) -> int:
+        """Queued results whose links die before their turn at the recent download pace."""
+        if not expiries or len(self.downloaded) < 2:
+            return 0
+        span = self.downloaded[-1] - self.downloaded[0]
+        pace = (len(self.downloaded) - 1) / span if span > 0 else math.inf
+        now = time.time()
+        return sum(1 for turn, expires in enumerate(expiries) if now + turn / pace > expires)

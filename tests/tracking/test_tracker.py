@@ -1,0 +1,104 @@
+"""The tracker (``tracking/_tracker.py``): ``Tracker.collect`` runs a journal's unfinished tasks
+through the tracker's one run loop: a submit whose outcome is unknown sent again with its key
+(the gateway makes one task, never two), every task waited on or asked once, results saved and
+recorded in the journal, a task the gateway does not know failing alone, and the report's exit
+codes 0/3/1. Over a real loopback socket, against the reference gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import anyio
+import pytest
+
+from imggw_client import AsyncClient, ImageRequest, PollPolicy, Submission, Task, TaskStatus
+from imggw_client._core.states import Accepted, Sending
+from imggw_client.mock import MockGateway
+from imggw_client.tracking import CollectReport, Tracker
+
+from ..journals import rows
+
+KEY = "sk-tracker-7c2e9a4f1b3d5068"
+FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[MockGateway, str]]:
+    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
+    with gw.serve() as url:
+        yield gw, url
+
+
+def _collect(url: str, journal: Path, dest: Path, **kw: object) -> tuple[CollectReport, list[Task]]:
+    seen: list[Task] = []
+
+    async def main() -> CollectReport:
+        async with AsyncClient(KEY, url, poll=FAST, journal=journal) as client:
+            return await Tracker(client).collect(dest, on_task=seen.append, **kw)  # type: ignore[arg-type]
+
+    return anyio.run(main), seen
+
+
+def test_collect_saves_every_journaled_task_and_resends_a_lost_submit_with_its_key(
+    gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = gateway
+    path = tmp_path / "j.sqlite"
+
+    async def submit() -> None:
+        async with AsyncClient(KEY, url, poll=FAST, journal=path) as client:
+            await client.submit("a fox")
+            await client.submit("an owl")
+            # A submit whose answer was never read: its row says so, no request reached the
+            # gateway (as a process killed the moment its row was committed).
+            client._record(Sending("lost-key-1", "beta", ImageRequest("a lost cat")))
+
+    anyio.run(submit)
+    assert gw.stats()["tasks_created"] == 2
+    report, seen = _collect(url, path, tmp_path / "out", wait=True)
+    assert report.exit_code == 0
+    assert len(report.saved) == 3
+    assert (report.running, report.failed, report.expired) == ([], [], [])
+    assert sorted(t.id for t in seen) == sorted(report.saved)  # on_task saw each one, terminal
+    assert all(t.status is TaskStatus.SUCCEEDED for t in seen)
+    assert gw.stats()["tasks_created"] == 3  # the lost submit made one task, with its key
+    for task_id in report.saved:
+        (saved,) = report.files[task_id]
+        assert saved.path.name.startswith(f"beta-{task_id}")  # the surface starts the name
+        assert saved.path.stat().st_size == saved.size
+    assert {r["state"] for r in rows(path)} == {"saved"}  # the journal knows, through the client
+    again, _ = _collect(url, path, tmp_path / "out", wait=True)
+    assert (again.saved, again.exit_code) == ([], 0)  # nothing left to collect
+
+
+def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
+    tmp_path: Path,
+) -> None:
+    gw = MockGateway(api_keys=[KEY], manual_clock=True)  # no task ends unless told
+    path = tmp_path / "j.sqlite"
+    with gw.serve() as url:
+
+        async def submit() -> None:
+            async with AsyncClient(KEY, url, poll=FAST, journal=path) as client:
+                await client.submit("still running")
+                # A task the gateway does not know (another gateway's, or forgotten).
+                client._record(Sending("k-gone", "beta", ImageRequest("gone")))
+                when = datetime.now(timezone.utc)
+                client._record(Accepted(Submission(task_id="999999", idempotency_key="k-gone",
+                                                   surface="beta", submitted_at=when)))  # fmt: skip
+
+        anyio.run(submit)
+        report, seen = _collect(url, path, tmp_path / "out", wait=False)
+    assert report.failed == ["999999"]
+    assert len(report.running) == 1
+    assert report.saved == []
+    assert report.exit_code == 1  # failed beats running
+    assert seen == []  # nothing terminal
+    assert gw.stats()["tasks_created"] == 1
+
+
+def test_a_tracker_needs_a_journal() -> None:
+    with pytest.raises(ValueError, match="journal"):
+        Tracker(AsyncClient(KEY, "http://127.0.0.1:9"))
