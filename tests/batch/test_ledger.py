@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imggw_client.batch._ledger import NOT_FOUND, BatchLockedError, Ledger
+from imggw_client.batch._ledger import BatchLockedError, Ledger
 from imggw_client.batch._lines import COLLECT
 from imggw_client.batch._states import (
     DOWNLOADING,
@@ -19,6 +19,7 @@ from imggw_client.batch._states import (
     RUNNING,
     SAVED,
 )
+from imggw_client.tracking._store import NOT_FOUND
 
 from .ledgers import plan, planned, row
 
@@ -64,7 +65,7 @@ def test_a_rerun_looks_again_at_what_a_second_look_may_find_otherwise(tmp_path: 
     assert found == [(DOWNLOADING, None), (DOWNLOADING, None), (RUNNING, None), (PENDING, None),
                      (FAILED, "content_policy"), (FAILED, NOT_FOUND)]  # fmt: skip
     # The table the ledger carries out names exactly these moves back.
-    assert {(before, after) for before, _, after in RECHECKS} == {
+    assert {(rule.state, rule.to) for rule in RECHECKS} == {
         (EXPIRED, DOWNLOADING), (FAILED, DOWNLOADING), (FAILED, RUNNING), (FAILED, PENDING),
     }  # fmt: skip
 

@@ -3,12 +3,15 @@ ledger, and the one map from how lines ended to the exit code."""
 
 from __future__ import annotations
 
+from imggw_client._core import states as task
 from imggw_client.batch._states import (
+    BATCH_MOVES,
     DOWNLOADING,
     EXPIRED,
     FAILED,
     FINAL,
     LEGACY,
+    LINE_STATE,
     MOVES,
     PENDING,
     RECHECKS,
@@ -16,7 +19,9 @@ from imggw_client.batch._states import (
     SAVED,
     STATUS,
     STATUSES,
+    TASK_STATE,
     WORDS,
+    WORK,
     ExitCode,
     LineState,
     exit_code,
@@ -27,14 +32,39 @@ from imggw_client.batch._states import (
 
 def test_a_run_moves_lines_forward_and_final_lines_nowhere_but_a_lost_file_back() -> None:
     assert set(MOVES) == set(LineState)
-    assert MOVES[FAILED] == MOVES[EXPIRED] == frozenset()
+    assert MOVES[PENDING] == {RUNNING, DOWNLOADING, FAILED}  # a replay may answer finished
+    assert MOVES[RUNNING] == {DOWNLOADING, FAILED}  # never back to pending
+    assert MOVES[DOWNLOADING] == {SAVED, FAILED, EXPIRED}
     assert MOVES[SAVED] == {DOWNLOADING}  # files gone: downloaded again
+    assert MOVES[FAILED] == frozenset()
+    assert MOVES[EXPIRED] == {SAVED}  # a refreshed link saved after all
     assert {SAVED, FAILED, EXPIRED} == FINAL
     # What a rerun moves back is never what the run itself may do, and never a submit again
     # for a line that has a task.
-    for before, needs, after in RECHECKS:
-        assert after not in MOVES[before]
-        assert after is not PENDING or needs.startswith("no task id")
+    for rule in RECHECKS:
+        assert rule.to not in MOVES[rule.state]
+        assert rule.to is not PENDING or not rule.task_id
+
+
+def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
+    # Every move of a run is a move of the core's table between the lines' task states, or one
+    # of the two a batch adds; and every move of that table shows as a line's move.
+    by_the_table = {
+        (line, LINE_STATE[task.move(state, event)])
+        for line, state in TASK_STATE.items()
+        for event in task.Event
+    }
+    moves = {(before, after) for before, targets in MOVES.items() for after in targets}
+    assert moves == {(a, b) for a, b in by_the_table if a is not b} | BATCH_MOVES
+    assert not BATCH_MOVES & by_the_table  # the batch adds only what the table lacks
+    # A line's work is its task state's; a recheck's target is the line state with its work.
+    assert WORK == {PENDING: task.Work.RESEND, RUNNING: task.Work.WAIT,
+                    DOWNLOADING: task.Work.DOWNLOAD, SAVED: None, FAILED: None,
+                    EXPIRED: None}  # fmt: skip
+    assert [rule.to for rule in RECHECKS] == [DOWNLOADING, DOWNLOADING, RUNNING, PENDING]
+    assert all(WORK[rule.to] is rule.work for rule in RECHECKS)
+    # A task state the core adds shows up here at once: every one has its line state.
+    assert set(LINE_STATE) == {*task.State, None}
 
 
 def test_every_state_has_one_word_outside_the_ledger_and_one_on_the_display() -> None:

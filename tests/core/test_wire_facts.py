@@ -52,9 +52,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("imggw_client/batch/_states.py", "submitted"):
         "a ledger state's name in ledgers written before the states were renamed (it was beta's "
         "wire word, with another meaning): read only to move those rows to the new name",
-    ("imggw_client/batch/_ledger.py", "not_found"):
-        "batch ledger error code of a line whose task the gateway no longer knows; batch/ is "
-        "renamed separately",
+    ("imggw_client/tracking/_store.py", "not_found"):
+        "the error code ledgers and manifests have always kept for an item whose task the "
+        "gateway does not know (the wire says task_not_found): a pinned manifest value",
     ("imggw_cli/_output.py", "submitted"):
         "the CLI's progress label before the first query; imggw_cli/ is reworked separately",
 }  # fmt: skip

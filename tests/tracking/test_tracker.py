@@ -53,7 +53,9 @@ def test_collect_saves_every_journaled_task_and_resends_a_lost_submit_with_its_k
             await client.submit("an owl")
             # A submit whose answer was never read: its row says so, no request reached the
             # gateway (as a process killed the moment its row was committed).
-            client._record(Sending("lost-key-1", "beta", ImageRequest("a lost cat")))
+            lost = Sending("lost-key-1", "beta", ImageRequest("a lost cat"))
+            assert client.journal is not None
+            client.journal.record(lost, client.journal_scope)
 
     anyio.run(submit)
     assert gw.stats()["tasks_created"] == 2
@@ -84,10 +86,12 @@ def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
             async with AsyncClient(KEY, url, poll=FAST, journal=path) as client:
                 await client.submit("still running")
                 # A task the gateway does not know (another gateway's, or forgotten).
-                client._record(Sending("k-gone", "beta", ImageRequest("gone")))
+                journal, scope = client.journal, client.journal_scope
+                assert journal is not None
+                journal.record(Sending("k-gone", "beta", ImageRequest("gone")), scope)
                 when = datetime.now(timezone.utc)
-                client._record(Accepted(Submission(task_id="999999", idempotency_key="k-gone",
-                                                   surface="beta", submitted_at=when)))  # fmt: skip
+                journal.record(Accepted(Submission(task_id="999999", idempotency_key="k-gone",
+                                                   surface="beta", submitted_at=when)), scope)  # fmt: skip
 
         anyio.run(submit)
         report, seen = _collect(url, path, tmp_path / "out", wait=False)

@@ -28,7 +28,6 @@ import filelock
 
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._files import StorageError, refuse_link
-from ..tracking._store import NOT_FOUND  # a line's task unknown to the gateway (see recheck)
 from ._lines import GENERATE
 from ._schema import (
     BAD,
@@ -44,9 +43,8 @@ from ._schema import (
 from ._states import (
     DOWNLOADING,
     EXPIRED,
-    FAILED,
     LEGACY,
-    PENDING,
+    RECHECKS,
     RUNNING,
     SAVED,
     LineState,
@@ -199,27 +197,28 @@ class Ledger:
         return row, True
 
     def recheck(self) -> None:
-        """Within a plan: the moves back of ``_states.RECHECKS``. Lines that failed for what a
-        later look may find otherwise, at no cost (a task the gateway did not know; a task
-        that succeeded but whose results could not be saved: links that died, a document
-        served in place of an image; a submit answered 404, which made nothing), are looked at
-        again by this run: a query and a download, or a submit with the line's own key."""
-        clear = "error_code=NULL, error_message=NULL"
-        self._db.execute(
-            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND task_id IS NOT NULL "
-            "AND (state=? OR (state=? AND urls != '[]'))",
-            (DOWNLOADING.value, self._plan, EXPIRED.value, FAILED.value),
-        )
-        self._db.execute(
-            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND state=? AND error_code=? "
-            "AND task_id IS NOT NULL",
-            (RUNNING.value, self._plan, FAILED.value, NOT_FOUND),
-        )
-        self._db.execute(
-            f"UPDATE lines SET state=?, {clear} WHERE planned=? AND state=? AND error_code=? "
-            "AND task_id IS NULL AND kind=?",
-            (PENDING.value, self._plan, FAILED.value, NOT_FOUND, GENERATE),
-        )
+        """Within a plan: the moves back of ``_states.RECHECKS``, in their order. Lines that
+        failed for what a later look may find otherwise, at no cost (a task the gateway did not
+        know; a task that succeeded but whose results could not be saved: links that died, a
+        document served in place of an image; a submit answered 404, which made nothing), are
+        looked at again by this run: a query and a download, or a submit with the line's own
+        key."""
+        for rule in RECHECKS:
+            where, args = ["planned=?", "state=?"], [self._plan, rule.state.value]
+            where.append("task_id IS NOT NULL" if rule.task_id else "task_id IS NULL")
+            if rule.urls:
+                where.append("urls != '[]'")
+            if rule.error is not None:
+                where.append("error_code=?")
+                args.append(rule.error)
+            if rule.kind is not None:
+                where.append("kind=?")
+                args.append(rule.kind)
+            self._db.execute(
+                "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
+                f"WHERE {' AND '.join(where)}",
+                (rule.to.value, *args),
+            )
 
     def end_plan(self, *, commit: bool) -> None:
         if commit:

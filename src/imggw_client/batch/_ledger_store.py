@@ -4,9 +4,8 @@ ledger's rows, read in line order; their moves go through ``RunLines`` (held to
 its incoming folder, to be named by the template) and go where the run's results belong
 (``Workspace.store``).
 
-The loop speaks the task states of ``_core/states.py``; the ledger keeps line states:
-``running`` is ``running``, ``succeeded`` (results to save) is ``downloading``, and ``saved``,
-``failed``, ``expired`` are themselves.
+The loop speaks the task states of ``_core/states.py``; the ledger keeps line states, each the
+task state ``_states.TASK_STATE`` says (``succeeded``, results to save, is ``downloading``).
 """
 
 from __future__ import annotations
@@ -21,18 +20,12 @@ from .._files import StorageError, refuse_link
 from ._naming import INCOMING_DIR, NameTemplate
 from ._run import RunLines
 from ._schema import Row
-from ._states import DOWNLOADING, EXPIRED, PENDING, RUNNING, SAVED, LineState
+from ._states import EXPIRED, LINE_STATE, WORK
 from ._workspace import Workspace
 
 __all__ = ["LedgerStore"]
 
 RESULT_EXPIRED = reasons.RESULT_EXPIRED.code
-_LINE_STATES: dict[State, LineState] = {
-    State.RUNNING: RUNNING,
-    State.SUCCEEDED: DOWNLOADING,
-    State.SAVED: SAVED,
-}
-_WORK = {PENDING: Work.RESEND, RUNNING: Work.WAIT, DOWNLOADING: Work.DOWNLOAD}
 
 
 class LedgerStore:
@@ -59,11 +52,11 @@ class LedgerStore:
 
     def work(self, row: Row) -> Work | None:
         """What the line needs now, by its state (None: final)."""
-        return _WORK.get(row.state)
+        return WORK[row.state]
 
     def reached(self, row: Row, state: State) -> None:
         """The line moves to the line state of the task state it reached."""
-        self.run.move(row, _LINE_STATES[state])
+        self.run.move(row, LINE_STATE[state])
 
     def fail(self, row: Row, code: str, message: str) -> None:
         """The line failed, its code and message kept for its manifest row."""

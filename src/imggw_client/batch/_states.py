@@ -15,9 +15,12 @@ Every line of a run is in one state, kept in its ledger row::
 - ``failed``: refused, the task failed, the gateway does not know the task, or a bad line.
 - ``expired``: the task succeeded, but its results were gone before they could be saved.
 
-A run only moves lines forward (:data:`MOVES`). Planning a rerun moves some back, at no cost
-(:data:`RECHECKS`, carried out by the ledger): a look again costs a query or a download, never
-a submit.
+Each line state is a task state of the core's one table (``_core/states.py``; :data:`TASK_STATE`):
+a line's moves (:data:`MOVES`) and its work (:data:`WORK`) are read off that table, with the two
+moves a batch adds (:data:`BATCH_MOVES`). Planning a rerun moves some lines back, at no cost
+(:data:`RECHECKS`, carried out by the ledger): each names the work a second look needs, and
+its line state is the one whose work that is; a look again costs a query or a download, never a
+submit.
 
 One word per line state outside the ledger (the manifest's ``status``, ``imggw batch
 status``, the gallery): what the line delivered (:data:`STATUS`). ``succeeded`` is a line whose
@@ -29,18 +32,28 @@ a line whose results expired is ``failed`` (error ``result_expired``). The displ
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
+
+from .._core import states as task
+from ..tracking._store import NOT_FOUND
+from ._lines import GENERATE
 
 __all__ = [
     "FINAL",
+    "BATCH_MOVES",
     "LEGACY",
+    "LINE_STATE",
     "MOVES",
     "RECHECKS",
     "STATUS",
     "STATUSES",
+    "TASK_STATE",
     "WORDS",
+    "WORK",
     "ExitCode",
     "LineState",
+    "Recheck",
     "exit_code",
     "statuses",
     "words",
@@ -73,27 +86,87 @@ class LineState(str, Enum):
 PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState
 FINAL = frozenset({SAVED, FAILED, EXPIRED})
 
-# The moves a run makes. A line saved whose files are later missing or damaged is downloaded
-# again (saved -> downloading), found when a run begins.
-MOVES: Mapping[LineState, frozenset[LineState]] = {
-    PENDING: frozenset({RUNNING, FAILED}),
-    RUNNING: frozenset({DOWNLOADING, FAILED}),
-    DOWNLOADING: frozenset({SAVED, FAILED, EXPIRED}),
-    SAVED: frozenset({DOWNLOADING}),
-    FAILED: frozenset(),
-    EXPIRED: frozenset(),
+# The task state each line state is: the core's table decides their moves and their work. A
+# pending line's submit may have left or not; its key sends it either way (the task replayed).
+TASK_STATE: Mapping[LineState, task.State] = {
+    PENDING: task.State.UNKNOWN,
+    RUNNING: task.State.RUNNING,
+    DOWNLOADING: task.State.SUCCEEDED,
+    SAVED: task.State.SAVED,
+    FAILED: task.State.FAILED,
+    EXPIRED: task.State.EXPIRED,
 }
+# The line state of each task state: a task known and not finished is running; a submit refused
+# (no task: a journal drops its row) is a failed line the manifest tells of.
+LINE_STATE: Mapping[task.State | None, LineState] = {
+    **{state: line for line, state in TASK_STATE.items()},
+    task.State.PENDING: RUNNING,
+    None: FAILED,
+}
+# What each line still needs (None: final), read off the core's table.
+WORK: Mapping[LineState, task.Work | None] = {
+    line: task.WORK[state] for line, state in TASK_STATE.items()
+}
+# The moves a batch makes that a journal does not: a download that fails for good (a page served
+# in place of an image) fails its line; a saved line whose files are missing or damaged, found
+# when a run begins, is downloaded again.
+BATCH_MOVES: frozenset[tuple[LineState, LineState]] = frozenset(
+    {(DOWNLOADING, FAILED), (SAVED, DOWNLOADING)}
+)
 
-# The moves back a plan makes (the ledger's ``recheck``), each for what a second look may find
-# otherwise at no cost: (from, what the line must carry, to).
-RECHECKS: tuple[tuple[LineState, str, LineState], ...] = (
-    # links that died or a document served in place of an image: ask for fresh links
-    (EXPIRED, "a task id", DOWNLOADING),
-    (FAILED, "a task id and result links", DOWNLOADING),
+
+def _moves() -> dict[LineState, frozenset[LineState]]:
+    """Each line state's moves: those of its task state by every event of the core's table,
+    and the batch's own."""
+    moves: dict[LineState, set[LineState]] = {line: set() for line in LineState}
+    for line, state in TASK_STATE.items():
+        for event in task.Event:
+            target = LINE_STATE[task.move(state, event)]
+            if target is not line:
+                moves[line].add(target)
+    for before, after in BATCH_MOVES:
+        moves[before].add(after)
+    return {line: frozenset(targets) for line, targets in moves.items()}
+
+
+# The moves a run makes (``RunLines.move`` holds every move to them).
+MOVES: Mapping[LineState, frozenset[LineState]] = _moves()
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A move back a plan makes (the ledger carries it out) for what a second look may find
+    otherwise at no cost: lines in ``state`` that carry what the other fields ask (a task id or
+    none; result links; an error code; a kind of line) are given ``work`` again, in the line
+    state (:attr:`to`) whose work that is.
+
+    Example::
+
+        Recheck(EXPIRED, task.Work.DOWNLOAD, task_id=True).to   # DOWNLOADING
+    """
+
+    state: LineState
+    work: task.Work
+    task_id: bool
+    urls: bool = False
+    error: str | None = None
+    kind: str | None = None
+
+    @property
+    def to(self) -> LineState:
+        """The line state whose work is :attr:`work`."""
+        return next(line for line, work in WORK.items() if work is self.work)
+
+
+# In this order (a line takes the first that fits).
+RECHECKS: tuple[Recheck, ...] = (
+    # links that died, or a document served in place of an image: ask for fresh links
+    Recheck(EXPIRED, task.Work.DOWNLOAD, task_id=True),
+    Recheck(FAILED, task.Work.DOWNLOAD, task_id=True, urls=True),
     # a task the gateway did not know (a replica behind): ask again
-    (FAILED, "a task id and the error not_found", RUNNING),
+    Recheck(FAILED, task.Work.WAIT, task_id=True, error=NOT_FOUND),
     # a submit answered 404 (a wrong base URL): nothing was made, its key submits it now
-    (FAILED, "no task id and the error not_found", PENDING),
+    Recheck(FAILED, task.Work.RESEND, task_id=False, error=NOT_FOUND, kind=GENERATE),
 )
 
 # The words of the manifest's ``status`` and of ``imggw batch status``, in their order.
