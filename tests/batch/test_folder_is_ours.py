@@ -153,6 +153,7 @@ def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path
     assert "owned" not in err
 
 
+@pytest.mark.slow
 def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
     """The run's surface picks where a rerun's requests go: one the spec does not name is a
     damaged record, refused before anything is sent and never printed."""

@@ -94,6 +94,7 @@ def test_async_yields_every_task_once_and_shares_one_budget(
     assert gw.stats()["tasks_created"] == 30  # a wait never submits
 
 
+@pytest.mark.slow
 def test_past_its_timeout_it_names_every_task_still_running(tmp_path: Any) -> None:
     gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
     with gw.serve() as url, Client(KEY, url, poll=FAST) as client:
@@ -123,6 +124,7 @@ def test_an_unknown_task_id_ends_the_call(gateway: tuple[MockGateway, str]) -> N
         list(client.as_completed(["999999"]))
 
 
+@pytest.mark.slow
 def test_on_submit_sees_the_submission_before_any_wait(gateway: tuple[MockGateway, str]) -> None:
     gw, url = gateway
     queries_at_callback: list[int] = []

@@ -75,6 +75,7 @@ def test_collect_saves_every_journaled_task_and_resends_a_lost_submit_with_its_k
     assert (again.saved, again.exit_code) == ([], 0)  # nothing left to collect
 
 
+@pytest.mark.slow
 def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
     tmp_path: Path,
 ) -> None:
