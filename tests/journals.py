@@ -1,10 +1,16 @@
-"""Reading a journal as another process would: a connection of its own, every row as a dict."""
+"""What the journal's tests share: reading a journal as another process would (a connection of
+its own, every row as a dict), the key of their gateway and quick polls."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 from typing import Any
+
+from imggw_client import PollPolicy
+
+KEY = "sk-journal-3f9a1c7e5b2d8406"
+FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

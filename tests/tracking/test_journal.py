@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +22,13 @@ from imggw_client import (
     Client,
     ConfigurationError,
     InsufficientCreditsError,
-    PollPolicy,
     TaskStatus,
 )
 from imggw_client._core.states import Seen
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import Journal, JournalEntry
 
-from ..journals import rows
-
-KEY = "sk-journal-3f9a1c7e5b2d8406"
-FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
-
-
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-    with gw.serve() as url:
-        yield gw, url
+from ..journals import FAST, KEY, rows
 
 
 def test_the_row_is_on_disk_before_the_submit_reaches_the_gateway(

@@ -10,7 +10,6 @@ import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterator
 from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
@@ -19,24 +18,15 @@ from typing import Any
 import anyio
 import pytest
 
-from imggw_client import AsyncClient, Client, ImageRequest, PollPolicy, TaskStatus, _io_async
+from imggw_client import AsyncClient, Client, ImageRequest, TaskStatus, _io_async
 from imggw_client._core.states import Event, Seen, Sending, State, event_of, move
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import Journal, Scope
 from imggw_client.tracking._journal import CHECKPOINT_EVERY
 
-from ..journals import rows
+from ..journals import FAST, KEY, rows
 
-KEY = "sk-journal-writes-7c2e9a41b6d3"
-FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 SCOPE = Scope("http://127.0.0.1:9", "f" * 16)
-
-
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-    with gw.serve() as url:
-        yield gw, url
 
 
 def sending(key: str) -> Sending:

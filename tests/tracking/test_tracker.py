@@ -6,29 +6,18 @@ codes 0/3/1. Over a real loopback socket, against the reference gateway."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import anyio
 import pytest
 
-from imggw_client import AsyncClient, ImageRequest, PollPolicy, Submission, Task, TaskStatus
+from imggw_client import AsyncClient, ImageRequest, Submission, Task, TaskStatus
 from imggw_client._core.states import Accepted, Sending
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import CollectReport, Tracker
 
-from ..journals import rows
-
-KEY = "sk-tracker-7c2e9a4f1b3d5068"
-FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
-
-
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-    with gw.serve() as url:
-        yield gw, url
+from ..journals import FAST, KEY, rows
 
 
 def _collect(url: str, journal: Path, dest: Path, **kw: object) -> tuple[CollectReport, list[Task]]:
