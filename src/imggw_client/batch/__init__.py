@@ -40,7 +40,7 @@ from ._ledger import BatchLockedError
 from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
 from ._options import BatchOptions, RunOptions
-from ._reports import BatchProgress, BatchReport
+from ._reports import BatchProgress, BatchReport, RunOutcome
 from ._schema import LEDGER_NAME
 from ._shards import ShardReport, ShardSpec, arun_shard, run_shard
 from ._single import arun_batch, run_batch
@@ -103,6 +103,7 @@ __all__ = [
     "RunOptions",
     "RunStatus",
     "ShardOutcome",
+    "RunOutcome",
     "ShardReport",
     "ShardSpec",
     "ShardedProgress",

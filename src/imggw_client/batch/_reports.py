@@ -1,5 +1,7 @@
-"""What a run tells while it goes (:class:`BatchProgress`) and when it ends
-(:class:`BatchReport`); the exit code of both comes from ``_states.exit_code``."""
+"""What a run tells while it goes (:class:`BatchProgress`) and when it ends: every run's report
+stands on :class:`RunOutcome` (lines per state, money, the input's counts, the guard's stop and
+the exit code ``_states.exit_code`` gives), a whole run's as :class:`BatchReport`, a shard's as
+``_shards.ShardReport``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from .._core.config import RateLimit
 from ._lines import BadLine
 from ._states import FINAL, ExitCode, LineState, exit_code, statuses, words
 
-__all__ = ["BatchProgress", "BatchReport"]
+__all__ = ["BatchProgress", "BatchReport", "RunOutcome"]
 
 
 @dataclass(frozen=True)
@@ -80,52 +82,33 @@ class BatchProgress:
         return left / self.throughput if self.throughput > 0 else None
 
 
-@dataclass
-class BatchReport:
-    """What a run did: lines per state (:class:`LineState`), money, and how it ended.
-    ``exit_code``: 0 all saved, 3 some still unfinished (run again to resume), 1 some failed,
-    expired or were bad input.
-
-    ``bad_lines`` and ``changed_lines`` hold the first ones (up to 1,000); ``bad_count`` and
-    ``changed_count`` count them all. ``changed_lines`` are the lines run as new requests (new
-    or changed since the folder's run, with ``allow_changes``); ``removed_lines`` (and
-    ``removed_count``) the lines the run's input had and this one has not, numbered as they
-    were. ``bad_lines_file`` lists every bad line when there are more than 10.
-    ``previous_surface`` is the surface the folder's run was made on when this one moved it to
-    another (with ``allow_changes``). ``cost_unknown`` counts lines charged whose gateway
-    stated no cost: ``cost`` leaves them out. ``credits`` and ``cost`` are what the folder's
-    run was charged in all. ``comments`` counts the comment lines the input skipped (``#``
-    then whitespace or nothing: ``#hashtag sunset`` is a prompt).
-
-    ``stopped_by`` is None, or the guard that stopped new submits (``"max_credits"``,
-    ``"max_cost"``, ``"max_failures"``, ``"insufficient_credits"``; lines already sent were
-    finished and saved), with ``stop_reason`` saying what it saw; the exit code is then 6.
+@dataclass(kw_only=True)
+class RunOutcome:
+    """What every run's report tells alike (a whole run's, a shard's): lines per state
+    (:class:`LineState`), what the folder's run was charged in all (``credits``, ``cost``;
+    ``cost_unknown`` lines whose gateway stated no cost, which ``cost`` leaves out), the
+    input's bad, changed (run as new requests: the first ones, up to 1,000, and their count)
+    and comment lines, the guard that stopped new submits (``stopped_by``, with
+    ``stop_reason``) and the exit code as ``imggw batch`` gives it: 0 all saved, 1 some failed,
+    expired or were bad input, 3 some unfinished (run again to resume), 6 a guard stopped new
+    submits.
 
     Example::
 
-        report = run_batch("prompts.jsonl", "out/")
-        print(report.counts, report.credits, report.manifest)
+        report = run_batch("prompts.jsonl", "out/")      # a BatchReport, a RunOutcome
+        print(report.statuses, report.credits, report.exit_code)
     """
 
     counts: dict[LineState, int]
-    bad_lines: list[BadLine]
-    changed_lines: list[int]
-    manifest: Path
     elapsed: float
     credits: float = 0.0
     cost: float = 0.0
-    bad_count: int = 0
-    changed_count: int = 0
-    removed_lines: list[int] = field(default_factory=list)
-    removed_count: int = 0
-    bad_lines_file: Path | None = None
-    previous_surface: str | None = None
     cost_unknown: int = 0
+    bad_count: int = 0
+    changed_lines: list[int] = field(default_factory=list)
+    changed_count: int = 0
     stopped_by: str | None = None
     stop_reason: str = ""
-    max_credits: float | None = None
-    max_cost: float | None = None
-    max_failures: int | None = None
     comments: int = 0
 
     @property
@@ -145,3 +128,34 @@ class BatchReport:
     @property
     def exit_code(self) -> ExitCode:
         return exit_code(self.statuses, bad=self.bad_count, stopped_by=self.stopped_by)
+
+
+@dataclass(kw_only=True)
+class BatchReport(RunOutcome):
+    """What a run did (see :class:`RunOutcome` for what every report tells).
+
+    ``bad_lines`` holds the first bad lines (up to 1,000); ``bad_lines_file`` lists every one
+    when there are more than 10. ``removed_lines`` (and ``removed_count``) are the lines the
+    run's input had and this one has not, numbered as they were. ``previous_surface`` is the
+    surface the folder's run was made on when this one moved it to another (with
+    ``allow_changes``). ``comments`` counts the comment lines the input skipped (``#`` then
+    whitespace or nothing: ``#hashtag sunset`` is a prompt). ``stopped_by`` is None, or
+    ``"max_credits"``, ``"max_cost"``, ``"max_failures"``, ``"insufficient_credits"`` (lines
+    already sent were finished and saved); ``max_credits``, ``max_cost`` and ``max_failures``
+    are the run's guards.
+
+    Example::
+
+        report = run_batch("prompts.jsonl", "out/")
+        print(report.counts, report.credits, report.manifest)
+    """
+
+    manifest: Path
+    bad_lines: list[BadLine] = field(default_factory=list)
+    removed_lines: list[int] = field(default_factory=list)
+    removed_count: int = 0
+    bad_lines_file: Path | None = None
+    previous_surface: str | None = None
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None

@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +55,10 @@ from ._ledger_files import checkpoint_number, copy_ledger
 from ._manifest import MANIFEST_NAME
 from ._options import BatchOptions
 from ._plan import Slice, scan_input
-from ._reports import BatchProgress, BatchReport
+from ._reports import BatchProgress, BatchReport, RunOutcome
 from ._schema import LEDGER_NAME
 from ._single import client_maker, run_id_for
-from ._states import ExitCode, LineState, exit_code, statuses
+from ._states import ExitCode
 from ._storage import Storage, destination_name, open_storage
 from ._workspace import Workspace
 
@@ -110,12 +110,11 @@ class ShardSpec:
         return shard_folder(self.index, self.count)
 
 
-@dataclass
-class ShardReport:
-    """What one shard did: its range of input lines, lines per state (:class:`LineState`),
-    money, its folder in the output folder (``shards/0001-of-0003``) and where its manifest is,
-    and its exit code as ``imggw batch`` gives it (0 all saved, 1 some failed, 3 some
-    unfinished).
+@dataclass(kw_only=True)
+class ShardReport(RunOutcome):
+    """What one shard did: its range of input lines, its folder in the output folder
+    (``shards/0001-of-0003``) and where its manifest is, and all a run's report tells
+    (:class:`RunOutcome`: lines per state, money, its exit code as ``imggw batch`` gives it).
 
     Example::
 
@@ -126,35 +125,14 @@ class ShardReport:
     index: int
     count: int
     lines: range
-    counts: dict[LineState, int]
-    elapsed: float
     folder: str = ""
     manifest: str = ""
-    credits: float = 0.0
-    cost: float = 0.0
-    cost_unknown: int = 0
-    bad_count: int = 0
-    changed_lines: list[int] = field(default_factory=list)
-    changed_count: int = 0
-    stopped_by: str | None = None
-    stop_reason: str = ""
-    comments: int = 0  # the comment lines of its range, skipped
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return exit_code(statuses(self.counts), bad=self.bad_count, stopped_by=self.stopped_by)
 
     @classmethod
     def of(cls, spec: ShardSpec, lines: range, report: BatchReport, manifest: str) -> ShardReport:
-        return cls(
-            index=spec.index, count=spec.count, lines=lines, counts=report.counts,
-            elapsed=report.elapsed, folder=spec.folder, manifest=manifest,
-            credits=report.credits, cost=report.cost,
-            cost_unknown=report.cost_unknown, bad_count=report.bad_count,
-            changed_lines=report.changed_lines, changed_count=report.changed_count,
-            stopped_by=report.stopped_by, stop_reason=report.stop_reason,
-            comments=report.comments,
-        )  # fmt: skip
+        shared = {f.name: getattr(report, f.name) for f in fields(RunOutcome)}
+        return cls(index=spec.index, count=spec.count, lines=lines, folder=spec.folder,
+                   manifest=manifest, **shared)  # fmt: skip
 
 
 def env_run_id(storage: Storage, base_url: str | None = None) -> str:
