@@ -20,3 +20,4 @@ def test_the_readme_gives_the_command_ci_runs_and_it_runs_every_lane() -> None:
     assert command in section(readme, "Quickstart")
     assert command in section(readme, "Development")
     assert "pytest -q --all" in command
+    assert command.endswith(" -n auto")  # every core: the whole suite stays well under 10 min
