@@ -15,6 +15,16 @@ from imggw_client.mock._asgi import serve_app
 serve_asgi = serve_app
 
 
+async def asgi_body(receive: Callable[[], Any]) -> bytes:
+    """An ASGI request's whole body, read message by message."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 @contextlib.contextmanager
 def dropping_server(answer: Callable[[int], bytes | None]) -> Iterator[str]:
     """A TCP server on 127.0.0.1: for the n-th connection, reads the request and writes

@@ -26,7 +26,7 @@ from imggw_client import (
 )
 
 from ..conftest import CANARY_KEY, PNG
-from ..loopback import drip, dropping_server, http_json, raw_server, serve_asgi
+from ..loopback import asgi_body, drip, dropping_server, http_json, raw_server, serve_asgi
 
 pytestmark = pytest.mark.anyio
 
@@ -50,12 +50,7 @@ class TinyGateway:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await asgi_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         status, payload, content_type = await self.route(scope, headers, body, receive)
         await send({"type": "http.response.start", "status": status,

@@ -19,7 +19,7 @@ import pytest
 from imggw_client import AsyncClient, Client, RateLimit
 from imggw_client.mock import MockGateway
 
-from ..loopback import serve_asgi
+from ..loopback import asgi_body, serve_asgi
 
 RATE = 10.0  # queries per second: one each 0.101 s (the guard included)
 QUERIES = 4
@@ -43,12 +43,7 @@ class Gateway:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await asgi_body(receive)
         if HELD.encode() in body:
             self.holding.set()
             await anyio.to_thread.run_sync(self.release.wait, 30)
