@@ -414,6 +414,28 @@ def test_the_manifest_is_written_under_an_unpredictable_name(
 
 
 @pytest.mark.slow
+def test_a_link_planted_as_the_incoming_folder_removes_nothing_where_it_points(
+    tmp_path: Path,
+) -> None:
+    """A rerun sweeps partial downloads, in the folder and in its incoming folder: a link
+    planted as ``.incoming`` must stop the run before the sweep reaches what it points at."""
+    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    source = prompts(tmp_path / "in.txt", ["a cat"])
+    out = tmp_path / "out"
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / ".keep.part").write_bytes(b"the user's own file")
+    with gw.serve() as url:
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+        assert code == 0, err
+        (out / ".incoming").symlink_to(victim)
+        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 4, err
+    assert str(out / ".incoming") in err
+    assert "symbolic link" in err
+    assert (victim / ".keep.part").read_bytes() == b"the user's own file"
+
+
 def test_a_link_planted_over_a_saved_image_is_refused_not_counted_as_saved(
     tmp_path: Path,
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from .._core import reasons
 from .._core.models import DownloadedFile
 from .._core.states import State, Work
-from .._files import StorageError, refuse_link
+from .._files import StorageError, cannot, refuse_link
 from ._naming import INCOMING_DIR, NameTemplate
 from ._run import RunLines
 from ._schema import Row
@@ -87,7 +87,10 @@ class LedgerStore:
             return self.space.folder
         incoming = self.space.folder / INCOMING_DIR
         refuse_link(incoming)
-        incoming.mkdir(exist_ok=True)
+        try:
+            incoming.mkdir(exist_ok=True)
+        except OSError as exc:  # the disk, not the line: the run stops here, as a failed write
+            raise cannot(incoming, exc, "create") from exc
         return incoming
 
     def prefix(self, row: Row) -> str:

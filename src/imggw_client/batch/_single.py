@@ -20,6 +20,7 @@ from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._ledger import LOCK_NAME, Ledger, remove_if_empty
 from ._lines import BAD_LINES_NAME, BatchInputError
 from ._manifest import MANIFEST_NAME
+from ._naming import INCOMING_DIR
 from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
@@ -41,6 +42,7 @@ __all__ = [
 FOLDER_FILES = (
     LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", LOCK_NAME, MANIFEST_NAME,
     _identity.RUN_NAME, _identity.LINES_NAME, GALLERY_NAME, GALLERY_DIR, BAD_LINES_NAME,
+    INCOMING_DIR,
 )  # fmt: skip
 
 

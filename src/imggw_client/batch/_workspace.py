@@ -122,7 +122,9 @@ class Workspace:
 
     def sweep_partial_files(self) -> None:
         """Temp files of downloads cut short by a kill: the run holds the folder's lock, so no
-        live run owns them. Blocking."""
+        live run owns them. Blocking. A link planted where the incoming folder goes stops the
+        run here (its files would be removed wherever it points)."""
+        refuse_link(self.folder / INCOMING_DIR)
         for pattern in (".*.part", f"{INCOMING_DIR}/.*.part"):
             for leftover in self.folder.glob(pattern):
                 leftover.unlink(missing_ok=True)
