@@ -96,3 +96,19 @@ def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
 def test_a_tracker_needs_a_journal() -> None:
     with pytest.raises(ValueError, match="journal"):
         Tracker(AsyncClient(KEY, "http://127.0.0.1:9"))
+
+
+def test_an_unexpected_fault_is_logged_without_the_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from imggw_client.tracking._tracker import _Entry, _JournalRun
+
+    client = AsyncClient(KEY, "http://127.0.0.1:9")
+    entry = _Entry(line=1, surface="beta", idempotency_key="k", task_id="7", submitted_at=None,
+                   fields={})  # fmt: skip
+    run = _JournalRun([entry], tmp_path, None, client.redact)
+    run.unexpected_fault(entry, RuntimeError(f"header Authorization: Bearer {KEY} refused"))
+    anyio.run(client.close)
+    assert KEY not in caplog.text
+    assert "task 7: unexpected RuntimeError" in caplog.text
+    assert "[redacted]" in caplog.text

@@ -94,8 +94,10 @@ class _JournalRun:
     results saved into ``dest``."""
 
     def __init__(self, entries: list[_Entry], dest: Path,
-                 on_task: Callable[[Task], None] | None) -> None:  # fmt: skip
+                 on_task: Callable[[Task], None] | None,
+                 redact: Callable[[str], str]) -> None:  # fmt: skip
         self.entries = entries
+        self.redact = redact  # an exception's text may quote the key
         self.dest = dest
         self.on_task = on_task
         self.report = CollectReport()
@@ -129,7 +131,8 @@ class _JournalRun:
 
     def unexpected_fault(self, entry: _Entry, exc: Exception) -> None:
         log.error("task %s: unexpected %s: %s; a later collect takes it up again",
-                  entry.task_id, type(exc).__name__, safe_message(str(exc)) or "")  # fmt: skip
+                  entry.task_id, type(exc).__name__,
+                  safe_message(self.redact(str(exc))) or "")  # fmt: skip
 
     def landing(self, entry: _Entry) -> Path:
         return self.dest
@@ -202,7 +205,7 @@ class Tracker:
         the gateway does not know fails alone. ``on_task`` sees each task as it is terminal."""
         subs = await self.client.unfinished()
         entries = [_Entry.of(line, sub) for line, sub in enumerate(subs, 1)]
-        run = _JournalRun(entries, Path(dest_dir), on_task)
+        run = _JournalRun(entries, Path(dest_dir), on_task, self.client.redact)
         limit = math.inf if timeout is None or not wait else timeout
         course = Course(deadline=time.monotonic() + limit, line_timeout=None,
                         redact=self.client.redact)  # fmt: skip
