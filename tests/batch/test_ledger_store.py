@@ -90,3 +90,36 @@ async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
             assert (tmp_path / saved["path"]).stat().st_size == saved["size"]
             assert saved["path"].startswith(task.id)
             assert store.prefix(row(2, surface="alpha")) == "alpha-"
+
+
+async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path) -> None:
+    from imggw_client._core.models import DownloadedFile
+    from imggw_client._files import StorageError
+    from imggw_client.batch._naming import NameTemplate
+
+    first, second = row(1, DOWNLOADING, task_id="1"), row(2, DOWNLOADING, task_id="2")
+    first.caller_id, second.caller_id = "cat", "cat-1"
+    with planned(tmp_path, [first, second]) as ledger:
+        run, _ = _store(tmp_path, ledger)
+        identity = RunIdentity("run", "digest", "beta", None)
+        work = Workspace(tmp_path, ledger, identity, LocalStore(tmp_path))  # type: ignore[arg-type]
+        store = LedgerStore(run, work, "beta", NameTemplate.parse("{id}"))
+        theirs = tmp_path / "cat-1.png"
+        theirs.write_bytes(b"line 2's image")
+        incoming = tmp_path / "in"
+        incoming.mkdir()
+        results = []
+        for index in (0, 1):
+            path = incoming / f"1-{index}.png"
+            path.write_bytes(b"line 1's image %d" % index)
+            results.append(DownloadedFile(url="https://cdn.example/x.png", path=path,
+                                          size=16, sha256="0" * 64))  # fmt: skip
+        with pytest.raises(StorageError) as refused:
+            store.named(first, results)  # its second result would be named cat-1
+        assert refused.value.code == "name_taken"
+        assert str(theirs) in refused.value.message
+        assert theirs.read_bytes() == b"line 2's image"
+        assert (tmp_path / "cat.png").read_bytes() == b"line 1's image 0"
+        first.files = [{"path": "cat.png"}, {"path": "cat-1.png"}]  # as if it had been its own
+        named = store.named(first, [results[1]])
+        assert [f.path.name for f in named] == ["cat.png"]

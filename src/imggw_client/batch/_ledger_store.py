@@ -110,17 +110,24 @@ class LedgerStore:
         """The files just saved, renamed into the folder by the template (the extension
         the content gave them kept). A disk that refuses is the run's end, as a failed write."""
         assert self.template is not None
+        own = {str(f.get("path")) for f in row.files}  # this line's, from an earlier save
         named = []
         for index, saved in enumerate(files):
             stem = self.prefix(row) + self.template.render(row, index)
             target = self.space.folder / (stem + saved.path.suffix)
+            # The plan refuses lines whose first files share a name; a task's later results
+            # (``-1``, ``-2`` without ``{index}``) can still meet another line's name: never
+            # replace a file that is not this line's own.
+            if os.path.lexists(target) and target.name not in own:
+                raise StorageError(
+                    f"cannot name line {row.line}'s result {target}: that file is there already "
+                    "and is not this line's; use a --name with {index} or {line}, then run the "
+                    "same command to resume", code="name_taken",
+                )  # fmt: skip
             try:
                 refuse_link(target)
                 os.replace(saved.path, target)
             except OSError as exc:
-                raise StorageError(
-                    f"cannot name {target}: {exc.strerror}; fix that, then run the same command "
-                    "to resume", code="storage_failed",
-                ) from exc  # fmt: skip
+                raise cannot(target, exc, "name") from exc
             named.append(saved.model_copy(update={"path": target}))
         return named
