@@ -60,6 +60,26 @@ def test_saved_lines_whose_files_are_gone_are_found_and_leftovers_swept(tmp_path
     assert (tmp_path / "keep.part").exists()
 
 
+def test_a_ledger_entry_that_names_no_file_of_the_folder_is_downloaded_again(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "elsewhere.png"
+    outside.write_bytes(b"one")
+    digest = hashlib.sha256(b"one").hexdigest()
+    odd = [
+        {"path": str(outside), "sha256": digest, "size": 3},  # a path elsewhere, whole there
+        {"path": "../elsewhere.png", "sha256": digest, "size": 3},
+        {"path": "3-0.png", "size": 3},  # no sha256: not an entry a run writes
+    ]
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "3-0.png").write_bytes(b"one")
+    rows = [row(n, SAVED, task_id=str(n), files=[entry]) for n, entry in enumerate(odd, 1)]
+    with planned(folder, rows) as ledger:
+        work = Workspace(folder, ledger, None, LocalStore(folder))  # type: ignore[arg-type]
+        assert [r.line for r in work.damaged(hashes=False)] == [1, 2, 3]
+
+
 def test_the_end_of_a_run_writes_its_manifest_gallery_and_what_stopped_it(tmp_path: Path) -> None:
     ended: list[Path] = []
 

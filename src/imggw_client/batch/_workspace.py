@@ -62,6 +62,20 @@ def file_sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def _kept_file(entry: object) -> tuple[str, int, str] | None:
+    """A saved file as a ledger row lists it (name, size, sha256), or None when the entry is
+    not one: a ledger may come back from shared storage, and a name there is a file of the
+    folder's own, never a path elsewhere. A line listing such an entry is downloaded again."""
+    if not isinstance(entry, dict):
+        return None
+    name, size, sha256 = entry.get("path"), entry.get("size"), entry.get("sha256")
+    if not isinstance(name, str) or not isinstance(size, int) or not isinstance(sha256, str):
+        return None
+    if Path(name).name != name or name in ("", ".", "..") or name.startswith("."):
+        return None
+    return name, size, sha256
+
+
 class LocalStore:
     """Results left where the run saves them: its own folder (a single run).
 
@@ -116,7 +130,8 @@ class Workspace:
         file's sha256 with ``hashes``. Blocking; before the run."""
         for row in self.ledger.iter_rows(states=(SAVED,)):
             for f in row.files:
-                if not self.store.is_whole(f["path"], f["size"], f["sha256"], hashes=hashes):
+                kept = _kept_file(f)
+                if kept is None or not self.store.is_whole(*kept, hashes=hashes):
                     yield row
                     break
 
