@@ -135,7 +135,7 @@ async def execute(
         raise
     # Links kept in clear by versions before links were kept blanked: the key goes now.
     await anyio.to_thread.run_sync(ledger.blank_links, client._settings.api_key, REDACTED)
-    totals = ledger.totals()
+    totals = await anyio.to_thread.run_sync(ledger.totals)
     if guard is None:
         guard = await anyio.to_thread.run_sync(local_guard, ledger, totals, options)
     run: RunLines
