@@ -159,6 +159,9 @@ PROTECTED_HEADERS: Mapping[str, str] = {
     spec.AUTHORIZATION_HEADER.lower(): "api_key=",
     spec.IDEMPOTENCY_HEADER.lower(): "idempotency_key=",
 }
+# Headers that frame the request itself: one a caller set would contradict the body the SDK
+# sends (a wrong Content-Length is a broken request, retried as an unknown outcome).
+FRAMING_HEADERS = frozenset({"content-length", "content-type", "host", "transfer-encoding"})
 INVALID_HEADERS = "invalid_headers"
 
 
@@ -182,6 +185,8 @@ def check_headers(headers: object, field: str) -> list[Violation]:
         elif name.lower() in PROTECTED_HEADERS:
             rule = (f"may not set {name}: the SDK sets it (pass "
                     f"{PROTECTED_HEADERS[name.lower()]} instead)")  # fmt: skip
+        elif name.lower() in FRAMING_HEADERS:
+            rule = f"may not set {name}: the HTTP stack sets it for the body it sends"
         elif not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
             rule = f"has a value for {name} that is not printable ASCII text"
         else:
