@@ -56,6 +56,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # tests run as one: Python's own handler, which exec turns back into the default.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The fast lane's tests are timed here, not where they are collected: with pytest-xdist the
+    # main process collects nothing, and only it sees every report and writes the summary.
+    if not config.getoption("all_lanes") and not selected_by_hand(config):
+        global fast_lane_times
+        fast_lane_times = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -97,8 +102,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=laned)
         items[:] = fast
     config.stash[LANE_DESELECTED] = len(laned)
-    global fast_lane_times
-    fast_lane_times = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

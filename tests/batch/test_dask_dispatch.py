@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client import RetryPolicy
+from imggw_client._base_client import key_fingerprint
 from imggw_client._core.exceptions import ImggwError, InvalidRequestError
 from imggw_client.batch._dask_dispatch import (
     ClientSpec,
@@ -36,7 +37,7 @@ async def test_a_worker_makes_its_client_from_the_spec_and_its_own_key(
         assert (client.base_url, client.surface, client.retry.max_attempts) == (
             "http://127.0.0.1:9", "alpha", 2,
         )  # fmt: skip
-        assert client.key_fingerprint is not None
+        assert client.key_fingerprint == key_fingerprint("sk-worker-own-key-0001")  # its own
 
 
 def test_a_shards_error_travels_whole_or_as_its_words() -> None:

@@ -44,6 +44,7 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
     assert gw.stats()["tasks_created"] == 3
     rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
     assert [r["line"] for r in rows] == [1, 2, 3]
+    assert all(r["files"] for r in rows)
     assert all((folder / f["path"]).is_file() for r in rows for f in r["files"])
     assert report.credits == sum(r["credits"] for r in rows)
 

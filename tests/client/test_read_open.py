@@ -120,6 +120,7 @@ async def test_the_result_is_the_downloads_very_bytes_and_nothing_is_written(
     assert data.startswith(b"\x89PNG")
     assert list((tmp_path / "tmp").iterdir()) == []  # held in memory, nothing left behind
     if method == "open":
+        assert not got[1]._rolled  # never out of memory
         assert got[1].closed  # the block's end closed it
 
 
