@@ -27,6 +27,7 @@ from ._core.exceptions import ConfigurationError
 from ._core.flows import Flows, log
 from ._core.models import Submission, Task, raise_violations
 from ._core.rules import Violation
+from ._core.silence import Silence
 from ._core.spec import Surface
 from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
@@ -197,6 +198,9 @@ class BaseClient(Generic[H]):
         self._settings = settings
         _logs.watch_key(self._settings.api_key)  # IMGGW_LOG's lines never show it
         self._flows = Flows(self._settings, budget=self._own_budget(self._settings))
+        # The gateway's silence as this client's requests see it (shared by its copies to the
+        # same gateway and key): what a batch's progress tells of a gateway down or hung.
+        self._silence = Silence()
         self._owns_budget = True  # closes its budget's connections (a shared store's) on close
         self._journal, self._owns_journal = open_journal(journal)
         self._flows.journaled = self._journal is not None
@@ -410,6 +414,7 @@ class BaseClient(Generic[H]):
         clone._copy = True
         clone._owns_budget = elsewhere
         if elsewhere:
+            clone._silence = Silence()  # another gateway's silence is not this one's
             clone.__dict__.pop("_key_fingerprint", None)  # another key's: never this one's
             _logs.watch_key(settings.api_key)
         return clone

@@ -50,7 +50,7 @@ from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeErro
 from ._core.flows import Flow, interrupt
 from ._core.models import DownloadedFile, Submission, Task
 from ._core.rules import AspectRatio, Resolution
-from ._core.silence import Silence, answered
+from ._core.silence import answered
 from ._core.spec import Surface
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._telemetry import Watch
@@ -121,14 +121,11 @@ class Client(BaseClient[httpx.Client]):
         )
         super().__init__(settings, http_client=http_client, transport=transport, journal=journal)
         self._sleep = _io.sleep
-        # The gateway's silence as this client's requests see it (shared by its copies): what a
-        # batch's progress tells of a gateway down or hung.
-        self._silence = Silence()
 
     def _own_budget(self, settings: Settings) -> Budget | RemoteBudget:
         if settings.rate_limit.store is not None:  # one budget with other processes
             return RemoteBudget(_io.store_budget(settings))
-        return Budget(settings.rate_limit)
+        return super()._own_budget(settings)
 
     @staticmethod
     def make_http_client(**options: Any) -> httpx.Client:

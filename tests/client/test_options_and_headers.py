@@ -447,3 +447,16 @@ async def test_wait_timeout_and_a_different_deprecated_timeout_together_are_refu
         await client.wait("42", wait_timeout=-1)
     assert bad.value.field == "wait_timeout"
     assert len(gw.calls) == 0
+
+
+def test_a_copy_for_another_gateway_or_key_tells_that_gateways_silence_not_this_ones() -> None:
+    """A batch's "no answer from the gateway" warning reads the client's silence: one gateway
+    down must not be told of another's run."""
+    client = Client(api_key=KEY, base_url=BASE_URL)
+    same = client.with_options(timeout=5)
+    client._silence.asked(0.0)  # a request to this gateway, unanswered
+    assert same._silence.silent_for(100.0) == 100.0
+    for other in (client.with_options(base_url="http://127.0.0.1:9"),
+                  client.with_options(api_key="sk-another-key-5b1c")):  # fmt: skip
+        assert other._silence.silent_for(100.0) == 0.0
+    client.close()
