@@ -66,22 +66,20 @@ def batch_display(
     out: Output,
     *,
     progress_every: float = PROGRESS_EVERY,
-    silent_after: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Callable[[BatchProgress], None]]:
     """An ``on_progress`` for batches: a live bar and table on a terminal; otherwise (and with
     --log-format json) a line when lines move (at most every :data:`CHANGES_EVERY` seconds)
     and at least every ``progress_every`` seconds while none moves, as ``rclone --stats``
     does; no progress with --quiet. Warned once, --quiet or not: results about to expire
-    unseen, and a gateway that answers nothing for ``silent_after`` seconds (default
-    :data:`GATEWAY_SILENT`).
+    unseen, and a gateway that answers nothing for :data:`GATEWAY_SILENT` seconds.
 
     Example::
 
         with batch_display(out, progress_every=60) as on_progress:
             report = await arun_batch("in.jsonl", "out/", on_progress=on_progress)
     """
-    warn = _Warnings(out, GATEWAY_SILENT if silent_after is None else silent_after)
+    warn = _Warnings(out, GATEWAY_SILENT)
     if out.quiet:
         yield warn
         return

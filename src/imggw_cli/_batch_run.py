@@ -51,7 +51,7 @@ def progress_every(text: str | None) -> float:
 
 
 def run_local(
-    source: str, output: Path, *, every: float | None = None, tasks: bool = False, **options: Any
+    source: str, output: Path, *, every: float, tasks: bool = False, **options: Any
 ) -> None:
     """A batch (or with ``tasks`` a list of tasks collected, for ``download --from``) in this
     process into a local folder: its live display (a progress line at least every ``every``
@@ -69,8 +69,7 @@ def run_local(
 
         async def main() -> Any:
             async with make_async_client(flags) as client:
-                shown = progress_every(None) if every is None else every
-                with batch_display(out, progress_every=shown) as on_progress:
+                with batch_display(out, progress_every=every) as on_progress:
                     return await driver(source, output, client=client,
                                         on_progress=on_progress, **options)  # fmt: skip
 
