@@ -77,6 +77,7 @@ log = logging.getLogger("imggw_client")
 
 EXPIRED_STATUSES = frozenset({403, 404, 410})
 NOT_AN_IMAGE = "not_an_image"  # a result link served a document (an error page, say)
+RESULT_TOO_LARGE = "result_too_large"  # a result past the caller's max_bytes
 FINAL_QUERY_LEAD = 1.0  # the last query of a wait goes out this long before its deadline (at most)
 
 
@@ -558,7 +559,7 @@ class Flows:
                 raise DownloadError(
                     f"result {stem} of task {task.id} is larger than max_bytes={max_bytes}; "
                     "nothing was saved (pass a larger max_bytes to accept it)",
-                    code="result_too_large",
+                    code=RESULT_TOO_LARGE,
                     surface=task.surface,
                 )
             if outcome.incomplete:

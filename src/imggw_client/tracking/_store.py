@@ -39,7 +39,7 @@ from .._core.exceptions import (
     PermissionDeniedError,
     UnknownOutcomeError,
 )
-from .._core.flows import NOT_AN_IMAGE
+from .._core.flows import NOT_AN_IMAGE, RESULT_TOO_LARGE
 from .._core.models import DownloadedFile, Task
 from .._core.retry import classify
 from .._core.states import State, Work
@@ -58,7 +58,7 @@ FATAL = (AuthenticationError, PermissionDeniedError, ConfigurationError, Storage
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before an item's step is tried again
 # Downloads that another try in this run would not mend (a rerun looks at a document's link
 # again: what a proxy served today may be the image tomorrow).
-_FINAL_DOWNLOAD_CODES = frozenset({"result_too_large", WRITE_FAILED, NOT_AN_IMAGE})
+_FINAL_DOWNLOAD_CODES = frozenset({RESULT_TOO_LARGE, WRITE_FAILED, NOT_AN_IMAGE})
 
 
 def retry_later(err: BaseException) -> bool:
