@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from imggw_client.batch._csv import (
+    FieldColumn,
     LooksLikeCsv,
     csv_items,
     csv_line_kinds,
@@ -100,15 +101,21 @@ def test_text_that_is_a_table_is_told_apart_from_prompts() -> None:
     assert is_csv_header('"prompt"\t"id"')
     assert not is_csv_header("prompt, a fox")
     assert not is_csv_header("prompt,prompt")
-    rows = LooksLikeCsv()
-    for raw in ("a, b, c", "d, e, f"):
-        rows.add(raw)
-    assert rows.separators() == (2, "comma")
-    prompts = LooksLikeCsv()
-    for raw in ("a fox, running", "a cat"):
-        prompts.add(raw)
-    assert prompts.separators() is None
-    one = LooksLikeCsv()
-    one.add("a, b")
-    assert one.separators() is None  # one line is no table
+    assert seen("a cat,1:1,1k", "a dog,16:9,2k") == FieldColumn("comma", 2, 1, "1:1")
+    assert seen("a, b, c", "d, e, f") is None  # commas alone are no table
+    assert seen("a fox, running", "a cat") is None
+    assert seen("a cat, 1k", "a dog") is None  # a line without the column: prompts
+    assert seen("a cat, 4k", "a dog, 2K, oil") == FieldColumn("comma", 2, 1, "4k")
+    assert seen("a cat, watercolor, 1k", "a dog, 1k") is None  # not the same column
+    assert seen("a\t1:1 wide", "b\t2:3") is None  # a cell is a field, or it is not one
+    assert seen("a\tauto", "b\t2:3") == FieldColumn("tab", 2, 1, "auto")
+    assert seen("a cat,1:1,1k").kind == "an aspect ratio"  # type: ignore[union-attr]
+    assert seen() is None
     assert "--format csv" in header_message("in.txt", 1, "prompt,id")
+
+
+def seen(*lines: str) -> FieldColumn | None:
+    check = LooksLikeCsv()
+    for number, raw in enumerate(lines, 1):
+        check.add(raw, number)
+    return check.column()

@@ -197,7 +197,7 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     [
         "prompt,aspect_ratio,resolution\na fox,16:9,2k\na cat,1:1,1k\n",  # a header row
         '"PROMPT"\na fox\n',  # a header of one column, quoted
-        "a fox, snow\n# a note\na cat, rain\nan owl, dusk\n",  # one comma on every line
+        "a fox,16:9,2k\n# a note\na cat,1:1,1k\n",  # a table without its header row
         "a fox\t16:9\na cat\t1:1\n",  # one tab on every line
     ],
 )
@@ -233,6 +233,86 @@ def test_text_with_commas_here_and_there_is_still_prompts(
     source.write_text("a fox, in snow\na cat\nan owl, at dusk, in fog\n")
     assert batch(gw, source, tmp_path / "out").counts == {"saved": 3}
     assert len(wire.submits) == 3
+
+
+# DESIGN 23: commas alone make no table; only a header row of our columns or a column of
+# request fields on every line does.
+COMMA_PROMPTS = {
+    "one comma a line": ["a cat, watercolor", "a dog, oil on canvas", "an owl, at dusk"],
+    "several commas a line": ["a cat, watercolor, soft light", "a dog, oil, 35mm, grain",
+                              "an owl, at dusk, in fog, wide"],
+    "a mix": ["a cat, watercolor", "a fox in snow", "a dog, oil, 35mm",
+              '"Hello," said the fox, smiling', "an owl, 4k detail, in fog"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("prompts", COMMA_PROMPTS.values(), ids=COMMA_PROMPTS.keys())
+def test_prompts_with_commas_are_sent_as_prompts(
+    gw: MockGateway, wire: Wire, tmp_path: Path, prompts: list[str]
+) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text("".join(f"{p}\n" for p in prompts))
+    assert plan_batch(source, tmp_path / "plan").total == len(prompts)
+    assert batch(gw, source, tmp_path / "out").counts == {"saved": len(prompts)}
+    assert sorted(wire.submits) == sorted(("beta", p, "auto", "1k") for p in prompts)
+    assert [r["prompt"] for r in manifest(tmp_path / "out")] == prompts
+
+
+@pytest.mark.slow
+def test_prompts_with_commas_on_standard_input_are_sent_as_prompts(
+    wire: Wire, url: str, tmp_path: Path
+) -> None:
+    prompts = COMMA_PROMPTS["one comma a line"]
+    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json",
+                stdin="".join(f"{p}\n" for p in prompts))  # fmt: skip
+    assert run.code == 0, run.err
+    assert sorted(p for _, p, _, _ in wire.submits) == sorted(prompts)
+
+
+TABLE_HINT = (
+    "each line would be billed as literal text. To read it as CSV, add a first row naming its "
+    "columns (prompt, aspect_ratio, resolution, surface, id) and pass --format csv "
+    "(format='csv'); --format text sends every line as a prompt; nothing was sent"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "separator", "first"),
+    [
+        ("a cat,1:1,1k\na dog,16:9,2k\n", "commas", "line 1: '1:1', an aspect ratio"),
+        ("# cats\na cat, 1k\na dog , 4K\n", "commas", "line 2: '1k', a resolution"),
+        ('"a cat, watercolor",3:2\n"a dog",beta\n', "commas", "line 1: '3:2', an aspect ratio"),
+        ("a cat\talpha\na dog\tbeta\n", "tabs", "line 1: 'alpha', a surface"),
+    ],
+    ids=["ratio-and-resolution", "resolutions", "quoted", "tabs"],
+)
+def test_a_table_without_its_header_is_refused_saying_what_to_do(
+    wire: Wire, tmp_path: Path, text: str, separator: str, first: str
+) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text(text)
+    with pytest.raises(BatchInputError) as refused:
+        plan_batch(source, tmp_path / "out")
+    assert refused.value.message == (
+        f"{source} is read as text, a prompt a line, but column 2 of every line (split at "
+        f"{separator}) holds a request field, as a CSV table's rows do ({first}): {TABLE_HINT}"
+    )
+    assert wire.requests == 0
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_header_line_is_refused_saying_what_to_do(wire: Wire, tmp_path: Path) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text("prompt,aspect_ratio\na cat, watercolor\na dog, oil\n")
+    with pytest.raises(BatchInputError) as refused:
+        plan_batch(source, tmp_path / "out")
+    assert refused.value.message == (
+        f"{source} is read as text, a prompt a line, but its line 1 ('prompt,aspect_ratio') is "
+        "the header row of a CSV table: every line would be billed as literal text, that one "
+        "too. Pass --format csv (format='csv') or name it .csv; --format text sends every line "
+        "as a prompt; nothing was sent"
+    )
+    assert wire.requests == 0
 
 
 # ---------------------------------------------------------------------------- 17: comments

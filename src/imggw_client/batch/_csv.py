@@ -1,8 +1,10 @@
 """Reading CSV input (RFC 4180, by Python's ``csv`` module): a header row naming the columns
 (``prompt``, ``aspect_ratio``, ``resolution``, ``surface``, ``id``, in any order; comma- or
 tab-separated, as the header is), then a record a row, numbered by the line it begins on. Also
-what tells a file read as text that it is a CSV table (its header row, the same separators on
-every line): such text is refused, not billed line by line as literal prompts.
+what tells a file read as text that it is a CSV table (its first line a header row of our
+columns, or a column whose every cell is a request field: an aspect ratio, a resolution, a
+surface): such text is refused, not billed line by line as literal prompts. Commas alone say
+nothing: "a cat, watercolor" is a prompt.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._core.rules import ASPECT_RATIOS, RESOLUTIONS, SURFACES
 from .._core.text import printable
 from ._lines import (
     CSV_COLUMNS,
@@ -27,36 +30,99 @@ from ._lines import (
     Where,
 )
 
+# Tried in this order: a tab is never part of a prompt typed on one line, a comma often is.
+_SEPARATORS = (("\t", "tab"), (",", "comma"))
+# What a cell of a request field's column holds, read from the core's own lists (any case).
+_FIELD_KINDS = (
+    ("an aspect ratio", frozenset(ASPECT_RATIOS)),
+    ("a resolution", frozenset(RESOLUTIONS)),
+    ("a surface", frozenset(SURFACES)),
+)
+
+
+@dataclass(frozen=True)
+class FieldColumn:
+    """A column of a text input whose every cell is a request field: its separator's name,
+    its 1-based number, and the cell the first line holds there (with that line's number)."""
+
+    separator: str
+    column: int
+    line: int
+    cell: str
+
+    @property
+    def kind(self) -> str:
+        """What the first line's cell is: an aspect ratio, a resolution or a surface."""
+        return field_kind(self.cell) or "a request field"
+
 
 class LooksLikeCsv:
-    """Whether every line seen holds the same number (at least one) of commas, or of tabs,
-    and there is more than one: the rows of a table, not prompts."""
+    """Whether lines read as text are the rows of a table without its header: split at tabs
+    (or at commas), some column holds a request field (an aspect ratio, a resolution, a
+    surface) on every line. Commas alone are no table: prompts hold them anywhere. Keeps the
+    first line's cells, never the lines."""
 
     def __init__(self) -> None:
         self.lines = 0
-        self.commas: int | None = None
-        self.tabs: int | None = None
+        # Per separator: the columns (0-based) whose every cell so far is a request field.
+        self._columns: dict[str, set[int]] = {}
+        self._first: dict[str, list[str]] = {}
+        self._first_line = 0
 
-    def add(self, raw: str) -> None:
-        commas, tabs = raw.count(","), raw.count("\t")
+    def add(self, raw: str, number: int = 0) -> None:
+        """Takes one line (its number, for the message that names the first one)."""
+        for separator, _ in _SEPARATORS:
+            if self.lines and not self._columns[separator]:
+                continue  # ruled out already: a line without such a field ends it for good
+            cells = _cells(raw, separator) if separator in raw else []
+            fields = {i for i, cell in enumerate(cells) if field_kind(cell) is not None}
+            if self.lines == 0:
+                self._columns[separator], self._first[separator] = fields, cells
+            else:
+                self._columns[separator] &= fields
         if self.lines == 0:
-            self.commas, self.tabs = commas, tabs
-        else:
-            if self.commas != commas:
-                self.commas = None
-            if self.tabs != tabs:
-                self.tabs = None
+            self._first_line = number
         self.lines += 1
 
-    def separators(self) -> tuple[int, str] | None:
-        """How many of which separator every line holds, if it is a table."""
-        if self.lines < 2:
-            return None
-        if self.tabs:
-            return self.tabs, "tab"
-        if self.commas:
-            return self.commas, "comma"
+    def column(self) -> FieldColumn | None:
+        """The first column of request fields on every line, tabs before commas; None if
+        there is none (or no line was added)."""
+        for separator, word in _SEPARATORS:
+            found = self._columns.get(separator) if self.lines else None
+            if found:
+                index = min(found)
+                cell = self._first[separator][index].strip()
+                return FieldColumn(word, index + 1, self._first_line, cell)
         return None
+
+
+def field_kind(cell: str) -> str | None:
+    """What request field ``cell`` (trimmed, any case) is, or None if it is none."""
+    value = cell.strip().lower()
+    for kind, values in _FIELD_KINDS:
+        if value in values:
+            return kind
+    return None
+
+
+def _cells(raw: str, separator: str) -> list[str]:
+    """A line's cells as a CSV reader splits them (quotes keep separators in a cell)."""
+    try:
+        return next(csv.reader([raw], delimiter=separator), [])
+    except csv.Error:  # a quote out of place: as a table with no quoting would read it
+        return raw.split(separator)
+
+
+def table_message(name: str, found: FieldColumn) -> str:
+    """Why a text input that is a table without its header row is refused, and what to do."""
+    return (
+        f"{name} is read as text, a prompt a line, but column {found.column} of every line "
+        f"(split at {found.separator}s) holds a request field, as a CSV table's rows do "
+        f"(line {found.line}: {printable(found.cell, 20)!r}, {found.kind}): each line would "
+        "be billed as literal text. To read it as CSV, add a first row naming its columns "
+        f"({', '.join(CSV_COLUMNS)}) and pass --format csv (format='csv'); --format text "
+        "sends every line as a prompt; nothing was sent"
+    )
 
 
 def is_csv_header(line: str) -> bool:
@@ -77,6 +143,7 @@ def _separator_of(header: str, *, tab: bool = False) -> str:
 
 
 def header_message(name: str, number: int, line: str) -> str:
+    """Why a text input whose first line is a header row of ours is refused, and what to do."""
     return (
         f"{name} is read as text, a prompt a line, but its line {number} "
         f"({printable(line, 60)!r}) is the header row of a CSV table: every line would be "

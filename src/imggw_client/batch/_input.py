@@ -7,8 +7,9 @@ the manifest. Files ending in ``.jsonl``/``.ndjson`` hold one JSON object a line
 ``.tsv`` files are CSV (RFC 4180: a header row naming the columns, quoted fields, the separator
 told by the header: a tab or a comma); ``.json`` files and standard input are read line by line,
 a JSON object a record and any other line a prompt; any other file holds one prompt a line, and
-one whose every line is a JSON object, or that looks like CSV (a header row, or the same number
-of commas or tabs on every line), is refused (each line would be billed as literal text).
+one whose every line is a JSON object, or that looks like CSV (a header row of our columns, or a
+column of request fields on every line, such as ``a cat,1:1,1k``), is refused (each line would
+be billed as literal text); commas alone make no table (``a cat, watercolor`` is a prompt).
 ``format="jsonl"``, ``"csv"`` or ``"text"`` says it outright. Blank lines are skipped, and so
 are comments: a line whose first character is ``#`` followed by whitespace or by nothing
 (``#hashtag sunset`` is a prompt); CSV has neither. ``collect=True`` reads a list of tasks
@@ -30,7 +31,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._core.exceptions import RequestValidationError
-from ._csv import LooksLikeCsv, csv_items, csv_line_kinds, header_message, is_csv_header
+from ._csv import (
+    LooksLikeCsv,
+    csv_items,
+    csv_line_kinds,
+    header_message,
+    is_csv_header,
+    table_message,
+)
 from ._lines import (
     ENTRY,
     SKIPPED,
@@ -97,8 +105,9 @@ def iter_lines(
     begins with ``{`` is a JSON object, any other line a prompt as written, ``"Hello," said
     the fox`` and ``[cinematic] a fox`` included), else text. Read as text without ``"text"``
     said, an input whose every line is a JSON object, whose first line is a CSV header row or
-    whose every line holds the same number of commas (or tabs) raises
-    :class:`BatchInputError` (each line would be billed as literal text). ``collect`` lists
+    that has a column (split at tabs, or at commas) of request fields on every line (aspect
+    ratios, resolutions, surfaces) raises :class:`BatchInputError` (each line would be billed
+    as literal text); prompts with commas are prompts. ``collect`` lists
     are read as they always were, whatever the format.
 
     ``lines`` keeps only the lines whose numbers it holds (a shard's range: the others are
@@ -224,9 +233,9 @@ def _stdin_items(mode: str, where: Where) -> Iterator[tuple[int, int, Any]]:
 
 def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tuple[int, int, Any]]:
     # Every mode decides a line by that line alone, so input streams through in bounded
-    # memory; only the checks of text read without being told (every line a JSON object? the
-    # same separators on every line?) wait for its end, and they keep a few numbers, not the
-    # lines: nothing is sent before the whole input is read.
+    # memory; only the checks of text read without being told (every line a JSON object? a
+    # column of request fields on every line?) wait for its end, and they keep a few numbers
+    # and the first line's cells, not the lines: nothing is sent before the whole input is read.
     lines = where.lines
     entry = where.first_entry - 1
     read = 0
@@ -259,7 +268,7 @@ def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tup
             if stripped[0] == "{" and mode == _AUTO:
                 looks = None  # records among the lines: written line by line, not a table
             else:
-                looks.add(raw)
+                looks.add(raw, number)
         if mode in (_TEXT, _TEXT_CHECKED):
             if all_objects:
                 all_objects = stripped[0] == "{" and is_object(stripped)
@@ -281,19 +290,9 @@ def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tup
             "jsonl (format='jsonl') or name it .jsonl; --format text sends the lines as "
             "prompts; nothing was sent",
         )
-    table = looks.separators() if looks is not None else None
+    table = looks.column() if looks is not None else None
     if table is not None:
-        count, separator = table
-        raise BatchInputError(
-            [],
-            0,
-            message=f"{name} is read as text, a prompt a line, but every line of it holds "
-            f"{count} {separator}{'s' if count > 1 else ''}, as the rows of a CSV table do: "
-            "each line would be billed as literal text. Pass --format csv (format='csv') to "
-            "read it as CSV, its first row naming the columns (prompt, aspect_ratio, "
-            "resolution, surface, id), or --format text to send every line as a prompt; "
-            "nothing was sent",
-        )
+        raise BatchInputError([], 0, message=table_message(name, table))
 
 
 def line_kinds(
