@@ -417,9 +417,9 @@ class Client(BaseClient[httpx.Client]):
         ``items`` are submissions, tasks or task ids (on the client's surface). Every wait
         shares the client's budget and what it learned of its tasks' durations; the queries
         most likely to find a task finished go first. Past ``timeout`` seconds (default: no
-        limit) it raises :class:`WaitTimeoutError` naming every task still running in
-        ``still_running``: wait on them again. An error that is not a task's (an unknown task
-        id, a refused key) ends the call.
+        limit) it raises :class:`WaitTimeoutError`: its message names the tasks still running,
+        and ``still_running`` holds every one's id: wait on them again. An error that is not a
+        task's (an unknown task id, a refused key) ends the call.
 
         Example::
 

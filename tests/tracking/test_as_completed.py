@@ -5,6 +5,7 @@ async, over a real loopback socket."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,9 @@ from imggw_client import (
     TaskStatus,
     WaitTimeoutError,
 )
-from imggw_client.mock import MockGateway, MockRequest, MockResponse
+from imggw_client.mock import ManualClock, MockGateway, MockRequest, MockResponse
+
+from ..conftest import CANARY_KEY, Driven, FakeTime, make_client
 
 KEY = "sk-completed-0b8e2f4a6c1d3957"
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
@@ -112,10 +115,77 @@ def test_past_its_timeout_it_names_every_task_still_running(tmp_path: Any) -> No
         assert sorted(got) == sorted(s.task_id for s in quick)
         assert sorted(timed_out.value.still_running) == sorted(s.task_id for s in slow)
         assert timed_out.value.task_id in timed_out.value.still_running
-        notes = "\n".join(getattr(timed_out.value, "__notes__", []))
-        assert all(s.task_id in notes for s in slow)
+        assert all(s.task_id in str(timed_out.value) for s in slow)
         # Waiting on the error again resumes: the task is still there, never resubmitted.
         assert gw.stats()["tasks_created"] == 5
+
+
+async def completed(
+    client: Driven, items: list[Submission], timeout: float, got: list[str]
+) -> None:
+    """Runs ``as_completed`` on either client to its end, adding to ``got`` the id of each
+    task it yields (kept when it raises)."""
+    tasks = client.inner.as_completed(items, timeout=timeout)
+    if isinstance(tasks, Iterator):
+        for task in tasks:
+            got.append(task.id)
+    else:
+        async for task in tasks:
+            got.append(task.id)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("slow_count", [3, 13])
+async def test_its_timeout_error_names_every_task_left_running_and_carries_their_ids(
+    kind: str, fake_time: FakeTime, shared_serve: Any, slow_count: int
+) -> None:
+    clock = ManualClock()
+    gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1)
+    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    try:
+        quick = [await client.submit(f"quick {i}") for i in range(2)]
+        gw.configure(duration_min=3600, duration_max=3600)
+        slow = [await client.submit(f"slow {i}") for i in range(slow_count)]
+        clock.advance(2)  # the quick ones are done at the gateway; the slow ones run on
+        got: list[str] = []
+        with pytest.raises(WaitTimeoutError) as timed_out:
+            await completed(client, [*slow, *quick], 5, got)
+        err = timed_out.value
+        assert sorted(got) == sorted(s.task_id for s in quick)
+        assert sorted(err.still_running) == sorted(s.task_id for s in slow)
+        assert err.still_running[0] == err.task_id  # the error's own task first
+        named = ", ".join(err.still_running[:10])
+        more = f" and {slow_count - 10} more" if slow_count > 10 else ""
+        assert str(err) == err.message
+        assert err.message == (
+            f"{slow_count} tasks still active after waiting 5s: {named}{more}; they may "
+            "still succeed: wait on them again (still_running holds their ids)"
+        )
+        again = pickle.loads(pickle.dumps(err))
+        assert (again.still_running, str(again)) == (err.still_running, str(err))
+        assert gw.stats()["tasks_created"] == 2 + slow_count  # a wait never submits
+    finally:
+        await client.close()
+
+
+@pytest.mark.anyio
+async def test_one_task_left_running_is_named_as_a_single_wait_names_it(
+    kind: str, fake_time: FakeTime, shared_serve: Any
+) -> None:
+    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=60,
+                     duration_max=60)  # fmt: skip
+    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    try:
+        sub = await client.submit("slow")
+        with pytest.raises(WaitTimeoutError) as timed_out:
+            await completed(client, [sub], 5, [])
+        assert timed_out.value.still_running == (sub.task_id,)
+        assert str(timed_out.value) == (
+            f"task {sub.task_id} still active after waiting 5s, last seen pending; it may still "
+            "succeed: wait on it again"
+        )
+    finally:
+        await client.close()
 
 
 def test_an_unknown_task_id_ends_the_call(gateway: tuple[MockGateway, str]) -> None:

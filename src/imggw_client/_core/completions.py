@@ -27,7 +27,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import add_note
 from .exceptions import ImggwError, TaskFailedError, WaitTimeoutError
 from .models import Task
 from .wire import Action, Sleep
@@ -84,15 +83,21 @@ class Completions:
     def error(self) -> ImggwError | None:
         """What ended the whole call: the first wait that failed other than by its task
         failing (an unknown task id, a key refused), else, once every other wait ended, a
-        :class:`WaitTimeoutError` naming every task still running (``still_running``)."""
+        :class:`WaitTimeoutError` whose message names the tasks still running and whose
+        ``still_running`` holds every one's id (the first one's own fields kept)."""
         if self._error is not None:
             return self._error
         if self._flows or not self._timed_out:
             return None
         first = self._timed_out[0]
-        first.still_running = tuple(err.task_id for err in self._timed_out)
-        add_note(first, "still running: " + ", ".join(first.still_running))
-        return first
+        return WaitTimeoutError(
+            first.task_id,
+            first.last_task,
+            timeout=first.timeout,
+            surface=first.surface,
+            submission=first.submission,
+            still_running=[err.task_id for err in self._timed_out],
+        )
 
     def close(self) -> None:
         """Closes every flow still open (each gives back its budget places)."""

@@ -56,6 +56,7 @@ upstream body. Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import reasons
@@ -326,20 +327,18 @@ class WaitTimeoutError(ImggwError):
     ``task_id`` and ``surface`` identify the task; ``last_task`` is the last state seen (None
     if no query succeeded); ``submission`` is the :class:`Submission` the wait was given (by
     ``generate``, or ``wait(sub)``), None when it was given a bare task id or a ``Task``, whose
-    key it never knew. ``timeout`` is the wait's. From ``as_completed``, ``still_running`` names
-    every task it left running (this one first). Wait again with ``client.wait(err)``: it asks
-    the task's own surface (a per-call ``surface=`` included) and, from a submission, keeps
-    polling by what the client learned of such tasks. Never resubmit. It survives ``pickle``
-    (from a worker process, say) with every field.
+    key it never knew. ``timeout`` is the wait's. From ``as_completed``, ``still_running`` is
+    the id of every task it left running (this one first; empty from a single wait), and the
+    message names them (the first :data:`NAMED_RUNNING`, then how many more). Wait again with
+    ``client.wait(err)``: it asks the task's own surface (a per-call ``surface=`` included)
+    and, from a submission, keeps polling by what the client learned of such tasks. Never
+    resubmit. It survives ``pickle`` (from a worker process, say) with every field.
 
     Example::
 
         except WaitTimeoutError as err:
             task = client.wait(err, wait_timeout=3600)
     """
-
-    # Set by ``as_completed`` on the error it raises: the id of every task it left running.
-    still_running: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -349,20 +348,42 @@ class WaitTimeoutError(ImggwError):
         timeout: float,
         surface: str | None = None,
         submission: Submission | None = None,
+        still_running: Sequence[str] = (),
     ) -> None:
-        seen = f", last seen {last_task.status.value}" if last_task is not None else ""
         if surface is None:
             known = submission if submission is not None else last_task
             surface = known.surface if known is not None else None
-        super().__init__(
-            f"task {task_id} still active after waiting {timeout:g}s{seen}; "
-            f"it may still succeed: wait on it again",
-            surface=surface,
-        )
+        running = tuple(still_running)
+        if len(running) > 1:
+            message = (
+                f"{len(running)} tasks still active after waiting {timeout:g}s: "
+                f"{_named(running)}; they may still succeed: wait on them again "
+                "(still_running holds their ids)"
+            )
+        else:
+            seen = f", last seen {last_task.status.value}" if last_task is not None else ""
+            message = (
+                f"task {task_id} still active after waiting {timeout:g}s{seen}; "
+                "it may still succeed: wait on it again"
+            )
+        super().__init__(message, surface=surface)
         self.task_id = task_id
         self.last_task = last_task
         self.timeout = timeout
         self.submission = submission
+        self.still_running = running
+
+
+# The task ids a WaitTimeoutError's message names at most: thousands left running would
+# otherwise make one log line of megabytes (``still_running`` holds every one).
+NAMED_RUNNING = 10
+
+
+def _named(task_ids: tuple[str, ...]) -> str:
+    """The first :data:`NAMED_RUNNING` ids, then how many more there are."""
+    shown = ", ".join(task_ids[:NAMED_RUNNING])
+    more = len(task_ids) - NAMED_RUNNING
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 class ResultExpiredError(ImggwError):
