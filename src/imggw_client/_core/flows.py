@@ -44,7 +44,7 @@ from .exceptions import (
 from .models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from .poll import WaitSchedule, plan_wait, query_priority
 from .retry import Verdict, backoff, classify, honour_retry_after, next_delay
-from .text import printable
+from .text import link_origin, printable
 from .wire import (
     BUDGET_WAIT,
     PHASE,
@@ -547,10 +547,11 @@ class Flows:
     ) -> Flow[DownloadedFile | BinaryIO]:
         """``dest_dir`` None: the result is held by the driver (``Fetched.body``)."""
         max_bytes, timeout = limits
+        host = link_origin(url)  # never the link itself: its query may hold a signature
 
         def read(outcome: Fetched | TransportFailure) -> DownloadedFile | BinaryIO:
             if isinstance(outcome, TransportFailure):
-                raise surfaces.transport_error(task.surface, outcome) from outcome.error
+                raise surfaces.transport_error(task.surface, outcome, host=host) from outcome.error
             if outcome.file is not None:
                 return outcome.file
             if outcome.body is not None:
@@ -563,7 +564,8 @@ class Flows:
                     surface=task.surface,
                 )
             if outcome.incomplete:
-                raise surfaces.malformed(task.surface, outcome.status, "the file was cut short")
+                cut = "the file was cut short"
+                raise surfaces.malformed(task.surface, outcome.status, cut, host=host)
             if outcome.document is not None:  # a proxy's page, say: maybe not for long
                 raise ServerError(
                     f"result {stem} of task {task.id}: its link served a document "

@@ -277,15 +277,16 @@ def no_submit_route(surface: Surface, url: str, err: APIError) -> ConfigurationE
     )
 
 
-def malformed(surface: Surface, status: int, what: str) -> ServerError:
-    """The error of a reply that could not be understood (retried like a 5xx).
+def malformed(surface: Surface, status: int, what: str, *, host: str | None = None) -> ServerError:
+    """The error of a reply that could not be understood (retried like a 5xx); ``host`` is
+    the result host that sent it (``scheme://host:port``), None for the gateway.
 
     Example::
 
         malformed("beta", 200, "no valid task id").code   # 'malformed_response'
     """
     return ServerError(
-        f"the gateway sent a response that could not be understood ({what})",
+        f"{_sender(host)} sent a response that could not be understood ({what})",
         status_code=status,
         code=MALFORMED,
         surface=surface,
@@ -293,10 +294,12 @@ def malformed(surface: Surface, status: int, what: str) -> ServerError:
 
 
 def transport_error(
-    surface: Surface, failure: TransportFailure
+    surface: Surface, failure: TransportFailure, *, host: str | None = None
 ) -> APIConnectionError | ClientClosedError | ServerError:
     """The error a failed exchange means: closed client, oversized reply, timeout, or no
-    connection.
+    connection. ``host`` is the result host the exchange was with (``scheme://host:port``,
+    see :func:`~.text.link_origin`), None for the gateway: a result link is often served by
+    another host, and a user told "the gateway" looks in the wrong place.
 
     Example::
 
@@ -305,21 +308,27 @@ def transport_error(
     if isinstance(failure.error, ClientClosed):
         return ClientClosedError("the client was closed; make a new one", request_sent=failure.sent)
     if isinstance(failure.error, ReplyTooLarge):
+        reply = "the gateway's reply" if host is None else f"the reply of {_sender(host)}"
         return ServerError(
-            f"the gateway's reply was larger than {failure.error.limit} bytes; reading stopped",
+            f"{reply} was larger than {failure.error.limit} bytes; reading stopped",
             code=RESPONSE_TOO_LARGE,
             surface=surface,
         )
     kind = type(failure.error).__name__
     if failure.timeout:
         return APITimeoutError(
-            f"the request to the gateway timed out ({kind})",
+            f"the request to {_sender(host)} timed out ({kind})",
             request_sent=failure.sent,
             surface=surface,
         )
     return APIConnectionError(
-        f"could not talk to the gateway ({kind})", request_sent=failure.sent, surface=surface
+        f"could not talk to {_sender(host)} ({kind})", request_sent=failure.sent, surface=surface
     )
+
+
+def _sender(host: str | None) -> str:
+    """Who an exchange was with, in words: the gateway, or the result host at ``host``."""
+    return "the gateway" if host is None else f"the result host {host}"
 
 
 def _checked_reply(

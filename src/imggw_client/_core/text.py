@@ -8,7 +8,7 @@ gateway that reaches a terminal or a log passes :func:`printable`.
 
 from __future__ import annotations
 
-__all__ = ["link_for_display", "printable", "redact_store_url"]
+__all__ = ["link_for_display", "link_origin", "printable", "redact_store_url"]
 
 
 def printable(text: object, limit: int | None = None) -> str:
@@ -93,3 +93,27 @@ def link_for_display(url: object) -> str:
             head = head.partition(mark)[0]
     prefix = f"{parts.scheme}://" if parts.scheme else ""
     return printable(prefix + head, 300)
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def link_origin(url: object) -> str:
+    """The host a result link points at, as ``scheme://host:port`` (the scheme's default port
+    when the link names none): what a message about that host may show. Never its userinfo,
+    path, query or fragment: a signed link's signature, or a key a gateway put there, is in
+    them. ``?`` when the link names no host.
+
+    Example::
+
+        link_origin("https://u:pw@cdn.example/r/1.png?Signature=abc")
+        # 'https://cdn.example:443'
+    """
+    scheme, slashes, rest = link_for_display(url).partition("://")
+    host = rest.partition("/")[0]
+    if not slashes or not host:
+        return "?"
+    bracket = host.rfind("]")  # an IPv6 address holds colons of its own
+    if ":" not in host[bracket + 1 :] and scheme.lower() in _DEFAULT_PORTS:
+        host += ":" + _DEFAULT_PORTS[scheme.lower()]
+    return f"{scheme}://{host}"
