@@ -66,14 +66,20 @@ class _Shared:
         # Per kind: no request before this, just after going alone.
         self._quiet_until = {SUBMIT: 0.0, QUERY: 0.0}
 
-    def options(self) -> dict[str, Any]:
+    def options(self, retry: type[Any]) -> dict[str, Any]:
+        """redis-py's settings for a store client whose retry objects are ``retry`` (redis-py
+        has one class for each of its clients, and warns when its asyncio client gets the
+        blocking one)."""
         from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         # One try per call: a store that does not answer at once is waited for no longer
         # than the timeout, and the request goes on without it.
-        return {"socket_timeout": self.timeout, "socket_connect_timeout": self.timeout,
-                "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}  # fmt: skip
+        return {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "retry": retry(NoBackoff(), 0),
+            "health_check_interval": 0,
+        }
 
     # Each operation is planned here (the script's arguments, or None when the in-process
     # budget answers it), run by a driver, and its answer (or failure) read here.
@@ -169,11 +175,12 @@ class AsyncStoreBudget(_Shared):
 
     def _script(self) -> Any:
         import redis.asyncio
+        from redis.asyncio.retry import Retry
 
         loop = asyncio.get_running_loop()  # under trio this raises: the fallback paces
         made = self._scripts.get(loop)
         if made is None:
-            store = redis.asyncio.Redis.from_url(self.url, **self.options())
+            store = redis.asyncio.Redis.from_url(self.url, **self.options(Retry))
             made = self._scripts[loop] = (store, store.register_script(shared.SCRIPT))
         return made[1]
 
@@ -236,8 +243,9 @@ class StoreBudget(_Shared):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         import redis
+        from redis.retry import Retry
 
-        self._store = redis.Redis.from_url(self.url, **self.options())
+        self._store = redis.Redis.from_url(self.url, **self.options(Retry))
         self._script = self._store.register_script(shared.SCRIPT)
 
     def _call(self, kind: str, args: list[str]) -> object:

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,24 @@ async def test_a_429_seen_by_one_client_pauses_another_on_the_same_store(
     # The second client saw no 429 itself, but waited out the pause the first one met.
     assert waited >= 0.5, waited
     assert route.call_count == 3
+
+
+@pytest.mark.anyio
+async def test_the_async_store_warns_nothing_under_the_newest_redis(redis: RedisServer) -> None:
+    """redis-py 8.2 warns when its asyncio client is handed the blocking ``Retry``: a user of
+    ``RateLimit(store=)`` must see only the one warning DESIGN 16 promises (a lost store)."""
+    limit = RateLimit(submits_per_second=50, store=redis.url)
+    with respx.mock(base_url="https://gateway.test") as gateway:
+        gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("1"))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            async with AsyncClient(
+                api_key=KEY, base_url="https://gateway.test", rate_limit=limit
+            ) as client:
+                assert (await client.submit("a fox")).task_id == "1"
+    assert [str(w.message) for w in seen] == []
+    # The store was used, not passed over: the lane it paced is in it.
+    assert store_values(redis)
 
 
 def first_answer_pending(route: Any) -> bool:
