@@ -15,7 +15,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import httpx
 
@@ -31,9 +31,11 @@ from ._core.silence import Silence
 from ._core.spec import Surface
 from ._core.surfaces import REDACTED
 from ._core.wire import ClientClosed, TransportFailure
-from ._transport import user_agent
+from ._transport import require_http_client, user_agent
 
 if TYPE_CHECKING:
+    import httpx2
+
     from .tracking._journal import Journal, JournalEntry, Scope
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
@@ -191,7 +193,7 @@ class BaseClient(Generic[H]):
         self,
         settings: Settings,
         *,
-        http_client: H | None,
+        http_client: object,
         transport: Transport | None,
         journal: Any = None,
     ) -> None:
@@ -209,14 +211,15 @@ class BaseClient(Generic[H]):
         self._closed = False
         self._copy = False  # a with_options copy never closes the connection it borrows
 
-    def _connect(self, http_client: H | None, transport: Transport | None) -> Connection[H]:
+    def _connect(self, http_client: object, transport: Transport | None) -> Connection[H]:
         if http_client is not None:
-            _require_type("http_client", http_client, self._http_type)
+            require_http_client(http_client, self._http_type.__name__)
             if transport is not None:
                 raise ConfigurationError("pass either http_client= or transport=, not both")
-            return Connection(http_client, owned=False, factory=None)
+            # httpx2's client has httpx's API: it is driven as one.
+            return Connection(cast(H, http_client), owned=False, factory=None)
         if transport is not None:
-            _require_type("transport", transport, self._transport_type)
+            _require_transport(transport, self._transport_type)
         factory = functools.partial(self.make_http_client, transport=transport)
         # A pool's connections belong to the event loop that opened them: one made again
         # over the same pool would be no fresher.
@@ -368,7 +371,7 @@ class BaseClient(Generic[H]):
         base_url: str | None = None,
         surface: Surface | None = None,
         default_headers: Mapping[str, str] | None = None,
-        timeout: float | httpx.Timeout | None = None,
+        timeout: float | httpx.Timeout | httpx2.Timeout | None = None,
         max_retries: int | None = None,
         retry: RetryPolicy | None = None,
         poll: PollPolicy | None = None,
@@ -538,6 +541,11 @@ def open_journal(journal: object) -> tuple[Journal | None, bool]:
                              code="journal_unusable")  # fmt: skip
 
 
-def _require_type(name: str, value: object, expected: type[Any]) -> None:
-    if not isinstance(value, expected):
-        raise ConfigurationError(f"{name} must be an {expected.__module__}.{expected.__name__}")
+def _require_transport(transport: object, expected: type[Any]) -> None:
+    if not isinstance(transport, expected):
+        # httpx2's transports go inside an httpx2 client of the caller's, as http_client=.
+        client = expected.__name__.replace("BaseTransport", "Client")
+        raise ConfigurationError(
+            f"transport must be an httpx.{expected.__name__}; an httpx2 "
+            f"transport goes in your own client: http_client=httpx2.{client}(transport=...)"
+        )

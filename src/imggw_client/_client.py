@@ -56,6 +56,8 @@ from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._telemetry import Watch
 
 if TYPE_CHECKING:
+    import httpx2
+
     from .tracking._journal import Journal
 
 T = TypeVar("T")
@@ -67,9 +69,10 @@ class Client(BaseClient[httpx.Client]):
     """The blocking imggw client.
 
     ``api_key`` and ``base_url`` fall back to ``IMGGW_API_KEY`` and ``IMGGW_BASE_URL``. Pass
-    ``http_client=`` to use your own ``httpx.Client`` (proxies, mounts); it is not closed
-    by :meth:`close`. Or pass ``transport=`` (an ``httpx.BaseTransport``): the client
-    makes its own HTTP client over it, and closes both.
+    ``http_client=`` to use your own ``httpx.Client`` or ``httpx2.Client`` (proxies,
+    mounts, the one openai-python 3 uses); it is not closed by :meth:`close`. Or pass
+    ``transport=`` (an ``httpx.BaseTransport``): the client makes its own HTTP client over
+    it, and closes both.
     Thread-safe: share one client between threads.
 
     ``timeout`` bounds each request: seconds from sending it to its last byte, or an
@@ -99,12 +102,12 @@ class Client(BaseClient[httpx.Client]):
         *,
         surface: Surface = "beta",
         default_headers: Mapping[str, str] | None = None,
-        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        timeout: float | httpx.Timeout | httpx2.Timeout = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry: RetryPolicy | None = None,
         poll: PollPolicy = DEFAULT_POLL,
         rate_limit: RateLimit | None = None,
-        http_client: httpx.Client | None = None,
+        http_client: httpx.Client | httpx2.Client | None = None,
         transport: httpx.BaseTransport | None = None,
         journal: Journal | str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
@@ -620,10 +623,8 @@ class Client(BaseClient[httpx.Client]):
                 finally:
                     response.close()
             status = response.status_code
-        except _io.FAILURES as exc:
-            return _transport.to_failure(exc)
         except Exception as exc:
-            return self._failure(exc)
+            return _transport.to_failure(exc) or self._failure(exc)
         finally:
             self._silence.heard(time.monotonic(), answer=answered(status))
         return _transport.to_reply(response, body.content, time.perf_counter() - started)
@@ -642,7 +643,7 @@ class Client(BaseClient[httpx.Client]):
                     fetch.url,
                     headers=_transport.download_headers(self._agent),
                     follow_redirects=True,
-                    timeout=_transport.request_timeout(self._settings, fetch.timeout),
+                    timeout=_transport.request_timeout(self._http, self._settings, fetch.timeout),
                 ) as response,
             ):
                 if response.status_code != 200:
@@ -653,11 +654,9 @@ class Client(BaseClient[httpx.Client]):
                         return wire.Fetched(200, too_large=True)
                     _io.check_deadline(deadline)
                 return _io.run_sync(sink.finish, response.headers)
-        except _io.FAILURES as exc:
-            return _transport.to_failure(exc)
         except ImggwError:
             raise  # the disk, not the network: never retried as a fault of the link
         except Exception as exc:
-            return self._failure(exc)
+            return _transport.to_failure(exc) or self._failure(exc)
         finally:
             sink.discard()

@@ -18,7 +18,6 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from . import _transport
 from ._core.budget import BudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
@@ -32,9 +31,6 @@ R = TypeVar("R")
 
 OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
 OnSubmit = Callable[[Submission], Any]  # the same
-
-# A cancel scope bounds each whole request; when it ends one, the scope raises TimeoutError.
-FAILURES = (*_transport.FAILURES, TimeoutError)
 
 sleep = anyio.sleep
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from . import _deadline, _transport
+from . import _deadline
 from ._core.budget import SyncBudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
@@ -27,7 +27,6 @@ R = TypeVar("R")
 OnUpdate = Callable[[Task], Any]
 OnSubmit = Callable[[Submission], Any]
 
-FAILURES = _transport.FAILURES
 
 sleep = time.sleep
 

@@ -1,10 +1,18 @@
-"""The one place that knows httpx: core wire values to httpx requests and back."""
+"""The one place that knows httpx: core wire values to httpx requests and back.
+
+A caller's own HTTP client may be an ``httpx`` one or an ``httpx2`` one (Pydantic's
+continuation of httpx: the same API with its own classes, which openai-python 3 and other SDKs
+hand their users). Whatever is asked of a client's classes (its timeouts, its errors) is asked
+of the library that made it, found by name, so httpx2 is imported only by those who use it.
+"""
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -13,6 +21,7 @@ import httpx
 from ._core import surfaces
 from ._core.budget import WriteGate
 from ._core.config import Settings
+from ._core.exceptions import ConfigurationError
 from ._core.wire import Reply, ReplyTooLarge, Send, TransportFailure
 from ._version import __version__
 
@@ -21,17 +30,39 @@ log = logging.getLogger("imggw_client")
 USER_AGENT = f"imggw-python/{__version__}"
 HttpClient = httpx.Client | httpx.AsyncClient
 
-# Errors after which the request surely never reached the server.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-# Errors that mean "no complete response": retried by the core, never leaked raw.
-FAILURES = (httpx.TransportError, httpx.DecodingError, httpx.TooManyRedirects, ReplyTooLarge)
+# The libraries whose clients are taken as ``http_client=``: the same API, each its own classes.
+LIBRARIES = ("httpx", "httpx2")
+# The User-Agent each of them sends when its caller sets none.
+_THEIR_DEFAULT_AGENTS = tuple(f"python-{name}/" for name in LIBRARIES)
+
+
+def library_of(kind: type) -> ModuleType | None:
+    """The HTTP library (httpx or httpx2) that defines ``kind`` or one of its bases: a
+    caller's subclass of ``httpx2.Client`` is httpx2's. Under ``httpx2.alias_httpx()`` httpx's
+    name is httpx2's module, which is what every class then comes from."""
+    for cls in kind.__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root in LIBRARIES:
+            return sys.modules[root]
+    return None
+
+
+def require_http_client(http: object, kind: str) -> None:
+    """Raises ConfigurationError unless ``http`` is an httpx or httpx2 client of ``kind``
+    (``"Client"`` or ``"AsyncClient"``), naming what was given."""
+    library = library_of(type(http))
+    if library is None or not isinstance(http, getattr(library, kind)):
+        given = f"{type(http).__module__}.{type(http).__qualname__}"
+        raise ConfigurationError(
+            f"http_client must be an httpx.{kind} or an httpx2.{kind}, not {given}"
+        )
 
 
 def user_agent(http: HttpClient) -> str:
-    """Ours, after the caller's own when their httpx client sets one (httpx's default aside):
-    a caller who names their application keeps that name in every request."""
+    """Ours, after the caller's own when their HTTP client sets one (its library's default
+    aside): a caller who names their application keeps that name in every request."""
     theirs = http.headers.get("user-agent", "").strip()
-    if not theirs or theirs.startswith("python-httpx/"):
+    if not theirs or theirs.startswith(_THEIR_DEFAULT_AGENTS):
         return USER_AGENT
     return f"{theirs} {USER_AGENT}"
 
@@ -57,14 +88,15 @@ def build_request(
         params=wire.params,
         headers=headers,
         content=wire.body,
-        timeout=request_timeout(settings, send.timeout),
+        timeout=request_timeout(http, settings, send.timeout),
         extensions={} if send.gate is None else {"trace": _gated(http, send.gate)},
     )
 
 
-def request_timeout(settings: Settings, seconds: float) -> httpx.Timeout | float:
-    """httpx's timeout for a request that must end within ``seconds``: those seconds, or,
-    when the caller gave an ``httpx.Timeout``, each of its limits within them."""
+def request_timeout(http: HttpClient, settings: Settings, seconds: float) -> Any:
+    """The timeout ``http`` takes for a request that must end within ``seconds``: those
+    seconds, or, when the caller gave an ``httpx.Timeout`` (or httpx2's), each of its limits
+    within them, as a Timeout of ``http``'s own library."""
     given = settings.http_timeout
     if given is None:
         return seconds
@@ -72,7 +104,8 @@ def request_timeout(settings: Settings, seconds: float) -> httpx.Timeout | float
         seconds if limit is None else min(limit, seconds)
         for limit in (given.connect, given.read, given.write, given.pool)
     ]
-    return httpx.Timeout(connect=limits[0], read=limits[1], write=limits[2], pool=limits[3])
+    library = library_of(type(http)) or httpx
+    return library.Timeout(connect=limits[0], read=limits[1], write=limits[2], pool=limits[3])
 
 
 # httpcore's trace event right before it writes a request's head (HTTP/1.1 and HTTP/2 alike):
@@ -84,7 +117,8 @@ def _gated(http: HttpClient, gate: WriteGate) -> Callable[[str, Any], Awaitable[
     """httpcore's ``trace`` extension for a paced request: its head waits for the budget's
     write gate (``Budget.writing``). A transport that traces nothing (a mock, ASGI) leaves
     the request to its slot alone."""
-    if isinstance(http, httpx.AsyncClient):
+    library = library_of(type(http)) or httpx
+    if isinstance(http, library.AsyncClient):
 
         async def trace_async(event: str, info: Any) -> None:
             if event.endswith(_HEAD_STARTED):
@@ -134,13 +168,26 @@ def to_reply(response: httpx.Response, content: bytes, elapsed: float) -> Reply:
     return Reply(response.status_code, response.headers, content)
 
 
-def to_failure(exc: Exception) -> TransportFailure:
+def to_failure(exc: Exception) -> TransportFailure | None:
+    """What the core makes of an exception a send raised: a failure that means "no complete
+    response" (retried by the core, never leaked raw), or None for anything else. httpx's
+    and httpx2's errors of one name mean one thing."""
+    library = library_of(type(exc))
+    if library is not None:
+        failures = (library.TransportError, library.DecodingError, library.TooManyRedirects)
+        if not isinstance(exc, failures):
+            return None
+        # After these the request surely never reached the server.
+        never_sent = (library.ConnectError, library.ConnectTimeout, library.PoolTimeout)
+        sent, timeout = not isinstance(exc, never_sent), isinstance(exc, library.TimeoutException)
+    elif isinstance(exc, TimeoutError):  # a cancel scope ended the whole request
+        sent, timeout = True, True
+    elif isinstance(exc, ReplyTooLarge):
+        sent, timeout = True, False
+    else:
+        return None
     log.debug("request failed: %s", type(exc).__name__)
-    return TransportFailure(
-        sent=not isinstance(exc, _NOT_SENT),
-        timeout=isinstance(exc, (httpx.TimeoutException, TimeoutError)),
-        error=exc,
-    )
+    return TransportFailure(sent=sent, timeout=timeout, error=exc)
 
 
 def download_headers(agent: str = USER_AGENT) -> dict[str, str]:

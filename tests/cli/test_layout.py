@@ -8,6 +8,7 @@ under ``if TYPE_CHECKING:`` too): a lazy import is still a dependency on what it
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -161,8 +162,11 @@ def test_help_and_version_load_no_heavy_module() -> None:
             "tuple(h + '.' for h in heavy)))\n"
             "sys.stderr.write(repr(loaded))\n"
         )
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=60, check=False)  # fmt: skip
+        # Without the httpx2 lane's PYTHONPATH, whose start-up imports httpx on purpose.
+        env = {**os.environ, "PYTHONPATH": ""}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+        )
         assert done.returncode == 0, done.stderr
         assert done.stderr == "[]", (flag, done.stderr)
 

@@ -14,6 +14,7 @@ from .spec import Surface as Surface  # its home is the wire spec; imported from
 
 if TYPE_CHECKING:
     import httpx
+    import httpx2
 
 __all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings", "updated"]
 
@@ -310,7 +311,7 @@ def resolve_settings(
     base_url: str | None,
     *,
     surface: str,
-    timeout: float | httpx.Timeout,
+    timeout: float | httpx.Timeout | httpx2.Timeout,
     max_retries: int,
     retry: RetryPolicy | None,
     poll: PollPolicy | None,
@@ -394,11 +395,15 @@ def _timeouts(timeout: object) -> tuple[float, httpx.Timeout | None]:
         return float(timeout), None
     import httpx  # only here: the light entry points never pay for it
 
+    # httpx2's Timeout (its own class, the same fields) is known by name: httpx2 is imported
+    # only by those who use it.
+    kind = type(timeout)
     _require(
-        isinstance(timeout, httpx.Timeout),
+        isinstance(timeout, httpx.Timeout)
+        or (kind.__name__ == "Timeout" and kind.__module__.partition(".")[0] == "httpx2"),
         "timeout must be a positive number of seconds or an httpx.Timeout",
     )
-    assert isinstance(timeout, httpx.Timeout)
+    timeout = cast(httpx.Timeout, timeout)
     limits = (timeout.connect, timeout.read, timeout.write, timeout.pool)
     _require(
         all(limit is not None and _positive(limit) for limit in limits),
@@ -429,7 +434,7 @@ def updated(
     base_url: str | None = None,
     surface: str | None = None,
     default_headers: Mapping[str, str] | None = None,
-    timeout: float | httpx.Timeout | None = None,
+    timeout: float | httpx.Timeout | httpx2.Timeout | None = None,
     max_retries: int | None = None,
     retry: RetryPolicy | None = None,
     poll: PollPolicy | None = None,
