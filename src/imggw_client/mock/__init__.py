@@ -15,13 +15,15 @@ Example::
         task = client.generate("a lighthouse")
     assert gateway.stats()["tasks_created"] == 1
 
-Also: ``python -m imggw_client.mock --port 8080`` (or :func:`main` from your own tool) and the
-pytest fixtures of ``imggw_client.mock.pytest_plugin``.
+Also: ``python -m imggw_client.mock --port 8080`` (or :func:`main` from your own tool, and
+:func:`serve_forever` from one that reads its options its own way) and the pytest fixtures of
+``imggw_client.mock.pytest_plugin``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ._config import DEFAULT_API_KEY, FAULT_KINDS, QUIRKS, MockConfig
 from ._gateway import ManualClock, MockGateway, fingerprint
@@ -39,6 +41,7 @@ __all__ = [
     "MockResponse",
     "fingerprint",
     "main",
+    "serve_forever",
 ]
 
 
@@ -61,3 +64,22 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_clie
     from .__main__ import main as serve
 
     return serve(argv, prog=prog)
+
+
+def serve_forever(host: str = "127.0.0.1", port: int = 8080, **settings: Any) -> int:
+    """Serves ``MockGateway(**settings)`` over HTTP on ``host:port`` until Ctrl-C, as
+    :func:`main` does once it has read its options: for a tool that reads them its own way (as
+    ``imggw mock serve`` does). The URL on stdout, notes and errors on stderr (never a key).
+    Returns the exit code: 0 stopped by Ctrl-C, 1 could not serve (port in use), 2 a bad
+    setting, 4 uvicorn missing.
+
+    Example::
+
+        import sys
+        from imggw_client.mock import serve_forever
+
+        sys.exit(serve_forever(port=8080, fault_rate=0.2, api_keys=["k-one"]))
+    """
+    from .__main__ import serve_forever as serve
+
+    return serve(settings, host=host, port=port)

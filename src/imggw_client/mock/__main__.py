@@ -14,7 +14,7 @@ import argparse
 import contextlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._core.exceptions import ConfigurationError
@@ -63,16 +63,22 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_client.mock") -> int:
-    """Serves until interrupted. Also ``imggw mock serve``, which passes its own ``prog``."""
+    """Serves until interrupted (see serve_forever)."""
     try:
         args = parser(prog).parse_args(argv)
     except SystemExit as done:  # --help, or a usage error (already explained on stderr)
         return int(done.code or 0)
+    return serve_forever(settings(args), host=args.host, port=args.port)
+
+
+def serve_forever(chosen: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8080) -> int:
+    """Serves ``MockGateway(**chosen)`` until interrupted: its URL on stdout, a note and any
+    error on stderr; the exit code. Also ``imggw mock serve``, which reads its own options."""
     from ._asgi import serve
     from ._gateway import MockGateway
 
     try:
-        gateway = MockGateway(**settings(args))
+        gateway = MockGateway(**chosen)
     except ConfigurationError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
@@ -85,7 +91,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_clie
     keys = len(gateway.config.api_keys)
     with contextlib.ExitStack() as stack:
         try:
-            url = stack.enter_context(serve(gateway, args.host, args.port))
+            url = stack.enter_context(serve(gateway, host, port))
         except (RuntimeError, OSError) as exc:
             print(f"error: {exc} (is the port in use?)", file=sys.stderr)
             return 1
