@@ -7,14 +7,46 @@ Each command is a thin shell over the SDK: options in, SDK call, output out. Hea
 
 # No `from __future__ import annotations` here: Typer reads these annotations at run time.
 
-from typing import Annotated
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from . import _batch, _completion, _download, _exit, _gallery, _journal, _mock, _tasks
 from ._globals import with_globals
 
+# What pydantic puts before the message of a check that raised ValueError. Typer checks values
+# through pydantic, so a bad choice reads "Value error, 'gamma' is not one of ...".
+PYDANTIC_PREFIX = "Value error, "
+
+
+@contextmanager
+def _plain_bad_values() -> Iterator[None]:
+    """A bad value's message as the check wrote it, without pydantic's prefix."""
+    try:
+        yield
+    except typer.BadParameter as exc:
+        exc.message = exc.message.removeprefix(PYDANTIC_PREFIX)
+        raise
+
+
+class _Root(TyperGroup):
+    """The root command: every bad value, its own options' (an environment variable's too) or
+    a command's, is reported without pydantic's prefix."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _plain_bad_values():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _plain_bad_values():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=_Root,
     name="imggw",
     help="Generate images through an imggw gateway: submit, wait, download, safely.",
     epilog=_exit.EPILOG,

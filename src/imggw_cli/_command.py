@@ -6,21 +6,24 @@ several commands take alike.
 
 # No `from __future__ import annotations` here: Typer reads these annotations at run time.
 
-import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 
 from imggw_client import rules
 
 from . import _exit, _signals, _stderr
-from ._globals import current
+from ._globals import Globals, current
 from ._output import Output, task_record, unfinished_record
+from ._resume import resend_command, save_command, wait_command
 from ._runtime import setup_logging
+
+if TYPE_CHECKING:
+    from imggw_client import Surface
 
 OutputDir = Annotated[Path, typer.Option("--output", "-o", help="Folder for the images.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace files that exist.")]
@@ -68,6 +71,8 @@ class Tracked:
         self.id = task_id
         self.command = command
         self.output = output  # set for commands that save results (generate, download)
+        # The task's surface when the command found it (in the journal), else the options'.
+        self.surface: Optional[Surface] = None  # noqa: UP045
         self.key: Optional[str] = None  # noqa: UP045
         self.request: tuple[str, str] = ("auto", "1k")
         # How the command ended, when an error ended it (set by session): a command of several
@@ -83,13 +88,15 @@ class Tracked:
         self.request = (aspect_ratio, resolution)
         return self.key
 
-    def resume(self, surface: str) -> str:
-        """The command that picks the task up: one that also saves its results when this one
-        was to save them (``poll`` only waits), so that nothing is submitted, or paid, again."""
-        if self.output is not None:
-            folder = shlex.quote(str(self.output))
-            return f"imggw download {self.id} --wait --surface {surface} -o {folder}"
-        return f"imggw poll {self.id} --surface {surface}"
+    def resume(self, surface: str, options: Globals) -> str:
+        """The command that picks the task up (see _resume.wait_command)."""
+        assert self.id is not None
+        return wait_command(self.id, surface, self.output, options)
+
+    def resend(self, surface: str, options: Globals) -> str:
+        """The command that sends the submit again with its key (see _resume.resend_command)."""
+        assert self.key is not None
+        return resend_command(self.command, surface, self.request, self.key, self.output, options)
 
 
 @contextmanager
@@ -115,10 +122,10 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
     options = current()
     setup_logging(options)
     out = Output(options)
-    surface = options.chosen_surface
     try:
         yield out
     except ImggwError as err:
+        surface = _surface(tracked, options)
         trace = None
         if options.verbose:
             import traceback
@@ -134,10 +141,9 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
         elif out.json and isinstance(err, WaitTimeoutError):
             out.data(unfinished_record(err.task_id, err.last_task), [])
         base_url = options.base_url or os.environ.get("IMGGW_BASE_URL")
-        resume = tracked.resume(surface) if tracked is not None and tracked.id else None
-        message = _exit.message_for(
-            err, surface=surface, mock=options.mock, base_url=base_url, resume=resume
-        )
+        resume, resend = _next_commands(err, tracked, surface, options)
+        message = _exit.message_for(err, surface=surface, mock=options.mock, base_url=base_url,
+                                    resume=resume, resend=resend)  # fmt: skip
         if (
             isinstance(err, DownloadError)
             and tracked is not None
@@ -146,11 +152,10 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
         ):
             # The task is done and paid for: its results are still to be had, without
             # running generate again (which would pay for a new task).
-            command = f"imggw download {tracked.id} --surface {surface}"
-            if err.code == FILE_EXISTS or tracked.output is None:
-                command += " -o DIR (another folder, or add --overwrite)"
-            else:
-                command += f" -o {shlex.quote(str(tracked.output))}"
+            there = err.code != FILE_EXISTS and tracked.output is not None
+            command = save_command(tracked.id, surface, tracked.output if there else None, options)
+            if not there:
+                command += " (DIR: another folder, or add --overwrite)"
             message += f"\n  the task succeeded and is paid for; save its results with: {command}"
         condition = _exit.condition_of(err)
         if tracked is not None:
@@ -160,16 +165,48 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
                   error_type=type(err).__name__, resume=resume, traceback=trace)  # fmt: skip
         raise typer.Exit(code) from None
     except KeyboardInterrupt:
+        surface = _surface(tracked, options)
         if tracked is not None and tracked.id is not None:
-            resume = tracked.resume(surface)
+            resume = tracked.resume(surface, options)
             interrupted(out, f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
                         task_id=tracked.id, resume=resume)  # fmt: skip
         elif tracked is not None and tracked.key is not None:
-            hint = _exit.resubmit_hint(tracked.command, surface, *tracked.request, tracked.key)
+            hint = _exit.resubmit_hint(tracked.resend(surface, options))
             interrupted(out, "interrupted during the submit: a task may have been created.\n"
                         + hint, idempotency_key=tracked.key)  # fmt: skip
         else:
             interrupted(out, "interrupted")
+
+
+def _surface(tracked: Optional[Tracked], options: Globals) -> str:  # noqa: UP045
+    """The surface the command's task is on: the one it found, else the options'."""
+    found = tracked.surface if tracked is not None else None
+    return found or options.chosen_surface
+
+
+def _next_commands(
+    err: Exception,
+    tracked: Optional[Tracked],  # noqa: UP045
+    surface: str,
+    options: Globals,
+) -> tuple[Optional[str], Optional[str]]:  # noqa: UP045
+    """What goes on after ``err``: the command that picks the task up (any error of a command
+    that knows its task, a wait that timed out), and the one that sends a submit whose outcome
+    is unknown again with its key; None where none applies."""
+    from imggw_client import UnknownOutcomeError, WaitTimeoutError
+
+    resume = resend = None
+    if tracked is not None and tracked.id is not None:
+        resume = tracked.resume(surface, options)
+    elif isinstance(err, WaitTimeoutError):
+        resume = wait_command(err.task_id, surface, None, options)
+    if isinstance(err, UnknownOutcomeError):
+        if tracked is not None and tracked.key == err.idempotency_key:
+            resend = tracked.resend(surface, options)
+        else:
+            request = (err.request.aspect_ratio, err.request.resolution)
+            resend = resend_command("submit", surface, request, err.idempotency_key, None, options)
+    return resume, resend
 
 
 def interrupted(out: Output, message: str, **fields: Any) -> NoReturn:

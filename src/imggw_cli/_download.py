@@ -22,7 +22,7 @@ from ._command import (
 )
 from ._globals import current, with_globals
 from ._output import task_record
-from ._runtime import make_client
+from ._runtime import journaled_surfaces, make_client
 
 app = typer.Typer()
 
@@ -88,9 +88,11 @@ def _download_ids(
 
     met: list[_exit.Condition] = []
     with session(), make_client(current(), journal=True) as client:
+        surfaces = journaled_surfaces(client, current(), task_ids)
         for task_id in task_ids:
             condition = _exit.Condition.OK
             tracked = Tracked(task_id, "download", output)
+            tracked.surface = surfaces.get(task_id)
             try:
                 with session(tracked) as out:
                     if wait:
@@ -98,13 +100,14 @@ def _download_ids(
                             try:
                                 task = client.wait(
                                     task_id,
+                                    surface=tracked.surface,
                                     wait_timeout=600.0 if timeout is None else timeout,
                                     on_update=on_update,
                                 )
                             except TaskFailedError as failed:  # reported below, like the rest
                                 task = failed.task
                     else:
-                        task = client.get(task_id)
+                        task = client.get(task_id, surface=tracked.surface)
                     if not task.is_terminal:
                         raise WaitTimeoutError(task_id, task, timeout=0)
                     if task.status is TaskStatus.SUCCEEDED:

@@ -143,13 +143,10 @@ def is_interrupted(code: int) -> bool:
     return code > 128
 
 
-def resubmit_hint(command: str, surface: str, aspect_ratio: str, resolution: str, key: str) -> str:
-    """How to send a submit again with its key, so that the gateway replays the task it may
-    have made instead of billing a second one."""
-    return (
-        f"  resubmit safely (no second task) with: imggw {command} PROMPT --surface {surface} "
-        f"--aspect-ratio {aspect_ratio} --resolution {resolution} --idempotency-key {key}"
-    )
+def resubmit_hint(command: str) -> str:
+    """The line naming ``command``, which sends a submit again with its key, so that the
+    gateway replays the task it may have made instead of billing a second one."""
+    return f"  resubmit safely (no second task) with: {command}"
 
 
 def message_for(
@@ -159,21 +156,22 @@ def message_for(
     mock: bool,
     base_url: str | None = None,
     resume: str | None = None,
+    resend: str | None = None,
 ) -> str:
     """One actionable line; never the key, never the prompt. What the gateway wrote (its
     message, its reason code) is made printable here, so that it cannot break the line.
     ``resume`` is the command that picks up a wait that timed out (the command's own choice:
-    ``poll`` only waits, ``download --wait`` also saves)."""
+    ``poll`` only waits, ``download --wait`` also saves); ``resend`` the one that sends a
+    submit of unknown outcome again with its key (see _resume)."""
     import imggw_client as sdk
     from imggw_client.text import printable
 
     text = printable(err.message)
-    flag = f" --surface {surface}"
-    if isinstance(err, sdk.WaitTimeoutError):
-        return f"{text}\n  resume with: {resume or f'imggw poll {err.task_id}{flag}'}"
-    if isinstance(err, sdk.UnknownOutcomeError):
+    if isinstance(err, sdk.WaitTimeoutError) and resume is not None:
+        return f"{text}\n  resume with: {resume}"
+    if isinstance(err, sdk.UnknownOutcomeError) and resend is not None:
         return "the submit's outcome is unknown: a task may have been created.\n" + resubmit_hint(
-            "submit", surface, err.request.aspect_ratio, err.request.resolution, err.idempotency_key
+            resend
         )
     if isinstance(err, sdk.AuthenticationError):
         return f"the API key was refused ({err.status_code}): set IMGGW_API_KEY to a valid key"

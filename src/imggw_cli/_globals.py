@@ -33,6 +33,9 @@ class SurfaceChoice(str, Enum):
     beta = "beta"
 
 
+DEFAULT_SURFACE = SurfaceChoice.beta.value
+
+
 @dataclass
 class Globals:
     base_url: str | None = None
@@ -51,7 +54,12 @@ class Globals:
 
     @property
     def chosen_surface(self) -> str:
-        return self.surface or "beta"
+        return self.surface or DEFAULT_SURFACE
+
+    def typed(self, name: str) -> bool:
+        """Whether option ``name`` was typed on the command line (not taken from the
+        environment, nor a default)."""
+        return self.sources.get(name, 0) >= _STRENGTH["COMMANDLINE"]
 
     @property
     def rate_limit(self) -> RateLimit | None:
@@ -96,7 +104,13 @@ _OPTIONS = [
         "g_surface",
         Annotated[
             SurfaceChoice | None,
-            typer.Option("--surface", envvar="IMGGW_SURFACE", help="Wire surface [default: beta]"),
+            # Either case (as -r 2K), typed or from IMGGW_SURFACE: both pass this one check.
+            typer.Option(
+                "--surface",
+                envvar="IMGGW_SURFACE",
+                case_sensitive=False,
+                help="Wire surface [default: beta]",
+            ),
         ],
         None,
     ),

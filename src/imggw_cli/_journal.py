@@ -13,6 +13,7 @@ from . import _exit
 from ._command import OutputDir, RunTimeout, interrupted, ready_folder, refuse, session
 from ._globals import LOCAL, current, with_globals, with_globals_of
 from ._output import Output
+from ._resume import collect_command
 from ._runtime import journal_path, make_async_client, open_journal
 from ._when import iso_utc
 
@@ -67,7 +68,7 @@ def collect(
 
     A submit whose answer never came is sent again with its key (the gateway replays the task,
     never bills it twice). Results are saved soonest-expiring first, as
-    ``<surface>-<task id>-<n>.<ext>`` (a journal holds both surfaces' tasks). Exit 0 when all
+    <surface>-<task id>-<n>.<ext> (a journal holds both surfaces' tasks). Exit 0 when all
     are saved, 3 when some still run (without --wait), 1 when some failed or expired.
 
     Example: imggw tasks collect -o out/ --wait --timeout 900
@@ -91,7 +92,7 @@ def collect(
             interrupted(out, "interrupted; run the same command to go on")
         finally:
             journal.close()
-        _report(out, report)
+        _report(out, report, resume=collect_command(output, flags))
     raise typer.Exit(report.exit_code)
 
 
@@ -106,15 +107,15 @@ def _journal() -> "Journal":
     return found
 
 
-def _report(out: Output, report: Any) -> None:
+def _report(out: Output, report: Any, *, resume: str) -> None:
     for task_id in report.saved:
         files = report.files[task_id]
         record: dict[str, Any] = {"task_id": task_id, "status": "succeeded",
                                   "files": [str(f.path) for f in files]}  # fmt: skip
         out.data(record, [str(f.path) for f in files])
     if report.running:
-        out.warn(f"{len(report.running)} task(s) still running: run `imggw tasks collect --wait`"
-                 " to wait for them", event="still_running", task_ids=report.running)  # fmt: skip
+        out.warn(f"{len(report.running)} task(s) still running: run `{resume}` to wait for them",
+                 event="still_running", task_ids=report.running, resume=resume)  # fmt: skip
     for task_id in report.failed:
         out.warn(f"task {task_id} failed: nothing to save", event="task_failed", task_id=task_id)
     for task_id in report.expired:

@@ -6,10 +6,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import imggw_client
 
@@ -18,7 +18,7 @@ from ._globals import Globals
 from ._stderr import safe
 
 if TYPE_CHECKING:
-    from imggw_client import AsyncClient, Client
+    from imggw_client import AsyncClient, Client, Surface
     from imggw_client.tracking import Journal
 
 # Every request the CLI makes names it; the SDK appends its own name after ours.
@@ -251,3 +251,28 @@ def open_journal(options: Globals) -> Journal | bool:
         _stderr.say(text + " (--no-journal silences this)", level="warning",
                     event="journal_unusable")  # fmt: skip
         return False
+
+
+def journaled_surfaces(
+    client: Client, options: Globals, task_ids: Sequence[str]
+) -> dict[str, Surface]:
+    """The surface to ask each of ``task_ids`` on when none was chosen (--surface,
+    IMGGW_SURFACE): the one the client's journal (its gateway and key) recorded it on, for an id
+    it holds on one surface alone. Unfinished tasks are looked through first: they are few,
+    and the ones asked about. Empty when a surface was chosen or no journal is kept."""
+    journal = client.journal
+    if options.surface is not None or journal is None:
+        return {}
+    found: dict[str, Surface] = {}
+    for unfinished in (True, False):
+        left = set(task_ids) - set(found)
+        if not left:
+            break
+        seen: dict[str, set[str]] = {}
+        for entry in journal.tasks(unfinished=unfinished, scope=client.journal_scope):
+            if entry.task_id in left:
+                seen.setdefault(entry.task_id, set()).add(entry.surface)
+        # A journal row's surface is one of the spec's (a row with another is damaged, skipped).
+        found.update((task_id, cast("Surface", on.pop())) for task_id, on in seen.items()
+                     if len(on) == 1)  # fmt: skip
+    return found

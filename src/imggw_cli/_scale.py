@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from . import _exit, _stderr
+from . import _exit, _resume, _stderr
 from ._globals import Globals
 from ._output import Output
 from ._when import span
@@ -128,11 +128,11 @@ def run_scaled(
         print_manifest(flags, dest, MANIFEST_NAME)
         return code
     print_manifest(flags, dest, f"{report.folder}/{MANIFEST_NAME}")
-    shard_summary(out, report)
+    shard_summary(out, report, dest)
     return report.exit_code
 
 
-def shard_summary(out: Output, report: ShardReport) -> None:
+def shard_summary(out: Output, report: ShardReport, dest: str) -> None:
     if out.quiet:
         _stopped(out, report.stopped_by, report.stop_reason)
         return
@@ -158,7 +158,8 @@ def shard_summary(out: Output, report: ShardReport) -> None:
     _changed(out, report.changed_lines)
     if report.exit_code == 3:
         out.note("some lines are unfinished: run the same command again to resume them")
-    out.note(f"shard manifest: {report.manifest}; when every shard has run: imggw batch merge DEST")
+    merge = _resume.merge_command(dest)
+    out.note(f"shard manifest: {report.manifest}; when every shard has run: {merge}")
     _stopped(out, report.stopped_by, report.stop_reason)
 
 
@@ -370,7 +371,7 @@ def status_command(out: Output, flags: Globals, dest: str) -> int:
                      "(run the batch again before then)")  # fmt: skip
     if st.stopped_by is not None:
         lines.append(f"stopped by: {st.stopped_by} (raise the limit, or top up, and run again)")
-    resume = _resume(dest, st)
+    resume = _next_run(dest, st)
     record["resume"] = resume
     if resume is not None:
         lines.append(f"resume: {resume}")
@@ -378,12 +379,9 @@ def status_command(out: Output, flags: Globals, dest: str) -> int:
     return st.exit_code
 
 
-def _resume(dest: str, st: RunStatus) -> str | None:
+def _next_run(dest: str, st: RunStatus) -> str | None:
     """The command that goes on with a run that is not done (none while a run holds it: it
-    goes on by itself). The folder does not know its input's path: FILE is the run's input,
-    with the options it ran with."""
+    goes on by itself); see _resume.batch_command."""
     if st.active or st.exit_code in (_exit.OK, _exit.TASK_FAILED):
         return None
-    import shlex
-
-    return f"imggw batch FILE -o {shlex.quote(dest)}"
+    return _resume.batch_command(dest)

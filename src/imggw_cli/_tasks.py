@@ -22,7 +22,7 @@ from ._command import (
 )
 from ._globals import current, with_globals
 from ._output import submission_record, task_lines, task_record
-from ._runtime import make_client
+from ._runtime import journaled_surfaces, make_client
 from ._when import iso_utc, links_expire
 
 if TYPE_CHECKING:
@@ -120,7 +120,8 @@ def submit(
     resolution: Resolution = ONE_K,
     idempotency_key: IdempotencyKey = None,
 ) -> None:
-    """Submit one request; print its task id and idempotency key.
+    """Submit one request; print its task id, idempotency key and surface (-q: the task id
+    alone, for id=$(imggw submit -q ...)).
 
     Example: imggw submit "a red fox in snow" -a 3:2 --json
     """
@@ -131,25 +132,33 @@ def submit(
             sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
                           idempotency_key)  # fmt: skip
         record = submission_record(sub)
-        out.data(record, [f"{name}: {value}" for name, value in record.items()])
+        # -q says no more than a script needs (as docker run -q): the id, which the journal
+        # keeps with its key (imggw tasks).
+        lines = [sub.task_id] if out.quiet else [f"{k}: {v}" for k, v in record.items()]
+        out.data(record, lines)
 
 
 @app.command(epilog=_exit.EPILOG)
 @with_globals
 def status(task_id: TaskId) -> None:
-    """Query a task once.
+    """Query a task once (on the surface the journal recorded it on, unless one is chosen).
 
     Example: imggw status 123 --surface alpha
     """
-    with session() as out, make_client(current(), journal=True) as client:
-        task = client.get(task_id)
+    tracked = Tracked(command="status")
+    with session(tracked) as out, make_client(current(), journal=True) as client:
+        tracked.surface = journaled_surfaces(client, current(), [task_id]).get(task_id)
+        task = client.get(task_id, surface=tracked.surface)
         out.data(task_record(task), task_lines(task))
 
 
 def _poll(task_id: str, timeout: float) -> None:
-    with session(Tracked(task_id)) as out, make_client(current(), journal=True) as client:
+    tracked = Tracked(task_id)
+    with session(tracked) as out, make_client(current(), journal=True) as client:
+        tracked.surface = journaled_surfaces(client, current(), [task_id]).get(task_id)
         with out.progress(task_id) as on_update:
-            task = client.wait(task_id, wait_timeout=timeout, on_update=on_update)
+            task = client.wait(task_id, surface=tracked.surface, wait_timeout=timeout,
+                               on_update=on_update)  # fmt: skip
         out.data(task_record(task), task_lines(task))
 
 

@@ -13,13 +13,14 @@ from ..batch.ledgers import planned, row
 from .helpers import imggw
 
 
-def folder(tmp_path: Path) -> Path:
+def folder(tmp_path: Path, surface: str = "beta") -> Path:
     out = tmp_path / "out dir"
-    rows = [row(1, SAVED, task_id="1", files=["1-0.png"]),
-            row(2, EXPIRED, task_id="2", error_code="result_expired", error_message="gone"),
-            row(3, RUNNING, task_id="3", expires_at=1_900_000_000.0)]  # fmt: skip
+    rows = [row(1, SAVED, task_id="1", files=["1-0.png"], surface=surface),
+            row(2, EXPIRED, task_id="2", error_code="result_expired", error_message="gone",
+                surface=surface),
+            row(3, RUNNING, task_id="3", expires_at=1_900_000_000.0, surface=surface)]  # fmt: skip
     with planned(out, rows):
-        (out / "run.json").write_text('{"format": 1, "run_id": "r", "surface": "beta"}')
+        (out / "run.json").write_text(f'{{"format": 1, "run_id": "r", "surface": "{surface}"}}')
     return out
 
 
@@ -37,6 +38,14 @@ def test_status_says_what_an_operator_acts_on(tmp_path: Path) -> None:
     assert "1 expired" in text
     assert "soonest expiry of a result not saved yet: 2030-03-17T17:46:40Z" in text
     assert f"resume: imggw batch FILE -o '{out}'" in text
+
+
+def test_status_resumes_a_run_on_the_surface_it_was_made_on(tmp_path: Path) -> None:
+    """A run again on another surface is refused: the command named passes the run's own."""
+    out = folder(tmp_path, surface="alpha")
+    run = imggw("batch", "status", str(out), "--json")
+    assert run.code == 3, run.err
+    assert json.loads(run.out)["resume"] == f"imggw batch FILE -o '{out}' --surface alpha"
 
 
 def test_status_lists_only_the_options_it_uses() -> None:

@@ -92,7 +92,10 @@ def test_alpha_surface_over_loopback(gateway: tuple[MockGateway, str]) -> None:
     task_id = sub.records()[0]["task_id"]
     assert sub.records()[0]["surface"] == "alpha"
     assert imggw("poll", task_id, "--surface", "alpha", "--base-url", url, "-q").code == 0
-    assert imggw("status", task_id, "--base-url", url).code == 1  # another surface: not found
+    # The journal knows the task's surface; another one chosen, or no journal, asks beta.
+    assert imggw("status", task_id, "--base-url", url).code == 0
+    assert imggw("status", task_id, "--surface", "beta", "--base-url", url).code == 1
+    assert imggw("status", task_id, "--no-journal", "--base-url", url).code == 1
 
 
 def test_exit_1_for_a_failed_task(tmp_path: Path) -> None:
@@ -281,7 +284,7 @@ def test_generate_checks_its_folder_before_paying_and_says_how_to_save_a_paid_re
     assert "exists; pass --overwrite to replace it (file_exists)" in clash.err
     hint = (
         f"the task succeeded and is paid for; save its results with: imggw download {task_id} "
-        "--surface beta -o DIR (another folder, or add --overwrite)"
+        f"--surface beta -o DIR --base-url {url} (DIR: another folder, or add --overwrite)"
     )
     assert hint in clash.err
     assert (tmp_path / f"{task_id}-0.png").read_bytes() == b"mine"

@@ -117,7 +117,7 @@ def test_sigterm_and_sighup_mid_generate_are_handled_as_ctrl_c(
     assert out == ""
     assert err.splitlines()[-1] == (
         f"error: interrupted by {sent.name}; task 1 goes on. Resume with: "
-        f"imggw download 1 --wait --surface beta -o {tmp_path}"
+        f"imggw download 1 --wait --surface beta -o {tmp_path} --base-url {url}"
     )
     assert gateway.stats()["tasks_created"] == 1
     assert CANARY not in out + err
@@ -301,4 +301,4 @@ def test_mock_serve_help_lists_every_gateway_option() -> None:
                    "--failure-rate", "--fault-rate", "--faults", "--quirks", "--retention",
                    "--manual-clock"):  # fmt: skip
         assert option in done.stdout
-    assert done.stdout.startswith("usage: imggw mock serve")
+    assert done.stdout.startswith("Usage: imggw mock serve")
