@@ -18,6 +18,10 @@ from imggw_client import AsyncClient, Client, PollPolicy, RetryPolicy
 
 from . import loopback
 
+# The fixtures users opt into (tests/mock uses them). Named here, not in tests/mock/conftest.py:
+# pytest refuses `pytest_plugins` in a conftest it only finds while collecting.
+pytest_plugins = ["imggw_client.mock.pytest_plugin"]
+
 CANARY_KEY = "sk-canary-5e1f0c2b9a8d7e6f4a3b"
 BASE_URL = "http://gateway.test"
 CDN = "http://cdn.test"

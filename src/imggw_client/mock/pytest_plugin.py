@@ -1,7 +1,11 @@
 """Pytest fixtures for testing your own code against the reference gateway.
 
-Enabled automatically once ``imggw`` is installed (a ``pytest11`` entry point). Override
-``imggw_gateway_options`` to tune the gateway::
+Opt-in: installing ``imggw`` adds nothing to a test run. Load the plugin with
+``pytest -p imggw_client.mock.pytest_plugin``, or in your root ``conftest.py``::
+
+    pytest_plugins = ["imggw_client.mock.pytest_plugin"]
+
+Override ``imggw_gateway_options`` to tune the gateway::
 
     @pytest.fixture
     def imggw_gateway_options():
