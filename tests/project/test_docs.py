@@ -1,16 +1,18 @@
 """The docs are run, not just read: the site builds with ``mkdocs build --strict``; every
 ``python`` block of README.md and docs/ runs against the reference gateway, in order, page by
-page, as a reader would run them; every program in examples/ has a test that runs it; every
-public name has its entry in the API reference; the README keeps its Quickstart within 300
-lines and its links lead somewhere."""
+page, as a reader would run them, and passes ``mypy --strict``; every program in examples/ has a
+test that runs it; every public name has its entry in the API reference; the README keeps its
+Quickstart within 300 lines and its links lead somewhere."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import os
 import re
 import subprocess
+import symtable
 import sys
 import traceback
 from collections.abc import Iterator
@@ -20,14 +22,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-import imggw_client._rate_store  # noqa: F401  (see below)
 from imggw_client import AsyncClient, Client
 from imggw_client.mock import MockGateway
-
-# Imported above, not first inside a block: under pytest every module of imggw is rewritten as
-# it is imported (the package is a pytest plugin), and CPython 3.11.7's compile() may then fail
-# with "AST constructor recursion depth mismatch" when that import happens while a client
-# closes on an event loop.
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -57,8 +53,11 @@ class Block:
 
     @property
     def where(self) -> str:
-        shown = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
-        return f"{shown}:{self.line}"
+        return f"{shown(self.page)}:{self.line}"
+
+
+def shown(page: Path) -> str:
+    return str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page)
 
 
 def blocks(page: Path) -> list[Block]:
@@ -175,6 +174,113 @@ def test_blocks_not_run_are_few_and_each_says_why() -> None:
         assert NOT_RUN.fullmatch(block.marker), f"{block.where}: {block.marker!r}"
     runnable = [b for page in PAGES for b in blocks(page) if b.lang == "python"]
     assert len(skipped) * 5 <= len(runnable), [b.where for b in skipped]  # sparingly
+
+
+# What the blocks are checked with: what a reader's type checker says of them, strictly.
+MYPY_INI = """\
+[mypy]
+strict = True
+python_version = 3.10
+
+[mypy-docblocks.*]
+# A block takes the names of the blocks before it from their modules (see typed_modules).
+implicit_reexport = True
+
+[mypy-opentelemetry.exporter.*]
+# The OTLP exporter is the reader's to choose and install (its block is not run).
+ignore_missing_imports = True
+"""
+
+
+def free_names(code: str) -> set[str]:
+    """The global names a block reads and does not bind: what it takes from the blocks before
+    it, as its page's namespace hands them over when the page runs."""
+    top = symtable.symtable(code, "<block>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        read |= {s.get_name() for s in table.get_symbols()
+                 if s.is_referenced() and (table is top or s.is_global())}  # fmt: skip
+    return read - bound - set(dir(builtins))
+
+
+def typed_modules(pages: list[Path], folder: Path) -> dict[str, Path]:
+    """Writes every python block of ``pages`` (those not run too) as a module of the package
+    ``docblocks`` in ``folder``; returns each module's path, relative to ``folder``, and its page.
+
+    Each block is a module of its own, so that a block may bind a name again with another type
+    as a reader's next program would. The names it takes from the blocks before it (run ones:
+    as when the page runs) it imports from the module of the block that last bound them, on its
+    first line; its code starts on the page's line, so mypy's line numbers are the page's."""
+    package = folder / "docblocks"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    written: dict[str, Path] = {}
+    for number, page in enumerate(pages):
+        binder: dict[str, str] = {}  # a name -> the module of the run block that last bound it
+        for index, block in enumerate(blocks(page)):
+            if block.lang != "python" or FILE.fullmatch(block.marker):
+                continue
+            module = f"page{number}_block{index}"
+            taken: dict[str, list[str]] = {}
+            for name in sorted(free_names(block.code)):
+                if name in binder:
+                    taken.setdefault(binder[name], []).append(name)
+            header = "; ".join(
+                f"from docblocks.{m} import {', '.join(n)}" for m, n in taken.items()
+            )
+            (package / f"{module}.py").write_text(header + "\n" * (block.line - 1) + block.code)
+            written[f"docblocks/{module}.py"] = page
+            if not NOT_RUN.fullmatch(block.marker):
+                top = symtable.symtable(block.code, module, "exec")
+                for symbol in top.get_symbols():
+                    if symbol.is_assigned() or symbol.is_imported():
+                        binder[symbol.get_name()] = module
+    return written
+
+
+def type_errors(pages: list[Path], folder: Path) -> list[str]:
+    """What one ``mypy --strict`` run over every python block of ``pages`` reports, each line
+    naming the block's page and the page's line."""
+    written = typed_modules(pages, folder)
+    (folder / "mypy.ini").write_text(MYPY_INI)
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", ".cache",
+         "--no-error-summary", "docblocks"],
+        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert checked.returncode in (0, 1), checked.stdout + checked.stderr
+    errors = []
+    for line in checked.stdout.splitlines():
+        module, sep, rest = line.partition(":")
+        errors.append(shown(written[module]) + sep + rest if module in written else line)
+    return errors
+
+
+# Seconds: mypy reads imggw and what it imports, with no cache.
+@pytest.mark.slow
+def test_every_python_block_passes_mypy_strict(tmp_path: Path) -> None:
+    errors = type_errors(PAGES, tmp_path)
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.slow
+def test_a_type_error_in_a_block_names_its_page_and_line(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n```python\ncount = 1\n```\n\n"
+        "<!-- not run: needs a service -->\n```python\nlabel = 'one'\ncount = 'two'\n```\n\n"
+        "```python\ntotal: str = count\nlabel.upper()\n```\n\n"
+        "```python\ncount = 'a name again'\n```\n"
+    )
+    assert type_errors([page], tmp_path / "checked") == [
+        f'{page}:14: error: Incompatible types in assignment (expression has type "int", '
+        'variable has type "str")  [assignment]',
+        f'{page}:15: error: Name "label" is not defined  [name-defined]',
+    ]
 
 
 def test_every_example_has_a_test_that_runs_it() -> None:
