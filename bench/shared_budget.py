@@ -407,11 +407,12 @@ def part2(store: str, requests: int, rounds: int) -> dict[str, Any]:
         contenders = {name: (lambda c=c: c.get(task_id)) for name, c in clients.items()}
         # The references run in the same rounds: the store, alone, at the same moments.
         raw = stack.enter_context(redis.Redis.from_url(store))
-        script = raw.register_script(shared_budget.SCRIPT)
+        script = raw.register_script(shared_budget.SCRIPTS["take"])
         lane = shared_budget.lane_key("bench", "http://part2", "query")
-        take = ["take", repr(HUGE), "-1", "0.0"]
+        keys = [lane, shared_budget.flying_key(lane)]
+        take = ["-1", "0.0", "", repr(shared_budget.LEASE), "fixed", repr(HUGE)]
         contenders["ping"] = raw.ping
-        contenders["script"] = lambda: script(keys=[lane], args=take)
+        contenders["script"] = lambda: script(keys=keys, args=take)
         timed = interleaved(contenders, rounds=rounds, per_round=per_round)
         result["redis"] = {name: timed.pop(name) for name in ("ping", "script")}
         result["sync"] = timed

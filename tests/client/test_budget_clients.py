@@ -114,12 +114,18 @@ BETA_429 = (
 ALPHA_429 = http_json(200, b'{"code":429,"msg":"Too many requests","data":null}')  # no hint
 
 
+# A paced lane (a ceiling, or a limit met) has met a limit: any 429 pauses it for the whole
+# client. With no ceiling and no limit met yet, an isolated 429 costs a retry and no pause
+# (DESIGN 25: ``tests/core/test_budget_overload.py``).
+PACED = RateLimit(queries_per_second=100)
+
+
 @pytest.mark.slow
 def test_a_429_seen_by_one_thread_pauses_every_thread() -> None:
     answer, arrivals = limited_then_fine(BETA_429)
     limited = threading.Event()
     with raw_server(answer) as url, on_retry(limited.set):
-        client = Client(api_key="k" * 12, base_url=url, retry=QUICK)
+        client = Client(api_key="k" * 12, base_url=url, retry=QUICK, rate_limit=PACED)
         with client:
             first = threading.Thread(target=client.get, args=("7",))
             first.start()
@@ -140,7 +146,8 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
     answer, arrivals = limited_then_fine(ALPHA_429)
     limited = anyio.Event()  # set on the event loop's thread, where the flow logs
     with raw_server(answer) as url, on_retry(limited.set):
-        client = AsyncClient(api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK)
+        client = AsyncClient(api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK,
+                             rate_limit=PACED)  # fmt: skip
         async with client, anyio.create_task_group() as group:
             group.start_soon(client.get, "7")
             with anyio.fail_after(10):
@@ -194,8 +201,9 @@ async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> N
     stats = gateway.stats()
     assert stats["tasks_created"] == 40
     # A storm of 40 at once would meet 36 429s; the start window (4 in flight, at most
-    # doubling a round trip) and the pause for the whole client keep it to a third (12).
-    assert stats["rate_limited"] <= 15
+    # doubling a round trip), the share of 429s that reads overload within a few of them, and
+    # the pause and pace for the whole client then keep it to about 16 (12 before DESIGN 25).
+    assert stats["rate_limited"] <= 20
 
 
 @pytest.mark.anyio
@@ -210,7 +218,6 @@ async def test_requests_cancelled_in_flight_give_back_their_places() -> None:
                 await client.get(sub.task_id)
         lane = client._flows.budget._lanes["query"]
         assert lane.in_flight == 0
-        assert lane.flying == []  # nor noted as sent: no 429's doubt waits on them
         assert client._flows.budget.pace("query") is None  # one at a time: never slowed
 
 

@@ -259,6 +259,39 @@ def test_a_client_of_another_gateway_is_not_paused_by_a_429_on_this_one(redis: R
     assert sum(slept) == 0, slept
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_live_process_keeps_its_slots_past_their_lease_by_renewing_them(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # DESIGN 25: slots are leased for a few seconds, so a dead holder frees them soon
+    # (``test_rate_store_bursts``); a live one renews them for as long as its request lasts.
+    monkeypatch.setattr(shared_budget, "LEASE", 0.3)
+    limit = RateLimit(store=redis.url)  # no ceiling: requests in flight are counted
+    maker = Client if kind == "sync" else AsyncClient
+    client = maker(api_key=KEY, base_url="https://gateway.test", rate_limit=limit)
+    service: Any = client._flows.budget.service  # type: ignore[union-attr]
+    with contextlib.closing(redis.client()) as store:
+        flying = service.keys["submit"][1]  # the lane, then its requests in flight
+
+        async def ask(name: str, *args: Any, **kwargs: Any) -> Any:
+            answer = getattr(service, name)(*args, **kwargs)
+            return await answer if kind == "async" else answer
+
+        ticket, wait = await ask("reserve", "submit")
+        assert wait == 0.0
+        await anyio.sleep(1.0)  # three leases: renewed every 0.1 s meanwhile
+        seconds, micros = store.time()
+        assert store.zcount(flying, seconds + micros / 1e6, "+inf") == 1  # its lease holds
+        await ask("finished", ticket, limited=False, retry_after=None, backoff=(0.5, 8.0))
+        assert store.zcard(flying) == 0
+    if kind == "async":
+        await client.close()  # type: ignore[misc]
+    else:
+        client.close()
+
+
 # ---------------------------------------------------------------------------- faults
 
 

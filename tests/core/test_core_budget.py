@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import random
 import threading
 from collections.abc import Callable
 
@@ -267,12 +266,14 @@ def test_without_a_ceiling_a_429_ends_the_start_from_what_was_accepted() -> None
         sent.append(t)
         budget.finished(t, i / 40 + 0.001)
     refused = []
-    for now in (0.8, 0.81, 0.82):  # a lone 429, then the two sent after it refused too
-        t = budget.reserve(SUBMIT, now)
-        budget.wait_time(t, now)
+    for i in range(7):  # 429s that make a real share of the answers (DESIGN 25)
+        t = budget.reserve(SUBMIT, 0.8 + i / 1000)
+        budget.wait_time(t, 0.8 + i / 1000)
         refused.append(t)
-    for t in refused:
+    for t in refused[:-1]:
         budget.finished(t, 0.9, limited=True, retry_after=1.0)
+    assert budget.pace(SUBMIT) is None  # 6 of 36: under OVERLOAD_SHARE, still chance
+    budget.finished(refused[-1], 0.9, limited=True, retry_after=1.0)
     assert budget.pace(SUBMIT) == pytest.approx(30 * B.FIRST_DECREASE)
 
 
@@ -285,9 +286,9 @@ def test_without_a_ceiling_a_429_early_on_never_starts_below_half_the_starting_p
         budget.wait_time(t, i / 10)
         budget.finished(t, i / 10 + 0.01)
     refused = []
-    for now in (0.3, 0.31, 0.32):  # an overload: a lone 429 and two sent after it
-        t = budget.reserve(QUERY, now)
-        budget.wait_time(t, now)
+    for i in range(6):  # an overload: 6 of at least 20 answers (the fewest counted)
+        t = budget.reserve(QUERY, 0.3 + i / 100)
+        budget.wait_time(t, 0.3 + i / 100)
         refused.append(t)
     for t in refused:
         budget.finished(t, 0.4, limited=True, retry_after=None)
@@ -381,11 +382,13 @@ def test_without_a_ceiling_an_overloaded_lane_regains_a_tenth_a_second_then_goes
     # none while the overload's pause lasted.
     unpaced_at = paces.index(None)
     steps_needed = math.ceil(math.log(B.FREE_RATE / start) / math.log(1 + B.REGAIN_STEP))
-    assert steps_needed <= unpaced_at <= steps_needed + 10
+    # (and +10% every RECOVERY_PERIOD, not every second, between 80% of the pace where the
+    # overload came and that pace: about 3 steps, 12 s more)
+    assert steps_needed <= unpaced_at <= steps_needed + 25
     assert all(p is None for p in paces[unpaced_at:])
 
 
-# ------------------------------------------------------------- no ceiling: a lone 429, in doubt
+# ------------------------------------------------------------- no ceiling: an isolated 429
 
 
 def _sent(budget: Budget, now: float, kind: str = SUBMIT) -> Ticket:
@@ -394,44 +397,37 @@ def _sent(budget: Budget, now: float, kind: str = SUBMIT) -> Ticket:
     return ticket
 
 
-def test_without_a_ceiling_a_lone_429_pauses_until_a_later_request_is_accepted() -> None:
+def test_without_a_ceiling_an_isolated_429_neither_pauses_nor_paces() -> None:
+    # DESIGN 25: it costs a retry of its request, at once with no hint; the lane goes on.
     budget = Budget(RateLimit())
     lone, later = _sent(budget, 0.0), _sent(budget, 0.01)
-    budget.finished(lone, 0.02, limited=True, retry_after=1.0)
-    waiting = budget.reserve(SUBMIT, 0.02)
-    wait = budget.wait_time(waiting, 0.02)
-    # Paused, but a request sent after the lone one is in flight: asked again a round trip on.
-    assert 0 < wait <= B.RTT_GUESS
-    budget.finished(later, 0.03)  # the gateway took it: the 429 was chance
-    assert budget.wait_time(waiting, 0.03) == 0.0
-    assert budget.pace(SUBMIT) is None  # and the lane is no slower
-
-
-def test_without_a_ceiling_a_lone_429_with_nothing_after_it_pauses_for_its_hint() -> None:
-    budget = Budget(RateLimit())
-    lone = _sent(budget, 0.0)
-    budget.finished(lone, 0.02, limited=True, retry_after=1.0)
-    waiting = budget.reserve(SUBMIT, 0.02)
-    assert budget.wait_time(waiting, 0.02) == pytest.approx(1.0)  # as any 429's pause
-    assert budget.wait_time(waiting, 1.02) == 0.0
+    budget.finished(lone, 0.02, limited=True, retry_after=None)
+    retry = budget.reserve(SUBMIT, 0.02)
+    assert budget.wait_time(retry, 0.02) == 0.0
+    assert budget.wait_time(budget.reserve(SUBMIT, 0.02), 0.02) == 0.0  # nor anyone else
+    budget.finished(later, 0.03)
     assert budget.pace(SUBMIT) is None
 
 
-def test_without_a_ceiling_requests_sent_after_a_lone_429_refused_make_an_overload() -> None:
+def test_an_isolated_429s_hint_is_waited_by_its_retry_alone_until_chance_is_shown() -> None:
     budget = Budget(RateLimit())
-    for i in range(20):  # 20 accepted in the first second
-        budget.finished(_sent(budget, i / 100), i / 100 + 0.005)
-    first, second, third = (_sent(budget, 0.5 + i / 1000) for i in range(3))
-    earlier = _sent(budget, 0.4)  # (in flight since before: its 429 says nothing new)
-    budget.finished(first, 0.51, limited=True, retry_after=2.0)
-    budget.finished(earlier, 0.511, limited=True, retry_after=2.0)
-    budget.finished(second, 0.512, limited=True, retry_after=2.0)
-    assert budget.pace(SUBMIT) is None  # one later request refused: still in doubt
-    budget.finished(third, 0.513, limited=True, retry_after=2.0)
-    assert budget.pace(SUBMIT) == pytest.approx(20 * B.FIRST_DECREASE)  # CONFIRM: overload
-    waiting = budget.reserve(SUBMIT, 0.52)
-    assert waiting.slot >= 0.513 + 2.0  # the whole lane waits out the hint, no doubt left
-    assert budget.wait_time(waiting, 0.52) >= 2.0 - 0.01
+    lone, later = _sent(budget, 0.0), _sent(budget, 0.01)
+    budget.finished(lone, 0.02, limited=True, retry_after=2.0)
+    retry = budget.reserve(SUBMIT, 0.02)  # the next request waits the hint ...
+    wait = budget.wait_time(retry, 0.02)
+    assert 0 < wait <= budget._lanes[SUBMIT].rtt  # (asked again a round trip on: one is out)
+    assert budget.wait_time(budget.reserve(SUBMIT, 0.02), 0.02) == 0.0  # ... no one else
+    budget.finished(later, 0.03)  # taken, and sent after the refused one: it was chance
+    assert budget.wait_time(retry, 0.03) == 0.0
+    assert budget.pace(SUBMIT) is None
+
+
+def test_an_isolated_429s_hint_with_nothing_after_it_is_honoured_whole() -> None:
+    budget = Budget(RateLimit())
+    budget.finished(_sent(budget, 0.0), 0.02, limited=True, retry_after=7.0)
+    retry = budget.reserve(SUBMIT, 0.02)
+    assert budget.wait_time(retry, 0.02) == pytest.approx(7.0)
+    assert budget.wait_time(retry, 7.02) == 0.0
 
 
 def gateway_run(
@@ -487,24 +483,10 @@ def gateway_run(
     return last, limited
 
 
-def test_without_a_ceiling_random_429s_cost_a_round_trip_each_not_a_pause() -> None:
-    # 1,000 submits, 32 at a time, a gateway that refuses 3% at random (Retry-After: 1): a
-    # pause of the whole lane for each made this 8x slower (DESIGN 20).
-    rng = random.Random(2)
-    clean, _ = gateway_run(Budget(RateLimit()), 1000, workers=32, refuse=lambda _: None)
-    budget = Budget(RateLimit())
-    noisy, limited = gateway_run(
-        budget, 1000, workers=32, refuse=lambda _: 1.0 if rng.random() < 0.03 else None
-    )
-    assert limited > 20
-    assert noisy <= 1.1 * clean
-    assert budget.pace(SUBMIT) is None  # never paced: every 429 was called chance
-
-
 def test_without_a_ceiling_a_burst_at_a_low_limit_meets_few_429s() -> None:
     # 100 submits at once against 20 per 10 s (sliding, Retry-After until a slot frees): sent
-    # whole, 80 would be refused; the start window and the doubt keep it to a handful, and
-    # once paced about one a window.
+    # whole, 80 would be refused; the start window and the share of 429s that reads overload
+    # (7 of them after 20 accepted) keep it to a handful, and once paced about two a window.
     window: list[float] = []
 
     def refuse(at: float) -> float | None:  # as the reference gateway's --submit-limit 20/10
@@ -517,8 +499,10 @@ def test_without_a_ceiling_a_burst_at_a_low_limit_meets_few_429s() -> None:
 
     budget = Budget(RateLimit())
     last, limited = gateway_run(budget, 100, workers=100, refuse=refuse)
-    assert limited <= 15
-    assert last <= 1.15 * 40  # four windows of 10 s after the first 20: the floor is 40 s
+    assert limited <= 20
+    # The floor at the limit's rate, 100 at 2 a second (bench/bursts.py part 3 counts it so);
+    # sent in whole windows, 20 at once, they could go in 40 s.
+    assert last <= 1.15 * 50
 
 
 def sliding_limit(count: int, seconds: float) -> Callable[[float], float | None]:
@@ -538,29 +522,12 @@ def sliding_limit(count: int, seconds: float) -> Callable[[float], float | None]
 
 
 def test_without_a_ceiling_a_limit_with_no_retry_after_meets_few_429s() -> None:
-    # Surface A's provider gives no Retry-After (DESIGN 9): a lone 429's pause then ends on
-    # time, not when the limit frees. 300 requests at once against 10 per 1 s: the requests
-    # that waited through a pause went all at once at a gateway still full (11 429s), and a
-    # paced lane grew on past 429s called chance. Now a probe goes first, a limit it proves
-    # (taken only after the pause) paces the lane, and a lone 429 on a paced lane lowers it.
+    # Surface A's provider gives no Retry-After (DESIGN 9). 300 requests at once against 10 per
+    # 1 s: the share of 429s paces the lane in the first window; then a 429 now and then as the
+    # pace grows back to the limit (one in ten requests at most, DESIGN 20).
     budget = Budget(RateLimit())
     _, limited = gateway_run(budget, 300, workers=300, refuse=sliding_limit(10, 1.0), hinted=False)
-    assert limited <= 5
-
-
-def test_without_a_ceiling_after_a_lone_429s_pause_a_probe_goes_alone() -> None:
-    budget = Budget(RateLimit())
-    for _ in range(2):
-        budget.finished(_sent(budget, 0.0), 0.01)
-    budget.finished(_sent(budget, 0.02), 0.03, limited=True)  # lone, no hint: 0.5 s in doubt
-    first, second = budget.reserve(SUBMIT, 0.1), budget.reserve(SUBMIT, 0.1)
-    assert budget.wait_time(first, 0.1) > 0  # the pause holds both
-    assert budget.wait_time(first, 0.6) == 0.0  # its end: the first goes, as a probe ...
-    assert budget.wait_time(second, 0.6) > 0  # ... and the other waits for its answer
-    assert budget.wait_time(second, 0.605) > 0
-    budget.finished(first, 0.61)  # taken, but only after the pause: a limit
-    assert budget.pace(SUBMIT) is not None  # the lane is paced from here, not a herd
-    assert budget.wait_time(second, 0.61) == 0.0
+    assert limited <= 0.1 * 300
 
 
 def test_a_late_queue_goes_out_one_by_one_in_order_not_all_at_every_interval() -> None:

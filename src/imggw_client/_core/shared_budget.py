@@ -1,67 +1,53 @@
-"""The request budget shared through a store by many processes (DESIGN 16): the store's
-script, its lanes' names, how its answers are read, and what a client does while the store is
-away. Pure: the drivers (``_rate_store``) run the script and read the clock.
+"""The request budget shared through a store by many processes (DESIGN 16, 25): the store's
+scripts, its lanes' names, and the steps of each operation. Pure: the drivers
+(``_rate_store``) run the steps' scripts and read the clock.
 
-The store holds, for each (API key, gateway) and kind of request, one lane: a hash that one
-server-side script reads and writes atomically, timed by the store's own clock (so machines
-whose clocks disagree still agree on it). It follows the rules of the in-process
-:class:`~imggw_client._core.budget.Budget` (DESIGN 9), with the same constants:
+The store keeps, for each (API key, gateway) and kind of request, only what the processes must
+share: a hash holding the lane's :class:`~imggw_client._core.budget.Pacing` (its pace, pause,
+window and answer counts), its schedule (the next place's time, an *epoch* that a new pace or
+pause starts: places handed out before it are taken again, in the order their holders come
+back) and, beside it, a sorted set of the requests in flight, each on a short lease
+(:data:`LEASE`) that its process renews while the request lasts, so the slots of a process
+that dies are free again within seconds. Its small scripts hold no policy: one hands out
+places (spaced by the pace, within the window, after the pause), one counts an answer, one
+writes what the policy decided if no other process wrote since. The policy is the in-process
+budget's, run here in Python on the fields the store returns (``budget.answered``,
+``budget.grown``): written once. Every script reads the store's own clock, so machines whose
+clocks disagree still agree on a lane.
 
-- **Places** are handed out in the order asked, spaced by the lane's interval (its pace plus
-  :data:`~imggw_client._core.budget.GUARD`); a request goes only once its place has come *and*
-  the last request of its kind went at least one interval ago, so in any window of *w* seconds
-  at most ``rate * w + 1`` go out, all processes together, even when some wake late. That
-  holds at the slots: a request that then waits for a pooled connection is not spaced again
-  at its write, as an in-process budget's write gate does (that would cost a store round trip
-  on the way to the wire).
-- A **429** seen by any process pauses the lane for all (``Retry-After``, never less than the
-  retry policy's growing backoff) and, when 429s are a real share of the lane's recent answers,
-  lowers the shared pace, which recovers a step at a time while requests queue for it. A pause
-  or a new pace starts a new *epoch*: places handed out before it are taken again, in the order
-  their holders come back, after it.
-- A kind with **no ceiling** (DESIGN 20) starts with a window of requests in flight, all
-  processes together (each request a member of a sorted set beside the lane, forgotten after
-  :data:`STALE` seconds if its process never says how it ended), widened by accepted answers
-  up to ``MAX_WINDOW`` as the in-process budget's is. A lone 429 pauses the lane in doubt: a
-  request sent after it that is accepted ends the pause (chance; the waiting ask again each
-  round trip meanwhile), ``CONFIRM`` of them refused make it an overload, and the pace is then
-  learned from the 429s as an in-process budget's is, unpaced again past ``FREE_RATE``. After
-  a pause that ended on time, one request (a probe) goes before the others, and one taken only
-  after such a pause paces the lane; a lone 429 on a paced lane well above what was accepted
-  in the last second lowers its pace to that and holds it for ``RECOVERY_PERIOD``, as
-  in-process. A limit with no ``Retry-After`` is learned as a window between bounds, and the
-  pause after the next full run timed to it, as in-process (``Budget._timed``). The requests
-  the window holds back ask again about once an answer, in no particular order.
-
-The key never reaches the store: a lane is named by a hash of the key's slow fingerprint (PBKDF2,
-as batch run ids are) and the gateway base URL, so reading the store allows no fast guessing.
+The key never reaches the store: a lane is named by a hash of the key's slow fingerprint
+(PBKDF2, as batch run ids are) and the gateway base URL, so reading the store allows no fast
+guessing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import budget as rules
-from .budget import Budget, Ended, Ticket
+from .budget import Budget, Ended, Pacing, Ticket
 from .config import RateLimit
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "SCRIPT", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key", "read_take",
-]  # fmt: skip
+__all__ = ["SCRIPTS", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key"]
 
 PREFIX = "imggw:budget:"
 LANE_TTL = 86_400  # seconds a lane no process touched is kept: a day
 REJOIN_AFTER = 5.0  # seconds between tries of a store that failed; requests go on meanwhile
 STORE_TIMEOUT = 1.0  # the longest one call to the store may take (less if the request's is)
 EPOCH_NONE = -1  # a ticket that holds no place in the store yet
-STALE = 120.0  # seconds after which a request in flight no answer was heard of is forgotten
+# Seconds a request in flight is counted without word from its process: renewed every third
+# of it while the request lasts, so a process that dies frees its slots within 5 s, and one
+# that stalls for less than 3 s (a pause of its garbage collector) keeps them.
+LEASE = 5.0
 
 
 def flying_key(lane: str) -> str:
@@ -79,7 +65,7 @@ def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
         lane_key(client.key_fingerprint, "https://gw.example", "submit")
         # "imggw:budget:3f2a...:submit"
     """
-    digest = hashlib.sha256(f"imggw-budget v2\n{base_url}\n{key_fingerprint}".encode())
+    digest = hashlib.sha256(f"imggw-budget v3\n{base_url}\n{key_fingerprint}".encode())
     return f"{PREFIX}{digest.hexdigest()[:32]}:{kind}"
 
 
@@ -93,8 +79,9 @@ class StoreTicket:
     slot: float = 0.0
     sent: float | None = None  # on the store's clock: when the store let it go
     local: Ticket | None = None
-    # Its name among the lane's requests in flight (lanes with no ceiling), drawn by the
-    # driver at random, never derived from the request ("": not counted in flight).
+    not_before: float = 0.0  # on this process's clock: an isolated 429's hint, waited first
+    # Its name among the lane's requests in flight, drawn by the driver at random, never
+    # derived from the request.
     token: str = ""
 
 
@@ -102,20 +89,269 @@ class StoreAnswerError(Exception):
     """The store answered something that is not what the script returns."""
 
 
-def read_take(ticket: StoreTicket, answer: object) -> float:
-    """Reads the script's answer to ``take`` into ``ticket``; the seconds still to wait."""
-    wait, epoch, slot, now = _numbers(answer, 4)
+# The Pacing fields the store keeps, in the order the scripts return them.
+FIELDS = tuple(f.name for f in dataclasses.fields(Pacing) if f.name != "ceiling")
+
+# Numbers are stored and returned as text: Lua's numbers are doubles, but Redis turns a number
+# a script returns into an integer. KEYS[1] is the lane, KEYS[2] its requests in flight
+# (member: a ticket's token; score: when its lease ends).
+_HEAD = r"""
+local key, fkey = KEYS[1], KEYS[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local function fmt(x) return string.format('%.6f', x) end
+local function num(name, d) local n = tonumber(redis.call('HGET', key, name)) if n == nil then
+  return d end return n end
+redis.call('ZREMRANGEBYSCORE', fkey, '-inf', now)  -- leases that ended: their holders died
+local flying = redis.call('ZCARD', fkey)
+local function touch()
+  redis.call('EXPIRE', key, {LANE_TTL}); redis.call('EXPIRE', fkey, {LANE_TTL})
+end
+"""
+# A place: ARGV = epoch held, slot held, token, lease, then the lane's first fields (mode,
+# rate) if it has none yet. Answers {wait, epoch, slot, now, growth due}.
+_TAKE = r"""
+if redis.call('HEXISTS', key, 'mode') == 0 then
+  redis.call('HSET', key, 'mode', ARGV[5], 'rate', ARGV[6], 'version', '0')
+end
+local rate, pu = tonumber(redis.call('HGET', key, 'rate')), num('paused_until', 0)
+local tat, last, epoch = num('tat', 0), num('last', -1e18), num('epoch', 0)
+local i = 0
+if rate then i = (1.0 / rate) * (1.0 + {GUARD}) end
+local slot = tonumber(ARGV[2])
+if tonumber(ARGV[1]) ~= epoch or slot == nil then
+  slot = math.max(now, pu)
+  if i > 0 then
+    slot = math.max(slot, tat, last + i)
+    tat = slot + i
+    if slot > math.max(now, pu) then redis.call('HSET', key, 'queued', '1') end
+  end
+end
+local ready = math.max(slot, pu)
+if i > 0 then ready = math.max(ready, last + i) end
+local wait = 0
+if (not rate) and flying >= num('window', {START_WINDOW}) and ready <= now then
+  local rtt = num('rtt', {RTT_GUESS})  -- the window is full: about until an answer frees one
+  wait = math.min(math.max({MIN_WAIT}, rtt / math.max(1, flying)), math.max({MIN_WAIT}, 2 * rtt))
+elseif ready > now then
+  wait = ready - now
+else
+  last = now
+  if ARGV[3] ~= '' then redis.call('ZADD', fkey, now + tonumber(ARGV[4]), ARGV[3]) end
+  if i > 0 and tat < now + i then tat = now + i end  -- one woken late moves the rest on
+end
+redis.call('HSET', key, 'tat', fmt(tat), 'last', fmt(last), 'epoch', tostring(epoch))
+touch()
+local due = '0'
+if now >= num('grow_at', -1e18) then due = '1' end
+return {fmt(wait), tostring(epoch), fmt(slot), fmt(now), due}
+"""
+# A place given back: ARGV = epoch, slot, token.
+_RELEASE = r"""
+local rate, tat = tonumber(redis.call('HGET', key, 'rate')), num('tat', 0)
+if rate and tonumber(ARGV[1]) == num('epoch', 0) then
+  local i, slot = (1.0 / rate) * (1.0 + {GUARD}), tonumber(ARGV[2])
+  if slot and math.abs(tat - i - slot) < 1e-5 then redis.call('HSET', key, 'tat', fmt(slot)) end
+end
+if ARGV[3] ~= '' then redis.call('ZREM', fkey, ARGV[3]) end
+return {'1'}
+"""
+# An answer counted (ARGV = token, '1' a 429, '0' accepted, '' count nothing: a read), as
+# ``budget.count`` counts it. Answers the lane's fields, then version, now, flying, queued.
+_ANSWER = r"""
+local used = flying
+if ARGV[1] ~= '' then redis.call('ZREM', fkey, ARGV[1]) end
+if ARGV[2] ~= '' then
+  local keep, limited = 1.0 - 1.0 / {RECENT}, ARGV[2] == '1'
+  local refused = num('refused', 0) * keep
+  if limited then refused = refused + 1 end
+  redis.call('HSET', key, 'answers', fmt(num('answers', 0) * keep + 1), 'refused', fmt(refused))
+  if not limited then
+    local s, sec, acc = math.floor(now), num('second', 0), num('accepted', 0)
+    if s ~= sec then
+      if s == sec + 1 then redis.call('HSET', key, 'accepted_before', tostring(acc))
+      else redis.call('HSET', key, 'accepted_before', '0') end
+      redis.call('HSET', key, 'second', tostring(s))
+      acc = 0
+    end
+    redis.call('HSET', key, 'accepted', tostring(acc + 1))
+    redis.call('HINCRBY', key, 'taken', 1)
+  end
+end
+local out = redis.call('HMGET', key, {FIELDS}, 'version', 'queued')
+for n = 1, #out do if out[n] == false then out[n] = '' end end
+table.insert(out, fmt(now))
+table.insert(out, tostring(used))
+touch()
+return out
+"""
+# What the policy decided, written only if no process wrote since it read (ARGV = version read,
+# '1' if the schedule starts anew, then field, value, ...). Answers {1} written, {0} not.
+_SET = r"""
+if (redis.call('HGET', key, 'version') or '') ~= ARGV[1] then return {'0'} end
+for n = 3, #ARGV, 2 do redis.call('HSET', key, ARGV[n], ARGV[n + 1]) end
+redis.call('HSET', key, 'version', tostring((tonumber(ARGV[1]) or 0) + 1), 'queued', '0')
+if ARGV[2] == '1' then
+  redis.call('HSET', key, 'epoch', tostring(num('epoch', 0) + 1),
+    'tat', fmt(math.max(now, num('paused_until', 0))))
+end
+return {'1'}
+"""
+# Leases renewed: ARGV = lease, then the tokens still in flight.
+_RENEW = r"""
+for n = 2, #ARGV do redis.call('ZADD', fkey, 'XX', now + tonumber(ARGV[1]), ARGV[n]) end
+return {'1'}
+"""
+
+
+def _filled(body: str) -> str:
+    """A script with the budget's constants written in: one source for every budget."""
+    script = _HEAD + body
+    numbers = {"GUARD": rules.GUARD, "START_WINDOW": rules.START_WINDOW, "RECENT": rules.RECENT,
+               "RTT_GUESS": rules.RTT_GUESS, "MIN_WAIT": rules.MIN_WAIT}  # fmt: skip
+    for name, value in numbers.items():
+        script = script.replace("{" + name + "}", repr(float(value)))
+    script = script.replace("{FIELDS}", ", ".join(f"'{name}'" for name in FIELDS))
+    return script.replace("{LANE_TTL}", str(LANE_TTL))
+
+
+SCRIPTS = {name: _filled(body) for name, body in
+           [("take", _TAKE), ("release", _RELEASE), ("answer", _ANSWER), ("set", _SET),
+            ("renew", _RENEW)]}  # fmt: skip
+
+# ------------------------------------------------------------------------ the steps
+# Each operation is a generator of script calls, (name, arguments), that receives each
+# call's answer: the drivers run it, blocking or awaited. A bad answer raises StoreAnswerError.
+
+
+def take_steps(limit: RateLimit, ticket: StoreTicket) -> Generator[tuple[str, list[str]], object,
+                                                                   float]:  # fmt: skip
+    """A place for ``ticket`` (a new one, or the one it holds): the seconds still to wait."""
+    first = rules.lane_of(rate_of(limit, ticket.kind))
+    rate = "" if first.rate is None else repr(first.rate)
+    if first.ceiling is not None:
+        ticket.token = ""  # a ceiling spaces its requests: no window, nothing counted in flight
+    answer = yield "take", [str(ticket.epoch), repr(ticket.slot), ticket.token, repr(LEASE),
+                            first.mode, rate]  # fmt: skip
+    wait, epoch, slot, now, due = _numbers(answer, 5)
     if wait < 0 or epoch != int(epoch) or epoch < 0:
         raise StoreAnswerError("the store's answer is out of range")
     ticket.epoch, ticket.slot = int(epoch), slot
     if wait == 0:
         ticket.sent = now
+    if due:  # the pace's growth is due: the policy says what it is now
+        pacing, version, now, _, queued = read_lane(limit, ticket.kind, (yield "answer", ["", ""]))
+        old = _written(pacing)
+        args = _set_args(version, rules.grown(pacing, now, queued=queued), pacing, old, force=True)
+        assert args is not None  # forced: grow_at moved on at least
+        yield "set", args
     return wait
 
 
+def release_args(ticket: StoreTicket) -> list[str]:
+    """The release script's arguments: the ticket's place given back."""
+    return [str(ticket.epoch), repr(ticket.slot), ticket.token]
+
+
+def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
+                   ) -> Generator[tuple[str, list[str]], object, float | None]:  # fmt: skip
+    """The request of ``ticket`` ended: the answer counted, then the policy's decision written
+    (read again and decided anew if another process wrote between, for a 429). Returns an
+    isolated 429's ``Retry-After``, which this process's next request of the kind waits."""
+    limited = ended["limited"]
+    step = ["1" if limited else "0"]
+    for _ in range(3):
+        answer = yield "answer", [ticket.token, *step]
+        pacing, version, now, flying, _ = read_lane(limit, ticket.kind, answer)
+        step = [""]  # counted once; a second read only reads
+        old = _written(pacing)
+        sent = ticket.sent if ticket.sent is not None else now
+        took = None if ticket.sent is None else max(0.0, now - ticket.sent)
+        retry_after = ended["retry_after"]
+        if retry_after is not None and not math.isfinite(retry_after):
+            retry_after = None
+        anew = rules.answered(pacing, now, sent=sent, limited=limited, retry_after=retry_after,
+                              backoff=ended["backoff"], took=took,
+                              used=2 * flying >= pacing.window)  # fmt: skip
+        owed = retry_after if limited and pacing.mode == rules.STARTING else None
+        args = _set_args(version, anew, pacing, old)
+        if args is None:
+            return owed
+        written = yield "set", args
+        if _numbers(written, 1)[0] or not limited:
+            return owed  # an accepted answer's small change lost to another writer: no matter
+    return None
+
+
+def read_lane(limit: RateLimit, kind: str, answer: object
+              ) -> tuple[Pacing, str, float, int, bool]:  # fmt: skip
+    """The lane's pacing as the answer script returned it, its version, the store's clock,
+    the requests in flight before the answer, and whether requests queued for the pace."""
+    if not isinstance(answer, list) or len(answer) != len(FIELDS) + 4:
+        raise StoreAnswerError("the store's answer is not the script's")
+    texts = [item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
+             for item in answer]  # fmt: skip
+    pacing = rules.lane_of(rate_of(limit, kind))
+    for name, text in zip(FIELDS, texts, strict=False):
+        if text == "":
+            continue  # never written: the new lane's own value
+        if name == "mode":
+            if text not in (rules.FIXED, rules.STARTING, rules.RECOVERING):
+                raise StoreAnswerError("the store's answer names no mode")
+            pacing.mode = text
+            continue
+        value = _number(text)
+        if name in ("window", "round_window", "strikes", "second", "accepted",
+                    "accepted_before", "taken"):  # fmt: skip
+            setattr(pacing, name, int(value))
+        else:
+            setattr(pacing, name, value)
+    if texts[FIELDS.index("rate")] == "":
+        pacing.rate = None
+    if pacing.rate is not None and pacing.rate <= 0:
+        raise StoreAnswerError("the store's answer is out of range")
+    version, queued = texts[len(FIELDS)], texts[len(FIELDS) + 1] == "1"
+    now, flying = _number(texts[-2]), _number(texts[-1])
+    return pacing, version, now, int(flying), queued
+
+
+def _written(pacing: Pacing) -> dict[str, str]:
+    """The fields the store keeps, as text."""
+    out = {}
+    for name in FIELDS:
+        value = getattr(pacing, name)
+        out[name] = "" if value is None else value if isinstance(value, str) else repr(value)
+    return out
+
+
+def _set_args(
+    version: str, anew: bool, pacing: Pacing, old: dict[str, str], *, force: bool = False
+) -> list[str] | None:
+    """The set script's arguments: the fields the policy changed (None: none worth a write;
+    the smoothed round trip alone is not)."""
+    new = _written(pacing)
+    changed = [name for name in FIELDS if new[name] != old[name]]
+    if not force and not anew and changed in ([], ["rtt"]):
+        return None
+    args = [version, "1" if anew else "0"]
+    for name in changed:
+        args += [name, new[name]]
+    return args
+
+
 def read_ok(answer: object) -> None:
-    """Reads the script's answer to ``release`` and ``finished``."""
+    """Reads the answer of a script that answers ``{1}``."""
     _numbers(answer, 1)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise StoreAnswerError("the store's answer is not numbers") from None
+    if math.isnan(value):
+        raise StoreAnswerError("the store's answer is not a number")
+    return value
 
 
 def _numbers(answer: object, count: int) -> list[float]:
@@ -123,29 +359,12 @@ def _numbers(answer: object, count: int) -> list[float]:
         raise StoreAnswerError("the store's answer is not the script's")
     values = []
     for item in answer:
-        text = item.decode("ascii", "replace") if isinstance(item, bytes) else item
-        try:
-            value = float(text)
-        except (TypeError, ValueError):
-            raise StoreAnswerError("the store's answer is not numbers") from None
+        text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
+        value = _number(text)
         if not math.isfinite(value):
             raise StoreAnswerError("the store's answer is not finite")
         values.append(value)
     return values
-
-
-def place_args(op: str, limit: RateLimit, ticket: StoreTicket) -> list[str]:
-    """The script's arguments for ``take`` (a new place, or the one the ticket holds) or
-    ``release`` (the ticket's place, given back)."""
-    return [op, _ceiling(limit, ticket.kind), str(ticket.epoch), repr(ticket.slot), ticket.token]
-
-
-def finished_args(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]) -> list[str]:
-    retry_after, (first, longest) = ended["retry_after"], ended["backoff"]
-    hint = "" if retry_after is None or not math.isfinite(retry_after) else repr(retry_after)
-    sent = "" if ticket.sent is None else repr(ticket.sent)
-    return ["finished", _ceiling(limit, ticket.kind), "1" if ended["limited"] else "0", hint,
-            repr(float(first)), repr(float(longest)), sent, ticket.token]  # fmt: skip
 
 
 def rate_of(limit: RateLimit, kind: str) -> float | None:
@@ -157,11 +376,6 @@ def interval(limit: RateLimit, kind: str) -> float:
     """The spacing of ``kind`` at its ceiling, with the budget's guard (0 without one)."""
     rate = rate_of(limit, kind)
     return 0.0 if rate is None else (1.0 + rules.GUARD) / rate
-
-
-def _ceiling(limit: RateLimit, kind: str) -> str:
-    rate = rate_of(limit, kind)
-    return "" if rate is None else repr(float(rate))
 
 
 class Fallback:
@@ -221,279 +435,3 @@ def reason(exc: BaseException) -> str:
     if isinstance(exc, StoreAnswerError):
         return str(exc)
     return type(exc).__name__
-
-
-# One lane per key (KEYS[1]; its requests in flight, on a lane with no ceiling, in the sorted
-# set KEYS[2]: member the ticket's token, score when it went); ARGV[1] the operation, ARGV[2]
-# the caller's ceiling ("" none). Numbers are stored and returned as text: Lua's numbers are
-# doubles, but Redis turns a number a script returns into an integer. The logic is the
-# in-process Budget's (``budget.py`` is its source, with the same constants), less the order
-# of the requests the start window holds back: they ask again about once an answer.
-_SCRIPT = r"""
-local key, op, ceiling = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local fkey = KEYS[2] or (key .. ':flying')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local function num(v, d) local n = tonumber(v) if n == nil then return d end return n end
-local function fmt(x) return string.format('%.6f', x) end
-local f = redis.call('HMGET', key, 'mode', 'rate', 'tat', 'last', 'epoch', 'pu', 'pa',
-  'strikes', 'dec', 'grow', 'over', 'queued', 'n', 'l', 'sec', 'acc', 'accb', 'win', 'rat',
-  'rw', 'rtt', 'doubt', 'ds', 'ra', 'll', 'lp', 'la', 'ru', 'rn', 'rl', 'cy', 'clo', 'chi',
-  'rg', 'ho')
-local mode, rate = f[1], tonumber(f[2])
-local tat, last, epoch = num(f[3], 0), num(f[4], -1e18), num(f[5], 0)
-local pu, pa, strikes = num(f[6], 0), num(f[7], -1e18), num(f[8], 0)
-local dec, grow, over = num(f[9], -1e18), num(f[10], 0), num(f[11], 0)
-local queued, n, l = num(f[12], 0), num(f[13], 0), num(f[14], 0)
-local sec, acc, accb = num(f[15], -1), num(f[16], 0), num(f[17], 0)
-local win, rat, rw = num(f[18], {START_WINDOW}), num(f[19], -1e18), num(f[20], {START_WINDOW})
-local rtt, doubt, ds = num(f[21], {RTT_GUESS}), num(f[22], 0), num(f[23], -1e18)
-local ra, ll = num(f[24], 0), num(f[25], 0)
-local lp, la = num(f[26], 0), num(f[27], -1e18)
--- the gateway's window as runs and pauses with no hint show it (INF: no upper bound yet)
-local INF = 1e18
-local ru, rn, rl, cy = num(f[28], -1e18), num(f[29], 0), num(f[30], 0), num(f[31], 0)
-local clo, chi = num(f[32], 0), num(f[33], INF)
-local rg, ho = num(f[34], 0), num(f[35], 0)
-if mode == false or mode == 'free' or (ceiling and mode == 'starting') then
-  if ceiling then mode, rate = 'fixed', ceiling else mode, rate = 'starting', nil end
-end
-if ceiling and rate and rate > ceiling then rate = ceiling end
-if mode == 'fixed' and ceiling then rate = ceiling end
-local function interval()
-  if rate == nil then return 0 end
-  return (1.0 / rate) * (1.0 + {GUARD})
-end
-local function anew() epoch = epoch + 1; tat = math.max(now, pu) end
-local function accepted()  -- answers accepted in the last whole second (or this one, if more)
-  if math.floor(now) == sec then return math.max(acc, accb)
-  elseif math.floor(now) == sec + 1 then return acc end
-  return 0
-end
-local flying = 0
-if not ceiling then
-  -- a process that died with requests in flight: forgotten after STALE seconds
-  redis.call('ZREMRANGEBYSCORE', fkey, '-inf', now - {STALE})
-  flying = redis.call('ZCARD', fkey)
-end
--- When a pause with no hint ends (untl: the backoff's end): the first 429 after a run that
--- filled the window again is timed to the window learned; a probe refused raises its lower
--- bound and is followed at the upper one (budget.py: Budget._timed)
-local function timed(sent, untl)
-  if ru <= -1e17 then return untl end
-  local offset, planned = sent - ru, INF
-  if cy == 1 then
-    if sent < pa then return untl end
-    ho = ho + 1  -- a probe, refused
-    clo = math.max(clo, offset)
-    if clo >= chi then clo, chi = offset, INF end
-    planned = chi
-  else
-    if rl > 0 and (rn < {FULL_RUN} * rl or rn > rl / {FULL_RUN}) then
-      -- not the window full again: the run goes on, its later requests later by the pause
-      if rn < rl then rg = rg + (untl - now) end
-      return untl
-    end
-    cy, ho = 1, 0
-    if chi - clo <= {CYCLE_TOLERANCE} * chi then planned = chi else planned = (clo + chi) / 2 end
-  end
-  if planned >= INF or offset >= planned + rg then return untl end
-  return math.min(ru + planned + rg, now + {MAX_PAUSE})
-end
-local result
-if op == 'take' then
-  if now >= grow then
-    if (not ceiling) and now < pu then
-      queued, grow = 0, pu + 1.0  -- paused: requests queued behind it say nothing of the pace
-    elseif (not ceiling) and chi < INF and now - ru < chi then
-      queued, grow = 0, now + 1.0  -- a run within a window learned: the window is the limit
-    else
-      if queued == 1 and rate and mode == 'recovering' then
-        if ceiling then
-          if rate < over then rate = rate * (1.0 + {RECOVERY_STEP}) else rate = rate * 2.0 end
-          if rate >= ceiling then rate, mode = ceiling, 'fixed' end
-        elseif rate < {DECREASE} * lp or now - la >= {RECOVERY_PERIOD} then
-          -- (not near the pace of a lone 429 met less than a recovery period ago)
-          rate = rate * (1.0 + {REGAIN_STEP})
-          if rate > {FREE_RATE} then rate, mode = nil, 'starting' end
-        end
-        anew()
-      end
-      queued = 0
-      local careful = mode == 'recovering' and rate and rate < over
-      if ceiling and (careful or mode == 'fixed') then grow = now + {RECOVERY_PERIOD}
-      else grow = now + 1.0 end
-    end
-  end
-  local i = interval()
-  local held, slot = tonumber(ARGV[3]), tonumber(ARGV[4])
-  if held ~= epoch or slot == nil then
-    slot = math.max(now, pu)
-    if i > 0 then
-      slot = math.max(slot, tat, last + i)
-      tat = slot + i
-      if slot > math.max(now, pu) then queued = 1 end
-    end
-  end
-  local ready = math.max(slot, pu)
-  if i > 0 then ready = math.max(ready, last + i) end
-  local wait = 0
-  if mode == 'starting' and flying >= math.floor(win) and ready <= now then
-    -- the start window is full: about until an answer frees a place
-    wait = math.min(math.max({MIN_WAIT}, rtt / math.max(1, flying)), math.max({MIN_WAIT}, 2 * rtt))
-  elseif ready > now then
-    wait = ready - now
-    if doubt == 1 and redis.call('ZCOUNT', fkey, '(' .. fmt(ds), '+inf') > 0 then
-      -- a lone 429's pause, which a request sent after it in flight may still lift
-      wait = math.min(wait, math.max({MIN_WAIT}, rtt))
-    end
-  elseif (not ceiling) and doubt == 1 and redis.call('ZCOUNT', fkey,
-      '(' .. fmt(math.max(ds, now - math.max({PROBE_HOLD}, 4 * rtt))), '+inf') > 0 then
-    -- a lone 429's pause is over and a probe is on its way: wait for its answer
-    wait = math.max({MIN_WAIT}, rtt)
-  else
-    last = now
-    if (not ceiling) and (ARGV[5] or '') ~= '' then redis.call('ZADD', fkey, now, ARGV[5]) end
-    -- one woken more than an interval late moves the places after it on, one by one
-    if i > 0 and tat < now + i then tat = now + i end
-  end
-  result = {fmt(wait), tostring(epoch), fmt(slot), fmt(now)}
-elseif op == 'release' then
-  local i = interval()
-  if tonumber(ARGV[3]) == epoch and i > 0 then
-    local slot = tonumber(ARGV[4])
-    if slot and math.abs(tat - i - slot) < 1e-5 then tat = slot end
-  end
-  if (not ceiling) and (ARGV[5] or '') ~= '' then redis.call('ZREM', fkey, ARGV[5]) end
-  result = {'1'}
-elseif op == 'finished' then
-  local limited, hint = ARGV[3] == '1', tonumber(ARGV[4])
-  local first, longest, sent = num(ARGV[5], 1), num(ARGV[6], 30), num(ARGV[7], now)
-  local used = 2 * flying >= win  -- half the window in flight: it was used
-  if (not ceiling) and (ARGV[8] or '') ~= '' then redis.call('ZREM', fkey, ARGV[8]) end
-  local keep = 1.0 - 1.0 / {RECENT}
-  n = n * keep + 1
-  if limited then l = l * keep + 1 else l = l * keep end
-  local after = ll == 1
-  if limited then ll = 1 else ll = 0 end
-  if limited then
-    local share = l / math.max(n, {MIN_ANSWERS})
-    local lone, echo, fresh, capped = false, false, false, false
-    if not ceiling then
-      if doubt == 1 then
-        if sent < ds then echo = true
-        else
-          ra = ra + 1
-          if ra < {CONFIRM} then lone = true; strikes = strikes + 1
-          else doubt = 0; capped = la >= ds end  -- a pace the lone 429 lowered already
-        end
-      elseif (not after) and share < {OVERLOAD_SHARE} and now >= pu then
-        lone, fresh, doubt, ds, ra = true, true, 1, sent, 0
-        if mode == 'recovering' and rate then
-          -- a lone 429 on a paced lane well above what the gateway accepted lately: to that
-          local cap = math.max(accepted(), {START_RATE} * {FIRST_DECREASE}, rate * {FIRST_DECREASE})
-          if cap < rate * {DECREASE} then lp, la, rate = rate, now, cap; anew() end
-        end
-      end
-    end
-    if not echo then
-      if sent >= pa and (fresh or not lone) then strikes = strikes + 1 end
-      local pause = math.min(longest, first * 2 ^ math.min(math.max(strikes - 1, 0), 30))
-      if hint then pause = math.max(pause, math.min(hint, {MAX_PAUSE}))
-      elseif not ceiling then pause = math.min(pause, {NO_HINT_PAUSE}) end
-      local untl = now + pause
-      if (not ceiling) and (not hint) then untl = timed(sent, untl) end
-      if untl > pu then pu, pa = untl, now; anew() end
-      local overload = (not ceiling) or share >= {DECREASE_SHARE}
-      if (not lone) and (not capped) and sent > dec and overload
-          and now - dec >= {RECOVERY_PERIOD} then
-        if mode == 'fixed' or mode == 'recovering' then
-          over = rate
-          rate = rate * math.max({FIRST_DECREASE}, math.min({DECREASE}, 1.0 - share))
-        else
-          over = math.max(accepted(), {START_RATE})
-          rate = over * {FIRST_DECREASE}
-        end
-        rate = math.max({PACE_FLOOR}, rate)
-        if ceiling then rate = math.min(rate, ceiling) end
-        mode, dec, n, l = 'recovering', now, 0, 0
-        if ceiling then grow = now + {RECOVERY_PERIOD} else grow = now + 1.0 end
-        anew()
-      end
-    end
-  else
-    if sent >= pa then strikes = 0 end
-    if not ceiling then
-      if cy == 1 and sent >= pa then  -- a probe taken: its run's cycle ends, the next begins
-        -- (a window learned only once CONFIRM probes of a cycle were refused: not by chance)
-        if ho >= {CONFIRM} or chi < INF then chi = math.min(chi, sent - ru) end
-        rl, ru, rn, cy, rg = rn, sent, 0, 0, 0
-      elseif cy == 1 and doubt == 1 and sent > ds then cy = 0  -- taken amid the 429s: chance
-      elseif ru <= -1e17 then ru = sent end
-      rn = rn + 1
-    end
-    if doubt == 1 and sent > ds then
-      doubt = 0  -- a request sent after the lone 429's was taken: it was chance ...
-      if mode == 'starting' and now - pa >= math.max({MIN_ROUND}, 2 * rtt) then
-        -- ... unless only a probe after a pause was: a limit, met at this speed: paced
-        over = math.max(accepted(), {START_RATE})
-        rate = math.max({PACE_FLOOR}, over * {FIRST_DECREASE})
-        mode, dec, grow = 'recovering', now, now + 1.0
-        anew()
-      end
-      if pu > now then pu = now; anew() end
-    end
-    if ARGV[7] ~= '' then rtt = rtt + (math.max(0, now - sent) - rtt) / 8 end
-    if mode == 'starting' and used then
-      if now - rat >= math.max({MIN_ROUND}, rtt) then rat, rw = now, win end
-      win = math.min(win + 1, 2 * rw, {MAX_WINDOW})
-    end
-    local s = math.floor(now)
-    if s ~= sec then
-      if s == sec + 1 then accb = acc else accb = 0 end
-      sec, acc = s, 0
-    end
-    acc = acc + 1
-  end
-  result = {'1'}
-else
-  return redis.error_reply('imggw: unknown operation')
-end
-local r = ''
-if rate then r = fmt(rate) end
-redis.call('HSET', key, 'mode', mode, 'rate', r, 'tat', fmt(tat), 'last', fmt(last),
-  'epoch', tostring(epoch), 'pu', fmt(pu), 'pa', fmt(pa), 'strikes', tostring(strikes),
-  'dec', fmt(dec), 'grow', fmt(grow), 'over', fmt(over), 'queued', tostring(queued),
-  'n', fmt(n), 'l', fmt(l), 'sec', tostring(sec), 'acc', tostring(acc), 'accb', tostring(accb),
-  'win', tostring(win), 'rat', fmt(rat), 'rw', tostring(rw), 'rtt', fmt(rtt),
-  'doubt', tostring(doubt), 'ds', fmt(ds), 'ra', tostring(ra), 'll', tostring(ll),
-  'lp', fmt(lp), 'la', fmt(la), 'ru', fmt(ru), 'rn', tostring(rn), 'rl', tostring(rl),
-  'cy', tostring(cy), 'clo', fmt(clo), 'chi', fmt(chi), 'rg', fmt(rg), 'ho', tostring(ho))
-redis.call('EXPIRE', key, {LANE_TTL})
-if not ceiling then redis.call('EXPIRE', fkey, {LANE_TTL}) end
-return result
-"""
-
-
-def _filled(template: str) -> str:
-    """The script with the budget's constants written in: one source for both budgets."""
-    numbers = {
-        "GUARD": rules.GUARD, "START_RATE": rules.START_RATE, "FREE_RATE": rules.FREE_RATE,
-        "PACE_FLOOR": rules.PACE_FLOOR, "FIRST_DECREASE": rules.FIRST_DECREASE,
-        "DECREASE": rules.DECREASE, "RECOVERY_STEP": rules.RECOVERY_STEP,
-        "RECOVERY_PERIOD": rules.RECOVERY_PERIOD, "RECENT": rules.RECENT,
-        "DECREASE_SHARE": rules.DECREASE_SHARE, "MIN_ANSWERS": rules.MIN_ANSWERS,
-        "MAX_PAUSE": rules.MAX_PAUSE, "START_WINDOW": rules.START_WINDOW,
-        "MAX_WINDOW": rules.MAX_WINDOW, "MIN_ROUND": rules.MIN_ROUND,
-        "RTT_GUESS": rules.RTT_GUESS, "MIN_WAIT": rules.MIN_WAIT,
-        "REGAIN_STEP": rules.REGAIN_STEP, "OVERLOAD_SHARE": rules.OVERLOAD_SHARE,
-        "CONFIRM": rules.CONFIRM, "STALE": STALE, "PROBE_HOLD": rules.PROBE_HOLD,
-        "NO_HINT_PAUSE": rules.NO_HINT_PAUSE, "FULL_RUN": rules.FULL_RUN,
-        "CYCLE_TOLERANCE": rules.CYCLE_TOLERANCE,
-    }  # fmt: skip
-    for name, value in numbers.items():
-        template = template.replace("{" + name + "}", repr(float(value)))
-    return template.replace("{LANE_TTL}", str(LANE_TTL))
-
-
-SCRIPT = _filled(_SCRIPT)

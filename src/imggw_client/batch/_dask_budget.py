@@ -1,10 +1,20 @@
 """What a whole Dask run shares, held on the scheduler (a scheduler outlives any worker): the
-request budget (DESIGN 9, 10; a pure ``Budget``: every worker's client asks it for each
-request's slot and tells it how each ended, so a 429 seen by any worker slows every worker) and
-the run's spend and failure guards (DESIGN 14; a pure ``Spending``: one count for every shard)."""
+request budget (DESIGN 9, 10, 25; a pure ``Budget``, the same policy as every other: each
+worker's client asks it for each request's slot and tells it how each ended, so a 429 seen by
+any worker slows every worker) and the run's spend and failure guards (DESIGN 14; a pure
+``Spending``: one count for every shard).
+
+A slot belongs to the worker that asked for it: when the scheduler removes a worker (it died,
+or was retired), its slots are given back at once, so a worker SIGKILLed mid-run never holds
+the window of requests in flight for the others. A worker is never left to poll: the scheduler
+holds its question until the slot comes (at most :data:`HOLD` seconds, so the worker's own
+deadline still counts), woken by every answer that frees a place.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Hashable
@@ -27,7 +37,12 @@ __all__ = ["GUARD_HANDLER", "HANDLER", "PLUGIN_NAME", "BudgetPlugin", "Scheduler
 PLUGIN_NAME = "imggw-budgets"
 HANDLER = "imggw_budget"
 GUARD_HANDLER = "imggw_guard"
-TICKET_TTL = 900.0  # a slot neither used nor given back this long belonged to a dead worker
+# A slot neither used nor given back this long belonged to a worker the scheduler never saw
+# leave (a worker removed gives its slots back at once: ``remove_worker``).
+TICKET_TTL = 900.0
+# The longest the scheduler holds a worker's question before it answers with the wait left: the
+# worker's flows then check their deadline, and ask again (one question a second at most).
+HOLD = 1.0
 
 
 class BudgetPlugin(SchedulerPlugin):
@@ -46,13 +61,47 @@ class BudgetPlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.guards: dict[str, Spending] = {}
         self.budgets: dict[str, Budget] = {}
-        self.tickets: dict[int, tuple[str, Ticket, float]] = {}
+        # Each ticket: its budget, its slot, when it was handed out, and the worker it is for.
+        self.tickets: dict[int, tuple[str, Ticket, float, str | None]] = {}
         self.numbers = itertools.count(1)
         self.swept = 0.0
+        self._freed: asyncio.Event | None = None  # set when an answer may free a place
 
     async def start(self, scheduler: Any) -> None:
-        scheduler.handlers[HANDLER] = self.handle
+        scheduler.handlers[HANDLER] = self.serve
         scheduler.handlers[GUARD_HANDLER] = self.guard
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        """A worker left the cluster (dead or retired): the slots it held are given back."""
+        for number, (budget, slot, _, holder) in list(self.tickets.items()):
+            if holder == worker:
+                del self.tickets[number]
+                self.budgets[budget].release(slot)
+        self._wake()
+
+    async def serve(self, **message: Any) -> dict[str, Any]:
+        """The scheduler's handler: :meth:`handle`, but a question about a slot is held until
+        the slot comes (or :data:`HOLD` passes), woken by each answer: never polled."""
+        answer = self.handle(**message)
+        until = time.monotonic() + HOLD
+        while answer.get("ticket", message.get("ticket")) is not None and answer.get("wait"):
+            left = until - time.monotonic()
+            if answer["wait"] > left:
+                break  # longer than a hold: the worker sleeps it, its deadline in view
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), answer["wait"])
+            number = answer.get("ticket", message.get("ticket"))
+            waited = self.handle(message["budget"], "wait", ticket=number)
+            answer = {**answer, "wait": waited["wait"]}
+        return answer
+
+    def _wake(self) -> None:
+        """Wakes the questions held: an answer may have freed a place."""
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
 
     def guard(self, run: str, action: str, **message: Any) -> dict[str, Any]:
         """The run's guards: opened by the driver (caps, what the folder's run was charged so
@@ -75,7 +124,11 @@ class BudgetPlugin(SchedulerPlugin):
         limited: bool = False,
         retry_after: float | None = None,
         backoff: tuple[float, float] | list[float] | None = None,
+        worker: str | None = None,
     ) -> dict[str, Any]:
+        """One question of a worker's client (``action``: open, reserve, wait, release,
+        finished) about the run's budget ``budget``; ``worker`` is the asking worker's
+        address."""
         now = time.monotonic()
         self._sweep(now)
         if action == "open":
@@ -91,7 +144,7 @@ class BudgetPlugin(SchedulerPlugin):
             assert kind is not None
             new = held.reserve(kind, now)
             number = next(self.numbers)
-            self.tickets[number] = (budget, new, now)
+            self.tickets[number] = (budget, new, now, worker)
             return {"ticket": number, "wait": held.wait_time(new, now)}
         found = self.tickets.get(ticket) if ticket is not None else None
         if found is None:  # swept, or the scheduler restarted: nothing to wait for
@@ -106,13 +159,14 @@ class BudgetPlugin(SchedulerPlugin):
             first, longest = backoff or DEFAULT_BACKOFF
             held.finished(slot, now, limited=limited, retry_after=retry_after,
                           backoff=(first, longest))  # fmt: skip
+        self._wake()
         return {"ok": True}
 
     def _sweep(self, now: float) -> None:
         if now - self.swept < 60.0:
             return
         self.swept = now
-        for number, (budget, slot, since) in list(self.tickets.items()):
+        for number, (budget, slot, since, _) in list(self.tickets.items()):
             if now - since > TICKET_TTL:
                 del self.tickets[number]
                 self.budgets[budget].release(slot)
@@ -123,11 +177,13 @@ class SchedulerBudget:
 
     def __init__(self, budget: str) -> None:
         self.budget = budget
-        self.scheduler = get_worker().scheduler
+        worker = get_worker()
+        self.scheduler = worker.scheduler  # pooled: its connections are kept between calls
+        self.worker = worker.address  # the slots it holds are given back if it dies
 
     async def _ask(self, **message: Any) -> dict[str, Any]:
         answer: dict[str, Any] = await getattr(self.scheduler, HANDLER)(
-            budget=self.budget, **message
+            budget=self.budget, worker=self.worker, **message
         )
         return answer
 

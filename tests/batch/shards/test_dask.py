@@ -18,16 +18,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from anyio import wait_all_tasks_blocked
 from typer.testing import CliRunner
 
 from imggw_cli import _scale
 from imggw_cli._app import app
 from imggw_client import RateLimit, TaskStatus
 from imggw_client._base_client import key_fingerprint
+from imggw_client._core import budget as B
 from imggw_client.batch import KeyChangedError, _dask, status
 from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
-from imggw_client.batch._dask_budget import BudgetPlugin
+from imggw_client.batch._dask_budget import PLUGIN_NAME, BudgetPlugin
 from imggw_client.batch._dask_progress import ProgressReader
 from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
@@ -95,6 +98,14 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
     assert report.retried >= 1  # the shard that raised ran again
     assert gw.stats()["tasks_created"] == lines  # every line billed exactly once
     check_from_storage(str(out), None, lines)  # every file's sha256, read back from the folder
+    # The slots the dead worker held were given back when the scheduler removed it (DESIGN
+    # 25), not 900 s later: the run's budget holds none of its tickets.
+    dead = next(iter(pids))
+    holders = dask_client.run_on_scheduler(
+        lambda dask_scheduler: [holder for *_, holder in
+                                dask_scheduler.plugins[PLUGIN_NAME].tickets.values()]
+    )  # fmt: skip
+    assert dead not in holders
 
 
 def test_s3_output_folder_on_a_local_moto_server(
@@ -190,6 +201,43 @@ def test_a_429_seen_by_one_worker_slows_every_worker() -> None:
     plugin.handle("run", "finished", ticket=first["ticket"], limited=True, retry_after=2.0)
     other = plugin.handle("run", "reserve", kind="submit")  # another worker's request
     assert other["wait"] > 1.5
+
+
+def test_a_worker_removed_gives_back_the_slots_it_held_at_once() -> None:
+    # DESIGN 25: a worker SIGKILLed with the whole start window in flight held it for 900 s
+    # (TICKET_TTL) while the live workers asked for slots in a loop.
+    plugin = BudgetPlugin()
+    plugin.handle("run", "open", limit={})
+    dead = [plugin.handle("run", "reserve", kind="submit", worker="tcp://dead:1")
+            for _ in range(B.START_WINDOW)]  # fmt: skip
+    assert all(answer["wait"] == 0.0 for answer in dead)  # the window: all in flight
+    live = plugin.handle("run", "reserve", kind="submit", worker="tcp://live:2")
+    assert live["wait"] > 0  # held back by the dead worker's requests
+    plugin.remove_worker(None, "tcp://dead:1", stimulus_id="removed")
+    assert plugin.handle("run", "wait", ticket=live["ticket"], worker="tcp://live:2") == {
+        "wait": 0.0
+    }
+    assert all(holder != "tcp://dead:1" for *_, holder in plugin.tickets.values())
+
+
+@pytest.mark.anyio
+async def test_a_worker_waiting_for_a_slot_is_answered_when_it_frees_not_polled() -> None:
+    plugin = BudgetPlugin()
+    plugin.handle("run", "open", limit={})
+    held = [plugin.handle("run", "reserve", kind="submit", worker="tcp://a:1")
+            for _ in range(B.START_WINDOW)]  # fmt: skip
+    answers: list[dict[str, Any]] = []
+
+    async def ask() -> None:
+        answers.append(await plugin.serve(budget="run", action="reserve", kind="submit",
+                                          worker="tcp://b:2"))  # fmt: skip
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ask)
+        await wait_all_tasks_blocked()
+        assert answers == []  # held on the scheduler, not answered with a wait to poll
+        plugin.handle("run", "finished", ticket=held[0]["ticket"], worker="tcp://a:1")
+    assert answers[0]["wait"] == 0.0  # the answer that freed a place let it go
 
 
 def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
