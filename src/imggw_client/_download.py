@@ -37,6 +37,9 @@ _CONTENT_TYPES = {
 _PART_SUFFIX = ".part"
 WRITE_FAILED = "write_failed"  # the disk, not the link: retrying the download will not help
 FILE_EXISTS = "file_exists"  # a file of that name is there and overwrite was not asked for
+# A result's link redirected to a loopback, private or link-local host of another origin: the
+# redirect was not followed (DESIGN 22); another try meets the same redirect.
+REDIRECT_REFUSED = "redirect_refused"
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # a 4K image is at most ~33 MB even as raw RGBA
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
 _TAIL = 32

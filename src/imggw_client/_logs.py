@@ -8,14 +8,27 @@ imported. The handler writes to whatever ``sys.stderr`` is at the time; records 
 application's own handlers (propagation is left alone). No line it writes holds an API key:
 the key of every client made while it is on, and ``IMGGW_API_KEY``, are blanked in the text,
 tracebacks included.
+
+Nor does any line hold a result link's query string (a signature, an expiry, a key a gateway
+put there): while a result is fetched, its link is watched (:func:`hiding`), and the records
+of the HTTP libraries (httpx's ``HTTP Request: GET <url>`` line, httpcore's headers, hpack's)
+and of this logger show it as scheme, host and path only, and any other URL without its query
+(a redirect's next hop). Those filters sit on the libraries' loggers from import on and change
+no record while nothing is being fetched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import sys
-from collections.abc import Mapping
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+
+from ._core.text import link_for_display
 
 LOGGER = "imggw_client"
 ENV_LOG = "IMGGW_LOG"
@@ -23,6 +36,68 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO}
 FORMAT = "[%(asctime)s %(levelname)s %(name)s] %(message)s"
 REDACTED = "[redacted]"
 ENV_API_KEY = "IMGGW_API_KEY"
+# The loggers that may name a result link as it is fetched: httpx's and httpx2's request
+# lines (on the library's own logger), httpcore's traces (a redirect's Location header among
+# the response headers), hpack's encoded headers (``:path``, the query included).
+HTTP_LOGGERS = (
+    "httpx",
+    "httpx2",
+    "hpack.hpack",
+    *(f"{core}.{part}" for core in ("httpcore", "httpcore2") for part in ("http11", "http2")),
+)
+# An absolute URL's query and fragment, in a line of the HTTP libraries while a link is fetched
+# (a redirect's Location, not known as a link until its hop is sent).
+_QUERY = re.compile(r"(https?://[^\s'\"<>?#]*)[?#][^\s'\"<>]*", re.IGNORECASE)
+
+_fetching: Counter[str] = Counter()  # result links being fetched -> fetches of each
+_fetching_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def hiding(url: object) -> Iterator[None]:
+    """While the block runs, ``url`` shows in no log line but as ``link_for_display`` does."""
+    link = str(url)
+    with _fetching_lock:
+        _fetching[link] += 1
+    try:
+        yield
+    finally:
+        with _fetching_lock:
+            _fetching[link] -= 1
+            if _fetching[link] <= 0:
+                del _fetching[link]
+
+
+def hidden(text: str) -> str:
+    """``text`` with every link being fetched shown without its query, and so every URL."""
+    with _fetching_lock:
+        links = list(_fetching)
+    for link in links:
+        if link in text:
+            text = text.replace(link, link_for_display(link))
+        query = link.partition("?")[2].partition("#")[0]
+        if query:  # a path with its query: hpack's ``:path``
+            text = text.replace(f"?{query}", "")
+    return _QUERY.sub(r"\1", text)
+
+
+class HideLinks(logging.Filter):
+    """Rewrites a record that holds a result link being fetched (see :func:`hiding`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _fetching:  # nothing fetched: nothing to hide, and no line is formatted here
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:
+            return True  # a record that cannot be formatted is its handler's to report
+        shown = hidden(text)
+        if shown != text:
+            record.msg, record.args = shown, None
+        return True
+
+
+_hide_links = HideLinks()
 
 
 class StderrHandler(logging.Handler):
@@ -58,6 +133,8 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
     logger = logging.getLogger(LOGGER)
     if not any(type(h) is logging.NullHandler for h in logger.handlers):
         logger.addHandler(logging.NullHandler())
+    for name in (LOGGER, *HTTP_LOGGERS):
+        logging.getLogger(name).addFilter(_hide_links)  # a Filterer holds each filter once
     asked = environ.get(ENV_LOG, "").strip().lower()
     level = LEVELS.get(asked)
     if level is None:
@@ -66,6 +143,7 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
         return None
     if _handler is None:
         _handler = StderrHandler(level)
+        _handler.addFilter(_hide_links)  # every record it writes, a child logger's too
         logger.addHandler(_handler)
     _handler.setLevel(level)
     watch_key(environ.get(ENV_API_KEY, ""))

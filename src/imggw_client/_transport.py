@@ -21,8 +21,11 @@ import httpx
 from ._core import surfaces
 from ._core.budget import WriteGate
 from ._core.config import Settings
-from ._core.exceptions import ConfigurationError
-from ._core.wire import Reply, ReplyTooLarge, Send, TransportFailure
+from ._core.exceptions import ConfigurationError, DownloadError
+from ._core.origins import Origin, refused_redirect
+from ._core.text import link_origin
+from ._core.wire import Fetch, Reply, ReplyTooLarge, Send, TransportFailure
+from ._download import REDIRECT_REFUSED
 from ._version import __version__
 
 log = logging.getLogger("imggw_client")
@@ -192,3 +195,55 @@ def to_failure(exc: Exception) -> TransportFailure | None:
 
 def download_headers(agent: str = USER_AGENT) -> dict[str, str]:
     return {"User-Agent": agent}
+
+
+def download_request(
+    http: HttpClient, settings: Settings, fetch: Fetch, agent: str = USER_AGENT
+) -> httpx.Request:
+    """The first request of a result download: no credentials, the fetch's time limits."""
+    return http.build_request(
+        "GET",
+        fetch.url,
+        headers=download_headers(agent),
+        timeout=request_timeout(http, settings, fetch.timeout),
+    )
+
+
+def hops(http: HttpClient) -> range:
+    """The requests one download may send: the link's, and as many redirects as ``http``
+    follows (``max_redirects``, as httpx counts them)."""
+    return range(http.max_redirects + 1)
+
+
+def _origin(url: httpx.URL) -> Origin:
+    port = url.port or {"http": 80, "https": 443}.get(url.scheme, 0)
+    return url.scheme, url.host, port
+
+
+def redirect(fetch: Fetch, link: httpx.URL, response: httpx.Response) -> httpx.Request | None:
+    """The request a download's response redirects to (httpx builds it: method, headers,
+    cookies), None when it is no redirect. A redirect that leaves ``link``'s origin for a
+    loopback, private or link-local host (``_core/origins.py``) raises :class:`DownloadError`
+    (``redirect_refused``), before anything is sent there: not a fault of the network, never
+    tried again."""
+    following: httpx.Request | None = response.next_request
+    if following is None:
+        return None
+    kind = refused_redirect(_origin(link), _origin(following.url))
+    if kind is not None:
+        raise DownloadError(
+            f"result {fetch.stem}: its link at {link_origin(str(link))} redirected to "
+            f"{link_origin(str(following.url))}, a {kind} host of another origin; a download "
+            "never follows a redirect there, and nothing was saved",
+            code=REDIRECT_REFUSED,
+        )
+    return following
+
+
+def too_many_redirects(http: HttpClient, request: httpx.Request) -> Exception:
+    """The error ``http``'s library raises past its redirects (a failure of the exchange)."""
+    library = library_of(type(http)) or httpx
+    error: Exception = library.TooManyRedirects(
+        "Exceeded maximum allowed redirects.", request=request
+    )
+    return error

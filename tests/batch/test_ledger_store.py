@@ -93,8 +93,11 @@ async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
 
 
 async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path) -> None:
+    """Nor blocks the run: the result is paid for, so it keeps its default name, the line says
+    so (``name_not_used``); a link planted where a name goes still stops the run."""
     from imggw_client._core.models import DownloadedFile
     from imggw_client._files import StorageError
+    from imggw_client.batch._ledger_store import NAME_NOT_USED
     from imggw_client.batch._naming import NameTemplate
 
     first, second = row(1, DOWNLOADING, task_id="1"), row(2, DOWNLOADING, task_id="2")
@@ -108,18 +111,28 @@ async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path
         theirs.write_bytes(b"line 2's image")
         incoming = tmp_path / "in"
         incoming.mkdir()
-        results = []
-        for index in (0, 1):
+
+        def result(index: int) -> DownloadedFile:
             path = incoming / f"1-{index}.png"
             path.write_bytes(b"line 1's image %d" % index)
-            results.append(DownloadedFile(url="https://cdn.example/x.png", path=path,
-                                          size=16, sha256="0" * 64))  # fmt: skip
-        with pytest.raises(StorageError) as refused:
-            store.named(first, results)  # its second result would be named cat-1
-        assert refused.value.code == "name_taken"
-        assert str(theirs) in refused.value.message
+            return DownloadedFile(
+                url="https://cdn.example/x.png", path=path, size=16, sha256="0" * 64
+            )
+
+        named = store.named(first, [result(0), result(1)])  # its second would be cat-1
+        assert [f.path.name for f in named] == ["cat.png", "1-1.png"]
         assert theirs.read_bytes() == b"line 2's image"
         assert (tmp_path / "cat.png").read_bytes() == b"line 1's image 0"
+        assert (tmp_path / "1-1.png").read_bytes() == b"line 1's image 1"
+        assert first.error_code == NAME_NOT_USED
+        assert "'cat-1.png' (another file has that name)" in str(first.error_message)
         first.files = [{"path": "cat.png"}, {"path": "cat-1.png"}]  # as if it had been its own
-        named = store.named(first, [results[1]])
+        named = store.named(first, [result(0)])
         assert [f.path.name for f in named] == ["cat.png"]
+        assert first.error_code is None  # named as asked this time
+        (tmp_path / "cat.png").unlink()
+        (tmp_path / "cat.png").symlink_to(tmp_path / "elsewhere.png")
+        with pytest.raises(StorageError) as refused:
+            store.named(first, [result(0)])
+        assert refused.value.code == "symlink_refused"
+        assert not (tmp_path / "elsewhere.png").exists()

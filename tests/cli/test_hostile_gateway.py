@@ -79,7 +79,8 @@ def test_a_url_with_control_characters_is_left_out_and_said_escaped(hostile: str
     # escaped; the task's record keeps it verbatim (Task.raw).
     human = imggw("status", "1", "--base-url", hostile)
     assert not any(line.startswith("image_url:") for line in human.out.splitlines())
-    escaped = "http://127.0.0.1:9/img\\x1b]0;pwned\\x07\\x1b[2J\\r\\x9b6n\\u202e.png"
+    # urllib drops CR, LF and tab from a URL as it splits it (WHATWG): what is left is escaped.
+    escaped = "http://127.0.0.1:9/img\\x1b]0;pwned\\x07\\x1b[2J\\x9b6n\\u202e.png"
     assert f"warning: 1 result URL(s) not usable, left out (the first: {escaped})" in (
         human.err.splitlines()
     )

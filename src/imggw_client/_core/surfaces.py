@@ -34,7 +34,7 @@ from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
 from .retry import parse_retry_after
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
-from .text import printable
+from .text import link_for_display, printable
 from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
 
 log = logging.getLogger("imggw_client")
@@ -557,7 +557,7 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
         else:
             unusable.append(url)
     if unusable:  # control characters or spaces: no URL anyone should fetch
-        shown = redact_url(printable(unusable[0], 120), secrets)
+        shown = redact_url(printable(link_for_display(unusable[0]), 120), secrets)  # no query
         log.warning("%d result URL(s) not usable, left out (the first: %s)", len(unusable), shown)
     if len(urls) > MAX_RESULT_URLS:
         log.warning("a task record lists over %d result URLs; using the first %d",

@@ -10,13 +10,17 @@ task state ``_states.TASK_STATE`` says (``succeeded``, results to save, is ``dow
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import stat
 from pathlib import Path
 
 from .._core import reasons
 from .._core.models import DownloadedFile
 from .._core.states import State, Work
-from .._files import StorageError, cannot, refuse_link
+from .._core.text import printable
+from .._files import StorageError, cannot, planted_link, refuse_link
 from ._naming import INCOMING_DIR, NameTemplate
 from ._run import RunLines
 from ._schema import Row
@@ -26,6 +30,16 @@ from ._workspace import Workspace
 __all__ = ["LedgerStore"]
 
 RESULT_EXPIRED = reasons.RESULT_EXPIRED.code
+# A saved line whose files keep their default names: the template's could not be used. Kept in
+# the row's error columns, a note, not a failure (the manifest shows it as ``warning``).
+NAME_NOT_USED = "name_not_used"
+# What a filesystem says of a name it cannot hold (too long for it, a character it refuses, a
+# folder of that name there): the name's fault, not the disk's.
+_NAME_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY}
+)
+
+log = logging.getLogger("imggw_client")
 
 
 class LedgerStore:
@@ -108,26 +122,61 @@ class LedgerStore:
 
     def named(self, row: Row, files: list[DownloadedFile]) -> list[DownloadedFile]:
         """The files just saved, renamed into the folder by the template (the extension
-        the content gave them kept). A disk that refuses is the run's end, as a failed write."""
+        the content gave them kept). The result is paid for: a name the folder cannot take
+        (too long for its filesystem, another line's file there) leaves the file its default
+        name, and the line says so (:data:`NAME_NOT_USED`, and a warning). A disk that refuses,
+        or a link planted where a file goes, is the run's end, as a failed write."""
         assert self.template is not None
         own = {str(f.get("path")) for f in row.files}  # this line's, from an earlier save
-        named = []
+        named, refused = [], []
         for index, saved in enumerate(files):
             stem = self.prefix(row) + self.template.render(row, index)
             target = self.space.folder / (stem + saved.path.suffix)
-            # The plan refuses lines whose first files share a name; a task's later results
-            # (``-1``, ``-2`` without ``{index}``) can still meet another line's name: never
-            # replace a file that is not this line's own.
-            if os.path.lexists(target) and target.name not in own:
-                raise StorageError(
-                    f"cannot name line {row.line}'s result {target}: that file is there already "
-                    "and is not this line's; use a --name with {index} or {line}, then run the "
-                    "same command to resume", code="name_taken",
-                )  # fmt: skip
-            try:
-                refuse_link(target)
-                os.replace(saved.path, target)
-            except OSError as exc:
-                raise cannot(target, exc, "name") from exc
+            why = _rename(saved.path, target, own)
+            if why is not None:
+                refused.append(f"{printable(target.name, 80)!r} ({why})")
+                target = self.space.folder / saved.path.name  # the task's own: the default
+                if _rename(saved.path, target, own) is not None:
+                    raise StorageError(
+                        f"cannot name line {row.line}'s result {target}: that file is there "
+                        "already and is not this line's; move it away, then run the same "
+                        "command to resume",
+                        code="name_taken",
+                    )
             named.append(saved.model_copy(update={"path": target}))
+        if refused:
+            row.error_code = NAME_NOT_USED
+            row.error_message = (
+                f"the name template gave {', '.join(refused)}, which this folder cannot take; "
+                "saved under the default name instead"
+            )
+            log.warning("line %d: %s", row.line, row.error_message)
+        elif row.error_code == NAME_NOT_USED:  # named as asked this time
+            row.error_code = row.error_message = None
         return named
+
+
+def _rename(source: Path, target: Path, own: set[str]) -> str | None:
+    """Moves ``source`` to ``target``, or says why that name cannot be used (None: moved)."""
+    try:
+        found: os.stat_result | None = os.lstat(target)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        if exc.errno in _NAME_ERRNOS:
+            return exc.strerror or "a name this filesystem refuses"
+        raise cannot(target, exc, "read") from exc
+    if found is not None and stat.S_ISLNK(found.st_mode):
+        raise planted_link(target)
+    # The plan refuses lines whose first files share a name; a task's later results (``-1``,
+    # ``-2`` without ``{index}``) can still meet another line's name, or a file put there:
+    # never replace a file that is not this line's own.
+    if found is not None and target.name not in own:
+        return "another file has that name"
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno in _NAME_ERRNOS:
+            return exc.strerror or "a name this filesystem refuses"
+        raise cannot(target, exc, "name") from exc
+    return None

@@ -2,8 +2,9 @@
 one writer and reader of it, for a run, a shard and a merge.
 
 A row has DESIGN 7's pinned fields (``line``, ``task_id``, ``status``, ``files``, ``error``),
-then the caller's ``id``, the surface, the request, money and link expiry. ``status`` is the
-line's word of ``_states.STATUS``.
+then the caller's ``id``, the surface, the request, money and link expiry, and for a saved
+line that has one a ``warning`` (``code``, ``message``: its files kept their default names).
+``status`` is the line's word of ``_states.STATUS``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def manifest_row(row: Row) -> dict[str, Any]:
     error = None
     if row.error_code is not None:
         error = {"code": row.error_code, "message": row.error_message or ""}
+    note = None
+    if row.state is SAVED and error is not None:  # a saved line's is a note (a name not used)
+        note, error = error, None
     expires = None
     if row.expires_at is not None:
         moment = datetime.fromtimestamp(row.expires_at, tz=timezone.utc)
@@ -54,7 +58,7 @@ def manifest_row(row: Row) -> dict[str, Any]:
         "cost": row.cost,
         "credits": row.credits,
         "expires_at": expires,
-    }
+    } | ({"warning": note} if note is not None else {})
 
 
 # Its first name, kept for code that imported it.

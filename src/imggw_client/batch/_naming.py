@@ -2,12 +2,16 @@
 ``{task_id}``, ``{index}``, ``{line}`` and ``{id}``, rendered into a name safe on any
 filesystem, and every line's names checked for collisions before anything is sent.
 
-A line's ``id`` is written by whoever wrote the input: it is hostile text. Each field's value
-keeps letters, digits, ``-``, ``_`` and ``.`` (others become ``_``); a name never starts with a
-dot, never ends with a dot or a space, is never a reserved Windows device name (``CON``,
-``NUL``, ``COM1``...), and is at most :data:`MAX_STEM` characters (a longer one is cut and
-given a hash of the whole, so two long ids still get two names). The extension still comes
-from the content, as ``download`` decides it.
+A template holds plain fields only: a format spec or a conversion (``{line:05}``,
+``{id:/^9}``, ``{id!r}``) is refused, since its fill characters would reach the name unchecked
+(``/`` makes a path, ESC a control character). A line's ``id`` is written by whoever wrote the
+input: it is hostile text. Each field's value keeps letters, digits, ``-``, ``_`` and ``.``
+(others become ``_``); a name never starts with a dot, never ends with a dot or a space, is
+never a reserved Windows device name (``CON``, ``NUL``, ``COM1``...), and is at most
+:data:`MAX_STEM_BYTES` bytes of UTF-8 (cut at a character, and given a hash of the whole, so
+two long ids still get two names): with a surface prefix and the extension, at most
+:data:`MAX_NAME_BYTES`, what filesystems allow. The extension still comes from the content,
+as ``download`` decides it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._core.exceptions import RequestValidationError
+from .._core.text import printable
 from ._lines import BadLine, BatchInputError
 from ._schema import BAD, Row
 
-__all__ = ["DEFAULT_NAME", "INCOMING_DIR", "MAX_STEM", "NameTemplate"]
+__all__ = ["DEFAULT_NAME", "INCOMING_DIR", "MAX_NAME_BYTES", "MAX_STEM_BYTES", "NameTemplate"]
 
 DEFAULT_NAME = "{task_id}-{index}"  # the names results always had: folders resume unchanged
 FIELDS = ("task_id", "index", "line", "id")
@@ -31,7 +36,9 @@ UNIQUE_FIELDS = ("task_id", "line", "id")  # one of them tells every line's file
 # Results named by a template land here first, under their task's name, then are renamed into
 # place: a name an input's author chose is never where another line's download lands.
 INCOMING_DIR = ".incoming"
-MAX_STEM = 120  # characters: room for an extension, a surface prefix and a temp file's suffix
+MAX_NAME_BYTES = 255  # a file name's limit on Linux, macOS and Windows filesystems
+# Room for a surface prefix ("alpha-") and an extension (".webp") within MAX_NAME_BYTES.
+MAX_STEM_BYTES = MAX_NAME_BYTES - 15
 _UNSAFE = re.compile(r"[^\w.-]")  # \w is Unicode letters and digits, and "_"
 _DOTS = re.compile(r"\.{2,}")  # never "..", whatever a filesystem makes of it
 _LITERAL = re.compile(r"[\w.-]*")
@@ -45,6 +52,19 @@ def _invalid(why: str) -> RequestValidationError:
     return RequestValidationError("name", why, code="invalid_option")
 
 
+_KNOWN = ", ".join("{" + f + "}" for f in FIELDS)
+
+
+def _written(field_name: str, conversion: str | None, spec: str | None) -> str:
+    """A replacement field as the template wrote it."""
+    shown = "{" + field_name
+    if conversion:
+        shown += "!" + conversion
+    if spec:
+        shown += ":" + spec
+    return shown + "}"
+
+
 def safe_part(value: str) -> str:
     """A field's value as it may stand in a file name: NFC, and anything but letters, digits,
     ``-``, ``_`` and ``.`` replaced by ``_`` (separators, control characters, NUL, spaces)."""
@@ -53,12 +73,16 @@ def safe_part(value: str) -> str:
 
 def safe_stem(stem: str) -> str:
     """A rendered name made safe as a whole: no leading dot (hidden, or ``..``), no trailing
-    dot or space (Windows drops them), never a device name, at most :data:`MAX_STEM`
-    characters (cut with a hash of the whole, so distinct names stay distinct)."""
+    dot or space (Windows drops them), never a device name, at most :data:`MAX_STEM_BYTES`
+    bytes of UTF-8 (cut at a character, with a hash of the whole, so distinct names stay
+    distinct)."""
     stem = _DOTS.sub(".", stem).lstrip(".").rstrip(". ")
-    if len(stem) > MAX_STEM:
-        digest = hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        stem = f"{stem[: MAX_STEM - 13].rstrip('. ')}-{digest}"
+    encoded = stem.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_STEM_BYTES:
+        digest = hashlib.sha256(encoded).hexdigest()[:12]
+        # A cut inside a character's bytes drops that character: the rest stays valid UTF-8.
+        kept = encoded[: MAX_STEM_BYTES - 13].decode("utf-8", "ignore")
+        stem = f"{kept.rstrip('. ')}-{digest}"
     if not stem:
         return "_"
     if stem.split(".")[0].upper() in _RESERVED:
@@ -85,11 +109,11 @@ class NameTemplate:
     @classmethod
     def parse(cls, text: object) -> NameTemplate:
         """The template, or :class:`RequestValidationError` (a field it does not know, a
-        path, a template that cannot tell lines apart).
+        format spec or conversion, a path, a template that cannot tell lines apart).
 
         Example::
 
-            NameTemplate.parse("{line:05}-{id}")
+            NameTemplate.parse("{line}-{id}")
         """
         if not isinstance(text, str) or not text:
             raise _invalid(f"must be a template such as {DEFAULT_NAME!r}")
@@ -106,20 +130,18 @@ class NameTemplate:
                 )
             if field_name is None:
                 continue
-            if field_name not in FIELDS or conversion or (spec and "{" in spec):
-                known = ", ".join("{" + f + "}" for f in FIELDS)
-                raise _invalid(f"may use only the fields {known} (got {{{field_name}}})")
+            if field_name not in FIELDS or conversion or spec:
+                written = printable(_written(field_name, conversion, spec), 40)
+                raise _invalid(
+                    f"may use only the plain fields {_KNOWN}, with no format spec or "
+                    f"conversion (got {written})"
+                )
             used.add(field_name)
         if not used & set(UNIQUE_FIELDS):
             raise _invalid(
                 "must hold {task_id}, {line} or {id}: otherwise every line's file has the same name"
             )
-        template = cls(text, frozenset(used))
-        try:
-            template.render_fields(task_id="t", index=0, line=1, caller_id="x")
-        except (ValueError, TypeError) as err:
-            raise _invalid(f"has a format it cannot apply ({err})") from err
-        return template
+        return cls(text, frozenset(used))
 
     @property
     def is_default(self) -> bool:

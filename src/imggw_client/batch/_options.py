@@ -70,14 +70,17 @@ class BatchOptions:
       limit). A task still running then is left ``running``, with its key, for the next run;
       the run ends (exit 3) once every other line is final, so that no run (and no lock on
       its folder) lasts forever. Retries of a line's submit or download stop as soon, too.
-    - ``name``: the result files' names, a template of ``{task_id}``, ``{index}``, ``{line}``
-      (the input line's number) and ``{id}`` (the line's ``id``); default ``{task_id}-{index}``.
-      Made safe for any filesystem; lines whose files would share a name are refused before
-      anything is sent. The extension comes from the content.
+    - ``name``: the result files' names, a template of the plain fields ``{task_id}``,
+      ``{index}``, ``{line}`` (the input line's number) and ``{id}`` (the line's ``id``), with
+      no format spec or conversion; default ``{task_id}-{index}``. Made safe for any
+      filesystem, at most 255 bytes; lines whose files would share a name are refused before
+      anything is sent; a name the folder cannot take once the result is paid for leaves the
+      file its default name (the manifest row's ``warning`` says so). The extension comes from
+      the content.
 
     Example::
 
-        options = BatchOptions(concurrency=16, timeout=3600, name="{line:05}-{id}")
+        options = BatchOptions(concurrency=16, timeout=3600, name="{line}-{id}")
         run_batch("prompts.jsonl", "out/", **options.as_keywords())
     """
 
