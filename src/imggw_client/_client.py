@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, cast
 import httpx
 
 from . import _io_sync as _io
-from . import _telemetry, _transport
+from . import _logs, _telemetry, _transport
 from ._base_client import (
     COMPLETIONS_IN_FLIGHT,
     DEFAULT_DOWNLOAD_CONCURRENCY,
@@ -30,26 +30,29 @@ from ._base_client import (
     DEFAULT_POLL,
     DEFAULT_TIMEOUT,
     DEFAULT_WAIT_TIMEOUT,
+    RESENDS_IN_FLIGHT,
     BaseClient,
+    journaled,
+    log_forgotten,
     log_resend,
     unique,
     wait_deadline,
 )
 from ._core import wire
 from ._core.budget import Budget, RemoteBudget, SyncBudgetService
-from ._core.completions import Completions
+from ._core.completions import Completions, stand_in
 from ._core.config import (
     PollPolicy,
     RateLimit,
     RetryPolicy,
     Settings,
-    check_surface,
+    key_forgotten,
     resolve_settings,
 )
 from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
 from ._core.flows import Flow, interrupt
-from ._core.models import DownloadedFile, Submission, Task
-from ._core.rules import AspectRatio, Resolution
+from ._core.models import DownloadedFile, Submission, Task, raise_violations
+from ._core.rules import AspectRatio, Resolution, Violation
 from ._core.silence import answered
 from ._core.spec import Surface
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
@@ -58,7 +61,7 @@ from ._telemetry import Watch
 if TYPE_CHECKING:
     import httpx2
 
-    from .tracking._journal import Journal
+    from .tracking._journal import Journal, JournalEntry
 
 T = TypeVar("T")
 
@@ -84,6 +87,9 @@ class Client(BaseClient[httpx.Client]):
     ``journal=`` (a path or a :class:`~imggw_client.tracking.Journal`; default
     ``IMGGW_JOURNAL``, else none; ``False``: none whatever the environment says) records every
     submit before its request leaves, and what becomes of its task: see :meth:`unfinished`.
+    ``idempotency_window`` (seconds; default ``IMGGW_IDEMPOTENCY_WINDOW``, else 86400) is how
+    long the gateway remembers an idempotency key: a journaled submit whose outcome is unknown
+    and that was first sent longer ago than that is never sent again on its own.
 
     Example::
 
@@ -94,6 +100,7 @@ class Client(BaseClient[httpx.Client]):
 
     _http_type = httpx.Client
     _transport_type = httpx.BaseTransport
+    _defer_journal = _io.DEFER_JOURNAL
 
     def __init__(
         self,
@@ -110,6 +117,7 @@ class Client(BaseClient[httpx.Client]):
         http_client: httpx.Client | httpx2.Client | None = None,
         transport: httpx.BaseTransport | None = None,
         journal: Journal | str | os.PathLike[str] | Literal[False] | None = None,
+        idempotency_window: float | None = None,
     ) -> None:
         settings = resolve_settings(
             api_key,
@@ -121,6 +129,7 @@ class Client(BaseClient[httpx.Client]):
             poll=poll,
             rate_limit=rate_limit,
             default_headers=default_headers,
+            idempotency_window=idempotency_window,
         )
         super().__init__(settings, http_client=http_client, transport=transport, journal=journal)
         self._sleep = _io.sleep
@@ -414,15 +423,24 @@ class Client(BaseClient[httpx.Client]):
         items: Iterable[Submission | Task | str],
         *,
         timeout: float | None = None,
+        errors: Literal["yield", "raise"] = "yield",
     ) -> Iterator[Task]:
         """Waits on many tasks at once and yields each :class:`Task` as soon as it is terminal
         (succeeded or failed: a failed task is yielded, not raised), in the order they finish.
-        ``items`` are submissions, tasks or task ids (on the client's surface). Every wait
-        shares the client's budget and what it learned of its tasks' durations; the queries
-        most likely to find a task finished go first. Past ``timeout`` seconds (default: no
-        limit) it raises :class:`WaitTimeoutError`: its message names the tasks still running,
-        and ``still_running`` holds every one's id: wait on them again. An error that is not a
-        task's (an unknown task id, a refused key) ends the call.
+        ``items`` are submissions, tasks or task ids (on the client's surface); each task
+        yielded carries its item's ``request`` and ``idempotency_key``. Every wait shares the
+        client's budget and what it learned of its tasks' durations; the queries most likely
+        to find a task finished go first. Past ``timeout`` seconds (default: no limit) it
+        raises :class:`WaitTimeoutError`: its message names the tasks still running, and
+        ``still_running`` holds every one's id: wait on them again.
+
+        One task's trouble is that task's outcome: a task the gateway no longer knows
+        (``task_not_found``), or whose query it refuses, is yielded as failed, with that code
+        and message in its ``error`` and nothing in its ``raw`` (and one WARNING naming its id
+        and key), while the other waits go on. Only an error of the whole client ends the
+        call: its key refused (:class:`AuthenticationError`), the client closed.
+        ``errors="raise"`` ends the call on the first task's error instead (the error raised
+        once the tasks finished meanwhile are yielded).
 
         Example::
 
@@ -430,11 +448,18 @@ class Client(BaseClient[httpx.Client]):
             for task in client.as_completed(subs, timeout=900):
                 if task.status is TaskStatus.SUCCEEDED:
                     client.download(task, "out/")
+                else:
+                    print(task.id, task.idempotency_key, task.error)
         """
+        if errors not in ("yield", "raise"):
+            rule = "must be 'yield' (a task's error is its outcome) or 'raise'"
+            raise_violations([Violation("errors", rule, "invalid_errors")])
         wait = math.inf if timeout is None else timeout
         items = unique(items, self.surface)
         flows = [self._flows.wait(item, surface=None, timeout=wait) for item in items]
-        completions = Completions(flows, self._flows.clock)
+        known = [stand_in(item, self.surface) for item in items]
+        yield_errors = errors == "yield"
+        completions = Completions(flows, self._flows.clock, known=known, yield_errors=yield_errors)
         with self._operation("imggw.as_completed", None) as watch:
             try:
                 while (step := completions.due()) is not None:
@@ -454,40 +479,63 @@ class Client(BaseClient[httpx.Client]):
             finally:
                 completions.close()
 
-    def unfinished(self) -> list[Submission]:
+    def unfinished(self, *, resend_expired_keys: bool = False) -> list[Submission]:
         """Every task of this client's journal (this key, this gateway) that still needs a
-        wait or a download, as submissions to wait on (:meth:`as_completed`). A submit whose
-        outcome was never read (the process was killed while it was in flight) is sent again
-        with its idempotency key first: the gateway replays the task it made, never bills a
-        second one. One that is still unanswered stays in the journal for the next call; one
-        the gateway refuses (it made no task) leaves it. Without a journal: ``[]``.
+        wait or a download, as submissions to wait on (:meth:`as_completed`), each with its
+        ``request``. A submit whose outcome was never read (the process was killed while it
+        was in flight) is sent again with its idempotency key first, several at once under
+        the client's budget: the gateway replays the task it made, never bills a second one.
+        One that is still unanswered stays in the journal for the next call; one the gateway
+        refuses (it made no task) leaves it. Without a journal: ``[]``.
+
+        A submit first sent longer ago than :attr:`idempotency_window` is not sent again: the
+        gateway may have forgotten its key, and would bill a second task. It stays in the
+        journal, and one WARNING names its key. ``resend_expired_keys=True`` sends those too,
+        each of which may then be billed twice.
 
         Example::
 
             with Client(journal="state/imggw.sqlite") as client:
                 for task in client.as_completed(client.unfinished()):
-                    client.download(task, "out/")
+                    if task.status is TaskStatus.SUCCEEDED:
+                        client.download(task, "out/")
         """
         if self._journal is None:
             return []
         entries = _io.run_sync(self._open_entries)
-        found: list[Submission] = []
+        now, window = self._flows.wall(), self.idempotency_window
+        found: list[Submission | None] = []
+        unknown: list[tuple[int, JournalEntry]] = []
         for entry in entries:
             if entry.task_id is not None:
-                found.append(Submission(task_id=entry.task_id, surface=check_surface(entry.surface),
-                                        idempotency_key=entry.idempotency_key,
-                                        resolution=entry.request.resolution,
-                                        submitted_at=entry.submitted_at))  # fmt: skip
-                continue
-            lost = UnknownOutcomeError(
-                "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
-                request=entry.request, surface=entry.surface,
-            )  # fmt: skip
-            try:
-                found.append(self.submit(lost))
-            except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
-                log_resend(entry.idempotency_key, err)
-        return found
+                found.append(journaled(entry))
+            elif resend_expired_keys or not key_forgotten(entry.created_at, window, now):
+                unknown.append((len(found), entry))
+                found.append(None)
+            else:
+                log_forgotten(entry, window)
+        lost = [entry for _, entry in unknown]
+        resent = _io.map_concurrently(self._resend, lost, RESENDS_IN_FLIGHT)
+        for (index, _), outcome in zip(unknown, resent, strict=True):
+            if isinstance(outcome, BaseException):  # not a row's: ends the call, all sent
+                raise outcome
+            found[index] = outcome
+        return [sub for sub in found if sub is not None]
+
+    def _resend(self, entry: JournalEntry) -> Submission | Exception | None:
+        """A journaled submit of unknown outcome sent again with its key: its submission, or
+        None when it did not get back (logged; its row stays, or goes when refused)."""
+        lost = UnknownOutcomeError(
+            "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
+            request=entry.request, surface=entry.surface,
+        )  # fmt: skip
+        try:
+            return self.submit(lost)
+        except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
+            log_resend(entry.idempotency_key, err)
+            return None
+        except Exception as exc:  # raised once every other resend ended (no group of errors)
+            return exc
 
     def share_budget(self, service: SyncBudgetService) -> None:
         """Makes every request of this client (and of the ``with_options`` copies made from
@@ -636,26 +684,33 @@ class Client(BaseClient[httpx.Client]):
         self._conn.claim(_io.current_loop())
         sink = Sink(fetch)
         try:
-            with (
-                _io.bounded(fetch.timeout) as deadline,
-                self._http.stream(
-                    "GET",
-                    fetch.url,
-                    headers=_transport.download_headers(self._agent),
-                    follow_redirects=True,
-                    timeout=_transport.request_timeout(self._http, self._settings, fetch.timeout),
-                ) as response,
-            ):
-                if response.status_code != 200:
-                    return wire.Fetched(response.status_code)
-                for chunk in response.iter_bytes():
-                    sink.write(chunk)
-                    if sink.too_large:
-                        return wire.Fetched(200, too_large=True)
-                    _io.check_deadline(deadline)
-                return _io.run_sync(sink.finish, response.headers)
+            with _io.bounded(fetch.timeout) as deadline:
+                request = _transport.download_request(
+                    self._http, self._settings, fetch, self._agent
+                )
+                link = request.url
+                # Redirects are followed here, one hop at a time, so that each is looked at
+                # before anything is sent where it leads (``_transport.redirect``).
+                for _hop in _transport.hops(self._http):
+                    with _logs.hiding(request.url):  # its query in no log line
+                        response = self._http.send(request, stream=True, follow_redirects=False)
+                        try:
+                            following = _transport.redirect(fetch, link, response)
+                            if following is None:
+                                if response.status_code != 200:
+                                    return wire.Fetched(response.status_code)
+                                for chunk in response.iter_bytes():
+                                    sink.write(chunk)
+                                    if sink.too_large:
+                                        return wire.Fetched(200, too_large=True)
+                                    _io.check_deadline(deadline)
+                                return _io.run_sync(sink.finish, response.headers)
+                        finally:
+                            response.close()
+                    request = following
+                raise _transport.too_many_redirects(self._http, request)
         except ImggwError:
-            raise  # the disk, not the network: never retried as a fault of the link
+            raise  # the disk or a refused redirect, not the network: never retried as a fault
         except Exception as exc:
             return _transport.to_failure(exc) or self._failure(exc)
         finally:

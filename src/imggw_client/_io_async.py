@@ -22,6 +22,7 @@ from ._core.budget import BudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
 from ._core.models import Submission, Task
+from ._files import StorageError
 
 if TYPE_CHECKING:
     from .tracking._journal import Journal, Scope
@@ -60,13 +61,26 @@ async def run_sync(func: Callable[..., T], *args: Any) -> T:
     return await anyio.to_thread.run_sync(func, *args)
 
 
+# A journal an AsyncClient opens from a path is opened on first use, in a worker thread: an
+# AsyncClient made inside a coroutine never waits for the file on its event loop.
+DEFER_JOURNAL = True
+
+
 async def record(journal: Journal | None, event: object, scope: Scope) -> None:
     """Commits a journal event before the flow goes on: on the event loop's thread when that
     takes no waiting (a hop to a worker thread costs more than the write, BENCHMARKS.md); in a
     worker thread when another writer holds the file or a checkpoint (which syncs) is due,
-    where the journal's busy timeout waits and no other task of the loop is held up."""
-    if journal is not None and not journal.try_record(event, scope):
-        await run_sync(journal.record, event, scope)
+    or the file is not open yet, where the journal's busy timeout waits and no other task of
+    the loop is held up. A write that fails after the submit's request left is the journal's
+    to report: the call's answer stands."""
+    if journal is None:
+        return
+    try:
+        if not journal.try_record(event, scope):
+            await run_sync(journal.record, event, scope)
+    except (StorageError, ConfigurationError) as err:
+        if not journal.unrecorded(event, err):
+            raise
 
 
 async def map_concurrently(

@@ -17,6 +17,7 @@ from ._core.budget import SyncBudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
 from ._core.models import Submission, Task
+from ._files import StorageError
 
 if TYPE_CHECKING:
     from .tracking._journal import Journal, Scope
@@ -51,11 +52,22 @@ def run_sync(func: Callable[..., T], *args: Any) -> T:
     return func(*args)
 
 
+# A journal a Client opens from a path is opened at once: a path that cannot be used is an
+# error of the constructor.
+DEFER_JOURNAL = False
+
+
 def record(journal: Journal | None, event: object, scope: Scope) -> None:
     """Commits a journal event before the flow goes on, in the calling thread (which may
-    wait for another writer: nothing else runs on it)."""
-    if journal is not None:
+    wait for another writer: nothing else runs on it). A write that fails after the submit's
+    request left is the journal's to report: the call's answer stands."""
+    if journal is None:
+        return
+    try:
         journal.record(event, scope)
+    except (StorageError, ConfigurationError) as err:
+        if not journal.unrecorded(event, err):
+            raise
 
 
 def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> list[R]:

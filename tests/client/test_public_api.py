@@ -246,9 +246,11 @@ def test_client_signature_matches_the_design() -> None:
         "http_client",
         "transport",
         "journal",
+        "idempotency_window",
     ]
     defaults = {k: p.default for k, p in sig.parameters.items()}
     assert defaults["journal"] is None
+    assert defaults["idempotency_window"] is None  # IMGGW_IDEMPOTENCY_WINDOW, else 86400
     assert defaults["default_headers"] is None
     assert defaults["surface"] == "beta"
     assert defaults["timeout"] == 30.0
@@ -270,7 +272,7 @@ def test_client_signature_matches_the_design() -> None:
         assert inspect.signature(getattr(Client, name)).parameters["extra_headers"].default is None
     assert list(inspect.signature(Client.with_options).parameters) == [
         "self", "api_key", "base_url", "surface", "default_headers", "timeout", "max_retries",
-        "retry", "poll",
+        "retry", "poll", "idempotency_window",
     ]  # fmt: skip
     for cls in (Client, AsyncClient):
         read = inspect.signature(cls.read).parameters
@@ -281,8 +283,13 @@ def test_client_signature_matches_the_design() -> None:
     assert not inspect.iscoroutinefunction(AsyncClient.open)  # an async context manager
     assert inspect.signature(Client.download).parameters["overwrite"].default is False
     assert inspect.signature(Client.generate).parameters["on_submit"].default is None
-    assert list(inspect.signature(Client.as_completed).parameters) == ["self", "items", "timeout"]
-    assert inspect.signature(Client.as_completed).parameters["timeout"].default is None
+    completed = inspect.signature(Client.as_completed).parameters
+    assert list(completed) == ["self", "items", "timeout", "errors"]
+    assert completed["timeout"].default is None
+    assert completed["errors"].default == "yield"  # one task's error is that task's outcome
+    unfinished = inspect.signature(Client.unfinished).parameters
+    assert list(unfinished) == ["self", "resend_expired_keys"]
+    assert unfinished["resend_expired_keys"].default is False
     assert inspect.isasyncgenfunction(AsyncClient.as_completed)
     assert inspect.isgeneratorfunction(Client.as_completed)
     assert inspect.iscoroutinefunction(AsyncClient.unfinished)

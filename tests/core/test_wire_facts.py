@@ -55,6 +55,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("imggw_client/tracking/_store.py", "not_found"):
         "the error code ledgers and manifests have always kept for an item whose task the "
         "gateway does not know (the wire says task_not_found): a pinned manifest value",
+    ("imggw_client/_core/states.py", "not_found"):
+        "the journal's state (and event) of a task the gateway no longer knows, the same word "
+        "as the manifests' error code above (DESIGN 22 pins State.NOT_FOUND)",
+    ("imggw_cli/_journal.py", "not_found"):
+        "the --json event of a collect's task in the journal's not_found state, named as that state",
     ("imggw_cli/_output.py", "submitted"):
         "the CLI's progress label before the first query; imggw_cli/ is reworked separately",
 }  # fmt: skip

@@ -1,7 +1,9 @@
 """``as_completed`` (DESIGN 19): many waits in one driver, each task yielded once as soon as it
 is terminal (a failed one too), in the order they finish; past ``timeout`` a
-``WaitTimeoutError`` naming every task still running; ``on_submit`` before any wait. Sync and
-async, over a real loopback socket."""
+``WaitTimeoutError`` naming every task still running; ``on_submit`` before any wait. Recovery
+is per task (DESIGN 22): a task the gateway forgot, or whose query is refused, is that task's
+outcome, yielded with its id and key, and the others go on; the documented start-up pattern
+saves every result still there. Sync and async, over a real loopback socket."""
 
 from __future__ import annotations
 
@@ -16,9 +18,13 @@ import pytest
 
 from imggw_client import (
     AsyncClient,
+    AuthenticationError,
     Client,
+    ImageRequest,
     NotFoundError,
     PollPolicy,
+    RequestValidationError,
+    ResultExpiredError,
     Submission,
     Task,
     TaskStatus,
@@ -188,10 +194,98 @@ async def test_one_task_left_running_is_named_as_a_single_wait_names_it(
         await client.close()
 
 
-def test_an_unknown_task_id_ends_the_call(gateway: tuple[MockGateway, str]) -> None:
+def test_an_unknown_task_id_is_that_tasks_outcome_and_the_others_go_on(
+    gateway: tuple[MockGateway, str], caplog: pytest.LogCaptureFixture
+) -> None:
     _, url = gateway
-    with Client(KEY, url, poll=FAST) as client, pytest.raises(NotFoundError):
-        list(client.as_completed(["999999"]))
+    with Client(KEY, url, poll=FAST) as client:
+        sub = client.submit("a fox")
+        got = {task.id: task for task in client.as_completed(["999999", sub])}
+        assert set(got) == {"999999", sub.task_id}
+        assert got[sub.task_id].is_terminal
+        assert got[sub.task_id].raw
+        lost = got["999999"]
+        assert lost.status is TaskStatus.FAILED
+        assert lost.raw == {}
+        assert lost.error is not None
+        assert lost.error.code == "task_not_found"
+        assert "999999" in caplog.text
+        assert KEY not in caplog.text
+        # The older rule on request: the first task's error ends the call, naming its task.
+        with pytest.raises(NotFoundError) as ended:
+            list(client.as_completed(["999999"], errors="raise"))
+        assert ended.value.task_id == "999999"
+        with pytest.raises(RequestValidationError) as wrong:
+            list(client.as_completed([sub], errors="ignore"))  # type: ignore[arg-type]
+        assert wrong.value.field == "errors"
+
+
+def test_an_error_of_the_whole_client_still_ends_the_call(
+    gateway: tuple[MockGateway, str],
+) -> None:
+    _, url = gateway
+    refused = Client("sk-not-this-gateways-key", url, poll=FAST)
+    with refused, pytest.raises(AuthenticationError):
+        list(refused.as_completed(["1", "2", "3"]))
+
+
+async def recovered(client: Driven, items: list[Submission]) -> list[Task]:
+    """What ``as_completed`` yields on either client, in order."""
+    tasks = client.inner.as_completed(items)
+    if isinstance(tasks, Iterator):
+        return list(tasks)
+    return [task async for task in tasks]
+
+
+@pytest.mark.anyio
+async def test_the_start_up_pattern_saves_every_result_left_and_reports_the_rest_by_id_and_key(
+    kind: str, fake_time: FakeTime, shared_serve: Any, tmp_path: Any
+) -> None:
+    journal, out = tmp_path / "journal.sqlite", tmp_path / "out"
+    # Two tasks made on a gateway that has since lost them (a restart, say): its queries 404.
+    before = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), first_task_id=500)
+    url = shared_serve(before)
+    made = make_client(kind, fake_time, base_url=url, journal=journal, poll=FAST)
+    try:
+        forgotten = [await made.submit(f"forgotten {i}") for i in range(2)]
+        clock = ManualClock()
+        gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1,
+                         retention=100)  # fmt: skip
+        assert shared_serve(gw) == url  # the same gateway, as far as the journal knows
+        stale = await made.submit("kept too long")
+        clock.advance(150)  # done long ago: its result is past retention, its link dead
+        fine = [await made.submit(f"picture {i}", aspect_ratio="3:2") for i in range(7)]
+        clock.advance(2)
+    finally:
+        await made.close()  # the process ends with ten paid tasks, none saved
+
+    client = make_client(kind, fake_time, base_url=url, journal=journal, poll=FAST)
+    try:
+        subs = await client.unfinished()
+        assert len(subs) == 10
+        saved: dict[str, list[Any]] = {}
+        reported: dict[str, tuple[str | None, str | None]] = {}
+        for task in await recovered(client, subs):  # the pattern the docs show
+            if task.status is TaskStatus.SUCCEEDED:
+                try:
+                    saved[task.id] = await client.download(task, out)
+                except ResultExpiredError as err:
+                    reported[task.id] = (task.idempotency_key, err.code)
+            else:
+                reported[task.id] = (task.idempotency_key, task.error.code if task.error else None)
+        assert sorted(saved) == sorted(s.task_id for s in fine)
+        assert all(len(files) == 1 and files[0].path.exists() for files in saved.values())
+        assert reported == {
+            forgotten[0].task_id: (forgotten[0].idempotency_key, "task_not_found"),
+            forgotten[1].task_id: (forgotten[1].idempotency_key, "task_not_found"),
+            stale.task_id: (stale.idempotency_key, "result_expired"),
+        }
+        # What each was asked for comes with it, without reading the journal.
+        by_id = {s.task_id: s for s in subs}
+        assert by_id[fine[3].task_id].request == ImageRequest("picture 3", aspect_ratio="3:2")
+        assert gw.stats()["tasks_created"] == 8  # nothing sent again
+    finally:
+        await client.close()
 
 
 @pytest.mark.slow

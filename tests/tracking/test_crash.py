@@ -90,7 +90,7 @@ def test_a_killed_app_leaves_every_paid_task_to_the_next_process(seed: int, tmp_
     for entry in entries:
         if entry.state == "saved":
             assert entry.files
-            assert all(path.exists() and path.stat().st_size > 0 for path in entry.files)
+            assert all(Path(p).exists() and Path(p).stat().st_size > 0 for p in entry.files)
         else:
             assert entry.state == "failed"
     saved = {p.name for p in (tmp_path / "out").iterdir()} if (tmp_path / "out").exists() else set()

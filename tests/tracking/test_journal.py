@@ -144,7 +144,7 @@ def test_the_file_is_private_and_a_planted_link_is_refused_before_sending(
     requests = sum(gw.stats()["requests"].values())
     with pytest.raises(ConfigurationError) as refused:
         Client(KEY, url, journal=planted)
-    assert refused.value.code == "journal_unusable"
+    assert refused.value.code == "journal_unsafe"
     assert "symbolic link" in refused.value.message
     assert target.read_bytes() == b"not a journal"
     assert sum(gw.stats()["requests"].values()) == requests
@@ -253,3 +253,26 @@ def test_a_journal_passed_in_is_the_callers_to_close(
     assert len(journal.tasks()) == 2  # still open after the client closed
     journal.close()
     assert os.path.exists(tmp_path / "j.sqlite")
+
+
+def test_mark_saved_keeps_urls_and_paths_as_given(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from imggw_client import ImageRequest, Submission, Task
+    from imggw_client._core.states import Accepted, Sending
+    from imggw_client.tracking import Scope
+
+    scope = Scope("http://127.0.0.1:9", "f" * 16)
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.record(Sending("k", "beta", ImageRequest("a fox")), scope)
+    journal.record(Accepted(Submission(task_id="7", idempotency_key="k", surface="beta")), scope)
+    done = Task(id="7", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=["https://x/a"],
+                expires_at=datetime.now(timezone.utc))  # fmt: skip
+    journal.record(Seen(done), scope)
+    given = ["s3://bucket/p.png", "gs://b/k//double.png", "relative/q.png"]
+    journal.mark_saved("7", "beta", [*given, tmp_path / "r.png"], scope=scope)
+    (entry,) = journal.tasks()
+    assert entry.files == (*given, str(tmp_path / "r.png"))  # not Path-normalised
+    assert entry.state == "saved"
+    assert json.loads(rows(tmp_path / "j.sqlite")[0]["files"])[0] == "s3://bucket/p.png"
+    journal.close()

@@ -22,6 +22,7 @@ from imggw_client import AsyncClient, Client, ImageRequest, TaskStatus, _io_asyn
 from imggw_client._core.states import Event, Seen, Sending, State, event_of, move
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import Journal, Scope
+from imggw_client.tracking import _journal as journal_module
 from imggw_client.tracking._journal import CHECKPOINT_EVERY
 
 from ..journals import FAST, KEY, rows
@@ -272,3 +273,47 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
         "child-1", "child-2", "parent-1", "parent-2", "parent-3", "parent-4",
     ]  # fmt: skip
     journal.close()
+
+
+def test_an_async_client_made_inside_a_loop_never_opens_its_journal_there(
+    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the file (a journal in the old rollback mode, locked while it is
+    opened): the constructor returns at once; the first submit opens it in a worker thread,
+    the loop runs meanwhile, and the request leaves once its row is committed."""
+    gw, url = gateway
+    path = tmp_path / "j.sqlite"
+    monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_MS", 5_000)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("CREATE TABLE other (x)")  # a database not in WAL yet: opening it waits
+    locker.execute("BEGIN EXCLUSIVE")
+    ticks = 0
+
+    async def main() -> None:
+        nonlocal ticks
+        client = AsyncClient(KEY, url, poll=FAST, journal=path)  # under the lock: at once
+        assert client.journal is not None
+        assert client.journal._db is None  # not opened on the loop
+        async with client, anyio.create_task_group() as group:
+            done = anyio.Event()
+
+            async def submit() -> None:
+                await client.submit("a fox")
+                done.set()
+
+            group.start_soon(submit)
+            while ticks < 50:  # the loop goes on while the journal is opened off it
+                ticks += 1
+                await anyio.sleep(0)
+            assert not done.is_set()
+            assert gw.stats()["tasks_created"] == 0  # its row is not committed: not sent
+            locker.execute("ROLLBACK")
+            await done.wait()
+
+    try:
+        anyio.run(main)
+    finally:
+        locker.close()
+    assert ticks == 50
+    assert [r["state"] for r in rows(path)] == ["pending"]
+    assert gw.stats()["tasks_created"] == 1

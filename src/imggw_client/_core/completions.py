@@ -7,6 +7,12 @@ queries of every wait due now), hands the outcomes back with :meth:`Completions.
 collects the tasks that finished. The waits share the client's budget and what it learned of
 its tasks' durations, as separate waits do.
 
+Recovery is per task (DESIGN 22): a wait that ends on an error of its own task's (the gateway
+no longer knows it, its query was refused) ends that task only, which is handed out as failed
+with that error; only an error of the whole client (its key refused, the client closed, its
+configuration) ends every wait. ``yield_errors=False`` keeps the older rule: the first wait
+that fails other than by its task failing ends them all.
+
 Example::
 
     completions = Completions(flows, clock)
@@ -23,25 +29,76 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .exceptions import ImggwError, TaskFailedError, WaitTimeoutError
-from .models import Task
+from .config import check_surface
+from .exceptions import (
+    AuthenticationError,
+    ClientClosedError,
+    ConfigurationError,
+    ImggwError,
+    TaskFailedError,
+    WaitTimeoutError,
+)
+from .models import Submission, Task, TaskError, TaskStatus
+from .text import printable
 from .wire import Action, Sleep
 
-__all__ = ["Completions"]
+__all__ = ["Completions", "stand_in"]
 
 Flow = Any  # Generator[Action, Any, Task]: a wait
+log = logging.getLogger("imggw_client")
+
+# Errors of the whole client, not of one task: every other wait would end on them too.
+CLIENT_ERRORS = (AuthenticationError, ClientClosedError, ConfigurationError)
+# A task's error with no code of its own (a gateway that names none): what its failure says.
+QUERY_REFUSED = "query_refused"
+
+
+def stand_in(item: Submission | Task | str, surface: str) -> Task:
+    """What is known of a wait's task before any answer: its id, surface, request and key
+    (a bare id is on ``surface``). What a task that ends on an error of its own is made from.
+
+    Example::
+
+        stand_in(sub, "beta").idempotency_key == sub.idempotency_key   # True
+    """
+    if isinstance(item, Task):
+        made: Submission | Task | None = item
+        task_id, surface = item.id, item.surface
+    elif isinstance(item, Submission):
+        made, task_id, surface = item, item.task_id, item.surface
+    else:
+        made, task_id = None, str(item)
+    return Task(
+        id=task_id,
+        surface=check_surface(surface),
+        status=TaskStatus.PENDING,
+        request=None if made is None else made.request,
+        idempotency_key=None if made is None else made.idempotency_key,
+    )
 
 
 class Completions:
-    """The waits of one ``as_completed`` call (see the module's docstring)."""
+    """The waits of one ``as_completed`` call (see the module's docstring). ``known`` holds
+    each flow's :func:`stand_in`, in the flows' order: with it (and ``yield_errors``), a wait
+    that ends on its own task's error hands out that task as failed."""
 
-    def __init__(self, flows: Iterable[Flow], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        flows: Iterable[Flow],
+        clock: Callable[[], float],
+        *,
+        known: Sequence[Task] = (),
+        yield_errors: bool = True,
+    ) -> None:
         self._clock = clock
         self._flows: dict[int, Flow] = dict(enumerate(flows))
+        self._known = known
+        self._yield_errors = yield_errors
         self._sleeping: list[tuple[float, int, int]] = []  # (wake at, order, flow)
         self._order = itertools.count()
         self._ready: list[tuple[int, Action]] = []
@@ -81,8 +138,9 @@ class Completions:
         return tasks
 
     def error(self) -> ImggwError | None:
-        """What ended the whole call: the first wait that failed other than by its task
-        failing (an unknown task id, a key refused), else, once every other wait ended, a
+        """What ended the whole call: the first wait that failed on an error of the whole
+        client (a key refused; with ``yield_errors=False``, any error but its task's failure),
+        else, once every other wait ended, a
         :class:`WaitTimeoutError` whose message names the tasks still running and whose
         ``still_running`` holds every one's id (the first one's own fields kept)."""
         if self._error is not None:
@@ -123,7 +181,13 @@ class Completions:
             return
         except ImggwError as err:
             self._end(index)
-            if self._error is None:
+            if (
+                self._yield_errors
+                and index < len(self._known)
+                and not isinstance(err, CLIENT_ERRORS)
+            ):
+                self._done.append(_reported(self._known[index], err))
+            elif self._error is None:
                 self._error = err
             return
         if isinstance(action, Sleep):
@@ -134,3 +198,23 @@ class Completions:
 
     def _end(self, index: int) -> None:
         del self._flows[index]
+
+
+def _reported(known: Task, err: ImggwError) -> Task:
+    """The outcome of a task whose wait ended on ``err``, an error of its own: failed, with
+    the error's code and message, and nothing the gateway said (``raw`` empty). Said once in
+    a WARNING with its id and key (never the API key)."""
+    code = err.code or QUERY_REFUSED
+    key = printable(known.idempotency_key, 255) if known.idempotency_key else "not known"
+    said = f"{err.message} ({code})"
+    log.warning(
+        "task %s (surface %s, idempotency key %s) ended without a result: %s; the other tasks "
+        "go on",
+        printable(known.id, 80),
+        known.surface,
+        key,
+        said,
+    )
+    return known.model_copy(
+        update={"status": TaskStatus.FAILED, "error": TaskError(code=code, message=err.message)}
+    )

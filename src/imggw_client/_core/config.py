@@ -6,6 +6,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from .exceptions import ConfigurationError
@@ -16,16 +17,28 @@ if TYPE_CHECKING:
     import httpx
     import httpx2
 
-__all__ = ["PollPolicy", "RateLimit", "RetryPolicy", "Settings", "resolve_settings", "updated"]
+__all__ = [
+    "PollPolicy",
+    "RateLimit",
+    "RetryPolicy",
+    "Settings",
+    "key_forgotten",
+    "resolve_settings",
+    "updated",
+]
 
 ENV_API_KEY = "IMGGW_API_KEY"
 ENV_BASE_URL = "IMGGW_BASE_URL"
+ENV_IDEMPOTENCY_WINDOW = "IMGGW_IDEMPOTENCY_WINDOW"
+# How long a gateway remembers an idempotency key (seconds): the IETF draft's and Stripe's 24 h.
+DEFAULT_IDEMPOTENCY_WINDOW = 86_400.0
 SURFACES = ("alpha", "beta")
 
 
 MISSING_API_KEY = "missing_api_key"
 MISSING_BASE_URL = "missing_base_url"
 USERINFO_IN_BASE_URL = "userinfo_in_base_url"
+INVALID_IDEMPOTENCY_WINDOW = "invalid_idempotency_window"
 
 
 def _require(ok: bool, what: str, code: str | None = None) -> None:
@@ -33,7 +46,7 @@ def _require(ok: bool, what: str, code: str | None = None) -> None:
         raise ConfigurationError(what, code=code)
 
 
-def _positive(value: float) -> bool:
+def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
@@ -278,7 +291,9 @@ class Settings:
     ``timeout`` bounds each whole request, from sending it to its last byte; ``http_timeout``
     is the ``httpx.Timeout`` the caller gave, if any (its limits then also bound each phase,
     and ``timeout`` is the largest of them). ``headers`` are the caller's ``default_headers``,
-    sent on every request to the gateway."""
+    sent on every request to the gateway. ``idempotency_window`` is how long (seconds) the
+    gateway remembers an idempotency key: a submit whose outcome is unknown and whose first send
+    is older than that is never sent again on its own (see :func:`key_forgotten`)."""
 
     api_key: str
     base_url: str
@@ -289,6 +304,7 @@ class Settings:
     rate_limit: RateLimit = RateLimit()
     headers: tuple[tuple[str, str], ...] = ()
     http_timeout: httpx.Timeout | None = None
+    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
 
     def __repr__(self) -> str:
         headers = (
@@ -297,7 +313,8 @@ class Settings:
         return (
             f"Settings(base_url={self.base_url!r}, surface={self.surface!r}, "
             f"timeout={self.timeout!r}, retry={self.retry!r}, poll={self.poll!r}, "
-            f"rate_limit={self.rate_limit!r}{headers})"
+            f"rate_limit={self.rate_limit!r}, idempotency_window={self.idempotency_window!r}"
+            f"{headers})"
         )
 
 
@@ -317,8 +334,10 @@ def resolve_settings(
     poll: PollPolicy | None,
     rate_limit: RateLimit | None = None,
     default_headers: Mapping[str, str] | None = None,
+    idempotency_window: float | None = None,
 ) -> Settings:
-    """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL``; raises ConfigurationError."""
+    """Combines arguments with ``IMGGW_API_KEY`` / ``IMGGW_BASE_URL`` /
+    ``IMGGW_IDEMPOTENCY_WINDOW``; raises ConfigurationError."""
     key = _checked_key(api_key if api_key is not None else os.environ.get(ENV_API_KEY))
     url = _checked_url(base_url if base_url is not None else os.environ.get(ENV_BASE_URL))
     whole, given = _timeouts(timeout)
@@ -336,6 +355,7 @@ def resolve_settings(
         rate_limit=rate_limit,
         headers=checked_headers({} if default_headers is None else default_headers),
         http_timeout=given,
+        idempotency_window=_window(idempotency_window),
     )
 
 
@@ -438,6 +458,7 @@ def updated(
     max_retries: int | None = None,
     retry: RetryPolicy | None = None,
     poll: PollPolicy | None = None,
+    idempotency_window: float | None = None,
 ) -> Settings:
     """``settings`` with the given values replaced, checked as the constructor checks them
     (None: unchanged; the environment is not read again). ``default_headers`` are added to
@@ -463,8 +484,60 @@ def updated(
         changes["surface"] = check_surface(surface)
     if default_headers is not None:
         changes["headers"] = checked_headers(default_headers, settings.headers)
+    if idempotency_window is not None:
+        changes["idempotency_window"] = _checked_window(idempotency_window)
     return replace(settings, timeout=new_timeout, http_timeout=given, retry=new_retry,
                    poll=new_poll, **changes)  # fmt: skip
+
+
+def _window(given: object) -> float:
+    """The idempotency window: as given, else from ``IMGGW_IDEMPOTENCY_WINDOW``, else 24 h."""
+    if given is not None:
+        return _checked_window(given)
+    named = os.environ.get(ENV_IDEMPOTENCY_WINDOW, "").strip()
+    if not named:
+        return DEFAULT_IDEMPOTENCY_WINDOW
+    try:
+        seconds = float(named)
+    except ValueError:
+        seconds = math.nan
+    from .text import printable
+
+    _require(
+        _positive(seconds),
+        f"{ENV_IDEMPOTENCY_WINDOW} must be a positive number of seconds, how long the gateway "
+        f"remembers an idempotency key (got {printable(named, 40)!r}; unset: 86400)",
+        INVALID_IDEMPOTENCY_WINDOW,
+    )
+    return seconds
+
+
+def _checked_window(window: object) -> float:
+    _require(
+        not isinstance(window, bool) and _positive(window),
+        "idempotency_window must be a positive, finite number of seconds: how long the "
+        "gateway remembers an idempotency key (default 86400, 24 h)",
+        INVALID_IDEMPOTENCY_WINDOW,
+    )
+    return float(cast(float, window))
+
+
+def key_forgotten(first_sent: datetime | None, window: float, now: float) -> bool:
+    """Whether a submit first sent at ``first_sent`` (an aware datetime; None: not known) may
+    have been forgotten by the gateway ``now`` (epoch seconds), which remembers an idempotency
+    key for ``window`` seconds: then sending its key again could bill a second task. The one
+    rule for every resend of an unknown outcome (``unfinished()``, a collect, a batch).
+
+    Example::
+
+        key_forgotten(entry.created_at, client.idempotency_window, time.time())
+    """
+    if first_sent is None:  # no proof it is still remembered
+        return True
+    try:
+        return now - first_sent.timestamp() > window
+    except (OverflowError, OSError, ValueError):
+        return True
 
 
 def _retries(max_retries: object) -> int:

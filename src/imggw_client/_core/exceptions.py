@@ -217,12 +217,15 @@ class PermissionDeniedError(APIError):
 
 class NotFoundError(APIError):
     """No such task for this key (404). The gateway does not say whether another key owns it.
+    ``task_id`` is the task asked for (None when the 404 was not a task's query).
 
     Example::
 
-        except NotFoundError:
-            ...  # wrong task id, wrong surface, or another key's task
+        except NotFoundError as err:
+            ...  # wrong task id, wrong surface, another key's task, or one forgotten
     """
+
+    task_id: str | None = None
 
 
 class ConflictError(APIError):

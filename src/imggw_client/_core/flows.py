@@ -194,6 +194,9 @@ class Flows:
         # Whether a task may exist for this key: a request in flight, or one whose failure
         # left its outcome unknown, or an answer read. An interruption then names the key.
         in_flight = may_exist = False
+        # Whether any request of this call may have reached the gateway: one that surely never
+        # left (a refused connection) is no request at all.
+        left = False
 
         def send() -> Send:
             nonlocal in_flight
@@ -201,8 +204,9 @@ class Flows:
             return Send(wire, self.settings.timeout)
 
         def read(outcome: Reply | TransportFailure) -> Submission:
-            nonlocal in_flight, may_exist
+            nonlocal in_flight, may_exist, left
             in_flight = False
+            left = left or not (isinstance(outcome, TransportFailure) and not outcome.sent)
             try:
                 submission = surfaces.read_submit(surface, outcome, key, self.wall(), secrets,
                                                   resolution=request.resolution)  # fmt: skip
@@ -213,7 +217,7 @@ class Flows:
                 may_exist = may_exist or classify(err).unknown
                 raise
             may_exist = True
-            return submission
+            return submission.model_copy(update={"request": request})  # what it was made from
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             if not unknown:
@@ -229,15 +233,19 @@ class Flows:
             )
 
         def stamped() -> Flow[Submission]:
+            # This call's name in the journal: the row it makes is the one its refusal removes.
+            attempt = new_idempotency_key() if self.journaled else ""
             if self.journaled:  # on disk before the request leaves: a crash cannot lose it
-                yield Record(states.Sending(key, surface, request))
+                yield Record(states.Sending(key, surface, request, attempt))
             try:
                 submission = yield from self._attempts(send, read, give_up, kind=SUBMIT)
             except BaseException as exc:
                 if (in_flight or may_exist) and is_interruption(exc):
                     _carry_key(exc, request, surface, key, chosen=chosen)
                 elif self.journaled and _refused(exc, may_exist):
-                    yield Record(states.Refused(key, surface))
+                    yield Record(states.Refused(key, surface, attempt))
+                elif self.journaled and not (left or in_flight) and isinstance(exc, Exception):
+                    yield Record(states.NotSent(key, surface, attempt))  # the gateway saw nothing
                 raise
             submission._accepted_at = self.clock()
             if self.journaled:
@@ -286,18 +294,22 @@ class Flows:
     ) -> Flow[Task]:
         """Polls until the task is terminal or ``timeout`` seconds pass. Never submits. A wait
         on a :class:`Submission` knows its task's kind and start, and so can learn; one on a
-        :class:`WaitTimeoutError` waits on what that wait was given, on its surface."""
+        :class:`WaitTimeoutError` waits on what that wait was given, on its surface. The tasks
+        it returns carry the request and key it was given (a submission's, a task's)."""
         now = self.clock()
         started = accepted = kind = None
         extra = _checked_headers(extra_headers)
+        origin: dict[str, Any] = {}
         if isinstance(task, UnknownOutcomeError):
             rule = "an UnknownOutcomeError names no task: resend it with submit(err), then wait"
             raise_violations([rules.Violation("task", rule, reasons.INVALID_REQUEST.code)])
         if isinstance(task, WaitTimeoutError):
             surface = task.surface or surface
+            origin = _origin(task.last_task)
             task = task.submission if task.submission is not None else task.task_id
         submission = task if isinstance(task, Submission) else None
         if isinstance(task, Submission):
+            origin = _origin(task)
             task_id, surface = task.task_id, task.surface
             accepted = task._accepted_at
             if not task.replayed:  # a replayed task started earlier, when is not known
@@ -305,6 +317,7 @@ class Flows:
             if task.resolution is not None:
                 kind = (task.surface, task.resolution.lower())
         elif isinstance(task, Task):
+            origin = _origin(task)
             task_id, surface = task.id, task.surface
         else:
             task_id = task
@@ -312,7 +325,7 @@ class Flows:
         schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
                              accepted=accepted, now=now, rng=self.rng)  # fmt: skip
         return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started,
-                          submission, extra)  # fmt: skip
+                          submission, extra, origin)  # fmt: skip
 
     def _started(self, submitted_at: datetime | None) -> float | None:
         """A task's start on this process's monotonic clock, from the wall-clock time its
@@ -334,11 +347,13 @@ class Flows:
         started: float | None = None,
         submission: Submission | None = None,
         extra: Mapping[str, str] | None = None,
+        origin: Mapping[str, Any] | None = None,
     ) -> Flow[Task]:
         """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
         before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once. A
         wait that times out hands its surface and ``submission`` to its error: waiting on the
-        error again resumes this wait."""
+        error again resumes this wait. Each task read gets ``origin``'s fields (its request
+        and key)."""
         deadline = self.clock() + timeout
         bounded = timeout > 0
         # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
@@ -360,7 +375,7 @@ class Flows:
             nonlocal hint
             answer = read_task(outcome)
             hint = surfaces.poll_hint(outcome, self.wall())
-            return answer
+            return answer.model_copy(update=origin) if origin else answer
 
         def priority() -> float:
             # The query most likely to find its task finished takes the budget's next slot.
@@ -621,7 +636,11 @@ class Flows:
         self, surface: Surface, task_id: str
     ) -> Callable[[Reply | TransportFailure], Task]:
         def read(outcome: Reply | TransportFailure) -> Task:
-            return surfaces.read_task(surface, outcome, task_id, self.wall(), self._secrets)
+            try:
+                return surfaces.read_task(surface, outcome, task_id, self.wall(), self._secrets)
+            except NotFoundError as err:
+                err.task_id = task_id  # which task is unknown: one of many, in as_completed
+                raise
 
         return read
 
@@ -779,6 +798,14 @@ class Flows:
             return min(honour_retry_after(verdict.retry_after, self.settings.retry, attempt,
                                           self.rng), remaining)  # fmt: skip
         return min(backoff(self.settings.retry, attempt, self.rng), remaining)
+
+
+def _origin(made: Submission | Task | None) -> dict[str, Any]:
+    """What a task was made from, as its fields: the request and key ``made`` knows."""
+    if made is None:
+        return {}
+    known = {"request": made.request, "idempotency_key": made.idempotency_key}
+    return {name: value for name, value in known.items() if value is not None}
 
 
 def is_interruption(exc: BaseException) -> bool:

@@ -7,7 +7,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from . import rules
 from .errors import RequestValidationError
@@ -88,6 +88,15 @@ class ImageRequest(BaseModel):
     __str__ = __repr__
 
 
+def _stored_request(value: Any) -> Any:
+    """A request read back from JSON (or a dict) as it was sent: not judged again, since a
+    submit with ``validate=False`` sent one the rules refuse, and its record must still read."""
+    if isinstance(value, dict):
+        fields = ("prompt", "aspect_ratio", "resolution")
+        return ImageRequest.unchecked(*(value.get(name) for name in fields))  # type: ignore[arg-type]
+    return value
+
+
 class Submission(BaseModel):
     """What a submit returns: the task id, the idempotency key that created it, the surface.
 
@@ -96,13 +105,18 @@ class Submission(BaseModel):
     ``submitted_at`` (an aware UTC ``datetime``) when the gateway's answer created the task;
     None for a replayed task, whose start is not known. A wait on a submission polls by what
     the client learned of such tasks (:class:`PollPolicy`), also in another process: a
-    submission saved as JSON and read back keeps both.
+    submission saved as JSON and read back keeps both. ``request`` is the
+    :class:`ImageRequest` it was made from (set by ``submit``, ``generate`` and
+    ``unfinished``; None when not known), so that a task recovered after a restart maps back
+    to what was asked; the task a wait on it returns carries it too. Its prompt is in the JSON
+    (``model_dump_json(exclude={"request"})`` leaves it out), never in the repr.
 
     Example::
 
         sub = client.submit("a lighthouse")
         saved = sub.model_dump_json()
         task = client.wait(Submission.model_validate_json(saved))
+        assert task.request == sub.request
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,8 +127,11 @@ class Submission(BaseModel):
     replayed: bool = False
     resolution: str | None = None
     submitted_at: datetime | None = None
+    request: ImageRequest | None = None
     # When the submit returned (monotonic seconds): a wait right after it need not ask at once.
     _accepted_at: float | None = PrivateAttr(default=None)
+
+    _read_request = field_validator("request", mode="before")(_stored_request)
 
     def __getstate__(self) -> dict[Any, Any]:
         # A monotonic time means nothing in another process (a pickled error's submission, a
@@ -186,6 +203,10 @@ class Task(BaseModel):
     known to stop working: from the record where the gateway states it, else from the links'
     own signed expiry.
 
+    ``request`` and ``idempotency_key`` are what the task was made from, when the call that
+    returned it knew them (a wait on a :class:`Submission`, ``generate``, ``as_completed`` on
+    ``unfinished()``); None after a bare ``get(task_id)``.
+
     A task is hashable (a set of tasks, a dict keyed by task): by its surface, id, status and
     progress, so equal tasks hash alike.
 
@@ -209,6 +230,10 @@ class Task(BaseModel):
     error: TaskError | None = None
     expires_at: datetime | None = None
     raw: dict[str, Any] = Field(default_factory=dict, repr=False)
+    request: ImageRequest | None = None
+    idempotency_key: str | None = None
+
+    _read_request = field_validator("request", mode="before")(_stored_request)
 
     @property
     def is_terminal(self) -> bool:

@@ -29,6 +29,8 @@ __all__ = [
     "Accepted",
     "Event",
     "Expired",
+    "NotFound",
+    "NotSent",
     "Refused",
     "Saved",
     "Seen",
@@ -43,7 +45,8 @@ __all__ = [
 class State(str, Enum):
     """Where a journaled task stands. ``unknown``: its submit left and no answer was read (a
     task may exist: it is sent again with its key, a replay). ``saved``: succeeded and its
-    results are on disk; ``expired``: succeeded, its links died before they were saved."""
+    results are on disk; ``expired``: succeeded, its links died before they were saved;
+    ``not_found``: the gateway no longer knows the task (asked again a few times first)."""
 
     UNKNOWN = "unknown"
     PENDING = "pending"
@@ -52,6 +55,7 @@ class State(str, Enum):
     SAVED = "saved"
     FAILED = "failed"
     EXPIRED = "expired"
+    NOT_FOUND = "not_found"
 
 
 class Event(str, Enum):
@@ -59,12 +63,14 @@ class Event(str, Enum):
 
     SENT = "sent"  # its submit is about to leave (the row is made)
     REFUSED = "refused"  # the gateway refused the submit: no task exists (the row goes)
+    NOT_SENT = "not_sent"  # the submit surely never left: no task exists (the row goes)
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SAVED = "saved"
     EXPIRED = "expired"
+    NOT_FOUND = "not_found"  # the gateway does not know the task (after a few asks)
 
 
 class Work(str, Enum):
@@ -84,6 +90,7 @@ MOVES: dict[tuple[State | None, Event], State | None] = {
     (None, Event.SENT): State.UNKNOWN,
     (State.UNKNOWN, Event.SENT): State.UNKNOWN,  # a resend keeps the row it had
     (State.UNKNOWN, Event.REFUSED): None,
+    (State.UNKNOWN, Event.NOT_SENT): None,
     # A task's status moves forward only: pending -> running -> succeeded | failed.
     **{(state, event): target for state in _ALIVE for event, target in _STATUS_EVENTS.items()
        if not (state is State.RUNNING and target is State.PENDING)},
@@ -92,6 +99,9 @@ MOVES: dict[tuple[State | None, Event], State | None] = {
     (State.SUCCEEDED, Event.EXPIRED): State.EXPIRED,
     (State.SAVED, Event.SAVED): State.SAVED,  # saved again (elsewhere): the newer files
     (State.EXPIRED, Event.SAVED): State.SAVED,  # a refreshed link saved after all
+    # A task the gateway forgot ends there: nothing more to ask (its results, if any, are gone).
+    (State.PENDING, Event.NOT_FOUND): State.NOT_FOUND,
+    (State.RUNNING, Event.NOT_FOUND): State.NOT_FOUND,
 }  # fmt: skip
 
 # What each state still needs; a state with no work is final for the journal.
@@ -103,6 +113,7 @@ WORK: dict[State, Work | None] = {
     State.SAVED: None,
     State.FAILED: None,
     State.EXPIRED: None,
+    State.NOT_FOUND: None,
 }
 
 
@@ -121,11 +132,14 @@ def event_of(status: TaskStatus) -> Event:
 
 @dataclass(frozen=True, slots=True)
 class Sending:
-    """A submit is about to leave with ``key``: committed before the request is sent."""
+    """A submit is about to leave with ``key``: committed before the request is sent.
+    ``attempt`` names this submit call: a row it made is the one its :class:`Refused` or
+    :class:`NotSent` may remove (a row an earlier submit made may hold a paid task)."""
 
     key: str
     surface: str
     request: ImageRequest
+    attempt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +155,17 @@ class Refused:
 
     key: str
     surface: str
+    attempt: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NotSent:
+    """The submit ended and no request of it ever left (a refused connection, no such host):
+    the gateway saw nothing."""
+
+    key: str
+    surface: str
+    attempt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +177,11 @@ class Seen:
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """A task's results saved: the files' paths."""
+    """A task's results saved: the files' paths (or where the caller put them, as given)."""
 
     task_id: str
     surface: str
-    files: tuple[Path, ...]
+    files: tuple[str | Path, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +191,11 @@ class Expired:
     task_id: str
     surface: str
     at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotFound:
+    """The gateway does not know the task (after the caller's allowance of asks)."""
+
+    task_id: str
+    surface: str

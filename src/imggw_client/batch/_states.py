@@ -97,10 +97,12 @@ TASK_STATE: Mapping[LineState, task.State] = {
     EXPIRED: task.State.EXPIRED,
 }
 # The line state of each task state: a task known and not finished is running; a submit refused
-# (no task: a journal drops its row) is a failed line the manifest tells of.
+# (no task: a journal drops its row) is a failed line the manifest tells of, as is a task the
+# gateway no longer knows (error `not_found`).
 LINE_STATE: Mapping[task.State | None, LineState] = {
     **{state: line for line, state in TASK_STATE.items()},
     task.State.PENDING: RUNNING,
+    task.State.NOT_FOUND: FAILED,
     None: FAILED,
 }
 # What each line still needs (None: final), read off the core's table.

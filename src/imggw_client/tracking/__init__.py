@@ -21,10 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._files import StorageError
-    from ._journal import Journal, JournalEntry, Scope
+    from ._journal import DamagedRow, Journal, JournalEntry, Scope
     from ._tracker import CollectReport, Tracker
 
-__all__ = ["CollectReport", "Journal", "JournalEntry", "Scope", "StorageError", "Tracker"]
+__all__ = [
+    "CollectReport",
+    "DamagedRow",
+    "Journal",
+    "JournalEntry",
+    "Scope",
+    "StorageError",
+    "Tracker",
+]
 
 # Loaded on first use (PEP 562): the clients reach the journal without the tracker, which
 # drives a client.
@@ -32,7 +40,9 @@ _HOMES = {
     "StorageError": "imggw_client._files",
     "CollectReport": "imggw_client.tracking._tracker",
     "Tracker": "imggw_client.tracking._tracker",
-    **dict.fromkeys(["Journal", "JournalEntry", "Scope"], "imggw_client.tracking._journal"),
+    **dict.fromkeys(
+        ["DamagedRow", "Journal", "JournalEntry", "Scope"], "imggw_client.tracking._journal"
+    ),
 }
 
 

@@ -1,18 +1,24 @@
 """The tracker's downloads: finished tasks queue for download slots, the soonest-expiring first
 (:class:`DownloadQueue`), with the pace of recent downloads that tells which results are at risk
-of expiring in the queue; and result links as a store keeps them (:func:`kept_links`: one that
-carries the API key is kept blanked, and its download asks the gateway for it again).
+of expiring in the queue; result links as a store keeps them (:func:`kept_links`: one that
+carries the API key is kept blanked, and its download asks the gateway for it again); and the
+partial files a killed collect left (:func:`sweep_partial_files`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
+import os
+import re
+import stat
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,7 +27,13 @@ from .. import _telemetry
 from .._async_client import AsyncClient
 from .._core.surfaces import redact_url
 
-__all__ = ["DownloadQueue", "kept_links"]
+__all__ = ["DownloadQueue", "kept_links", "sweep_partial_files"]
+
+# A download's partial file while it is written, as a collect names its results
+# (`{task id}-{index}`, after `{surface}-` for the other surface's, then the download's hidden
+# temporary name).
+_PARTIAL = re.compile(r"\.(?:(?:alpha|beta)-)?[1-9][0-9]*-[0-9]+\.[0-9a-f]{8}\.part")
+PARTIAL_AFTER = 600.0  # seconds unwritten after which a partial file is no live download's
 
 
 def kept_links(client: AsyncClient, urls: Iterable[str]) -> list[str]:
@@ -101,3 +113,30 @@ class DownloadQueue:
         pace = (len(self.downloaded) - 1) / span if span > 0 else math.inf
         now = time.time()
         return sum(1 for turn, expires in enumerate(expiries) if now + turn / pace > expires)
+
+
+def sweep_partial_files(folder: Path, quiet_for: float = PARTIAL_AFTER) -> int:
+    """Removes the partial files of downloads a killed collect left in ``folder`` (those of a
+    collect's naming, see :data:`_PARTIAL`, unwritten for ``quiet_for`` seconds: a live
+    download, bounded by its timeout, writes sooner). Returns how many went. Blocking.
+
+    Example::
+
+        sweep_partial_files(Path("out"), quiet_for=600)
+    """
+    gone = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:  # no folder yet (made by the first download), or not ours to read
+        return 0
+    before = time.time() - quiet_for
+    for name in names:
+        if not _PARTIAL.fullmatch(name):
+            continue
+        path = folder / name
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours: left alone
+            found = os.lstat(path)
+            if stat.S_ISREG(found.st_mode) and found.st_mtime < before:
+                path.unlink()
+                gone += 1
+    return gone

@@ -1,146 +1,67 @@
 """The journal: one SQLite file that keeps every paid task a client submits, from before its
-request leaves until its results are saved (DESIGN 19).
+request leaves until its results are saved (DESIGN 19, 22).
 
 Several processes (and threads) may share one file: WAL, a busy timeout, a short transaction
 per event. A row is committed before its submit is sent, so a process killed at any moment
 leaves every task it may have paid for on disk, with the idempotency key that finds it again.
 The state a row moves to is decided by the one table in ``_core/states.py``; a status seen
-again that would change nothing this process wrote is not written at all.
+again that would change nothing this process wrote is not written at all. A row a live process
+works on is leased to it (``_lease``): a sibling's recovery leaves it alone.
 
 An event loop writes through :meth:`Journal.try_record`, on its own thread, with a connection
 that never waits for a lock (busy timeout 0) and never checkpoints: a commit costs the write
 alone (``synchronous=NORMAL`` in WAL syncs only at checkpoints). When the file is busy, and for
 the first write and every ``CHECKPOINT_EVERY``-th, it hands the event to :meth:`Journal.record`
 in a worker thread, which waits for the lock and checkpoints (and restarts the WAL, which syncs
-its header) off the loop.
+its header) off the loop. An ``AsyncClient`` opens its journal there too, on first use.
 
 No result link is stored (one may carry a key): the task is asked for again when its results
-are downloaded. The file is made 0600 in a folder made 0700.
+are downloaded. The file is made 0600 in a folder made 0700, and a journal another user could
+write is refused (``_private``). A row that cannot be read is skipped and reported (``_rows``).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .._core import states
-from .._core.exceptions import ConfigurationError
-from .._core.models import ImageRequest, Task, TaskStatus
-from .._core.states import State, Work
+from .._core.exceptions import ConfigurationError, ImggwError
+from .._core.states import State
 from .._files import StorageError, open_private
+from . import _rows, _schema
+from ._lease import Leases
+from ._moves import Memo, apply, event_of, named, seen_values
+from ._private import ready_folder, refuse_unsafe_files
+from ._rows import DamagedRow, JournalEntry
+from ._schema import FINAL, NEWEST_FIRST, OPEN, Scope
 
-__all__ = ["Journal", "JournalEntry", "Scope"]
+__all__ = ["DamagedRow", "Journal", "JournalEntry", "Scope"]
 
-FORMAT = 1
+log = logging.getLogger("imggw_client")
+
 BUSY_TIMEOUT_MS = 30_000  # many CLI processes at once wait for each other, never "locked"
 # Writes between two checkpoints, made off the event loop (a checkpoint syncs the file): about
 # 500 pages of WAL at 4 pages a write, half SQLite's own 1,000-page autocheckpoint.
 CHECKPOINT_EVERY = 128
 MEMO_SIZE = 4096  # tasks whose last written row this process remembers (see Journal._needless)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    row INTEGER PRIMARY KEY,
-    gateway TEXT NOT NULL,
-    key_fp TEXT NOT NULL,
-    surface TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
-    task_id TEXT,
-    state TEXT NOT NULL,
-    prompt TEXT NOT NULL,
-    aspect_ratio TEXT NOT NULL,
-    resolution TEXT NOT NULL,
-    created REAL NOT NULL,
-    submitted_at REAL,
-    expires_at REAL,
-    charge REAL,
-    files TEXT NOT NULL DEFAULT '[]',
-    UNIQUE (gateway, key_fp, surface, idempotency_key)
-);
-CREATE INDEX IF NOT EXISTS tasks_by_id ON tasks (gateway, key_fp, surface, task_id);
-CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (gateway, key_fp, state);
-"""
-_COLUMNS = ("surface, idempotency_key, task_id, state, prompt, aspect_ratio, resolution, "
-            "created, submitted_at, expires_at, charge, files, gateway")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Whose tasks: one gateway and one API key (by its slow fingerprint, never the key)."""
-
-    gateway: str
-    key_fingerprint: str
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One journaled task.
-
-    ``task_id`` is None while the submit's outcome is unknown; ``status`` is the task's
-    :class:`TaskStatus` value (``"succeeded"`` for a saved or expired one too), or
-    ``"unknown"``; ``state`` says more (``saved``, ``expired``). Times are UTC datetimes (or
-    None); ``files`` the paths its results were saved to; ``request`` what was asked.
-
-    Example::
-
-        for entry in journal.tasks(unfinished=True):
-            print(entry.task_id, entry.status, entry.expires_at)
-    """
-
-    task_id: str | None
-    surface: str
-    idempotency_key: str
-    status: str
-    submitted_at: datetime | None
-    expires_at: datetime | None
-    files: tuple[Path, ...]
-    request: ImageRequest
-    state: str = State.UNKNOWN.value
-    charge: float | None = None
-    gateway: str = ""
-    created_at: datetime | None = field(default=None, repr=False)
-
-    @property
-    def unfinished(self) -> bool:
-        """Whether the task still needs something: a resend, a wait or a download."""
-        return states.WORK.get(State(self.state)) is not None
-
-    def as_json(self) -> dict[str, Any]:
-        """The entry as plain JSON values (``imggw tasks --json`` prints one per line)."""
-        return {
-            "task_id": self.task_id,
-            "surface": self.surface,
-            "idempotency_key": self.idempotency_key,
-            "status": self.status,
-            "state": self.state,
-            "submitted_at": _iso(self.submitted_at),
-            "expires_at": _iso(self.expires_at),
-            "files": [str(path) for path in self.files],
-            "request": {
-                "prompt": self.request.prompt,
-                "aspect_ratio": self.request.aspect_ratio,
-                "resolution": self.request.resolution,
-            },
-            "charge": self.charge,
-            "gateway": self.gateway,
-        }
+WARNED_SIZE = 4096  # rows and tasks this journal warned about, at most, before it forgets some
+PRUNE_AFTER = 30 * 86400.0  # final rows older than this go (Journal.prune's default)
 
 
 class Journal:
     """A journal of paid tasks in one SQLite file (see the module's docstring). Pass it (or a
     path) as ``Client(journal=...)``; ``IMGGW_JOURNAL`` names one for every client. A path that
     cannot be opened raises :class:`ConfigurationError` (code ``journal_unusable``) before
-    anything is sent.
+    anything is sent; one another user could write (a folder or file writable by group or
+    others, owned by someone else, or reached through a symbolic link) code ``journal_unsafe``.
 
     Example::
 
@@ -148,73 +69,163 @@ class Journal:
         with Client(journal=journal) as client:
             for sub in client.unfinished():       # what a killed process left
                 ...
-        print([e.task_id for e in journal.tasks()])
+        print([e.task_id for e in journal.tasks(limit=50)])
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._prepare(path)
+        with self._connection():  # opened now: a path that cannot be used says so here
+            pass
+
+    @classmethod
+    def _deferred(cls, path: str | os.PathLike[str]) -> Journal:
+        """A journal opened on first use (an ``AsyncClient``'s: in a worker thread, never on
+        its event loop)."""
+        journal = cls.__new__(cls)
+        journal._prepare(path)
+        return journal
+
+    def _prepare(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(os.path.expanduser(os.fspath(path)))
         self._lock = threading.Lock()  # _db's; taken before _loop_lock when both are
         self._db: sqlite3.Connection | None = None
         self._loop_lock = threading.Lock()  # _nowait's, which try_record never waits for
         self._nowait: sqlite3.Connection | None = None  # the event loop's: busy timeout 0
         self._pid = os.getpid()
+        self._closed = False
         # Writes since the last checkpoint; _due: a try_record handed the next one to record;
         # _ready: this process has checkpointed once (the WAL's start syncs, off the loop).
         self._writes, self._due, self._ready = 0, False, False
         # (gateway, key_fp, surface, task_id) -> (state, expires_at, charge) last committed here
         self._memo: dict[tuple[str, str, str, str], tuple[State, Any, Any]] = {}
         self._memo_lock = threading.Lock()
-        try:
-            self._db = self._open()
-        except (OSError, sqlite3.Error, StorageError) as exc:
-            raise unusable(self.path, exc) from exc
+        self._warned: dict[object, None] = {}  # damaged rows and unrecorded tasks told of
+        self._leases = Leases(self.path, OPEN)
 
     # ------------------------------------------------------------------------ reading
 
-    def tasks(self, *, unfinished: bool = False, scope: Scope | None = None) -> list[JournalEntry]:
-        """Every journaled task, newest first; ``unfinished``: only those that still need a
-        resend, a wait or a download; ``scope``: only one gateway's and key's.
+    def tasks(
+        self,
+        *,
+        unfinished: bool = False,
+        scope: Scope | None = None,
+        limit: int | None = None,
+        states: Collection[str] | None = None,
+    ) -> list[JournalEntry]:
+        """Journaled tasks, newest first; ``unfinished``: only those that still need a resend,
+        a wait or a download; ``scope``: only one gateway's and key's; ``states``: only those
+        in these states (``"unknown"``, ``"pending"``, ``"running"``, ``"succeeded"``,
+        ``"saved"``, ``"failed"``, ``"expired"``, ``"not_found"``); ``limit``: the newest this
+        many at most. A row that cannot be read is skipped (one WARNING names its key; see
+        :meth:`damaged`).
 
         Example::
 
-            for entry in journal.tasks(unfinished=True):
+            for entry in journal.tasks(unfinished=True, limit=50):
                 print(entry.task_id or "(outcome unknown)", entry.status)
         """
-        where, args = [], []
-        if unfinished:
-            open_states = [s.value for s, work in states.WORK.items() if work is not None]
-            where.append(f"state IN ({','.join('?' * len(open_states))})")
-            args.extend(open_states)
-        if scope is not None:
-            where += ["gateway = ?", "key_fp = ?"]
-            args += [scope.gateway, scope.key_fingerprint]
-        sql = f"SELECT {_COLUMNS} FROM tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        with self._connection() as db:
-            rows = db.execute(sql + " ORDER BY created DESC, row DESC", args).fetchall()
-        return [_entry(row) for row in rows]
+        clause, args = _schema.where(unfinished, scope, states, limit=limit)
+        sql = f"SELECT {_rows.COLUMNS} FROM tasks{clause}{NEWEST_FIRST}"
+        found: list[JournalEntry] = []
+        with self._reading() as db:
+            if limit is None:
+                return self._entries(db.execute(sql, args).fetchall())
+            offset = 0
+            while len(found) < limit:  # more only when damaged rows were skipped
+                want = limit - len(found)
+                rows = db.execute(f"{sql} LIMIT ? OFFSET ?", (*args, want, offset)).fetchall()
+                found += self._entries(rows)
+                offset += len(rows)
+                if len(rows) < want:
+                    break
+        return found
 
-    def mark_saved(self, task_id: str, surface: str, files: Sequence[str | os.PathLike[str]],
-                   *, scope: Scope) -> None:  # fmt: skip
+    def count(
+        self,
+        *,
+        unfinished: bool = False,
+        scope: Scope | None = None,
+        states: Collection[str] | None = None,
+    ) -> int:
+        """How many tasks :meth:`tasks` would list with the same filters and no limit (a
+        damaged row counts where its stored state and scope match).
+
+        Example::
+
+            print(journal.count(unfinished=True), "tasks still need something")
+        """
+        clause, args = _schema.where(unfinished, scope, states)
+        with self._reading() as db:
+            total: int = db.execute(f"SELECT COUNT(*) FROM tasks{clause}", args).fetchone()[0]
+        return total
+
+    def damaged(self, scope: Scope | None = None) -> list[DamagedRow]:
+        """The rows that cannot be read (an unknown state or surface, files that are not a
+        list of paths, an absurd time, bytes that are not text), newest first; ``scope``:
+        only one gateway's and key's. :meth:`tasks` skips them; nothing else is held up.
+
+        Example::
+
+            for bad in journal.damaged():
+                print(f"row {bad.row} ({bad.idempotency_key}): {bad.reason}")
+        """
+        clause, args = _schema.where(False, scope, None)
+        bad: list[DamagedRow] = []
+        with self._reading() as db:
+            for values in db.execute(
+                f"SELECT {_rows.COLUMNS} FROM tasks{clause}{NEWEST_FIRST}", args
+            ):
+                try:
+                    _rows.entry_of(values)
+                except _rows.RowDamaged as why:
+                    bad.append(_rows.damaged_row(values, why.reason))
+        return bad
+
+    def mark_saved(
+        self, task_id: str, surface: str, files: Sequence[str | os.PathLike[str]], *, scope: Scope
+    ) -> None:
         """Records that a task's results were saved where the SDK did not save them (read
-        into memory, uploaded): the task is then no longer unfinished.
+        into memory, uploaded): the task is then no longer unfinished. ``files`` are kept as
+        given (``s3://bucket/a.png`` stays so).
 
         Example::
 
             client.journal.mark_saved(task.id, task.surface, ["s3://bucket/a.png"],
                                       scope=client.journal_scope)
         """
-        paths = tuple(Path(os.fspath(f)) for f in files)
-        self.record(states.Saved(task_id, surface, paths), scope)
+        given = tuple(os.fspath(f) for f in files)
+        self.record(states.Saved(task_id, surface, given), scope)
+
+    def prune(self, *, older_than: float = PRUNE_AFTER, scope: Scope | None = None) -> int:
+        """Removes final rows (saved, failed, expired, not found) whose last change is older
+        than ``older_than`` seconds (30 days by default); ``scope``: only one gateway's and
+        key's. Rows that still need something are never removed. Returns how many went.
+
+        Example::
+
+            removed = journal.prune(older_than=7 * 86400)
+        """
+        clause, args = _schema.where(False, scope, FINAL)
+        before = time.time() - _schema.seconds("older_than", older_than)
+        try:
+            with self._connection() as db:
+                gone = db.execute(
+                    f"DELETE FROM tasks{clause} AND COALESCE(changed, submitted_at, created) < ?",
+                    (*args, before),
+                ).rowcount
+        except sqlite3.Error as exc:
+            raise _failed(self.path, exc, "write") from exc
+        return gone
 
     # ------------------------------------------------------------------------ writing
 
     def record(self, event: object, scope: Scope) -> None:
         """Commits one event of a flow's (``_core/states.py``); the table decides the move.
         Waits while another writer holds the file (30 s at most). Raises
-        :class:`StorageError` if the file cannot be written: a submit is then not sent.
-        Example: ``journal.record(event, client.journal_scope)``, as a blocking driver does.
+        :class:`StorageError` if the file cannot be written: a submit is then not sent; an
+        :class:`IdempotencyConflictError` when a submit would reuse a journaled key for
+        another request. Example: ``journal.record(event, client.journal_scope)``, as a
+        blocking driver does.
         """
         if self._needless(event, scope):
             return
@@ -231,17 +242,16 @@ class Journal:
                 else:
                     self._write(db, event, scope)
         except sqlite3.Error as exc:
-            raise StorageError(
-                f"cannot write the journal {self.path} ({exc}); nothing was sent",
-                code="journal_failed",
+            raise _failed(
+                self.path, exc, "write", sending=isinstance(event, states.Sending)
             ) from exc
 
     def try_record(self, event: object, scope: Scope) -> bool:
         """Commits one event as :meth:`record` does, if that takes no waiting: True when it is
         committed (or needs no write); False when nothing was written and the caller should
         call :meth:`record` in a worker thread: another writer holds the file, a checkpoint is
-        due or under way, another thread is in here, or the write failed (``record`` says why).
-        What an event loop calls, on its own thread. Example::
+        due or under way, another thread is in here, the file is not open yet, or the write
+        failed (``record`` says why). What an event loop calls, on its own thread. Example::
 
             if not journal.try_record(event, scope):
                 await anyio.to_thread.run_sync(journal.record, event, scope)
@@ -265,9 +275,29 @@ class Journal:
         finally:
             self._loop_lock.release()
 
+    def unrecorded(self, event: object, err: ImggwError) -> bool:
+        """A write that failed (``err``) after its submit's request left: False for one before
+        (the submit's own row: nothing may be sent without it; the caller raises ``err``).
+        Else the answer the call got stands: one WARNING per task names what was not
+        recorded (the row stays as it was, and a later collect replays its key), and True."""
+        if isinstance(event, states.Sending):
+            return False
+        what = named(event)
+        if self._warn_once(("unrecorded", what)):
+            log.warning(
+                "the journal %s did not record %s (%s); the call's answer stands, and "
+                "the row keeps its key for a later collect",
+                self.path,
+                what,
+                err.code or type(err).__name__,
+            )
+        return True
+
     def close(self) -> None:
         """Closes the file (a journal the client opened from a path is closed with it)."""
         with self._lock, self._loop_lock:
+            self._closed = True
+            self._leases.stop()
             if self._pid == os.getpid():
                 for db in (self._nowait, self._db):
                     if db is not None:
@@ -277,25 +307,90 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r})"
 
+    # ------------------------------------------------------------------------ leases
+
+    def _claim(self, scope: Scope) -> list[JournalEntry]:
+        """This scope's unfinished tasks that no other live process holds, oldest first; this
+        process holds them from now on (a lease renewed while it lives). Damaged rows are
+        skipped and reported."""
+        now = time.time()
+        owner, until = self._leases.owner, self._leases.until(now)
+        marks = ",".join("?" * len(OPEN))
+        sql = (
+            f"SELECT {_rows.COLUMNS}, lease_owner, lease_until FROM tasks WHERE gateway = ? AND "
+            f"key_fp = ? AND state IN ({marks}) ORDER BY row"
+        )
+        try:
+            with self._connection() as db:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    rows = db.execute(sql, (scope.gateway, scope.key_fingerprint, *OPEN))
+                    free = [r[:-2] for r in rows if self._leases.free(r[-2], r[-1], now)]
+                    readable = {values[0]: entry for values, entry in self._read(free)}
+                    db.executemany(
+                        "UPDATE tasks SET lease_owner = ?, lease_until = ? WHERE row = ?",
+                        [(owner, until, row) for row in readable],
+                    )
+                    db.execute("COMMIT")
+                except BaseException:
+                    _schema.rollback(db)
+                    raise
+        except sqlite3.Error as exc:
+            raise _failed(self.path, exc, "read") from exc
+        if readable:
+            self._leases.taken()
+        return list(readable.values())
+
     # ------------------------------------------------------------------------ internals
 
+    def _entries(self, rows: Sequence[Sequence[Any]]) -> list[JournalEntry]:
+        """The entries of ``rows``; a damaged one is skipped, with one WARNING per row."""
+        return [entry for _, entry in self._read(rows)]
+
+    def _read(self, rows: Sequence[Sequence[Any]]) -> Iterator[tuple[Sequence[Any], JournalEntry]]:
+        """Each readable row with its entry; a damaged one is skipped, with one WARNING."""
+        for values in rows:
+            try:
+                entry = _rows.entry_of(values)
+            except _rows.RowDamaged as why:
+                if self._warn_once(("row", values[0])):
+                    log.warning(
+                        "the journal %s has a row that cannot be read (row %s, "
+                        "idempotency key %s: %s); skipped",
+                        self.path,
+                        values[0],
+                        _rows.shown_key(values[2]),
+                        why.reason,
+                    )
+                continue
+            yield values, entry
+
+    def _warn_once(self, about: object) -> bool:
+        """Whether nothing was said of ``about`` yet (it is remembered as said)."""
+        with self._memo_lock:
+            if about in self._warned:
+                return False
+            if len(self._warned) >= WARNED_SIZE:
+                self._warned.pop(next(iter(self._warned)))
+            self._warned[about] = None
+        return True
+
     def _open(self) -> sqlite3.Connection:
-        folder = self.path.parent
-        if not folder.exists():
-            folder.mkdir(mode=0o700, parents=True)
+        ready_folder(self.path.parent)
+        refuse_unsafe_files(self.path)
         open_private(self.path)
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                             check_same_thread=False)  # fmt: skip
+        db = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        db.text_factory = _rows.decoded
         try:
             db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            _schema.refuse_newer(db)  # before WAL mode changes the file
             db.execute("PRAGMA journal_mode=WAL")
             # A killed process loses nothing committed; a power cut may lose the last moment.
             db.execute("PRAGMA synchronous=NORMAL")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > FORMAT:
-                raise sqlite3.DatabaseError(f"written by a newer imggw (format {version})")
-            if version < FORMAT:
-                db.executescript(_SCHEMA + f"PRAGMA user_version={FORMAT};")
+            _schema.migrate(db)
+            refuse_unsafe_files(self.path)  # SQLite's side files, now that they exist
         except BaseException:
             db.close()
             raise
@@ -304,6 +399,7 @@ class Journal:
     def _open_nowait(self) -> sqlite3.Connection:
         """The event loop's connection (see the module's docstring): no I/O until it writes."""
         db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+        db.text_factory = _rows.decoded
         for pragma in ("busy_timeout=0", "wal_autocheckpoint=0", "synchronous=NORMAL"):
             db.execute(f"PRAGMA {pragma}")  # synchronous as _open's: it is per connection
         return db
@@ -312,14 +408,15 @@ class Journal:
         """One event in one transaction on ``db`` (its lock held), and its row in the memo."""
         db.execute("BEGIN IMMEDIATE")
         try:
-            after = _apply(db, event, scope)
+            lease = (self._leases.owner, self._leases.until(time.time()))
+            after = apply(db, event, scope, lease, self.path)
             db.execute("COMMIT")
         except BaseException:
-            if db.in_transaction:
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+            _schema.rollback(db)
             raise
         self._writes += 1
+        if isinstance(event, states.Sending):
+            self._leases.taken()
         if after is not None:
             self._remember(after)
 
@@ -335,9 +432,9 @@ class Journal:
         if known is None:
             return False
         state, expires, charge = known
-        if states.move(state, _event(event)) is not state:
+        if states.move(state, event_of(event)) is not state:
             return False
-        new_expires, new_charge = _seen_values(task)
+        new_expires, new_charge = seen_values(task)
         return new_expires in (None, expires) and new_charge in (None, charge)
 
     def _remember(self, after: Memo) -> None:
@@ -353,7 +450,11 @@ class Journal:
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's handles are not ours
+            if self._closed:
+                closed = f"the journal {self.path} is closed"
+                raise ConfigurationError(closed, code="journal_unusable")
+            if self._db is None or self._pid != os.getpid():
+                # First use, or a forked child: the parent's handles are not ours.
                 with self._loop_lock:
                     self._db, self._nowait, self._ready, self._due = None, None, False, False
                     self._pid = os.getpid()
@@ -361,10 +462,16 @@ class Journal:
                     self._db = self._open()
                 except (OSError, sqlite3.Error, StorageError) as exc:
                     raise unusable(self.path, exc) from exc
-            if self._db is None:
-                raise ConfigurationError(f"the journal {self.path} is closed",
-                                         code="journal_unusable")  # fmt: skip
             yield self._db
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection for a read; a file that cannot be read is a :class:`StorageError`."""
+        try:
+            with self._connection() as db:
+                yield db
+        except sqlite3.Error as exc:
+            raise _failed(self.path, exc, "read") from exc
 
 
 def unusable(path: Path, exc: BaseException) -> ConfigurationError:
@@ -372,128 +479,8 @@ def unusable(path: Path, exc: BaseException) -> ConfigurationError:
     return ConfigurationError(f"cannot use the journal {path} ({why})", code="journal_unusable")
 
 
-Memo = tuple[tuple[str, str, str, str], State | None, Any, Any]  # key, state, expiry, charge
-
-
-def _apply(db: sqlite3.Connection, event: object, scope: Scope) -> Memo | None:
-    """Runs ``event``'s move on its rows; returns what its one row holds after it (for the
-    memo; its state None when the row went, or when the event found no row or several)."""
-    base = (scope.gateway, scope.key_fingerprint)
-    if isinstance(event, states.Sending):
-        request = event.request
-        db.execute(
-            "INSERT INTO tasks (gateway, key_fp, surface, idempotency_key, state, prompt,"
-            " aspect_ratio, resolution, created) VALUES (?,?,?,?,?,?,?,?,?)"
-            " ON CONFLICT DO NOTHING",
-            (*base, event.surface, event.key, State.UNKNOWN.value, request.prompt,
-             request.aspect_ratio, request.resolution, time.time()),
-        )  # fmt: skip
-        return None
-    surface: str
-    task_id: str | None
-    if isinstance(event, (states.Accepted, states.Refused)):
-        if isinstance(event, states.Accepted):
-            sub = event.submission
-            surface, key, task_id = sub.surface, sub.idempotency_key, sub.task_id
-            happened = states.Event.PENDING
-        else:
-            surface, key, task_id, happened = event.surface, event.key, None, states.Event.REFUSED
-        where, args = "idempotency_key = ?", [key]
-    else:
-        task_id = event.task.id if isinstance(event, states.Seen) else event.task_id  # type: ignore[attr-defined]
-        surface = event.task.surface if isinstance(event, states.Seen) else event.surface  # type: ignore[attr-defined]
-        where, args = "task_id = ?", [task_id]
-        happened = _event(event)
-    mine = "gateway = ? AND key_fp = ? AND surface = ?"
-    found = db.execute(
-        f"SELECT row, state, expires_at, charge FROM tasks WHERE {mine} AND {where}",
-        (*base, surface, *args),
-    ).fetchall()
-    after: tuple[State, Any, Any] | None = None
-    for row, state, expires, charge in found:
-        target = states.move(State(state), happened)
-        if target is None:
-            db.execute("DELETE FROM tasks WHERE row = ?", (row,))
-            continue
-        changes = _changes(event, target)
-        sets = ", ".join(f"{name} = ?" for name in changes)
-        db.execute(f"UPDATE tasks SET {sets} WHERE row = ?", (*changes.values(), row))
-        after = (target, changes.get("expires_at", expires), changes.get("charge", charge))
-    if task_id is None:
-        return None
-    known = after if len(found) == 1 and after is not None else (None, None, None)
-    return ((*base, surface, task_id), *known)
-
-
-def _event(event: object) -> states.Event:
-    if isinstance(event, states.Seen):
-        return states.event_of(event.task.status)
-    if isinstance(event, states.Saved):
-        return states.Event.SAVED
-    return states.Event.EXPIRED
-
-
-def _changes(event: object, target: State) -> dict[str, Any]:
-    """The columns ``event`` sets on a row that moves to ``target``."""
-    changes: dict[str, Any] = {"state": target.value}
-    if isinstance(event, states.Accepted):
-        changes["task_id"] = event.submission.task_id
-        if event.submission.submitted_at is not None:
-            changes["submitted_at"] = event.submission.submitted_at.timestamp()
-    elif isinstance(event, states.Seen):
-        expires, charge = _seen_values(event.task)
-        if expires is not None:
-            changes["expires_at"] = expires
-        if charge is not None:
-            changes["charge"] = charge
-    elif isinstance(event, states.Saved) and target is State.SAVED:
-        changes["files"] = json.dumps([str(path) for path in event.files])
-    return changes
-
-
-def _seen_values(task: Task) -> tuple[float | None, float | None]:
-    """The link expiry and charge an answer gives (as stored), each None when it gives none."""
-    expires = None if task.expires_at is None else task.expires_at.timestamp()
-    charge = task.credits if task.credits is not None else task.cost
-    if charge is None or not math.isfinite(charge):
-        return expires, None
-    return expires, float(charge)
-
-
-def _entry(row: Sequence[Any]) -> JournalEntry:
-    (surface, key, task_id, state, prompt, ratio, resolution, created, submitted, expires,
-     charge, files, gateway) = row  # fmt: skip
-    status = state if state == State.UNKNOWN.value else _status(State(state))
-    return JournalEntry(
-        task_id=task_id,
-        surface=surface,
-        idempotency_key=key,
-        status=status,
-        submitted_at=_when(submitted),
-        expires_at=_when(expires),
-        files=tuple(Path(p) for p in json.loads(files)),
-        request=ImageRequest.unchecked(prompt, ratio, resolution),
-        state=state,
-        charge=charge,
-        gateway=gateway,
-        created_at=_when(created),
-    )
-
-
-def _status(state: State) -> str:
-    if state in (State.SAVED, State.EXPIRED):
-        return TaskStatus.SUCCEEDED.value
-    return TaskStatus(state.value).value
-
-
-def _when(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
-
-
-def _iso(when: datetime | None) -> str | None:
-    return None if when is None else when.isoformat()
-
-
-def work_of(entry: JournalEntry) -> Work | None:
-    """What an entry still needs (from the states table)."""
-    return states.WORK.get(State(entry.state))
+def _failed(path: Path, exc: BaseException, verb: str, *, sending: bool = False) -> StorageError:
+    """A read or write of the journal that failed; "nothing was sent" only for a submit's
+    own row, the one write before its request leaves."""
+    after = "; nothing was sent" if sending else ""
+    return StorageError(f"cannot {verb} the journal {path} ({exc}){after}", code="journal_failed")

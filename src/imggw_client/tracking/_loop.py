@@ -5,10 +5,12 @@ store and hooks (``_store``).
 
 Items stream from the store in order into a bounded window of items in flight: an item with no
 task id is submitted with its key (recorded before the request leaves: after a crash the
-gateway replays the task), known task ids are waited on (never resubmitted: a key older than
-the gateway's memory must not be resent blindly), and finished tasks queue for download slots,
-the soonest-expiring first (``_downloads``), a dead link refreshed before a result is declared
-expired. Every move is the store's to keep; the hooks may refuse a submit (guards, room).
+gateway replays the task) unless it first left longer ago than the gateway remembers keys
+(``idempotency_window``: reported, never resent blindly), known task ids are waited on (never
+resubmitted; one the gateway no longer knows ends ``not_found``), and finished tasks queue for
+download slots, the soonest-expiring first (``_downloads``), a dead link refreshed before a
+result is declared expired. Every move is the store's to keep; the hooks may refuse a submit
+(guards, room).
 
 An item is waited on for at most the course's ``line_timeout``, with the polls the client
 learned, under its request budget.
@@ -17,6 +19,7 @@ learned, under its request budget.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timezone
@@ -27,8 +30,9 @@ import anyio.abc
 import anyio.to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
-from .. import _telemetry
+from .. import _io_async, _telemetry
 from .._async_client import AsyncClient
+from .._core import states
 from .._core.config import check_surface
 from .._core.exceptions import (
     DownloadError,
@@ -42,6 +46,7 @@ from .._core.exceptions import (
 from .._core.models import Submission, Task, TaskStatus
 from .._core.states import State, Work
 from .._core.surfaces import REDACTED
+from .._core.text import printable
 from .._download import WRITE_FAILED
 from .._files import StorageError
 from ._downloads import DownloadQueue, kept_links
@@ -49,7 +54,10 @@ from ._store import FATAL, NOT_FOUND, Course, Hooks, ItemT, Store, retry_later
 
 __all__ = ["Loop", "waited"]
 
+log = logging.getLogger("imggw_client")
+
 NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
+KEY_MEMORY = 86_400.0  # the gateway's memory of keys, for a client that does not say (24 h)
 MIN_IN_FLIGHT = 1024  # items in flight (submitted, waiting, queued for download) at most ...
 IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
 
@@ -159,6 +167,8 @@ class Loop(Generic[ItemT]):
             await self.idle.wait()
 
     async def submit(self, item: ItemT) -> None:
+        if self.forgotten(item):
+            return
         # Items queued for a submit slot must not all pass the guards at once, before the
         # failures and charges of those ahead are known.
         async with self.admitting or contextlib.nullcontext():
@@ -167,6 +177,28 @@ class Loop(Generic[ItemT]):
             async with self.hooks.admit(item) as admitted:
                 if admitted:
                     await self.send(item)
+
+    def forgotten(self, item: ItemT) -> bool:
+        """Whether the item's submit, of unknown outcome, first left longer ago than the
+        gateway remembers keys: sent again, it could make (and bill) a second task. It is
+        reported (one WARNING naming its key, the course's ``stale_keys``) and left as it is,
+        for the caller to send explicitly if they choose."""
+        first = getattr(item, "first_sent", None)
+        window = getattr(self.client, "idempotency_window", KEY_MEMORY)
+        if first is None or item.idempotency_key is None or time.time() - first <= window:
+            return False
+        key = item.idempotency_key
+        self.course.stale_keys.append(key)
+        log.warning(
+            "a submit of unknown outcome (idempotency key %s, surface %s) was first sent longer "
+            "ago than the gateway remembers keys (idempotency_window=%gs): it was not sent "
+            "again, which could bill a second task; it is kept with its key. Send it yourself "
+            "if no task was made for it",
+            printable(key, 80),
+            printable(item.surface, 20),
+            window,
+        )
+        return True
 
     async def send(self, item: ItemT) -> None:
         fields, course = item.fields, self.course
@@ -183,6 +215,7 @@ class Loop(Generic[ItemT]):
                                 resolution=fields["resolution"],
                                 surface=check_surface(item.surface),
                                 idempotency_key=item.idempotency_key,
+                                validate=getattr(item, "validate", True),
                             )
                         except InsufficientCreditsError:
                             course.stopped = True  # before its slot is free: none goes after it
@@ -221,7 +254,9 @@ class Loop(Generic[ItemT]):
             task = err.task
         except FATAL:
             raise
-        except NotFoundError as err:  # its own item fails, no more; the next run looks again
+        except NotFoundError as err:  # asked enough: the gateway no longer knows the task
+            assert item.task_id is not None
+            await self.record(states.NotFound(item.task_id, item.surface))
             store.fail(item, NOT_FOUND, err.message)
             return
         except ImggwError as err:
@@ -271,6 +306,12 @@ class Loop(Generic[ItemT]):
                 return await self.client.wait(waited(item), surface=surface,
                                               wait_timeout=remaining, on_update=seen)  # fmt: skip
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+
+    async def record(self, event: object) -> None:
+        """Tells the client's journal (if any) what the loop concluded of a task."""
+        client = self.client
+        if client.journal is not None:
+            await _io_async.record(client.journal, event, client.journal_scope)
 
     # ------------------------------------------------------------------------ downloads
 
@@ -334,6 +375,7 @@ class Loop(Generic[ItemT]):
         except FATAL:
             raise
         except NotFoundError as err:  # its links dead, and the gateway does not know the task
+            await self.record(states.Expired(item.task_id, item.surface))  # its results gone
             store.fail(item, NOT_FOUND, err.message)
             return
         except ImggwError as err:

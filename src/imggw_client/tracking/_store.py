@@ -44,7 +44,7 @@ from .._core.models import DownloadedFile, Task
 from .._core.retry import classify
 from .._core.states import State, Work
 from .._core.surfaces import safe_message
-from .._download import WRITE_FAILED
+from .._download import REDIRECT_REFUSED, WRITE_FAILED
 from .._files import StorageError
 
 __all__ = ["FATAL", "NOT_FOUND", "Course", "Hooks", "Item", "Store", "retry_later"]
@@ -58,7 +58,7 @@ FATAL = (AuthenticationError, PermissionDeniedError, ConfigurationError, Storage
 RETRY_PAUSE = (0.5, 10.0)  # first and longest pause before an item's step is tried again
 # Downloads that another try in this run would not mend (a rerun looks at a document's link
 # again: what a proxy served today may be the image tomorrow).
-_FINAL_DOWNLOAD_CODES = frozenset({RESULT_TOO_LARGE, WRITE_FAILED, NOT_AN_IMAGE})
+_FINAL_DOWNLOAD_CODES = frozenset({RESULT_TOO_LARGE, WRITE_FAILED, NOT_AN_IMAGE, REDIRECT_REFUSED})
 
 
 def retry_later(err: BaseException) -> bool:
@@ -101,6 +101,9 @@ class Course:
         self.stopped = False  # no more submits in this run (a guard, a 402, the disk) ...
         self.stopped_by: str | None = None  # ... this guard, having seen this
         self.stop_reason = ""
+        # Keys of unknown submits first sent longer ago than the gateway remembers keys: not
+        # sent again by this run (a second task could be billed), left where they stand.
+        self.stale_keys: list[str] = []
 
     def stop(self, err: ImggwError) -> None:
         """A failure that ends the run (one of :data:`FATAL`): every step is cancelled."""
@@ -145,7 +148,12 @@ class Course:
 class Item(Protocol):
     """One task the loop runs: what it asks for (``fields``: ``prompt``, ``aspect_ratio``,
     ``resolution``), its key, its task and its results' links as they are learned. ``line``
-    orders a store's items (the loop asks for those after the last it was given)."""
+    orders a store's items (the loop asks for those after the last it was given).
+
+    An item may also carry ``first_sent`` (Unix seconds: when its submit first left, as a
+    journal row knows it; an unknown submit older than the client's ``idempotency_window`` is
+    then never sent again by the loop) and ``validate`` (False: its submit is sent again as it
+    was first sent, unchecked, the same bytes)."""
 
     line: int
     surface: str

@@ -1,9 +1,10 @@
-"""The tracker: a journal's unfinished tasks collected through one client (DESIGN 19), on the
-tracker's one run loop (``_loop``) with the journal as its store: the submits whose outcome is
-unknown are sent again with their keys (``client.unfinished()``), then every task is waited on
-(all at once, under the client's budget and learned polls) or asked once, and its results
-saved soonest-expiring first, a dead link refreshed; the client records each step in the
-journal. ``imggw tasks collect`` is this.
+"""The tracker: a journal's unfinished tasks collected through one client (DESIGN 19, 22), on
+the tracker's one run loop (``_loop``) with the journal as its store: the tasks of this key and
+gateway that no other live process works on (the client claims them), the submits whose outcome
+is unknown sent again with their keys (those first sent longer ago than the gateway remembers
+keys are reported instead), then every task waited on (all at once, under the client's budget
+and learned polls) or asked once, and its results saved soonest-expiring first, a dead link
+refreshed; the client records each step in the journal. ``imggw tasks collect`` is this.
 
 Example::
 
@@ -21,16 +22,22 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
+
 from .._async_client import AsyncClient
 from .._core.exceptions import ImggwError
-from .._core.models import DownloadedFile, Submission, Task
+from .._core.models import DownloadedFile, Task
 from .._core.states import WORK, State, Work
 from .._core.surfaces import safe_message
+from .._core.text import printable
+from ._downloads import PARTIAL_AFTER, sweep_partial_files
+from ._journal import Journal, JournalEntry, Scope
 from ._loop import Loop
-from ._store import Course, in_order
+from ._store import NOT_FOUND, Course, in_order
 
 __all__ = ["CollectReport", "Tracker"]
 
@@ -40,9 +47,16 @@ DOWNLOAD_SLOTS = 8  # results downloaded at once by a collect (as `download --fr
 
 @dataclass
 class CollectReport:
-    """What :meth:`Tracker.collect` did: tasks whose results it saved (``files`` by task id),
-    those still running (or whose download is left for a later collect), failed, and expired
-    before they were saved.
+    """What :meth:`Tracker.collect` did, by task id: tasks whose results it saved (``files`` by
+    task id), those still running (or whose download is left for a later collect), failed,
+    expired before they were saved, and no longer known to the gateway (``not_found``: final,
+    never asked again). By idempotency key, submits of unknown outcome: ``stale_keys``, first
+    sent longer ago than the gateway remembers keys (``idempotency_window``), so not sent
+    again (a second task could be billed: send one yourself only if no task was made for it);
+    ``unresolved_keys``, sent again without getting a task back (no answer, or refused),
+    kept for a later collect. ``other_scopes``: unfinished tasks of the journal that belong to
+    another API key or gateway (another spelling of the base URL counts as another gateway),
+    which this collect leaves alone.
 
     Example::
 
@@ -55,20 +69,27 @@ class CollectReport:
     failed: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     files: dict[str, list[DownloadedFile]] = field(default_factory=dict)
+    not_found: list[str] = field(default_factory=list)
+    stale_keys: list[str] = field(default_factory=list)
+    unresolved_keys: list[str] = field(default_factory=list)
+    other_scopes: int = 0
 
     @property
     def exit_code(self) -> int:
-        """0 when everything is saved, 3 when some still run, 1 when some failed or expired
-        (the CLI's codes)."""
-        if self.failed or self.expired:
+        """0 when everything is saved, 3 when some still run (or a resent submit got no task
+        back yet), 1 when some failed, expired, are not known to the gateway, or are stale
+        keys only the caller may send (the CLI's codes)."""
+        if self.failed or self.expired or self.not_found or self.stale_keys:
             return 1
-        return 3 if self.running else 0
+        return 3 if self.running or self.unresolved_keys else 0
 
 
 @dataclass
 class _Entry:
     """A journaled task as the loop's item: submitted by a client of this journal (so a
-    NotFound is asked again a few times, and its wait polls by its kind and start)."""
+    NotFound is asked again a few times, and its wait polls by its kind and start). One whose
+    submit's outcome is unknown is sent again as it was first sent (``validate`` False: the
+    same bytes), unless it first left (``first_sent``) longer ago than the gateway remembers."""
 
     line: int
     surface: str
@@ -80,12 +101,30 @@ class _Entry:
     urls: list[str] = field(default_factory=list)
     expires_at: float | None = None
     made_here: bool = True
+    first_sent: float | None = None
+    validate: bool = False
 
     @classmethod
-    def of(cls, line: int, sub: Submission) -> _Entry:
-        started = sub.submitted_at.timestamp() if sub.submitted_at else None
-        return cls(line, sub.surface, sub.idempotency_key, sub.task_id, started,
-                   {"resolution": sub.resolution})  # fmt: skip
+    def of(cls, line: int, entry: JournalEntry) -> _Entry:
+        request = entry.request
+        started = entry.submitted_at.timestamp() if entry.submitted_at else None
+        fields = {
+            "prompt": request.prompt,
+            "aspect_ratio": request.aspect_ratio,
+            "resolution": request.resolution,
+        }
+        state = State.UNKNOWN if entry.task_id is None else State.RUNNING
+        first = entry.created_at.timestamp() if entry.created_at else None
+        return cls(
+            line,
+            entry.surface,
+            entry.idempotency_key,
+            entry.task_id,
+            started,
+            fields,
+            state,
+            first_sent=first,
+        )
 
 
 class _JournalRun:
@@ -93,10 +132,16 @@ class _JournalRun:
     client writes each step to the journal itself), their outcomes in a :class:`CollectReport`,
     results saved into ``dest``."""
 
-    def __init__(self, entries: list[_Entry], dest: Path,
-                 on_task: Callable[[Task], None] | None,
-                 redact: Callable[[str], str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        entries: list[_Entry],
+        dest: Path,
+        on_task: Callable[[Task], None] | None,
+        redact: Callable[[str], str],
+        surface: str,
+    ) -> None:
         self.entries = entries
+        self.surface = surface  # the client's: its tasks' files are named as generate names them
         self.redact = redact  # an exception's text may quote the key
         self.dest = dest
         self.on_task = on_task
@@ -118,8 +163,19 @@ class _JournalRun:
 
     def fail(self, entry: _Entry, code: str, message: str) -> None:
         entry.state = State.FAILED
-        assert entry.task_id is not None
-        self.report.failed.append(entry.task_id)
+        if entry.task_id is None:  # a resent submit refused: the row keeps its key
+            key = entry.idempotency_key or ""
+            self.report.unresolved_keys.append(key)
+            log.warning(
+                "a journaled submit (idempotency key %s) was sent again and refused "
+                "(%s); it stays in the journal",
+                printable(key, 80),
+                printable(code, 80),
+            )
+        elif code == NOT_FOUND:  # the journal holds it final: no collect asks again
+            self.report.not_found.append(entry.task_id)
+        else:
+            self.report.failed.append(entry.task_id)
 
     def expire(self, entry: _Entry, message: str) -> None:
         entry.state = State.EXPIRED
@@ -127,7 +183,8 @@ class _JournalRun:
         self.report.expired.append(entry.task_id)
 
     def left_for_next_run(self, entry: _Entry, why: str) -> None:
-        log.warning("task %s: %s; a later collect takes it up again", entry.task_id, why)
+        what = f"task {entry.task_id}" if entry.task_id else f"key {entry.idempotency_key}"
+        log.warning("%s: %s; a later collect takes it up again", what, why)
 
     def unexpected_fault(self, entry: _Entry, exc: Exception) -> None:
         log.error("task %s: unexpected %s: %s; a later collect takes it up again",
@@ -138,8 +195,9 @@ class _JournalRun:
         return self.dest
 
     def prefix(self, entry: _Entry) -> str:
-        """Tasks of both surfaces may share an id: the surface starts each file's name."""
-        return f"{entry.surface}-"
+        """One rule in every command: a task of the client's surface is named by its id alone,
+        and one of the other surface (whose ids may be the same) starts with its surface."""
+        return "" if entry.surface == self.surface else f"{entry.surface}-"
 
     async def keep(self, entry: _Entry, files: list[DownloadedFile]) -> None:
         assert entry.task_id is not None
@@ -168,11 +226,18 @@ class _JournalRun:
     async def saved(self, entry: _Entry) -> None:
         pass
 
-    def finish(self) -> CollectReport:
-        """The report, with every task left unsaved counted as still running."""
+    def finish(self, stale: list[str], other_scopes: int) -> CollectReport:
+        """The report, with every task left unsaved counted as still running, and every
+        unknown submit not settled as stale or unresolved."""
         report = self.report
-        report.running.extend(e.task_id for e in self.entries
-                              if WORK[e.state] is not None and e.task_id is not None)  # fmt: skip
+        report.stale_keys, report.other_scopes = stale, other_scopes
+        for entry in self.entries:
+            if WORK[entry.state] is None:
+                continue
+            if entry.task_id is not None:
+                report.running.append(entry.task_id)
+            elif entry.idempotency_key not in stale:
+                report.unresolved_keys.append(entry.idempotency_key or "")
         return report
 
 
@@ -198,19 +263,35 @@ class Tracker:
         timeout: float | None = None,
         on_task: Callable[[Task], None] | None = None,
     ) -> CollectReport:
-        """Every unfinished task of the journal (this key, this gateway) brought as far as it
-        goes: without ``wait``, each is asked once; with it, waited on (up to ``timeout``
-        seconds). Finished ones are downloaded into ``dest_dir``, the soonest-expiring first
-        (a task whose links carry no expiry goes last), a dead link asked for again. A task
-        the gateway does not know fails alone. ``on_task`` sees each task as it is terminal."""
-        subs = await self.client.unfinished()
-        entries = [_Entry.of(line, sub) for line, sub in enumerate(subs, 1)]
-        run = _JournalRun(entries, Path(dest_dir), on_task, self.client.redact)
+        """Every unfinished task of the journal (this key, this gateway) that no other live
+        process works on, brought as far as it goes: a submit of unknown outcome sent again
+        with its key (unless first sent longer ago than ``client.idempotency_window``: listed
+        in ``stale_keys``, never sent); without ``wait``, each task is asked once; with it,
+        waited on (up to ``timeout`` seconds). Finished ones are downloaded into ``dest_dir``,
+        the soonest-expiring first (a task whose links carry no expiry goes last), a dead link
+        asked for again; partial files a killed collect left there are removed first. A task
+        the gateway no longer knows ends ``not_found``, alone. ``on_task`` sees each task as it
+        is terminal."""
+        client, dest = self.client, Path(dest_dir)
+        journal = client.journal
+        assert journal is not None
+        # A live download ends within its timeout: a partial file quiet for longer is a kill's.
+        quiet = max(PARTIAL_AFTER, 2 * client._settings.timeout)
+        await anyio.to_thread.run_sync(sweep_partial_files, dest, quiet)
+        claimed = await anyio.to_thread.run_sync(client._open_entries)
+        others = await anyio.to_thread.run_sync(partial(_elsewhere, journal, client.journal_scope))
+        entries = [_Entry.of(line, entry) for line, entry in enumerate(claimed, 1)]
+        run = _JournalRun(entries, dest, on_task, client.redact, client.surface)
         limit = math.inf if timeout is None or not wait else timeout
         course = Course(deadline=time.monotonic() + limit, line_timeout=None,
-                        redact=self.client.redact)  # fmt: skip
-        loop = Loop(self.client, run, run, course, concurrency=DOWNLOAD_SLOTS, wait=wait)
+                        redact=client.redact)  # fmt: skip
+        loop = Loop(client, run, run, course, concurrency=DOWNLOAD_SLOTS, wait=wait)
         await loop.run()
         if course.fatal is not None:
             raise course.fatal
-        return run.finish()
+        return run.finish(course.stale_keys, others)
+
+
+def _elsewhere(journal: Journal, scope: Scope) -> int:
+    """Unfinished tasks of the journal that belong to another key or gateway."""
+    return journal.count(unfinished=True) - journal.count(unfinished=True, scope=scope)
