@@ -31,10 +31,18 @@ peak RSS at 1k, 10k and 100k lines) run from this tree and from another (``--bas
 ``src`` folder of a worktree of the commit to compare with), alternating, R rounds each.
 "Within noise" means the two sides' ranges over the rounds overlap.
 
-Run: python bench/journal.py [--part 1|2|3] [--quick] [--json]
+Part 4, the journal's edges (DESIGN 22): ``client.unfinished()`` over U journaled submits of
+unknown outcome (500) against a gateway that answers every request 50 ms late, against the same
+replays sent one at a time (how ``unfinished()`` sent them before; target under 3 s); and
+``imggw tasks`` on a journal of 100,000 rows (the newest 50; ``--json``; target under 1 s wall
+and 100 MiB peak RSS), against ``imggw tasks --all`` (every row read and printed, as the listing
+did before) and ``imggw --version`` (the command's start alone), each a process of its own, the
+ways alternating, R rounds: wall time and the child's peak RSS (``wait4``'s rusage).
+
+Run: python bench/journal.py [--part 1|2|3|4] [--quick] [--json]
      git worktree add --detach /tmp/base 5bd5b17    # part 3: the commit before the journal
      python bench/journal.py --part 3 --base-src /tmp/base/src [--head-src DIR] [--rounds R]
-Parts 1 and 2 by default (about 8 minutes on a busy 2-core machine; ``--quick`` about 1);
+Parts 1, 2 and 4 by default (about 9 minutes on a busy 2-core machine; ``--quick`` about 2);
 part 3 only with ``--base-src`` (10 to 25 minutes a round and tree at full size, most of it
 the 100,000 lines; ``--quick``: 1k, 2k, 4k lines).
 """
@@ -77,10 +85,15 @@ def serve_gateway(options: dict[str, Any]) -> int:
     from imggw_client.mock import MockGateway
     from imggw_client.mock._asgi import serve_app
 
+    delay = float(options.pop("answer_delay", 0.0))  # seconds before every answer (part 4)
     gateway = MockGateway(api_keys=[KEY], **options)
     inner = gateway.asgi()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
+        if delay and scope["type"] == "http":
+            import anyio
+
+            await anyio.sleep(delay)
         if scope["type"] == "http" and scope["path"] == "/_bench/finished":
             # When each task finished, on the gateway's clock: CLOCK_MONOTONIC, which every
             # process on this machine reads alike (the gateway's own table; a bench may look).
@@ -686,6 +699,189 @@ def print_part3(found: dict[str, Any]) -> None:
     print("  (median and range of the rounds; within noise: the two trees' ranges overlap)")
 
 
+# --------------------------------------------------------------------------- part 4
+
+ANSWER_DELAY = 0.05  # part 4: the gateway answers every request this late
+UNFINISHED_TARGET = 3.0  # seconds for unfinished() over 500 rows
+LIST_TARGET = (1.0, 100.0)  # imggw tasks on 100,000 rows: seconds, MiB
+
+
+def _unknown_rows(journal: Any, scope: Any, count: int, tag: str) -> list[str]:
+    """``count`` journaled submits of unknown outcome (their rows made as a submit makes them
+    before its request leaves, never sent): their keys."""
+    from imggw_client import ImageRequest
+    from imggw_client._core import states
+
+    keys = [f"bench-{tag}-{uuid.uuid4().hex}" for _ in range(count)]
+    for n, key in enumerate(keys):
+        journal.record(states.Sending(key, "beta", ImageRequest(f"{PROMPT} {n}")), scope)
+    return keys
+
+
+def unfinished_rows(url: str, folder: Path, rows: int, rounds: int) -> dict[str, list[float]]:
+    """``unfinished()`` over ``rows`` unknown rows, and the same replays one at a time (each
+    round on rows of its own, the two ways alternating which goes first)."""
+    import anyio
+
+    from imggw_client import AsyncClient
+    from imggw_client.tracking import Journal
+
+    found: dict[str, list[float]] = {"unfinished()": [], "one at a time": []}
+
+    async def main() -> None:
+        for r in range(rounds):
+            journal = Journal(folder / f"unfinished-{r}.sqlite")
+            async with (
+                AsyncClient(api_key=KEY, base_url=url, journal=journal) as client,
+                AsyncClient(api_key=KEY, base_url=url, journal=False) as plain,
+            ):
+                _unknown_rows(journal, client.journal_scope, rows, f"u{r}")
+                # The one-at-a-time side's keys: new to the gateway too (a first send each).
+                by_hand = [f"bench-h{r}-{uuid.uuid4().hex}" for _ in range(rows)]
+                for way in found if r % 2 == 0 else list(found)[::-1]:
+                    started = time.perf_counter()
+                    if way == "unfinished()":
+                        subs = await client.unfinished()
+                        assert len(subs) == rows, f"{len(subs)} of {rows} came back"
+                    else:
+                        for n, key in enumerate(by_hand):
+                            await plain.submit(f"{PROMPT} {n}", idempotency_key=key)
+                    found[way].append(time.perf_counter() - started)
+            journal.close()
+
+    anyio.run(main)
+    return found
+
+
+def _big_journal(path: Path, rows: int) -> None:
+    """A journal of ``rows`` saved tasks, as the command line writes them (its first row
+    through the journal, then copies in one statement)."""
+    from imggw_client import ImageRequest
+    from imggw_client._core import states
+    from imggw_client.tracking import Journal, Scope
+
+    journal = Journal(path)
+    journal.record(states.Sending("bench-0", "beta", ImageRequest(PROMPT)),
+                   Scope("http://127.0.0.1:9", "0" * 64))  # fmt: skip
+    journal.close()
+    import sqlite3
+
+    files = json.dumps([f"/home/user/images/out/{n}-0.png" for n in range(2)])
+    values = {"idempotency_key": "'bench-' || i", "task_id": "CAST(100000 + i AS TEXT)",
+              "state": "'saved'", "files": "?", "created": "created + i",
+              "prompt": "prompt || ' ' || i"}  # fmt: skip
+    with sqlite3.connect(path) as db:
+        columns = [c[1] for c in db.execute("PRAGMA table_info(tasks)") if c[1] != "row"]
+        chosen = ", ".join(values.get(c, c) for c in columns)
+        db.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+            f"INSERT INTO tasks ({', '.join(columns)}) SELECT {chosen} FROM n, "
+            "(SELECT * FROM tasks WHERE idempotency_key = 'bench-0')",
+            (rows - 1, files),
+        )
+
+
+LISTINGS = {
+    "imggw tasks": ["tasks"],
+    "imggw tasks --json": ["tasks", "--json"],
+    "imggw tasks --all (every row)": ["tasks", "--all"],
+    "imggw --version (start only)": ["--version"],
+}
+
+
+# The command as its entry point runs it, telling its own peak RSS (VmHWM) at exit on the
+# descriptor PEAK_FD names: getrusage's ru_maxrss of a child counts the process it was forked
+# from.
+LISTING_CHILD = """
+import atexit, os, sys
+
+def peak() -> None:
+    with open("/proc/self/status") as status:
+        found = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    os.write(int(os.environ["PEAK_FD"]), found.encode())
+
+atexit.register(peak)
+sys.argv = ["imggw", *sys.argv[1:]]
+from imggw_cli import main
+main()
+"""
+
+
+def _listing(words: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """One ``imggw`` process: its wall time, its peak RSS (MiB) and how many lines it printed."""
+    told, tell = os.pipe()
+    try:
+        started = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-c", LISTING_CHILD, *words],
+                                 env={**env, "PEAK_FD": str(tell)}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, pass_fds=(tell,))  # fmt: skip
+        assert child.stdout is not None
+        lines = sum(1 for _ in child.stdout)
+        child.stdout.close()
+        code = child.wait()
+        wall = time.perf_counter() - started
+    finally:
+        os.close(tell)
+    with os.fdopen(told, "rb") as answer:
+        kib = int(answer.read() or 0)
+    assert code == 0, f"{words}: exit {code}"
+    return wall, kib / 1024, lines
+
+
+def listing(folder: Path, rows: int, rounds: int) -> dict[str, Any]:
+    """``imggw tasks`` and its baselines on a journal of ``rows`` rows (see the docstring)."""
+    path = folder / "big.sqlite"
+    _big_journal(path, rows)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
+    env.update(IMGGW_JOURNAL=str(path), IMGGW_API_KEY=KEY)
+    found: dict[str, dict[str, Any]] = {
+        name: {"wall": [], "rss_mib": [], "lines": 0} for name in LISTINGS
+    }
+    for r in range(rounds + 1):  # the first round warms the page cache and is not kept
+        order = list(LISTINGS.items())
+        for name, words in order if r % 2 else order[::-1]:
+            wall, rss, lines = _listing(words, env)
+            if r:
+                found[name]["wall"].append(wall)
+                found[name]["rss_mib"].append(rss)
+                found[name]["lines"] = lines
+    return {"rows": rows, "ways": found}
+
+
+def part4(rows: int, tasks: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="imggw-bench-") as tmp:
+        folder = Path(tmp)
+        with gateway(duration_min=0.01, duration_max=0.02, answer_delay=ANSWER_DELAY) as url:
+            resent = unfinished_rows(url, folder, tasks, rounds)
+        listed = listing(folder, rows, rounds)
+    return {"unfinished": {"rows": tasks, "answer_delay": ANSWER_DELAY, "ways": resent},
+            "listing": listed, "load": load()}  # fmt: skip
+
+
+def print_part4(found: dict[str, Any]) -> None:
+    resent = found["unfinished"]
+    print(f"Part 4: the journal's edges ({found['load']})")
+    late = resent["answer_delay"] * 1000
+    print(f"  unfinished() over {resent['rows']} unknown rows, the gateway answering {late:.0f} "
+          f"ms late (target under {UNFINISHED_TARGET:g} s):")  # fmt: skip
+    ways = resent["ways"]
+    for way, walls in ways.items():
+        print(f"  {way:>28}: {spread(walls)} s")
+    ratio = statistics.median(ways["one at a time"]) / statistics.median(ways["unfinished()"])
+    verdict = "met" if statistics.median(ways["unfinished()"]) < UNFINISHED_TARGET else "NOT met"
+    print(f"  {'':>28}  unfinished() is {ratio:.1f}x as fast as one at a time; target {verdict}")
+    listed = found["listing"]
+    seconds, mib = LIST_TARGET
+    print(f"  imggw tasks on {listed['rows']:,} rows, a process each (target under {seconds:g} s "
+          f"and {mib:g} MiB):")  # fmt: skip
+    for name, got in listed["ways"].items():
+        print(f"  {name:>32}: {spread(got['wall'])} s, peak RSS {spread(got['rss_mib'], '.0f')} "
+              f"MiB, {got['lines']:,} lines")  # fmt: skip
+    shown = listed["ways"]["imggw tasks"]
+    met = statistics.median(shown["wall"]) < seconds and max(shown["rss_mib"]) < mib
+    print(f"  {'':>32}  target {'met' if met else 'NOT met'} (median wall, highest RSS)")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -694,17 +890,21 @@ def main() -> int:
     parser.add_argument(
         "--part",
         type=int,
-        choices=(1, 2, 3),
+        choices=(1, 2, 3, 4),
         action="append",
-        help="run only this part (repeatable) [1 and 2; 3 with --base-src]",
+        help="run only this part (repeatable) [1, 2 and 4; 3 with --base-src]",
     )
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke check")
     parser.add_argument(
         "--tasks",
         type=int,
-        help="part 1: tasks a side and mode [500]; part 2: tasks waited on [1000]",
+        help="part 1: tasks a side and mode [500]; part 2: tasks waited on [1000]; part 4: "
+        "unknown rows unfinished() resends [500]",
     )
-    parser.add_argument("--rounds", type=int, help="rounds [part 1: 5, part 2: 3, part 3: 3]")
+    parser.add_argument("--rows", type=int, help="part 4: rows of the journal listed [100000]")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds [part 1: 5, part 2: 3, part 3: 3, part 4: 3]"
+    )
     parser.add_argument("--base-src", help="part 3: the src folder of the tree to compare with")
     parser.add_argument(
         "--head-src", help="part 3: the src folder of this side [the one this interpreter imports]"
@@ -720,7 +920,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(waits_child(args.child, args.url, args.tasks)))
         return 0
-    parts = args.part or ([1, 2, 3] if args.base_src else [1, 2])
+    parts = args.part or ([1, 2, 3, 4] if args.base_src else [1, 2, 4])
     if 3 in parts and not args.base_src:
         parser.error("part 3 needs --base-src (a worktree's src folder)")
     summary: dict[str, Any] = {}
@@ -736,6 +936,13 @@ def main() -> int:
         summary["part2"] = part2(tasks, args.rounds or (1 if args.quick else 3), duration)
         if not args.json:
             print_part2(summary["part2"])
+            print(flush=True)
+    if 4 in parts:
+        summary["part4"] = part4(args.rows or (20_000 if args.quick else 100_000),
+                                 args.tasks or (100 if args.quick else 500),
+                                 args.rounds or (1 if args.quick else 3))  # fmt: skip
+        if not args.json:
+            print_part4(summary["part4"])
             print(flush=True)
     if 3 in parts:
         sizes = args.sizes or ("1000,2000,4000" if args.quick else "1000,10000,100000")

@@ -102,6 +102,7 @@ def run() -> None:
         from typer._completion_classes import completion_init
 
         completion_init()
+        _completion.use_bash_line()  # a word bash broke at a colon (-a 16:9) is completed whole
     _stderr.start(sys.argv[1:])
     if not _stderr.is_json():
         app(prog_name="imggw")

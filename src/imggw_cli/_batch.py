@@ -96,10 +96,11 @@ AllowChanges = Annotated[bool, option(
 )]  # fmt: skip
 NameTemplate = Annotated[Optional[str], option(  # noqa: UP045
     "--name", metavar="TEMPLATE",
-    help="Name result files by {task_id}, {index}, {line} (the input line) and {id} "
-    "(the line's id), e.g. '{line:05}-{id}'; made safe for any filesystem, the extension "
-    "from the content; lines that would share a file are refused before anything is "
-    "sent [default: {task_id}-{index}].",
+    help="Name result files by the plain fields {task_id}, {index}, {line} (the input line) "
+    "and {id} (the line's id), e.g. '{line}-{id}' (no format spec such as {line:05}); made "
+    "safe for any filesystem, the extension from the content; lines that would share a file "
+    "are refused before anything is sent. The folder keeps it: a rerun without --name uses "
+    "it, one with another is refused [default: {task_id}-{index}].",
 )]  # fmt: skip
 Verify = Annotated[bool, option(
     "--verify", help="Check every saved file's sha256 (default: its size)."
@@ -236,7 +237,7 @@ def batch(
     then be a URL. Also: imggw batch merge DEST (manifest.jsonl from the shards), imggw batch
     status DEST [--json] (progress, read from DEST alone).
 
-    Example: imggw batch prompts.jsonl -o out/ --max-credits 500 --name '{line:05}-{id}'
+    Example: imggw batch prompts.jsonl -o out/ --max-credits 500 --name '{line}-{id}'
     """
     from . import _scale
 
@@ -260,6 +261,7 @@ def batch(
         "max_cost": _limit("--max-cost", max_cost),
         "max_failures": _limit("--max-failures", max_failures, whole=True),
     }  # fmt: skip
+    name = _folder_name(output, name)
     if name is not None:  # checked here: a bad template is exit 2 before anything is read
         options["name"] = _template(name)
     if line_timeout is not None:  # else the SDK's default
@@ -294,6 +296,35 @@ def _template(text: str) -> str:
     except ValueError as err:
         refuse(f"--name {printable(text, 60)!r} {getattr(err, 'rule', err)}; nothing was sent")
     return text
+
+
+def _folder_name(dest: str, name: Optional[str]) -> Optional[str]:  # noqa: UP045
+    """The template a run on ``dest`` names its files by: the one its run.json records when
+    --name is not given (a resumed run keeps its names); another --name than the recorded one
+    is refused, naming it (the run's files would be named two ways). A folder made before runs
+    kept it, and a recorded template today's rules refuse, take --name as given."""
+    from imggw_client.batch import BatchOptions
+    from imggw_client.text import printable
+
+    from ._resume import recorded_run
+
+    recorded = recorded_run(dest).get("name")
+    if recorded is None:
+        return name
+    try:
+        BatchOptions(name=recorded)
+    except ValueError:
+        with session() as out:
+            out.warn(f"this folder's recorded --name {printable(recorded, 60)!r} is not a "
+                     "template any more: files already saved keep their names, new ones get "
+                     + ("--name's" if name is not None else "the default ones"),
+                     event="recorded_name_refused")  # fmt: skip
+        return name
+    if name is None or name == recorded:
+        return recorded
+    refuse(f"--name {printable(name, 60)!r}: this folder's run names its files by "
+           f"--name {printable(recorded, 60)!r}; run without --name to go on with it, or use "
+           "another folder; nothing was sent")  # fmt: skip
 
 
 def _is_remote(dest: str) -> bool:

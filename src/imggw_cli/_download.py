@@ -22,7 +22,7 @@ from ._command import (
 )
 from ._globals import current, with_globals
 from ._output import task_record
-from ._runtime import journaled_surfaces, make_client
+from ._runtime import file_prefix, journaled_surfaces, make_client
 
 app = typer.Typer()
 
@@ -66,8 +66,8 @@ def download(
     """
     if (source is None) == (not task_ids):
         refuse("give task ids, or --from FILE (one of them)")
-    if source is not None:
-        run_local(source, output, tasks=True, wait=wait, timeout=timeout,
+    if source is not None:  # the journal learns what it saves, where (DESIGN 22)
+        run_local(source, output.absolute(), tasks=True, wait=wait, timeout=timeout,
                   concurrency=concurrency, skip_bad_lines=skip_bad_lines,
                   every=progress_every(every))  # fmt: skip
         return
@@ -111,7 +111,9 @@ def _download_ids(
                     if not task.is_terminal:
                         raise WaitTimeoutError(task_id, task, timeout=0)
                     if task.status is TaskStatus.SUCCEEDED:
-                        files = client.download(task, output, overwrite=overwrite)
+                        prefix = file_prefix(task.surface, current())
+                        files = client.download(task, output.absolute(), overwrite=overwrite,
+                                                prefix=prefix)  # fmt: skip
                     else:
                         files = []
                         reason = printable(task.error.message) if task.error else ""

@@ -204,7 +204,9 @@ def message_for(
         return f"{text} at {base_url}; check --base-url / IMGGW_BASE_URL and the network"
     if isinstance(err, sdk.TaskFailedError):
         return text
+    # The SDK's words for its keyword arguments, as the command line spells them.
     text = text.replace("pass overwrite=True", "pass --overwrite")
+    text = text.replace("leave idempotency_key out", "leave --idempotency-key out")
     code = printable(err.code) if err.code else None
     if code and code not in text:
         return f"{text} ({code})"

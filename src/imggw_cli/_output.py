@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from imggw_client.text import printable, strict_json
 
@@ -49,8 +49,14 @@ def task_record(task: Task, files: list[DownloadedFile] | None = None) -> dict[s
         "expires_at": iso_utc(task.expires_at) if task.expires_at else None,
     }
     if files is not None:
-        record["files"] = [{"path": str(f.path), "sha256": f.sha256, "size": f.size} for f in files]
+        record["files"] = file_records(files)
     return record
+
+
+def file_records(files: list[DownloadedFile]) -> list[dict[str, Any]]:
+    """Saved files as every ``--json`` record lists them (DESIGN 6 and 7): ``path``,
+    ``sha256``, ``size``."""
+    return [{"path": str(f.path), "sha256": f.sha256, "size": f.size} for f in files]
 
 
 def unfinished_record(task_id: str, last: Task | None) -> dict[str, Any]:
@@ -84,6 +90,28 @@ def task_lines(task: Task) -> list[str]:
     return lines
 
 
+def stdout(line: str) -> None:
+    """One line of data on stdout, flushed. When its reader is gone (``imggw tasks | head -1``)
+    the command ends there, quietly, with exit 0: what the reader wanted it has."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        closed_stdout()
+
+
+def closed_stdout() -> NoReturn:
+    """Ends a command whose stdout's reader is gone: exit 0, no traceback, and stdout pointed
+    at the null device, so that Python's last flush at exit finds no closed pipe either.
+    ``SystemExit`` passes every handler of a command's errors (they take ``Exception``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout with no descriptor (tests)
+        pass
+    raise SystemExit(0)
+
+
 class Output:
     def __init__(self, options: Globals) -> None:
         self.json = options.json
@@ -93,10 +121,10 @@ class Output:
         """One result: its JSON object with --json, else its human lines."""
         if self.json:
             # Strict JSON: a sum of huge charges is null, never Infinity (parsers refuse it).
-            print(strict_json(record), flush=True)
+            stdout(strict_json(record))
         else:
             for line in lines:
-                print(printable(line), flush=True)
+                stdout(printable(line))
 
     def note(self, text: str, *, event: str = "note", **fields: Any) -> None:
         """Progress and hints: not with --quiet. ``event`` and ``fields`` are for

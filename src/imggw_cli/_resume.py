@@ -73,26 +73,47 @@ def collect_command(output: Path, options: Globals) -> str:
 
 
 def batch_command(dest: str) -> str:
-    """A batch run again on its folder, on the surface its run was made on (another is
-    refused): FILE stands for its input, whose path the folder does not record."""
-    surface = _run_surface(dest)
+    """A batch run again on its folder: on the input its run.json records (FILE when it
+    records none: standard input, or a folder made before runs kept it), with the file name
+    template it records (a rerun with another is refused) and on the surface it was made on
+    (another is refused)."""
+    recorded = recorded_run(dest)
+    surface, name = recorded.get("surface"), recorded.get("name")
     chosen = [] if surface is None or surface == DEFAULT_SURFACE else ["--surface", surface]
-    return f"imggw batch FILE {quoted('-o', dest, *chosen)}"
+    if name is not None and name != DEFAULT_NAME:
+        chosen += ["--name", name]
+    source = recorded.get("input")
+    return f"imggw batch {quoted(source) if source else 'FILE'} {quoted('-o', dest, *chosen)}"
 
 
-def _run_surface(dest: str) -> str | None:
-    """The surface a batch folder's run.json records (docs/batches.md: its run id and the
-    surface it runs on), or None when it says none or cannot be read."""
+DEFAULT_NAME = "{task_id}-{index}"  # a batch's file names when no --name is given
+RECORDED_TEXT = 4096  # the longest recorded template or input path taken
+
+
+def recorded_run(dest: str) -> dict[str, str]:
+    """What a batch folder's run.json records that a rerun goes by (docs/batches.md): its
+    ``surface``, its file name template (``name``) and its input's path (``input``), each only
+    when it is there and of its form; empty when the file is missing or cannot be read.
+    Whoever can write the folder chose these: a surface must be one, the rest is text of a
+    bounded length (a template is checked again as --name is; a path is quoted)."""
     import json
 
     from imggw_client.batch import StorageError, open_storage
 
     try:
-        recorded = json.loads(open_storage(dest).read("run.json") or b"{}")
-    except (StorageError, ValueError):  # the command is named without it
-        return None
-    surface = recorded.get("surface") if isinstance(recorded, dict) else None
-    return surface if surface in SURFACES else None
+        raw = json.loads(open_storage(dest).read("run.json") or b"{}")
+    except (StorageError, ValueError, OSError):  # the command is named without it
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    found: dict[str, str] = {}
+    if raw.get("surface") in SURFACES:
+        found["surface"] = raw["surface"]
+    for field in ("name", "input"):
+        value = raw.get(field)
+        if isinstance(value, str) and 0 < len(value) <= RECORDED_TEXT and "\0" not in value:
+            found[field] = value
+    return found
 
 
 def merge_command(dest: str) -> str:

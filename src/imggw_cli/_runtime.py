@@ -37,15 +37,19 @@ def make_client(options: Globals, *, journal: bool = False) -> Iterator[Client]:
     from imggw_client import Client
 
     settings, http_options = _target(options)
-    if journal:
-        settings["journal"] = open_journal(options)
+    opened = open_journal(options) if journal else False
+    settings["journal"] = opened
     # Made as the client makes its own (a whole request, headers included, ends within its
     # timeout however slowly a gateway answers), with our User-Agent on it.
-    with (
-        Client.make_http_client(**http_options) as http,
-        Client(http_client=http, **settings) as client,
-    ):
-        yield client
+    try:
+        with (
+            Client.make_http_client(**http_options) as http,
+            Client(http_client=http, **settings) as client,
+        ):
+            yield client
+    finally:  # a journal given to a client is the giver's to close
+        if not isinstance(opened, bool):
+            opened.close()
 
 
 @asynccontextmanager
@@ -217,25 +221,32 @@ def adopt(name: str) -> None:
 
 
 JOURNAL_ENV = "IMGGW_JOURNAL"
+JOURNAL_UNSAFE = "journal_unsafe"  # the SDK's code for a journal others could write
 
 
 def journal_path() -> Path | None:
     """Where the CLI keeps its journal: ``$IMGGW_JOURNAL``, else
     ``$XDG_STATE_HOME/imggw/journal.sqlite``, else ``~/.local/state/imggw/journal.sqlite``;
-    None when ``IMGGW_JOURNAL`` is ``off`` (or empty)."""
+    None when ``IMGGW_JOURNAL`` is ``off`` (or empty). A relative ``XDG_STATE_HOME`` is
+    ignored, as the XDG spec says: it would name another folder in every working directory.
+    The path is absolute, so that every message names the same file."""
     named = os.environ.get(JOURNAL_ENV)
     if named is not None:
-        return None if named.strip().lower() in ("", "off") else Path(named).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                              "state")  # fmt: skip
-    return Path(state) / "imggw" / "journal.sqlite"
+        if named.strip().lower() in ("", "off"):
+            return None
+        return Path(os.path.abspath(os.path.expanduser(named)))
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(os.path.abspath(state)) / "imggw" / "journal.sqlite"
 
 
 def open_journal(options: Globals) -> Journal | bool:
     """The journal a task command records in (False for none): none with --no-journal or
     --mock (its tasks end with the process). One the user named (IMGGW_JOURNAL) that cannot be
-    opened raises ConfigurationError (exit 4, before anything is sent); the default one is a
-    warning and the command goes on without it."""
+    opened, and any that others could write (``journal_unsafe``: planted rows would be paid
+    for), raise ConfigurationError (exit 4, before anything is sent); a default one that cannot
+    be opened is a warning and the command goes on without it."""
     path = journal_path()
     if options.no_journal or options.mock or path is None:
         return False
@@ -245,12 +256,22 @@ def open_journal(options: Globals) -> Journal | bool:
     try:
         return Journal(path)
     except ConfigurationError as err:
-        if os.environ.get(JOURNAL_ENV) is not None:
+        if os.environ.get(JOURNAL_ENV) is not None or err.code == JOURNAL_UNSAFE:
             raise
         text = f"warning: {safe(err.message)}; going on without a journal of this task"
         _stderr.say(text + " (--no-journal silences this)", level="warning",
                     event="journal_unusable")  # fmt: skip
         return False
+
+
+def file_prefix(surface: str, options: Globals) -> str:
+    """How a task's result files start, the one rule of every command (a batch's too): nothing
+    for a task on the command's surface (``<task id>-<n>.<ext>``, as ``Client.download``
+    names them); ``<surface>-`` for one of the other surface, whose ids may be the same."""
+    return "" if surface == options.chosen_surface else f"{surface}-"
+
+
+LOOKED_THROUGH = 1000  # the newest rows a task's surface is looked for in (journaled_surfaces)
 
 
 def journaled_surfaces(
@@ -259,17 +280,20 @@ def journaled_surfaces(
     """The surface to ask each of ``task_ids`` on when none was chosen (--surface,
     IMGGW_SURFACE): the one the client's journal (its gateway and key) recorded it on, for an id
     it holds on one surface alone. Unfinished tasks are looked through first: they are few,
-    and the ones asked about. Empty when a surface was chosen or no journal is kept."""
+    and the ones asked about; then the newest :data:`LOOKED_THROUGH` (a journal may hold a
+    hundred thousand rows: a task older than those is asked on the options' surface). Empty
+    when a surface was chosen or no journal is kept."""
     journal = client.journal
     if options.surface is not None or journal is None:
         return {}
     found: dict[str, Surface] = {}
-    for unfinished in (True, False):
+    for unfinished, limit in ((True, None), (False, LOOKED_THROUGH)):
         left = set(task_ids) - set(found)
         if not left:
             break
         seen: dict[str, set[str]] = {}
-        for entry in journal.tasks(unfinished=unfinished, scope=client.journal_scope):
+        mine = journal.tasks(unfinished=unfinished, scope=client.journal_scope, limit=limit)
+        for entry in mine:
             if entry.task_id in left:
                 seen.setdefault(entry.task_id, set()).add(entry.surface)
         # A journal row's surface is one of the spec's (a row with another is damaged, skipped).

@@ -105,7 +105,9 @@ def generate(
                           idempotency_key)  # fmt: skip
             with out.progress(sub.task_id) as on_update:
                 task = client.wait(sub, wait_timeout=timeout, on_update=on_update)
-            files = client.download(task, output, overwrite=overwrite)
+            # An absolute folder: the journal keeps where the files are, wherever the next
+            # command is run from (imggw tasks lists them).
+            files = client.download(task, output.absolute(), overwrite=overwrite)
         if task.expires_at is not None:
             out.note(links_expire(task.expires_at), event="links_expire", task_id=task.id,
                      expires_at=iso_utc(task.expires_at))  # fmt: skip

@@ -130,11 +130,20 @@ def test_exit_2_for_usage_and_invalid_requests(args: list[str]) -> None:
 
 
 def test_exit_2_for_a_reused_key(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+    """The journal knows the key's request: another one is refused before it is sent
+    (DESIGN 22), in the command line's words."""
+    gw, url = gateway
     imggw("submit", "a cat", "--base-url", url, "--idempotency-key", "order-1")
     run = imggw("submit", "a dog", "--base-url", url, "--idempotency-key", "order-1")
     assert run.code == 2
-    assert "different request" in run.err
+    assert "for another request" in run.err
+    assert "nothing was sent" in run.err
+    assert "(leave --idempotency-key out)" in run.err
+    assert gw.stats()["tasks_created"] == 1
+    elsewhere = imggw("submit", "a dog", "--base-url", url, "--idempotency-key", "order-1",
+                      "--no-journal")  # fmt: skip
+    assert elsewhere.code == 2  # the gateway refuses it too: a reused key
+    assert "idempotency_key_reused" in elsewhere.err
 
 
 @pytest.mark.slow

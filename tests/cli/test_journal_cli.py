@@ -132,8 +132,8 @@ def test_a_submit_killed_mid_request_is_collected_once(tmp_path: Path) -> None:
     (record,) = [json.loads(line) for line in collected.stdout.splitlines()]
     assert gw.stats()["tasks_created"] == 1  # replayed with its key, never billed again
     (saved,) = record["files"]
-    assert Path(saved).name.startswith("beta-")
-    assert Path(saved).stat().st_size > 0
+    assert Path(saved["path"]).name == f"{record['task_id']}-0.png"  # as generate names it
+    assert Path(saved["path"]).stat().st_size == saved["size"] > 0
     assert CANARY.encode() not in collected.stdout + collected.stderr
 
 

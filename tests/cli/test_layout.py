@@ -144,7 +144,7 @@ def test_batch_is_a_real_sub_app_and_the_root_resolves_commands_as_typer_does() 
     names = list(root.commands)
     assert names == ["generate", "submit", "status", "poll", "wait", "download", "tasks",
                      "batch", "gallery", "mock", "completion"]  # fmt: skip
-    assert set(root.commands["tasks"].commands) == {"collect"}  # type: ignore[attr-defined]
+    assert set(root.commands["tasks"].commands) == {"collect", "prune"}  # type: ignore[attr-defined]
 
 
 def test_help_and_version_load_no_heavy_module() -> None:

@@ -89,7 +89,7 @@ def test_no_help_shows_rst_markup() -> None:
         assert shown.code == 0, (path, shown.err)
         assert "``" not in shown.out, path
     collect = " ".join(imggw("tasks", "collect", "--help").out.split())
-    assert "as <surface>-<task id>-<n>.<ext> (a journal" in collect
+    assert "as <task id>-<n>.<ext>, as generate saves them" in collect
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 same idempotency key, and what tells a changed input from the one the run was made for.
 
 - ``run.json``: the run id (made by the first run on the folder, before anything is sent), the
-  input's digest and the surface the run is made on. A new folder's run id is derived from
+  input's digest, surface, name template and input path. A new folder's run id is derived from
   the folder, the gateway and the API key (:func:`derive_run_id`), so a folder deleted and made
   again gives the run its old id back, and its lines their old keys: the gateway replays their
   tasks for as long as it remembers keys. ``new_run`` asks for a random one instead.
@@ -45,14 +45,15 @@ _ID = 8  # the bytes of a digest that name the line
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """The run id, the digest of the input it was made for, the surface it runs on and the
-    slow fingerprint of the API key it runs with (each None in a ``run.json`` written before
-    runs kept it)."""
+    """The run id, its input's digest, the surface it runs on, the slow fingerprint of its API
+    key, its results' name template and its input's absolute path (each None if not kept)."""
 
     run_id: str
     input_digest: str
     surface: str | None = None
     key_fingerprint: str | None = None
+    name: str | None = None
+    input_path: str | None = None
 
 
 RUN_ID_CHARS = 32
@@ -365,6 +366,9 @@ def identity_bytes(identity: RunIdentity) -> bytes:
         fields["surface"] = identity.surface
     if identity.key_fingerprint is not None:
         fields["key_fingerprint"] = identity.key_fingerprint
+    for field, value in (("name", identity.name), ("input", identity.input_path)):
+        if value is not None:
+            fields[field] = value
     return json.dumps(fields, indent=1).encode() + b"\n"
 
 
@@ -408,7 +412,15 @@ def parse_identity(data: bytes, where: str) -> RunIdentity:
         str(parsed.get("input_fingerprint", "")),
         surface if isinstance(surface, str) else None,
         fingerprint if isinstance(fingerprint, str) and fingerprint else None,
+        name=_recorded_text(parsed.get("name")),
+        input_path=_recorded_text(parsed.get("input")),
     )
+
+
+def _recorded_text(value: object) -> str | None:
+    """A recorded template or input path: bounded text (checked again where it is used)."""
+    ok = isinstance(value, str) and 0 < len(value) <= 4096 and "\0" not in value
+    return value if ok and isinstance(value, str) else None
 
 
 def _is_fingerprint(value: object) -> bool:

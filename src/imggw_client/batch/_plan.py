@@ -113,7 +113,9 @@ class FolderIdentity:
     ``new_run`` (refused where a run is already kept: that folder's lines have their keys).
     ``key_fingerprint``: the slow fingerprint of this run's API key, kept in ``run.json``; a
     folder whose run was made with another key is refused (``KeyChangedError``) before
-    anything is sent (None: a dry run, which sends nothing and needs no key)."""
+    anything is sent (None: a dry run, which sends nothing and needs no key). ``name`` and
+    ``input_path``: the run's file name template and input, kept in ``run.json`` for a rerun
+    and its resume hint (None: left as recorded)."""
 
     def __init__(
         self,
@@ -123,10 +125,14 @@ class FolderIdentity:
         derive: Callable[[], str] | None = None,
         new_run: bool = False,
         key_fingerprint: str | None = None,
+        name: str | None = None,
+        input_path: str | None = None,
     ) -> None:
         self.folder = folder
         self.surface = surface
         self.key_fingerprint = key_fingerprint
+        self.name = name
+        self.input_path = input_path
         self.run = _identity.load(folder)
         _identity.check_key(folder, self.run, key_fingerprint)
         if new_run and self.run is not None:
@@ -152,14 +158,18 @@ class FolderIdentity:
     def accept(self, digests: _identity.LineDigests, input_digest: str) -> None:
         run = self.run
         fingerprint = self.key_fingerprint or (run.key_fingerprint if run is not None else None)
+        name = self.name or (run.name if run is not None else None)
+        source = self.input_path or (run.input_path if run is not None else None)
         if (
             run is None
             or run.input_digest != input_digest
             or run.surface != self.surface
             or run.key_fingerprint != fingerprint  # a record older than keeping it gets it now
+            or (run.name, run.input_path) != (name, source)
         ):
             # Before anything is sent: the keys of every line follow from this run id.
-            kept = _identity.RunIdentity(self.run_id, input_digest, self.surface, fingerprint)
+            kept = _identity.RunIdentity(self.run_id, input_digest, self.surface, fingerprint,
+                                         name=name, input_path=source)  # fmt: skip
             _identity.save(self.folder, kept)
             digests.commit()
 

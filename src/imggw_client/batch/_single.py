@@ -3,6 +3,7 @@ thin driver over the tracker's loop (``_execute``) whose folder is its own resul
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,8 +127,11 @@ async def run_in_folder(
 
     def identity() -> FolderIdentity:
         derive = lambda: run_id_for(folder, client)  # noqa: E731 - called once, if at all
+        # The run's template and input, for a rerun and its resume hint (`batch status`).
+        source_path = os.path.abspath(str(source)) if named else None
         return FolderIdentity(folder, surface=surface, derive=derive, new_run=options.new_run,
-                              key_fingerprint=client.key_fingerprint)  # fmt: skip
+                              key_fingerprint=client.key_fingerprint, name=options.name,
+                              input_path=source_path)  # fmt: skip
 
     try:
         refuse_links(folder, FOLDER_FILES)  # before anything is planned or paid for
