@@ -141,7 +141,8 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
-_LOGGERS = ("imggw_client", "httpx")
+# httpx2 logs under its own name: an application that aliases httpx to it gets its lines too.
+_LOGGERS = ("imggw_client", "httpx", "httpx2")
 _WARNINGS = "py.warnings"  # the logger name Python's logging gives its warnings
 
 
