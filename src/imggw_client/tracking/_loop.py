@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponen
 from .. import _io_async, _telemetry
 from .._async_client import AsyncClient
 from .._core import states
-from .._core.config import check_surface
+from .._core.config import check_surface, key_forgotten
 from .._core.exceptions import (
     DownloadError,
     ImggwError,
@@ -57,7 +57,6 @@ __all__ = ["Loop", "waited"]
 log = logging.getLogger("imggw_client")
 
 NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
-KEY_MEMORY = 86_400.0  # the gateway's memory of keys, for a client that does not say (24 h)
 MIN_IN_FLIGHT = 1024  # items in flight (submitted, waiting, queued for download) at most ...
 IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
 
@@ -184,8 +183,11 @@ class Loop(Generic[ItemT]):
         reported (one WARNING naming its key, the course's ``stale_keys``) and left as it is,
         for the caller to send explicitly if they choose."""
         first = getattr(item, "first_sent", None)
-        window = getattr(self.client, "idempotency_window", KEY_MEMORY)
-        if first is None or item.idempotency_key is None or time.time() - first <= window:
+        window = self.client.idempotency_window
+        # An item that carries no first send (a batch line) is not a journal row: not held back.
+        if first is None or item.idempotency_key is None:
+            return False
+        if not key_forgotten(datetime.fromtimestamp(first, tz=timezone.utc), window, time.time()):
             return False
         key = item.idempotency_key
         self.course.stale_keys.append(key)
