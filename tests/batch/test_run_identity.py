@@ -132,7 +132,7 @@ def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         columns = {row[1] for row in db.execute("PRAGMA table_info(lines)")}
-    assert {"kind", "fields", "expires_at", "planned"} <= columns
+    assert {"kind", "fields", "expires_at", "planned", "first_sent"} <= columns
 
 
 def test_comments_blank_lines_and_a_byte_order_mark_change_no_line(tmp_path: Path) -> None:

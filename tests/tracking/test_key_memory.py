@@ -1,20 +1,25 @@
 """Key memory (DESIGN 22): a journaled submit of unknown outcome first sent longer ago than the
 gateway remembers keys is never sent again by a collect (the gateway would bill a second task):
 it is reported (one WARNING naming the key, ``CollectReport.stale_keys``, exit 1) and left in the
-journal as it is. A resend keeps the row's first-send time. Over a real loopback socket,
+journal as it is. A resend keeps the row's first-send time. A batch line's first send is kept
+in its ledger and judged the same way. Over a real loopback socket,
 against the reference gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from imggw_client import AsyncClient, Client, ImageRequest
+from imggw_client import AsyncClient, Client, ImageRequest, RetryPolicy
 from imggw_client._core.states import Sending
+from imggw_client.batch import BatchReport, run_batch
+from imggw_client.batch._schema import LEDGER_NAME
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import CollectReport, Tracker
 
@@ -106,3 +111,62 @@ def test_a_resend_keeps_the_rows_first_send_time(
     assert again.task_id == first.task_id
     assert after["created"] == before["created"]
     assert gw.stats()["tasks_created"] == 1
+
+
+def _age_lines(folder: Path, seconds: float) -> None:
+    """Moves every batch line's first send ``seconds`` into the past."""
+    with contextlib.closing(sqlite3.connect(folder / LEDGER_NAME)) as db, db:
+        db.execute("UPDATE lines SET first_sent = first_sent - ?", (seconds,))
+
+
+def _lines(folder: Path) -> list[tuple[str, str, float | None]]:
+    with contextlib.closing(sqlite3.connect(folder / LEDGER_NAME)) as db:
+        found = db.execute("SELECT idempotency_key, state, first_sent FROM lines ORDER BY line")
+        return list(found)
+
+
+def test_a_batch_line_whose_key_may_be_forgotten_is_held_back_until_the_window_allows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = MockGateway(api_keys=[KEY], duration_min=0.01, duration_max=0.02, retry_after=0,
+                     fault_rate=1.0, faults=["lost"])  # fmt: skip
+    source = tmp_path / "in.txt"
+    source.write_text("a fox\nan owl\n")
+    out = tmp_path / "out"
+    quick = RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.02)
+    with gw.serve() as url:
+
+        def run(window: float) -> BatchReport:
+            return run_batch(source, out, timeout=1.0, client_factory=lambda: AsyncClient(
+                KEY, url, poll=FAST, retry=quick, idempotency_window=window))  # fmt: skip
+
+        before = time.time()
+        first = run(HOUR)  # every answer lost: two tasks made and billed, their ids unknown
+        assert first.counts == {"pending": 2}
+        assert gw.stats()["tasks_created"] == 2
+        sent = _lines(out)
+        # Each line's first send is kept, once, however many tries followed it.
+        assert all(state == "pending" and when is not None and when >= before
+                   for _, state, when in sent)  # fmt: skip
+
+        gw.configure(fault_rate=0.0)
+        _age_lines(out, 2 * HOUR)
+        posted = posts(gw)
+        with caplog.at_level(logging.WARNING, logger="imggw_client"):
+            held = run(HOUR)
+        assert posts(gw) == posted  # nothing sent: the gateway may have forgotten both keys
+        assert held.exit_code == 3
+        assert held.counts == {"pending": 2}
+        for key, _, _ in sent:
+            (warned,) = [r for r in caplog.records if key in r.getMessage()]
+            assert "idempotency_window" in warned.getMessage()
+        assert KEY not in caplog.text
+        assert [(k, s) for k, s, _ in _lines(out)] == [(k, s) for k, s, _ in sent]
+
+        # The caller's explicit word (a gateway that remembers keys longer): sent again with
+        # their keys, the same two tasks found, nothing billed twice, the first send kept.
+        again = run(3 * HOUR)
+        assert again.exit_code == 0
+        assert again.counts == {"saved": 2}
+        assert gw.stats()["tasks_created"] == 2
+    assert [when for _, _, when in _lines(out)] == [when - 2 * HOUR for _, _, when in sent]

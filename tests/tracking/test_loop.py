@@ -105,12 +105,16 @@ class _Memory:
         self.items, self.dest = items, dest
         self.failed: dict[int, str] = {}
         self.terminal: list[str] = []
+        self.sent: list[int] = []  # lines whose submit was about to leave, each time
 
     def chunk(self, after: int) -> list[_Item]:
         return in_order(self.items, after)
 
     def work(self, item: _Item) -> Work | None:
         return WORK[item.state]
+
+    def sending(self, item: _Item) -> None:
+        self.sent.append(item.line)
 
     def reached(self, item: _Item, state: State) -> None:
         item.state = state
@@ -187,6 +191,7 @@ async def test_what_an_item_is_says_what_the_loop_does_with_it(tmp_path: Path) -
         course = Course(deadline=math.inf, line_timeout=None, redact=client.redact)
         await _loop.Loop(client, memory, memory, course, concurrency=2).run()
     assert gw.stats()["tasks_created"] == 2  # the one made elsewhere, and the fox: none resent
+    assert memory.sent == [1]  # the store was told before the fox's submit left, and only then
     assert [item.state for item in items[:2]] == [State.SAVED, State.SAVED]
     assert memory.failed == {3: "not_found", 4: "not_found"}  # each fails alone
     assert asked["888888"] == 1  # made elsewhere: its NotFound counts at once

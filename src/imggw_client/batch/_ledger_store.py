@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 from .._core import reasons
@@ -67,6 +68,14 @@ class LedgerStore:
     def work(self, row: Row) -> Work | None:
         """What the line needs now, by its state (None: final)."""
         return WORK[row.state]
+
+    def sending(self, row: Row) -> None:
+        """The line's first send is kept (once) for the gateway's key memory: a later run
+        never sends an unknown submit again once its key may be forgotten. Queued to the
+        ledger's writer like every move, so it lands with the next commit."""
+        if row.first_sent is None:
+            row.first_sent = time.time()
+            self.space.ledger.save(row)
 
     def reached(self, row: Row, state: State) -> None:
         """The line moves to the line state of the task state it reached."""

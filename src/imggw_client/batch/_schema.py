@@ -20,14 +20,14 @@ from ._states import LEGACY, LineState
 LEDGER_NAME = "ledger.sqlite"
 # PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
 # states (see _states.LEGACY) and `fingerprint` to `digest`, and added when a task was
-# submitted and first seen finished.
-SCHEMA_VERSION = 3
+# submitted and first seen finished; 4 added when a line's submit first left (`first_sent`).
+SCHEMA_VERSION = 4
 BAD = "bad"  # the kind of a bad input line's row (the others: _lines.GENERATE, COLLECT)
 
 COLUMNS = (
     "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
     "task_id", "state", "urls", "expires_at", "error_code", "error_message", "files",
-    "credits", "cost", "finished_at", "submitted_at", "completed_at",
+    "credits", "cost", "finished_at", "submitted_at", "completed_at", "first_sent",
 )  # fmt: skip
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS lines (
     finished_at     REAL,
     submitted_at    REAL,
     completed_at    REAL,
+    first_sent      REAL,
     planned         INTEGER NOT NULL DEFAULT 0,
     created_at      REAL NOT NULL,
     updated_at      REAL NOT NULL
@@ -62,7 +63,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _ADDED = {
     "kind": "TEXT NOT NULL DEFAULT 'generate'", "fields": "TEXT NOT NULL DEFAULT '{}'",
     "expires_at": "REAL", "finished_at": "REAL", "planned": "INTEGER NOT NULL DEFAULT 0",
-    "submitted_at": "REAL", "completed_at": "REAL",
+    "submitted_at": "REAL", "completed_at": "REAL", "first_sent": "REAL",
 }  # fmt: skip
 
 
@@ -107,7 +108,8 @@ class Row:
     ``fields`` for the manifest), its key, its task and where it stands (``state``, see
     ``_states``), its results, money and times (``submitted_at``: its submit was answered;
     ``completed_at``: its task was first seen finished; ``finished_at``: the line reached a
-    final state; Unix seconds)."""
+    final state; ``first_sent``: its submit first left, for the gateway's key memory; Unix
+    seconds)."""
 
     identity: str
     line: int
@@ -129,6 +131,7 @@ class Row:
     finished_at: float | None = None
     submitted_at: float | None = None
     completed_at: float | None = None
+    first_sent: float | None = None
 
     def values(self) -> tuple[Any, ...]:
         return (
@@ -136,7 +139,7 @@ class Row:
             json.dumps(self.fields, ensure_ascii=False), self.surface, self.idempotency_key,
             self.task_id, self.state.value, json.dumps(self.urls), self.expires_at,
             self.error_code, self.error_message, json.dumps(self.files), self.credits, self.cost,
-            self.finished_at, self.submitted_at, self.completed_at,
+            self.finished_at, self.submitted_at, self.completed_at, self.first_sent,
         )  # fmt: skip
 
     @classmethod

@@ -184,7 +184,7 @@ class Loop(Generic[ItemT]):
         for the caller to send explicitly if they choose."""
         first = getattr(item, "first_sent", None)
         window = self.client.idempotency_window
-        # An item that carries no first send (a batch line) is not a journal row: not held back.
+        # An item with no first send recorded has never left: nothing to hold back.
         if first is None or item.idempotency_key is None:
             return False
         if not key_forgotten(datetime.fromtimestamp(first, tz=timezone.utc), window, time.time()):
@@ -210,6 +210,7 @@ class Loop(Generic[ItemT]):
                     async with self.submits:
                         if course.stopped:  # the run stopped while this item waited its turn
                             raise _NotSent
+                        self.store.sending(item)
                         try:
                             sub = await self.client.submit(
                                 fields["prompt"],

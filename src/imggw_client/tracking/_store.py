@@ -188,6 +188,11 @@ class Store(Protocol[ItemT]):
         nothing (final)."""
         ...
 
+    def sending(self, item: ItemT) -> None:
+        """The item's submit is about to leave (for the first time, or again): a store that
+        keeps when its items first left (``first_sent``) records it now if it has not."""
+        ...
+
     def reached(self, item: ItemT, state: State) -> None:
         """The item reached ``state`` (``running``, ``succeeded``, ``saved``)."""
         ...

@@ -155,6 +155,9 @@ class _JournalRun:
     def work(self, entry: _Entry) -> Work | None:
         return WORK[entry.state]  # the one table decides what a task still needs
 
+    def sending(self, entry: _Entry) -> None:
+        """Nothing to keep: the row's first send was recorded before it first left."""
+
     def reached(self, entry: _Entry, state: State) -> None:
         entry.state = state
         if state is State.SAVED:
