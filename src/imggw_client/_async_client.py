@@ -669,7 +669,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         self._silence.asked(time.monotonic())
         try:
             with _io.bounded(send.timeout) as deadline:
-                response = await self._http.send(request, stream=True)
+                # Never followed, whatever the caller's HTTP client says: a gateway's 3xx is its
+                # answer, not a door to another host (or to this machine) for a paid request.
+                response = await self._http.send(request, stream=True, follow_redirects=False)
                 try:
                     async for chunk in response.aiter_bytes():
                         body.add(chunk)

@@ -663,7 +663,9 @@ class Client(BaseClient[httpx.Client]):
         self._silence.asked(time.monotonic())
         try:
             with _io.bounded(send.timeout) as deadline:
-                response = self._http.send(request, stream=True)
+                # Never followed, whatever the caller's HTTP client says: a gateway's 3xx is its
+                # answer, not a door to another host (or to this machine) for a paid request.
+                response = self._http.send(request, stream=True, follow_redirects=False)
                 try:
                     for chunk in response.iter_bytes():
                         body.add(chunk)

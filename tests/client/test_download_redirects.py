@@ -1,6 +1,7 @@
 """A result download follows redirects, but never one that leaves the link's origin for a
-loopback, private or link-local host (DESIGN 22, "Names and links"): over real loopback
-servers, with both clients and with a caller's httpx and httpx2 clients."""
+loopback, private or link-local host (DESIGN 22, "Names and links"), and a gateway's own
+redirect is never followed: over real loopback servers, with both clients and with a caller's
+httpx and httpx2 clients."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from imggw_client import (
     AsyncClient,
     Client,
     DownloadError,
+    ImggwError,
     RetryPolicy,
     Task,
     TaskStatus,
@@ -76,6 +78,8 @@ def hosts() -> Iterator[Hosts]:
                 return 302, {"location": f"{other}/admin/delete?all=1"}
             if path == "/to-localhost.png":
                 return 307, {"location": f"http://localhost:{port}/admin/delete"}
+            if path.startswith("/gw/"):  # a gateway that sends its requests elsewhere
+                return 307, {"location": f"{other}/admin/delete"}
             if path == "/same.png":  # the same origin: followed
                 return 301, {"location": "/final.png?Expires=1&Signature=s"}
             if path.startswith("/loop/"):
@@ -207,3 +211,30 @@ async def test_a_public_host_may_redirect_to_another_public_one_not_to_the_metad
     assert refused.value.code == REDIRECT_REFUSED
     assert "http://169.254.169.254:80, a link-local host" in refused.value.message
     assert not metadata.called
+
+
+@pytest.mark.parametrize("follow", [False, True])
+async def test_a_gateways_redirect_is_never_followed_whatever_the_http_client_says(
+    hosts: Hosts, kind: str, library: Any, follow: bool
+) -> None:
+    # A caller's client built with follow_redirects=True must not carry a paid submit, or a
+    # query with the key, to wherever a gateway's 307 points (here: another port on loopback).
+    hosts.clear()
+    own = None
+    if library is not None:
+        own = (library.Client if kind == "sync" else library.AsyncClient)(follow_redirects=follow)
+    options: dict[str, Any] = {"http_client": own} if own is not None else {}
+    cls = Client if kind == "sync" else AsyncClient
+    inner = cls(api_key="sk-redirects-0042", base_url=f"{hosts.results}/gw", retry=RETRY,
+                **options)  # fmt: skip
+    client = Driven(inner, FakeTime())
+    try:
+        with pytest.raises(ImggwError) as refused:
+            await client.submit("a fox")
+    finally:
+        await close(client, own)
+    assert hosts.other_seen == []  # the other server never heard of it
+    assert hosts.results_seen
+    assert all(seen == "/gw/beta/v1/images/generations" for seen in hosts.results_seen)
+    assert f"a redirect to '{hosts.other}/admin/delete', never followed" in str(refused.value)
+    assert "sk-redirects-0042" not in str(refused.value)

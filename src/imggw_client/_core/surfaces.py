@@ -337,6 +337,10 @@ def _checked_reply(
     """The reply and its ``data``-bearing body, or raises the error it means."""
     if isinstance(outcome, TransportFailure):
         raise transport_error(surface, outcome) from outcome.error
+    if 300 <= outcome.status < 400:  # never followed: a paid request goes where it was aimed
+        where = link_for_display(outcome.headers.get("location", ""))
+        raise malformed(surface, outcome.status, f"a redirect to {printable(where, 120)!r}, never "
+                        "followed: check base_url")  # fmt: skip
     body = _json(outcome.content)
     error = read_error(surface, outcome, now, secrets, body)
     if error is not None:
