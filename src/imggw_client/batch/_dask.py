@@ -128,6 +128,7 @@ def _prepare(
     each has). Blocking. All of it reads one copy of the input: a file edited meanwhile must not
     slip an unchecked line into a slice."""
     copy = work / "input" / Path(source).name
+    origin = os.path.abspath(source)  # the input as the caller named it, for a rerun's hint
     try:
         copy.parent.mkdir()
         shutil.copyfile(source, copy)
@@ -146,7 +147,8 @@ def _prepare(
             run = _identity.load_stored(storage)
             if run is None:
                 made = _identity.claim(storage, scan.digests, found, run_id=run_id(),
-                                       surface=surface, key_fingerprint=fingerprint)  # fmt: skip
+                                       surface=surface, key_fingerprint=fingerprint,
+                                       name=options.name, input_path=origin)  # fmt: skip
                 run, created = made
                 if not created and run.input_digest != found:
                     continue  # compare again, with the record its maker published
@@ -154,9 +156,8 @@ def _prepare(
             run = _identity.adopt_key(storage, run, fingerprint)
             if run.input_digest != found:  # changes, allowed
                 _identity.publish_lines(storage, scan.digests)
-                run = _identity.RunIdentity(
-                    run.run_id, found, run.surface or surface, run.key_fingerprint
-                )  # kept: it names the run's key
+                # The rest kept: it names the run's key, template and input.
+                run = replace(run, input_digest=found, surface=run.surface or surface)
                 storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
             how = options.format  # how the input is read: its cuts

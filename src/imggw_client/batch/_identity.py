@@ -455,12 +455,16 @@ def claim(
     run_id: str,
     surface: str,
     key_fingerprint: str | None = None,
+    name: str | None = None,
+    input_path: str | None = None,
 ) -> tuple[RunIdentity, bool]:
     """The run's identity in ``storage``: created here, exactly once, if the folder has none
     (an exclusive create: of shards started at once on a fresh folder, one wins and every
     other loads its run id; each derives the same id, so none depends on which wins). Returns
-    it and whether it was made here; its maker publishes the input's record at once."""
-    identity = RunIdentity(run_id, input_digest, surface, key_fingerprint)
+    it and whether it was made here; its maker publishes the input's record at once. ``name``
+    and ``input_path`` are kept for a rerun as a single run keeps them."""
+    identity = RunIdentity(run_id, input_digest, surface, key_fingerprint, name=name,
+                           input_path=input_path)  # fmt: skip
     if storage.create(RUN_NAME, identity_bytes(identity)):
         publish_lines(storage, digests)
         return identity, True

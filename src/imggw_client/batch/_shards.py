@@ -304,7 +304,8 @@ def _prepare(
         try:
             run, _ = _identity.claim(storage, scan.digests, scan.plan.input_digest,
                                      run_id=derive(), surface=surface,
-                                     key_fingerprint=fingerprint)  # fmt: skip
+                                     key_fingerprint=fingerprint, name=spec.options.name,
+                                     input_path=os.path.abspath(spec.source))  # fmt: skip
         finally:
             scan.discard()
     run = _identity.adopt_key(storage, run, fingerprint)

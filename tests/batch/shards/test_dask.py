@@ -247,10 +247,13 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     source = write_prompts(tmp_path / "in.jsonl", 6)
     out = tmp_path / "out"
     command = ["batch", str(source), "-o", str(out), "--engine", "dask", "--address",
-               dask_client.scheduler.address, "--shard-size", "3", "--base-url", url]  # fmt: skip
+               dask_client.scheduler.address, "--shard-size", "3", "--base-url", url,
+               "--name", "img-{line}"]  # fmt: skip
     env = {"IMGGW_API_KEY": KEY}
     first = CliRunner().invoke(app, command, env=env)
     assert first.exit_code == 0, first.stderr
+    recorded = json.loads((out / RUN_NAME).read_text())  # as a single run records them
+    assert (recorded["name"], recorded["input"]) == ("img-{line}", str(source))
     assert first.stdout.strip().endswith("manifest.jsonl")
     assert gw.stats()["tasks_created"] == 6
     source.write_text(source.read_text().replace("image 4", "an edited line"))
@@ -265,6 +268,8 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     records = check_from_storage(str(out), None, 6)
     assert records[4]["prompt"] == "an edited line"
     assert allowed.stdout.count("\n") == 6  # --json: the merged manifest on stdout
+    kept = json.loads((out / RUN_NAME).read_text())
+    assert (kept["name"], kept["input"]) == ("img-{line}", str(source))  # kept through a change
 
 
 def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(

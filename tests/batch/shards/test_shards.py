@@ -205,6 +205,20 @@ def test_a_changed_input_is_refused_without_allow_changes_and_run_with_it(
     assert records[1]["prompt"] == "an edited line"
 
 
+def test_a_shard_on_a_fresh_folder_records_the_runs_name_and_input(tmp_path: Path) -> None:
+    # As a single run does: a rerun and `batch status`'s resume hint go by them.
+    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
+    source = write_prompts(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "out"
+    assert shard(gw, source, out, 1, 2, name="img-{line}").exit_code == 0
+    recorded = json.loads((out / RUN_NAME).read_text())
+    assert (recorded["name"], recorded["input"]) == ("img-{line}", str(source))
+    assert shard(gw, source, out, 2, 2, name="img-{line}").exit_code == 0
+    assert json.loads((out / RUN_NAME).read_text()) == recorded
+    saved = sorted(p.name for p in out.rglob("*.png"))
+    assert saved == [f"img-{line}.png" for line in range(1, 5)]
+
+
 def test_batch_status_json_reads_progress_from_the_folder_alone(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
     source = tmp_path / "in.jsonl"
