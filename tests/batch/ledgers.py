@@ -8,13 +8,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from imggw_client._core.states import State
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import GENERATE
 from imggw_client.batch._schema import Row
-from imggw_client.batch._states import PENDING, LineState
+from imggw_client.batch._states import UNKNOWN
 
 
-def row(line: int, state: LineState = PENDING, *, resolution: str = "1k", **kw: Any) -> Row:
+def row(line: int, state: State = UNKNOWN, *, resolution: str = "1k", **kw: Any) -> Row:
     """A generate line's row (``kw`` sets any other column)."""
     values: dict[str, Any] = {
         "identity": f"line:{line}", "line": line, "caller_id": None, "kind": GENERATE,

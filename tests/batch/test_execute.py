@@ -16,7 +16,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._plan import FolderIdentity
 from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import RUNNING, SAVED
+from imggw_client.batch._states import RUNNING, SAVED, LineState
 from imggw_client.batch._workspace import LocalStore, Workspace
 from imggw_client.mock import MockGateway
 
@@ -40,7 +40,7 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
         with Ledger.open(folder) as ledger:
             report = await execute(["a fox", "a cat", "an owl"], _workspace(folder, ledger),
                                    client=client, options=BatchOptions(concurrency=2))  # fmt: skip
-    assert report.counts == {SAVED: 3}
+    assert report.counts == {LineState.SAVED: 3}
     assert gw.stats()["tasks_created"] == 3
     rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
     assert [r["line"] for r in rows] == [1, 2, 3]

@@ -11,13 +11,13 @@ import pytest
 from imggw_client.batch._ledger import BatchLockedError, Ledger
 from imggw_client.batch._lines import COLLECT
 from imggw_client.batch._states import (
-    DOWNLOADING,
     EXPIRED,
     FAILED,
-    PENDING,
     RECHECKS,
     RUNNING,
     SAVED,
+    SUCCEEDED,
+    UNKNOWN,
 )
 from imggw_client.tracking._store import NOT_FOUND
 
@@ -34,8 +34,8 @@ def test_a_plan_keeps_a_known_line_and_renews_a_changed_one(tmp_path: Path) -> N
         assert kept is not None
         assert changed is not None
         assert (kept[0].state, kept[0].line, kept[1]) == (SAVED, 5, False)  # moved, not renewed
-        assert (changed[0].state, changed[1]) == (PENDING, True)
-        assert [(r.line, r.state) for r in ledger.rows()] == [(2, PENDING), (5, SAVED)]
+        assert (changed[0].state, changed[1]) == (UNKNOWN, True)
+        assert [(r.line, r.state) for r in ledger.rows()] == [(2, UNKNOWN), (5, SAVED)]
 
 
 def test_a_plan_not_committed_leaves_the_last_one(tmp_path: Path) -> None:
@@ -62,11 +62,11 @@ def test_a_rerun_looks_again_at_what_a_second_look_may_find_otherwise(tmp_path: 
         ledger.recheck()
         ledger.end_plan(commit=True)
         found = [(r.state, r.error_code) for r in ledger.rows()]
-    assert found == [(DOWNLOADING, None), (DOWNLOADING, None), (RUNNING, None), (PENDING, None),
+    assert found == [(SUCCEEDED, None), (SUCCEEDED, None), (RUNNING, None), (UNKNOWN, None),
                      (FAILED, "content_policy"), (FAILED, NOT_FOUND)]  # fmt: skip
     # The table the ledger carries out names exactly these moves back.
     assert {(rule.state, rule.to) for rule in RECHECKS} == {
-        (EXPIRED, DOWNLOADING), (FAILED, DOWNLOADING), (FAILED, RUNNING), (FAILED, PENDING),
+        (EXPIRED, SUCCEEDED), (FAILED, SUCCEEDED), (FAILED, RUNNING), (FAILED, UNKNOWN),
     }  # fmt: skip
 
 
@@ -84,7 +84,7 @@ def test_money_and_prices_count_only_what_a_line_was_really_charged(tmp_path: Pa
         assert (totals.credits, totals.cost, totals.cost_unknown) == (32.0, 0.01, 1)
         assert sum(totals.counts.values()) == 5
         assert ledger.charges() == {"1k": (4.0, 0.01), "2k": (16.0, -1.0)}
-        assert ledger.waiting_by_resolution(PENDING) == {}
+        assert ledger.waiting_by_resolution(UNKNOWN) == {}
         assert ledger.unsaved_by_resolution() == {"1k": 1}
 
 
@@ -101,8 +101,8 @@ def test_a_runs_durations_are_its_newest_per_kind_without_replays_or_collects(
 
 def test_links_that_kept_the_key_in_clear_are_blanked_once(tmp_path: Path) -> None:
     key = "sk-live-0123456789abcdef"
-    rows = [row(1, DOWNLOADING, task_id="1", urls=[f"https://x/1.png?sig={key}"]),
-            row(2, DOWNLOADING, task_id="2", urls=["https://x/2.png"])]  # fmt: skip
+    rows = [row(1, SUCCEEDED, task_id="1", urls=[f"https://x/1.png?sig={key}"]),
+            row(2, SUCCEEDED, task_id="2", urls=["https://x/2.png"])]  # fmt: skip
     with planned(tmp_path, rows) as ledger:
         assert ledger.blank_links("short", "[redacted]") == 0  # too short to be told apart
         assert ledger.blank_links(key, "[redacted]") == 1

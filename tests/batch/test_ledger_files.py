@@ -17,7 +17,7 @@ from imggw_client.batch._ledger_files import (
     read_rows,
 )
 from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import DOWNLOADING, EXPIRED, FAILED, PENDING, RUNNING, SAVED
+from imggw_client.batch._states import EXPIRED, FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import plan, planned, row
 
@@ -25,8 +25,8 @@ from .ledgers import plan, planned, row
 def test_a_live_ledger_is_read_by_another_reader_in_line_order(tmp_path: Path) -> None:
     rows = [
         row(3, SAVED, task_id="3"),
-        row(1, PENDING),
-        row(2, DOWNLOADING, task_id="2"),
+        row(1, UNKNOWN),
+        row(2, SUCCEEDED, task_id="2"),
         row(4, EXPIRED, task_id="4"),
         row(5, FAILED, kind="bad"),
         row(6, RUNNING, task_id="6"),
@@ -38,7 +38,7 @@ def test_a_live_ledger_is_read_by_another_reader_in_line_order(tmp_path: Path) -
                                          "failed": 1, "bad": 1}  # fmt: skip
         ledger.set_meta(STOPPED_BY, "max_cost")
         assert read_meta(path, STOPPED_BY) == "max_cost"
-        plan(ledger, [row(1, PENDING)])  # a later plan: only its lines are read
+        plan(ledger, [row(1, UNKNOWN)])  # a later plan: only its lines are read
         assert [r.line for r in read_rows(path)] == [1]
 
 

@@ -20,7 +20,7 @@ from imggw_client.batch._ledger_store import LedgerStore
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
-from imggw_client.batch._states import DOWNLOADING, EXPIRED, PENDING, RUNNING, SAVED
+from imggw_client.batch._states import EXPIRED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 from imggw_client.batch._workspace import GalleryPace, LocalStore, Workspace
 from imggw_client.mock import MockGateway
 from imggw_client.tracking._loop import Loop
@@ -42,8 +42,8 @@ def _store(tmp_path: Path, ledger: object, redact: object = str) -> tuple[RunLin
 async def test_a_rows_work_follows_its_state_and_task_states_are_kept_as_line_states(
     tmp_path: Path,
 ) -> None:
-    lines = [row(1), row(2, RUNNING, task_id="2"), row(3, DOWNLOADING, task_id="3"),
-             row(4, SAVED, task_id="4"), row(5, DOWNLOADING, task_id="5")]  # fmt: skip
+    lines = [row(1), row(2, RUNNING, task_id="2"), row(3, SUCCEEDED, task_id="3"),
+             row(4, SAVED, task_id="4"), row(5, SUCCEEDED, task_id="5")]  # fmt: skip
     with planned(tmp_path, lines) as ledger:
         run, store = _store(tmp_path, ledger)
         rows = store.chunk(0)
@@ -55,7 +55,7 @@ async def test_a_rows_work_follows_its_state_and_task_states_are_kept_as_line_st
         first.task_id = "1"
         store.reached(first, State.RUNNING)
         store.reached(first, State.SUCCEEDED)
-        assert first.state is DOWNLOADING
+        assert first.state is SUCCEEDED
         store.reached(third, State.SAVED)
         assert third.state is SAVED
         fifth.files = [{"path": "5-0.png", "sha256": "0" * 64, "size": 1}]
@@ -64,7 +64,7 @@ async def test_a_rows_work_follows_its_state_and_task_states_are_kept_as_line_st
         assert fifth.error_code == "result_expired"
         assert fifth.error_message is not None
         assert fifth.error_message.startswith("the files saved earlier are gone")
-        assert run.counts[PENDING] == 0
+        assert run.counts[UNKNOWN] == 0
 
 
 async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
@@ -74,7 +74,7 @@ async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
     async with gw.async_client(poll=PollPolicy(initial_interval=0.01, max_interval=0.05)) as client:
         sub = await client.submit("a fox", idempotency_key="k-1")
         task = await client.wait(sub)
-        line = row(1, DOWNLOADING, task_id=task.id, urls=[f"https://x/{REDACTED}/0.png"])
+        line = row(1, SUCCEEDED, task_id=task.id, urls=[f"https://x/{REDACTED}/0.png"])
         with planned(tmp_path, [line]) as ledger:
             run, store = _store(tmp_path, ledger, client.redact)
             guard = local_guard(ledger, ledger.totals(), BatchOptions())
@@ -100,7 +100,7 @@ async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path
     from imggw_client.batch._ledger_store import NAME_NOT_USED
     from imggw_client.batch._naming import NameTemplate
 
-    first, second = row(1, DOWNLOADING, task_id="1"), row(2, DOWNLOADING, task_id="2")
+    first, second = row(1, SUCCEEDED, task_id="1"), row(2, SUCCEEDED, task_id="2")
     first.caller_id, second.caller_id = "cat", "cat-1"
     with planned(tmp_path, [first, second]) as ledger:
         run, _ = _store(tmp_path, ledger)

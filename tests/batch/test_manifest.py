@@ -16,7 +16,7 @@ from imggw_client.batch._manifest import (
     manifest_rows,
     write_manifest,
 )
-from imggw_client.batch._states import DOWNLOADING, EXPIRED, SAVED
+from imggw_client.batch._states import EXPIRED, SAVED, SUCCEEDED
 
 from .ledgers import row
 
@@ -31,7 +31,7 @@ def test_a_row_says_what_the_line_delivered_and_lists_files_only_once_saved() ->
         "id": "hero", "surface": "beta", "prompt": "p1", "aspect_ratio": "auto",
         "resolution": "1k", "cost": 0.01, "credits": 4.0, "expires_at": "2023-11-14T22:13:20.500000Z",
     }  # fmt: skip
-    again = manifest_row(row(2, DOWNLOADING, task_id="8", files=[FILE]))  # its files are gone
+    again = manifest_row(row(2, SUCCEEDED, task_id="8", files=[FILE]))  # its files are gone
     assert (again["status"], again["files"]) == ("running", [])
     expired = manifest_row(row(3, EXPIRED, task_id="9", error_code="result_expired"))
     assert (expired["status"], expired["error"]) == (

@@ -243,7 +243,7 @@ def test_a_submit_answered_404_stops_the_run_and_the_right_url_resumes_every_lin
     assert gw.stats()["tasks_created"] == 0
     assert {r["status"] for r in manifest(out)} == {"pending"}
     with Ledger.open(out) as ledger:
-        assert {(row.state, row.error_code) for row in ledger.iter_rows()} == {("pending", None)}
+        assert {(row.state, row.error_code) for row in ledger.iter_rows()} == {("unknown", None)}
     right = imggw("--base-url", url, "batch", str(source), "-o", str(out), "-q")
     assert right.code == 0, right.err
     assert gw.stats()["tasks_created"] == 3

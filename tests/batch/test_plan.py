@@ -13,7 +13,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import BatchInputError
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._plan import FolderIdentity, plan_run, scan_input
-from imggw_client.batch._states import PENDING, RUNNING
+from imggw_client.batch._states import RUNNING, UNKNOWN
 
 
 def plan(folder: Path, source: list[object], **options: object):  # type: ignore[no-untyped-def]
@@ -27,7 +27,7 @@ def plan(folder: Path, source: list[object], **options: object):  # type: ignore
 def test_each_line_gets_its_identity_and_the_key_its_run_gives_it(tmp_path: Path) -> None:
     made, rows = plan(tmp_path, ["a fox", {"prompt": "a cat", "id": "cat"}, {"task_id": "77"}])
     assert [(r.identity, r.state) for r in rows] == [
-        ("line:1", PENDING), ("id:cat", PENDING), ("task:beta:77", RUNNING),
+        ("line:1", UNKNOWN), ("id:cat", UNKNOWN), ("task:beta:77", RUNNING),
     ]  # fmt: skip
     first = rows[0]
     assert first.idempotency_key == idempotency_key("run-1", "line:1", first.digest)

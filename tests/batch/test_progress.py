@@ -20,7 +20,7 @@ from imggw_client.batch._reports import BatchProgress
 from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
 from imggw_client.batch._spending import Charge
-from imggw_client.batch._states import PENDING, RUNNING, SAVED
+from imggw_client.batch._states import RUNNING, SAVED, LineState
 from imggw_client.tracking._downloads import DownloadQueue
 
 from .ledgers import planned, row
@@ -73,7 +73,7 @@ async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path:
             shot = progress.snapshot()
             group.cancel_scope.cancel()
     assert shot.total == 4
-    assert shot.counts == {PENDING: 2, RUNNING: 1, SAVED: 1}
+    assert shot.counts == {LineState.PENDING: 2, LineState.RUNNING: 1, LineState.SAVED: 1}
     assert shot.least_time_left == 1.0  # 2 lines to submit at 2 a second
     assert shot.awaiting_download == 1
     assert shot.soonest_expiry is not None

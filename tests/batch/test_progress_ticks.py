@@ -14,7 +14,7 @@ import pytest
 
 from imggw_client import AsyncClient, PollPolicy
 from imggw_client.batch import BatchProgress, _progress, arun_batch
-from imggw_client.batch._states import RUNNING
+from imggw_client.batch._states import LineState
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
 pytestmark = pytest.mark.anyio
@@ -73,7 +73,7 @@ async def test_snapshots_are_told_while_no_line_moves(
     idle: list[BatchProgress] = []
 
     def both_running(progress: BatchProgress) -> bool:
-        if progress.counts == {RUNNING: 2}:
+        if progress.counts == {LineState.RUNNING: 2}:
             idle.append(progress)
         return len(idle) >= 4
 
@@ -103,5 +103,6 @@ async def test_a_snapshot_says_how_long_the_gateway_has_answered_nothing(
 
     seen = await told_until(tmp_path, transport, gw, silent, answering)
     first = next(n for n, p in enumerate(seen) if p.gateway_silent_for >= 0.3)
-    assert seen[first].counts == {RUNNING: 2}  # lines in flight, nothing moved: only the silence
+    # lines in flight, nothing moved: only the silence
+    assert seen[first].counts == {LineState.RUNNING: 2}
     assert seen[0].gateway_silent_for == 0.0  # nothing asked yet: no silence

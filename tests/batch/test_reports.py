@@ -8,15 +8,9 @@ from typing import Any
 
 from imggw_client.batch._lines import BadLine
 from imggw_client.batch._reports import BatchProgress, BatchReport
-from imggw_client.batch._states import (
-    DOWNLOADING,
-    EXPIRED,
-    PENDING,
-    RUNNING,
-    SAVED,
-    ExitCode,
-    LineState,
-)
+from imggw_client.batch._states import ExitCode, LineState
+
+PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState  # what a report counts
 
 
 def test_a_snapshot_tells_lines_finished_their_pace_and_the_time_left() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from imggw_client.batch import _room
 from imggw_client.batch._room import NO_ROOM, Room, room_of
-from imggw_client.batch._states import DOWNLOADING, PENDING, RUNNING, SAVED
+from imggw_client.batch._states import RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import planned, row
 
@@ -28,12 +28,12 @@ def test_a_result_needs_room_by_its_resolution_and_an_unknown_one_the_most() -> 
 
 def test_lines_running_or_downloading_keep_their_room_until_saved() -> None:
     room = Room(Path("."), flying=lambda: 0)
-    line = row(1, PENDING, resolution="2k")
+    line = row(1, UNKNOWN, resolution="2k")
     room.moved(line, RUNNING)
     line.state = RUNNING
     assert room.to_store == 16 * MiB
-    room.moved(line, DOWNLOADING)  # still unsaved: nothing changes
-    line.state = DOWNLOADING
+    room.moved(line, SUCCEEDED)  # still unsaved: nothing changes
+    line.state = SUCCEEDED
     assert room.to_store == 16 * MiB
     room.moved(line, SAVED)
     assert room.to_store == 0
@@ -79,7 +79,7 @@ async def test_with_nothing_in_flight_a_run_short_of_room_stops_saying_what_it_n
 ) -> None:
     monkeypatch.setattr(_room, "free_bytes", lambda folder: 3 * MiB)
     room = Room(tmp_path, flying=lambda: 2)
-    with planned(tmp_path, [row(1, RUNNING, task_id="1"), row(2, DOWNLOADING, task_id="2"),
+    with planned(tmp_path, [row(1, RUNNING, task_id="1"), row(2, SUCCEEDED, task_id="2"),
                             row(3, SAVED, task_id="3")]) as ledger:  # fmt: skip
         await room.count_unsaved(ledger)
     assert room.to_store == 8 * MiB  # the two results still to save

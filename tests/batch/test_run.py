@@ -25,7 +25,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._room import Room
 from imggw_client.batch._run import FATAL, LEFT_LOGGED, RunLines, retry_later
 from imggw_client.batch._spending import Charge
-from imggw_client.batch._states import DOWNLOADING, FAILED, PENDING, RUNNING, SAVED
+from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import planned, row
 
@@ -45,13 +45,13 @@ async def test_each_move_keeps_the_counts_the_times_and_the_ledger(tmp_path: Pat
         run.on_move = lambda: told.append(1)
         first = ledger.rows()[0]
         run.move(first, RUNNING)
-        run.move(first, DOWNLOADING)
+        run.move(first, SUCCEEDED)
         assert first.completed_at is not None
         assert first.finished_at is None
         run.move(first, SAVED)
         assert first.finished_at is not None
         assert (run.finished_here, run.total, len(told)) == (1, 2, 3)
-        assert dict(run.counts) == {PENDING: 0, RUNNING: 1, DOWNLOADING: 0, SAVED: 1}
+        assert dict(run.counts) == {UNKNOWN: 0, RUNNING: 1, SUCCEEDED: 0, SAVED: 1}
         assert run.unsaved == 1
         with pytest.raises(AssertionError, match="line 1: no move from saved to running"):
             run.move(first, RUNNING)  # not in the table
@@ -68,8 +68,8 @@ async def test_each_move_keeps_the_counts_the_times_and_the_ledger(tmp_path: Pat
 async def test_a_move_at_once_is_written_before_the_run_begins(tmp_path: Path) -> None:
     with planned(tmp_path, [row(1, SAVED, task_id="1")]) as ledger:
         run = run_over(ledger)
-        run.move(ledger.rows()[0], DOWNLOADING, at_once=True)
-        assert ledger.rows()[0].state is DOWNLOADING  # no flush needed: no writer thread
+        run.move(ledger.rows()[0], SUCCEEDED, at_once=True)
+        assert ledger.rows()[0].state is SUCCEEDED  # no flush needed: no writer thread
 
 
 @pytest.mark.anyio  # a run's cancel scope belongs to its event loop

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from imggw_client._files import StorageError
+from imggw_client.batch._ledger import Ledger
+from imggw_client.batch._ledger_files import count_statuses, read_rows
 from imggw_client.batch._schema import (
+    COLUMNS,
     LEDGER_NAME,
     SCHEMA_VERSION,
     Row,
@@ -24,7 +27,7 @@ from imggw_client.batch._schema import (
     state_of,
     storage_error,
 )
-from imggw_client.batch._states import DOWNLOADING, RUNNING, SAVED
+from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import row
 
@@ -34,9 +37,13 @@ def test_a_row_is_stored_and_read_back_whole_and_old_state_names_are_read() -> N
                  files=[{"path": "42-0.png", "sha256": "ab", "size": 3}], credits=4.0,
                  cost=None, fields={"prompt": "un renard d'\u00e9t\u00e9 \U0001f98a", "resolution": "2k"})  # fmt: skip
     assert Row.from_values(stored.values()) == stored
-    assert state_of("submitted") is RUNNING
-    assert state_of("succeeded") is DOWNLOADING
-    assert state_of("done") is SAVED
+    # Rows of the formats before the core's states were kept are read as the core's states.
+    assert state_of("submitted", 4) is RUNNING
+    assert state_of("succeeded", 2) is SUCCEEDED
+    assert state_of("downloading", 4) is SUCCEEDED
+    assert state_of("pending", 4) is UNKNOWN
+    assert state_of("done", 2) is SAVED
+    assert state_of("saved", 4) is SAVED
     assert state_of("saved") is SAVED
     assert row(1, kind="bad").is_bad
     assert not stored.is_bad
@@ -92,3 +99,48 @@ def test_a_damaged_ledger_names_the_safe_remedy_and_a_failing_disk_does_not(
     assert not is_damaged(OSError(28, "No space left on device"))
     assert full.code == "storage_failed"
     assert "No space left on device" in full.message
+
+
+def _old_ledger(path: Path, version: int, states: list[str]) -> None:
+    """A ledger as format ``version`` left it: one planned line per state, in that order."""
+    values = row(1).values()
+    with contextlib.closing(connect(path)) as db:
+        migrate(db, path)
+        db.execute(f"PRAGMA user_version={version}")
+        for n, state in enumerate(states, 1):
+            line = (f"line:{n}", n, *values[2:9], state, *values[10:])
+            db.execute(
+                f"INSERT INTO lines ({', '.join(COLUMNS)}, planned, created_at, updated_at) "
+                f"VALUES ({', '.join('?' * (len(COLUMNS) + 3))})",
+                (*line, 1, 0.0, 0.0),
+            )
+        db.execute("INSERT INTO meta (key, value) VALUES ('plan', '1')")
+        db.commit()
+
+
+@pytest.mark.parametrize(
+    ("version", "states"),
+    [
+        (4, ["pending", "running", "downloading", "saved", "failed"]),
+        (2, ["pending", "submitted", "succeeded", "done", "failed"]),
+    ],
+)
+def test_an_older_ledger_keeps_the_cores_states_once_opened_and_is_read_as_them_before(
+    tmp_path: Path, version: int, states: list[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / LEDGER_NAME
+    _old_ledger(path, version, states)
+    kept = [UNKNOWN, RUNNING, SUCCEEDED, SAVED, FAILED]
+    # Read only (a status while an older run holds the folder): translated, never rewritten.
+    assert [r.state for r in read_rows(path)] == kept
+    assert count_statuses(path) == {"pending": 1, "running": 2, "succeeded": 1, "failed": 1}
+    with Ledger.open(out) as ledger:  # opened to run: its rows are moved in place, once
+        assert [r.state for r in ledger.rows()] == kept
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        stored = [state for (state,) in db.execute("SELECT state FROM lines ORDER BY line")]
+    assert stored == ["unknown", "running", "succeeded", "saved", "failed"]
+    with Ledger.open(out) as ledger:  # a ledger of this format is not moved again
+        assert [r.state for r in ledger.rows()] == kept

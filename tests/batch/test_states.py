@@ -1,41 +1,40 @@
-"""A batch line's states (``batch/_states.py``): the moves a run makes, the words outside the
-ledger, and the one map from how lines ended to the exit code."""
+"""A batch line's states (``batch/_states.py``): the core's states, the moves a run makes, the
+words outside the ledger, and the one map from how lines ended to the exit code."""
 
 from __future__ import annotations
 
 from imggw_client._core import states as task
 from imggw_client.batch._states import (
     BATCH_MOVES,
-    DOWNLOADING,
     EXPIRED,
     FAILED,
     FINAL,
-    LEGACY,
-    LINE_STATE,
+    KEPT,
     MOVES,
-    PENDING,
     RECHECKS,
     RUNNING,
     SAVED,
     STATUS,
     STATUSES,
-    TASK_STATE,
+    SUCCEEDED,
+    UNKNOWN,
     WORDS,
-    WORK,
     ExitCode,
     LineState,
     exit_code,
+    line_counts,
+    line_state,
     statuses,
     words,
 )
 
 
 def test_a_run_moves_lines_forward_and_final_lines_nowhere_but_a_lost_file_back() -> None:
-    assert set(MOVES) == set(LineState)
-    assert MOVES[PENDING] == {RUNNING, DOWNLOADING, FAILED}  # a replay may answer finished
-    assert MOVES[RUNNING] == {DOWNLOADING, FAILED}  # never back to pending
-    assert MOVES[DOWNLOADING] == {SAVED, FAILED, EXPIRED}
-    assert MOVES[SAVED] == {DOWNLOADING}  # files gone: downloaded again
+    assert set(MOVES) == set(KEPT)
+    assert MOVES[UNKNOWN] == {RUNNING, SUCCEEDED, FAILED}  # a replay may answer finished
+    assert MOVES[RUNNING] == {SUCCEEDED, FAILED}  # never back to unknown
+    assert MOVES[SUCCEEDED] == {SAVED, FAILED, EXPIRED}
+    assert MOVES[SAVED] == {SUCCEEDED}  # files gone: downloaded again
     assert MOVES[FAILED] == frozenset()
     assert MOVES[EXPIRED] == {SAVED}  # a refreshed link saved after all
     assert {SAVED, FAILED, EXPIRED} == FINAL
@@ -43,44 +42,50 @@ def test_a_run_moves_lines_forward_and_final_lines_nowhere_but_a_lost_file_back(
     # for a line that has a task.
     for rule in RECHECKS:
         assert rule.to not in MOVES[rule.state]
-        assert rule.to is not PENDING or not rule.task_id
+        assert rule.to is not UNKNOWN or not rule.task_id
 
 
-def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
-    # Every move of a run is a move of the core's table between the lines' task states, or one
-    # of the two a batch adds; and every move of that table shows as a line's move.
+def test_line_moves_and_work_are_the_cores_one_table() -> None:
+    # Every move of a run is a move of the core's table, or one of the two a batch adds; a
+    # refused submit and a forgotten task are kept as failed lines, a queued task as running.
+    def kept(target: task.State | None) -> task.State:
+        if target is None or target is task.State.NOT_FOUND:
+            return FAILED
+        return RUNNING if target is task.State.PENDING else target
+
     by_the_table = {
-        (line, LINE_STATE[task.move(state, event)])
-        for line, state in TASK_STATE.items()
-        for event in task.Event
+        (state, kept(task.move(state, event))) for state in KEPT for event in task.Event
     }
     moves = {(before, after) for before, targets in MOVES.items() for after in targets}
     assert moves == {(a, b) for a, b in by_the_table if a is not b} | BATCH_MOVES
     assert not BATCH_MOVES & by_the_table  # the batch adds only what the table lacks
-    # A line's work is its task state's; a recheck's target is the line state with its work.
-    assert WORK == {PENDING: task.Work.RESEND, RUNNING: task.Work.WAIT,
-                    DOWNLOADING: task.Work.DOWNLOAD, SAVED: None, FAILED: None,
-                    EXPIRED: None}  # fmt: skip
-    assert [rule.to for rule in RECHECKS] == [DOWNLOADING, DOWNLOADING, RUNNING, PENDING]
-    assert all(WORK[rule.to] is rule.work for rule in RECHECKS)
-    # A task state the core adds shows up here at once: every one has its line state.
-    assert set(LINE_STATE) == {*task.State, None}
+    # A line's work is its state's; a recheck's target is the kept state with its work.
+    assert {state: task.WORK[state] for state in KEPT} == {
+        UNKNOWN: task.Work.RESEND, RUNNING: task.Work.WAIT, SUCCEEDED: task.Work.DOWNLOAD,
+        SAVED: None, FAILED: None, EXPIRED: None}  # fmt: skip
+    assert [rule.to for rule in RECHECKS] == [SUCCEEDED, SUCCEEDED, RUNNING, UNKNOWN]
+    assert all(task.WORK[rule.to] is rule.work for rule in RECHECKS)
+    # A task state the core adds shows up here at once: every one has its line's word.
+    assert {line_state(state) for state in task.State} == set(LineState)
 
 
 def test_every_state_has_one_word_outside_the_ledger_and_one_on_the_display() -> None:
+    assert [line_state(state) for state in KEPT] == [
+        LineState.PENDING, LineState.RUNNING, LineState.DOWNLOADING, LineState.SAVED,
+        LineState.FAILED, LineState.EXPIRED]  # fmt: skip
     assert set(STATUS) == set(LineState)
     assert set(STATUS.values()) == set(STATUSES)
     assert sorted(s for of in WORDS.values() for s in of) == sorted(LineState)
-    assert set(LEGACY.values()) <= set(LineState)
-    assert not set(LEGACY) & {s.value for s in LineState}
-    assert f"{RUNNING}" == str(RUNNING) == "running"
+    assert f"{LineState.RUNNING}" == str(LineState.RUNNING) == "running"
 
 
 def test_counts_become_words_and_statuses_zeros_included() -> None:
-    counts = {PENDING: 1, RUNNING: 2, DOWNLOADING: 3, SAVED: 4, EXPIRED: 5}
-    assert words(counts) == {"pending": 1, "running": 2, "downloading": 3, "succeeded": 4,
-                             "failed": 5}  # fmt: skip
-    assert statuses(counts) == {"pending": 1, "running": 5, "succeeded": 4, "failed": 5}
+    counts = {UNKNOWN: 1, RUNNING: 2, SUCCEEDED: 3, SAVED: 4, EXPIRED: 5, FAILED: 0}
+    shown = line_counts(counts)
+    assert shown == {"pending": 1, "running": 2, "downloading": 3, "saved": 4, "expired": 5}
+    assert words(shown) == {"pending": 1, "running": 2, "downloading": 3, "succeeded": 4,
+                            "failed": 5}  # fmt: skip
+    assert statuses(shown) == {"pending": 1, "running": 5, "succeeded": 4, "failed": 5}
     assert statuses({"saved": 2}) == {"pending": 0, "running": 0, "succeeded": 2, "failed": 0}
 
 

@@ -17,7 +17,7 @@ from imggw_client.batch._gallery import GALLERY_NAME
 from imggw_client.batch._ledger import STOPPED_BY
 from imggw_client.batch._ledger_files import read_meta
 from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import PENDING, SAVED
+from imggw_client.batch._states import SAVED, UNKNOWN
 from imggw_client.batch._workspace import GalleryPace, LocalStore, Workspace, file_sha256
 
 from .ledgers import planned, row
@@ -51,7 +51,7 @@ def test_saved_lines_whose_files_are_gone_are_found_and_leftovers_swept(tmp_path
     (tmp_path / ".3-0.png.abc.part").write_bytes(b"cut short")
     (tmp_path / "keep.part").write_bytes(b"not ours")
     rows = [row(1, SAVED, task_id="1", files=[whole]), row(2, SAVED, task_id="2", files=[gone]),
-            row(3, PENDING)]  # fmt: skip
+            row(3, UNKNOWN)]  # fmt: skip
     with planned(tmp_path, rows) as ledger:
         work = Workspace(tmp_path, ledger, None, LocalStore(tmp_path))  # type: ignore[arg-type]
         assert [r.line for r in work.damaged(hashes=False)] == [2]

@@ -23,7 +23,7 @@ from imggw_client._core.states import WORK, State, Work
 from imggw_client.batch import arun_batch
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import COLLECT
-from imggw_client.batch._states import PENDING, RUNNING
+from imggw_client.batch._states import RUNNING, UNKNOWN
 from imggw_client.mock import IN_PROCESS_URL, MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import _loop
 from imggw_client.tracking._loop import waited
@@ -66,7 +66,7 @@ async def test_no_more_lines_are_in_flight_than_the_window_holds(
         assert gw.stats()["tasks_created"] == 3  # max(3, 2 x 1): the window is full
         group.cancel_scope.cancel()
     with Ledger.open(tmp_path / "out") as ledger:
-        assert ledger.totals().counts == {RUNNING: 3, PENDING: 7}
+        assert ledger.totals().counts == {RUNNING: 3, UNKNOWN: 7}
 
 
 def test_a_lines_wait_is_given_its_submission_or_a_collected_tasks_id() -> None:

@@ -4,7 +4,7 @@ saved.
 Each output folder belongs to one run: its identity (``run.json``) is written before anything
 is sent, and every line's idempotency key follows from it, so any re-run of a line, after a
 crash, a kill, Ctrl-C or a lost ledger, sends the same key and the gateway replays the task. A
-SQLite ledger records each line's task id, state (:class:`LineState`) and files; results are
+SQLite ledger records each line's task id, state (its task's) and files; results are
 downloaded as soon as each task succeeds (the soonest-expiring first), verified by sha256, and
 listed in ``manifest.jsonl``; ``index.html`` shows them. Lines with ``task_id`` collect tasks
 made elsewhere; :func:`collect_tasks` saves a whole list of them (``imggw download --from``).

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.config import check_surface
+from .._core.states import State
 from . import _identity
 from ._ledger import Ledger, remove_if_empty
 from ._lines import COLLECT, GENERATE
@@ -21,7 +22,7 @@ from ._options import BatchOptions
 from ._plan import FolderIdentity, Plan, plan_run
 from ._schema import BAD
 from ._spending import Charge, Spending, Verdict
-from ._states import FINAL, PENDING, LineState
+from ._states import FINAL, KEPT, UNKNOWN
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -119,7 +120,7 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
     prices = {res: Charge(*charge) for res, charge in ledger.charges().items()}
     totals = ledger.totals()
     spending = Spending(options.caps, spent=Charge(totals.credits, totals.cost), prices=prices)
-    pending = ledger.waiting_by_resolution(PENDING)
+    pending = ledger.waiting_by_resolution(UNKNOWN)
     estimate = None
     if prices:
         credits, cost = 0.0, 0.0
@@ -139,18 +140,18 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
             fit += 1
     seen_cost = totals.cost or any(p.cost is not None for p in prices.values())
 
-    def count(kind: str, states: Iterable[LineState]) -> int:
+    def count(kind: str, states: Iterable[State]) -> int:
         return sum(kinds.get((kind, state), 0) for state in states)
 
-    unfinished = [s for s in LineState if s not in FINAL and s is not PENDING]
+    unfinished = [s for s in KEPT if s not in FINAL and s is not UNKNOWN]
     return BatchPlan(
         total=sum(kinds.values()),
-        to_submit=count(GENERATE, [PENDING]),
+        to_submit=count(GENERATE, [UNKNOWN]),
         to_wait=count(GENERATE, unfinished),
-        to_collect=count(COLLECT, [s for s in LineState if s not in FINAL]),
+        to_collect=count(COLLECT, [s for s in KEPT if s not in FINAL]),
         done=count(GENERATE, FINAL) + count(COLLECT, FINAL),
         changed=plan.changed_count,
-        bad=count(BAD, LineState),
+        bad=count(BAD, KEPT),
         estimate=estimate,
         spent={"credits": totals.credits, "cost": round(totals.cost, 6) if seen_cost else None},
         fit=fit,
@@ -162,6 +163,6 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
 
 def _in_order(ledger: Ledger) -> Iterable[str]:
     """The resolutions of the lines to submit, in line order (the order a run sends them)."""
-    for row in ledger.iter_rows(states=(PENDING,)):
+    for row in ledger.iter_rows(states=(UNKNOWN,)):
         if row.kind == GENERATE:
             yield str(row.fields.get("resolution", ""))

@@ -36,7 +36,7 @@ from ._reports import BatchProgress, BatchReport
 from ._room import Room
 from ._run import RunLines
 from ._spending import Caps, Charge, Spending, settles
-from ._states import DOWNLOADING, RUNNING
+from ._states import RUNNING, SUCCEEDED, line_counts
 from ._workspace import GalleryPace, Workspace
 
 __all__ = ["execute", "local_guard"]
@@ -73,7 +73,7 @@ def _verify_files(run: RunLines, work: Workspace, *, hashes: bool) -> None:
     of files until it is saved again: that it was saved once tells a result gone at the
     gateway from one that expired before its download. Blocking; before the run."""
     for row in work.damaged(hashes=hashes):
-        run.move(row, DOWNLOADING, at_once=True)
+        run.move(row, SUCCEEDED, at_once=True)
 
 
 def _finish(run: RunLines, work: Workspace) -> Path:
@@ -90,7 +90,7 @@ def _report(run: RunLines, options: BatchOptions, plan: Plan, manifest: Path,
             elapsed: float) -> BatchReport:  # fmt: skip
     """What the run did, for its caller."""
     return BatchReport(
-        counts={state: n for state, n in run.counts.items() if n},
+        counts=line_counts(run.counts),
         bad_lines=plan.bad, changed_lines=plan.changed, manifest=manifest, elapsed=elapsed,
         credits=run.credits, cost=round(run.cost, 6), bad_count=plan.bad_count,
         changed_count=plan.changed_count, removed_lines=plan.removed,

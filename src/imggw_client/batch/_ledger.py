@@ -27,6 +27,7 @@ from typing import Any
 import filelock
 
 from .._core.exceptions import ImggwError, RequestValidationError
+from .._core.states import State
 from .._files import StorageError, refuse_link
 from ._lines import GENERATE
 from ._schema import (
@@ -40,15 +41,7 @@ from ._schema import (
     state_of,
     storage_error,
 )
-from ._states import (
-    DOWNLOADING,
-    EXPIRED,
-    LEGACY,
-    RECHECKS,
-    RUNNING,
-    SAVED,
-    LineState,
-)
+from ._states import EXPIRED, RECHECKS, RUNNING, SAVED, SUCCEEDED
 
 LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
@@ -90,7 +83,7 @@ class Totals:
     lines charged in credits whose gateway stated no cost (surface alpha): their cost is not
     zero, it is not known."""
 
-    counts: Counter[LineState] = field(default_factory=Counter)
+    counts: Counter[State] = field(default_factory=Counter)
     credits: float = 0.0
     cost: float = 0.0
     cost_unknown: int = 0
@@ -238,8 +231,7 @@ class Ledger:
         the run's guards estimate a line at. As ``_guards.settles`` has it, a price is a
         positive charge, or the final one of a task that succeeded: the 0 a task states while
         it runs, or a failed task's, is none."""
-        succeeded = [DOWNLOADING.value, SAVED.value, EXPIRED.value]
-        succeeded += [old for old, new in LEGACY.items() if new in (DOWNLOADING, SAVED)]
+        succeeded = [SUCCEEDED.value, SAVED.value, EXPIRED.value]
         with self._read_lock:
             found = self._db.execute(
                 "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM lines "
@@ -250,8 +242,8 @@ class Ledger:
             )
             return {str(res or ""): (credits, cost) for res, credits, cost in found}
 
-    def waiting_by_resolution(self, state: LineState) -> dict[str, int]:
-        """Generate lines in ``state`` per resolution (``pending``: what is left to submit;
+    def waiting_by_resolution(self, state: State) -> dict[str, int]:
+        """Generate lines in ``state`` per resolution (``unknown``: what is left to submit;
         ``running``: what was sent and is not charged yet, with no charge stated)."""
         uncharged = " AND credits IS NULL AND cost IS NULL" if state is RUNNING else ""
         with self._read_lock:
@@ -263,13 +255,13 @@ class Ledger:
             return {str(res or ""): n for res, n in found}
 
     def unsaved_by_resolution(self) -> dict[str, int]:
-        """Lines whose results are still to be saved (``running``, ``downloading``) per
+        """Lines whose results are still to be saved (``running``, ``succeeded``) per
         resolution (``""``: not stated, as for a collected task): the room a run keeps free."""
         with self._read_lock:
             found = self._db.execute(
                 "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
                 "WHERE planned=? AND kind!=? AND state IN (?, ?) GROUP BY 1",
-                (self._plan, BAD, RUNNING.value, DOWNLOADING.value),
+                (self._plan, BAD, RUNNING.value, SUCCEEDED.value),
             )
             return {str(res or ""): n for res, n in found}
 
@@ -294,9 +286,9 @@ class Ledger:
                 found.setdefault((str(surface), str(resolution or "")), []).append(float(took))
         return found
 
-    def kinds(self) -> Counter[tuple[str, LineState]]:
+    def kinds(self) -> Counter[tuple[str, State]]:
         """The plan's lines per (kind, state): what a dry run tells."""
-        found: Counter[tuple[str, LineState]] = Counter()
+        found: Counter[tuple[str, State]] = Counter()
         with self._read_lock:
             for kind, state, n in self._db.execute(
                 "SELECT kind, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
@@ -382,7 +374,7 @@ class Ledger:
         return totals
 
     def rows(
-        self, *, after: int = 0, limit: int = 1000, states: tuple[LineState, ...] = ()
+        self, *, after: int = 0, limit: int = 1000, states: tuple[State, ...] = ()
     ) -> list[Row]:
         """The plan's rows in line order, past line ``after``: one chunk of a stream."""
         where = "planned=? AND line>?"
@@ -404,7 +396,7 @@ class Ledger:
         """The next chunk of the plan's rows past line ``after`` (for a streaming reader)."""
         return self.rows(after=after, limit=500)
 
-    def iter_rows(self, states: tuple[LineState, ...] = (), chunk: int = 1000) -> Iterator[Row]:
+    def iter_rows(self, states: tuple[State, ...] = (), chunk: int = 1000) -> Iterator[Row]:
         """Every row of the plan in line order, read a chunk at a time."""
         after = 0
         while batch := self.rows(after=after, limit=chunk, states=states):

@@ -13,14 +13,14 @@ from pathlib import Path
 
 from .._files import StorageError, refuse_link
 from ._schema import BAD, COLUMNS, Row, private_database, state_of
-from ._states import STATUS
+from ._states import STATUS, line_state
 
 
 @contextlib.contextmanager
-def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
-    """A ledger file opened read only (a live run, another process, may be writing it), and
-    its last plan; None when it holds no plan (or is no ledger). A symbolic link planted in
-    its place is refused, not read."""
+def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int, int] | None]:
+    """A ledger file opened read only (a live run, another process, may be writing it), its
+    last plan and its format (its rows are read as that format wrote them); None when it holds
+    no plan (or is no ledger). A symbolic link planted in its place is refused, not read."""
 
     refuse_link(path)
     try:
@@ -34,9 +34,10 @@ def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int] | None]:
     with contextlib.closing(db):
         try:
             found = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error:
             found = None
-        yield (db, int(found[0])) if found is not None else None
+        yield (db, int(found[0]), version) if found is not None else None
 
 
 def read_rows(path: Path) -> Iterator[Row]:
@@ -45,13 +46,13 @@ def read_rows(path: Path) -> Iterator[Row]:
     with _read_only(path) as opened:
         if opened is None:
             return
-        db, plan = opened
+        db, plan, version = opened
         try:
             cursor = db.execute(
                 f"SELECT {', '.join(COLUMNS)} FROM lines WHERE planned=? ORDER BY line", (plan,)
             )
             for values in cursor:
-                yield Row.from_values(values)
+                yield Row.from_values(values, version)
         except sqlite3.Error:
             return
 
@@ -63,13 +64,13 @@ def count_statuses(path: Path) -> dict[str, int] | None:
     with _read_only(path) as opened:
         if opened is None:
             return None
-        db, plan = opened
+        db, plan, version = opened
         found: Counter[str] = Counter()
         for bad, state, n in db.execute(
             "SELECT kind=?, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
             (BAD, plan),
         ):
-            found["bad" if bad else STATUS[state_of(state)]] += n
+            found["bad" if bad else STATUS[line_state(state_of(state, version))]] += n
         return dict(found)
 
 

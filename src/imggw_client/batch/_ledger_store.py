@@ -4,8 +4,7 @@ ledger's rows, read in line order; their moves go through ``RunLines`` (held to
 its incoming folder, to be named by the template) and go where the run's results belong
 (``Workspace.store``).
 
-The loop speaks the task states of ``_core/states.py``; the ledger keeps line states, each the
-task state ``_states.TASK_STATE`` says (``succeeded``, results to save, is ``downloading``).
+The loop speaks the task states of ``_core/states.py``, and the ledger keeps them as they are.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from pathlib import Path
 
 from .._core import reasons
 from .._core.models import DownloadedFile
-from .._core.states import State, Work
+from .._core.states import WORK, State, Work
 from .._core.text import printable
 from .._files import StorageError, cannot, planted_link, refuse_link
 from ._naming import INCOMING_DIR, NameTemplate
 from ._run import RunLines
 from ._schema import Row
-from ._states import EXPIRED, LINE_STATE, WORK
+from ._states import EXPIRED
 from ._workspace import Workspace
 
 __all__ = ["LedgerStore"]
@@ -78,8 +77,8 @@ class LedgerStore:
             self.space.ledger.save(row)
 
     def reached(self, row: Row, state: State) -> None:
-        """The line moves to the line state of the task state it reached."""
-        self.run.move(row, LINE_STATE[state])
+        """The line moves to the state its task reached."""
+        self.run.move(row, state)
 
     def fail(self, row: Row, code: str, message: str) -> None:
         """The line failed, its code and message kept for its manifest row."""

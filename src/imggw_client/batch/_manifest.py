@@ -4,7 +4,7 @@ one writer and reader of it, for a run, a shard and a merge.
 A row has DESIGN 7's pinned fields (``line``, ``task_id``, ``status``, ``files``, ``error``),
 then the caller's ``id``, the surface, the request, money and link expiry, and for a saved
 line that has one a ``warning`` (``code``, ``message``: its files kept their default names).
-``status`` is the line's word of ``_states.STATUS``.
+``status`` is the line's word of ``_states.STATUS``, from its state's ``line_state``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from .._core import jsonio
 from .._files import atomic_write
 from ._schema import Row, storage_error
-from ._states import SAVED, STATUS
+from ._states import SAVED, STATUS, line_state
 
 __all__ = ["MANIFEST_NAME", "iter_manifest", "manifest_row", "manifest_rows", "write_manifest"]
 
@@ -47,7 +47,7 @@ def manifest_row(row: Row) -> dict[str, Any]:
     return {
         "line": row.line,
         "task_id": row.task_id,
-        "status": STATUS[row.state],
+        "status": STATUS[line_state(row.state)],
         "files": row.files if row.state is SAVED else [],
         "error": error,
         "id": row.caller_id,

@@ -39,7 +39,7 @@ from ._lines import (
 )
 from ._options import BatchOptions
 from ._schema import BAD, Row, storage_error
-from ._states import FAILED, PENDING, RUNNING
+from ._states import FAILED, RUNNING, UNKNOWN
 
 __all__ = [
     "WHOLE",
@@ -259,7 +259,7 @@ def new_row(item: InputLine, default_surface: str, run_id: str | None) -> Row:
     return Row(
         identity=identity, line=item.line, caller_id=item.caller_id, kind=item.kind,
         digest=digest, fields=item.fields, surface=surface, idempotency_key=key,
-        task_id=item.task_id, state=RUNNING if item.kind == COLLECT else PENDING,
+        task_id=item.task_id, state=RUNNING if item.kind == COLLECT else UNKNOWN,
     )  # fmt: skip
 
 

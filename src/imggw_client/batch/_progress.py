@@ -22,7 +22,7 @@ from ._ledger import Ledger
 from ._options import BatchOptions
 from ._reports import BatchProgress
 from ._run import RunLines
-from ._states import PENDING
+from ._states import UNKNOWN, line_counts
 
 __all__ = ["PROGRESS_EVERY", "PROGRESS_TICK", "Progress", "learn_from_ledger", "typical_durations"]
 
@@ -105,14 +105,14 @@ class Progress:
         run, limit = self.run, self.client.rate_limit
         pace = limit.submits_per_second
         shown = limit if pace or limit.queries_per_second else None
-        pending = run.counts.get(PENDING, 0)
+        pending = run.counts.get(UNKNOWN, 0)
         expiries = self.queue.expiries()
         soonest = None
         if expiries:
             soonest = datetime.fromtimestamp(expiries[0], tz=timezone.utc)
         return BatchProgress(
             total=run.total,
-            counts={state: n for state, n in run.counts.items() if n},
+            counts=line_counts(run.counts),
             credits=run.credits,
             cost=round(run.cost, 6),
             elapsed=time.monotonic() - run.started,

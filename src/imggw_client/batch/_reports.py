@@ -11,9 +11,11 @@ from pathlib import Path
 
 from .._core.config import RateLimit
 from ._lines import BadLine
-from ._states import FINAL, ExitCode, LineState, exit_code, statuses, words
+from ._states import FINAL, ExitCode, LineState, exit_code, line_state, statuses, words
 
 __all__ = ["BatchProgress", "BatchReport", "RunOutcome"]
+
+_FINISHED = frozenset(line_state(state) for state in FINAL)  # the words of final lines
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class BatchProgress:
     @property
     def finished(self) -> int:
         """Lines in a final state: saved, failed or expired."""
-        return sum(self.counts.get(state, 0) for state in FINAL)
+        return sum(self.counts.get(word, 0) for word in _FINISHED)
 
     @property
     def throughput(self) -> float:

@@ -15,15 +15,16 @@ import anyio
 import anyio.to_thread
 
 from .._core.rules import RESULT_ROOM
+from .._core.states import State
 from .._files import StorageError
 from ._ledger import Ledger
 from ._schema import Row
-from ._states import DOWNLOADING, RUNNING, LineState
+from ._states import RUNNING, SUCCEEDED
 
 __all__ = ["NO_ROOM", "Room", "free_bytes", "room_of"]
 
 NO_ROOM = "no_room"  # StorageError.code: the folder has no room for the next line's result
-_UNSAVED = (RUNNING, DOWNLOADING)  # lines whose results are still to be saved
+_UNSAVED = (RUNNING, SUCCEEDED)  # lines whose results are still to be saved
 
 
 def free_bytes(folder: Path) -> int | None:
@@ -82,7 +83,7 @@ class Room:
         """Room may have been given back: a line waiting for room looks again."""
         self._changed.set()
 
-    def moved(self, row: Row, state: LineState) -> None:
+    def moved(self, row: Row, state: State) -> None:
         """``row`` moves to ``state``: its result counts in ``to_store`` while unsaved."""
         if (row.state in _UNSAVED) != (state in _UNSAVED):
             self.to_store += _row_room(row) if state in _UNSAVED else -_row_room(row)

@@ -19,13 +19,14 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from .._core.states import State
 from .._core.surfaces import safe_message
 from ..tracking._store import FATAL, Course, retry_later
 from ._ledger import Ledger, Totals
 from ._room import Room
 from ._schema import Row
 from ._spending import Charge
-from ._states import DOWNLOADING, FAILED, FINAL, MOVES, RUNNING, LineState
+from ._states import FAILED, FINAL, MOVES, RUNNING, SUCCEEDED, line_state
 
 __all__ = ["FATAL", "RunLines", "retry_later"]
 
@@ -64,7 +65,7 @@ class RunLines(Course):
         super().__init__(deadline=deadline, line_timeout=line_timeout, redact=redact)
         self.ledger = ledger
         self.room = room
-        self.counts: Counter[LineState] = totals.counts
+        self.counts: Counter[State] = totals.counts
         self.credits, self.cost = totals.credits, totals.cost
         self.cost_unknown = totals.cost_unknown
         self.total = sum(self.counts.values())
@@ -76,18 +77,20 @@ class RunLines(Course):
 
     # ------------------------------------------------------------------------ moves
 
-    def move(self, row: Row, state: LineState, *, at_once: bool = False) -> None:
+    def move(self, row: Row, state: State, *, at_once: bool = False) -> None:
         """Moves the row to ``state`` (one of the moves ``_states.MOVES`` allows), keeps the
         counts, and queues the row for the ledger (``at_once``: writes it now, in this thread,
         before a run begins)."""
         if state not in MOVES[row.state]:
-            raise AssertionError(f"line {row.line}: no move from {row.state} to {state}")
+            raise AssertionError(
+                f"line {row.line}: no move from {row.state.value} to {state.value}"
+            )
         self.counts[row.state] -= 1
         self.counts[state] += 1
         self.room.moved(row, state)
         row.state = state
         now = time.time()
-        if state is DOWNLOADING and row.completed_at is None:
+        if state is SUCCEEDED and row.completed_at is None:
             row.completed_at = now
         if state in FINAL:
             self.finished_here += 1
@@ -111,8 +114,8 @@ class RunLines(Course):
 
     @property
     def unsaved(self) -> int:
-        """Lines whose results are still to be saved: running or downloading."""
-        return self.counts.get(RUNNING, 0) + self.counts.get(DOWNLOADING, 0)
+        """Lines whose results are still to be saved: running, or succeeded and not saved."""
+        return self.counts.get(RUNNING, 0) + self.counts.get(SUCCEEDED, 0)
 
     # ------------------------------------------------------------------------ failures
 
@@ -139,6 +142,6 @@ class RunLines(Course):
         if self.left <= LEFT_LOGGED:
             log.warning(
                 "line %d (task %s): %s; it stays %s for the next run%s",
-                row.line, row.task_id, why, row.state,
+                row.line, row.task_id, why, line_state(row.state),
                 "; later ones are counted, not logged" if self.left == LEFT_LOGGED else "",
             )  # fmt: skip

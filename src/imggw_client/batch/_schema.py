@@ -13,15 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._core.states import State
 from .._files import StorageError, cannot, make_private, open_private, refuse_link
 from ._lines import COLLECT
-from ._states import LEGACY, LineState
 
 LEDGER_NAME = "ledger.sqlite"
 # PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
-# states (see _states.LEGACY) and `fingerprint` to `digest`, and added when a task was
-# submitted and first seen finished; 4 added when a line's submit first left (`first_sent`).
-SCHEMA_VERSION = 4
+# states (see RENAMED) and `fingerprint` to `digest`, and added when a task was
+# submitted and first seen finished; 4 added when a line's submit first left (`first_sent`);
+# 5 keeps the core's task states (`_core/states.py`) in place of the line's own (see RENAMED).
+SCHEMA_VERSION = 5
+STATES_KEPT = 5  # the first format whose rows keep the core's states
+# What rows written before STATES_KEPT keep, and the core's state each is: the one mapping from
+# every earlier format ("submitted" was beta's wire word and "done" the first format's; a line
+# that was "succeeded" before the third was downloading then, as the core's `succeeded` is).
+RENAMED: dict[str, State] = {
+    "pending": State.UNKNOWN,
+    "submitted": State.RUNNING,
+    "downloading": State.SUCCEEDED,
+    "done": State.SAVED,
+}
 BAD = "bad"  # the kind of a bad input line's row (the others: _lines.GENERATE, COLLECT)
 
 COLUMNS = (
@@ -120,7 +131,7 @@ class Row:
     surface: str
     idempotency_key: str | None
     task_id: str | None
-    state: LineState
+    state: State
     urls: list[str] = field(default_factory=list)
     expires_at: float | None = None
     error_code: str | None = None
@@ -143,11 +154,12 @@ class Row:
         )  # fmt: skip
 
     @classmethod
-    def from_values(cls, values: tuple[Any, ...]) -> Row:
+    def from_values(cls, values: tuple[Any, ...], version: int = SCHEMA_VERSION) -> Row:
+        """The row of a ledger's stored ``values`` (written in format ``version``)."""
         named = dict(zip(COLUMNS, values, strict=True))
         for name in ("fields", "urls", "files"):
             named[name] = json.loads(named[name])
-        named["state"] = state_of(named["state"])
+        named["state"] = state_of(named["state"], version)
         return cls(**named)
 
     @property
@@ -163,9 +175,11 @@ class Row:
         return self.kind == BAD
 
 
-def state_of(stored: str) -> LineState:
-    """The state a ledger row keeps, whatever format wrote it."""
-    return LEGACY.get(stored) or LineState(stored)
+def state_of(stored: str, version: int = SCHEMA_VERSION) -> State:
+    """The state a ledger row of format ``version`` keeps (a file read only is not migrated)."""
+    if version < STATES_KEPT:
+        return RENAMED.get(stored) or State(stored)
+    return State(stored)
 
 
 # The write-ahead log is copied into the database (checkpointed) once it holds this many pages,
@@ -229,8 +243,9 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
                 db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
         if "request" in have:  # the first format kept the request under this name
             db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
-        for old, new in LEGACY.items():
-            db.execute("UPDATE lines SET state=? WHERE state=?", (new.value, old))
+        if version < STATES_KEPT:  # once: the rows' states become the core's
+            cases = " ".join(f"WHEN '{old}' THEN '{new.value}'" for old, new in RENAMED.items())
+            db.execute(f"UPDATE lines SET state = CASE state {cases} ELSE state END")
         db.execute("COMMIT")
     db.executescript(_SCHEMA)
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

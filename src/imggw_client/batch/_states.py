@@ -1,32 +1,34 @@
-"""A batch line's states, the moves between them, the word each shows as, and how a run ends.
+"""A batch line's states, the moves between them, the words they show as, and how a run ends.
 
-Every line of a run is in one state, kept in its ledger row::
+A line's state is its task's, a state of the core's one table (``_core/states.py``), kept as is
+in its ledger row::
 
-    pending ──submitted──▶ running ──task succeeded──▶ downloading ──files saved──▶ saved
-       │                      │                          │    ▲                      │
-       │ refused              │ task failed              │    └── files gone ────────┘
-       ▼                      ▼                          ▼
-    failed ◀──────────────────┴────── results gone ──▶ expired
+    unknown ──answered──▶ running ──task succeeded──▶ succeeded ──files saved──▶ saved
+       │                     │                          │    ▲                     │
+       │ refused             │ task failed              │    └── files gone ───────┘
+       ▼                     ▼                          ▼
+    failed ◀─────────────────┴────── results gone ──▶ expired
 
-- ``pending``: nothing sent yet, or the submit's answer was lost (its key replays the task).
+- ``unknown``: nothing sent yet, or the submit's answer was lost (its key replays the task).
 - ``running``: the task id is known and the task has not finished.
-- ``downloading``: the task succeeded; its files are not (all) saved.
+- ``succeeded``: the task succeeded; its files are not (all) saved.
 - ``saved``: every file saved and verified.
-- ``failed``: refused, the task failed, the gateway does not know the task, or a bad line.
+- ``failed``: refused, the task failed, the gateway does not know the task (error
+  ``not_found``), or a bad line.
 - ``expired``: the task succeeded, but its results were gone before they could be saved.
 
-Each line state is a task state of the core's one table (``_core/states.py``; :data:`TASK_STATE`):
-a line's moves (:data:`MOVES`) and its work (:data:`WORK`) are read off that table, with the two
-moves a batch adds (:data:`BATCH_MOVES`). Planning a rerun moves some lines back, at no cost
-(:data:`RECHECKS`, carried out by the ledger): each names the work a second look needs, and
-its line state is the one whose work that is; a look again costs a query or a download, never a
-submit.
+A line's moves (:data:`MOVES`) are read off the core's table, with the two moves a batch adds
+(:data:`BATCH_MOVES`); its work is the core's ``WORK``. Planning a rerun moves some lines back,
+at no cost (:data:`RECHECKS`, carried out by the ledger): each names the work a second look
+needs, and its state is the one whose work that is; a look again costs a query or a download,
+never a submit.
 
-One word per line state outside the ledger (the manifest's ``status``, ``imggw batch
-status``, the gallery): what the line delivered (:data:`STATUS`). ``succeeded`` is a line whose
-files are saved; a line whose task succeeded but whose files are not saved yet is ``running``;
-a line whose results expired is ``failed`` (error ``result_expired``). The display alone splits
-``running`` in two (:data:`WORDS`).
+Outside the ledger a line shows as words computed from its state by :func:`line_state` alone:
+the report's and the progress's :class:`LineState` (a task that succeeded and whose files are
+not saved is ``downloading``, a line not sent is ``pending``), and from that the manifest's
+``status`` and ``imggw batch status`` (:data:`STATUS`: a line whose files are saved is
+``succeeded``, one still downloading ``running``, an expired one ``failed``) and the display's
+(:data:`WORDS`).
 """
 
 from __future__ import annotations
@@ -36,32 +38,40 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .._core import states as task
+from .._core.states import State
 from ..tracking._store import NOT_FOUND
 from ._lines import GENERATE
 
 __all__ = [
     "FINAL",
     "BATCH_MOVES",
-    "LEGACY",
-    "LINE_STATE",
+    "KEPT",
     "MOVES",
     "RECHECKS",
     "STATUS",
     "STATUSES",
-    "TASK_STATE",
     "WORDS",
-    "WORK",
     "ExitCode",
     "LineState",
     "Recheck",
     "exit_code",
+    "line_state",
+    "line_counts",
     "statuses",
     "words",
 ]
 
+UNKNOWN, RUNNING, SUCCEEDED = State.UNKNOWN, State.RUNNING, State.SUCCEEDED
+SAVED, FAILED, EXPIRED = State.SAVED, State.FAILED, State.EXPIRED
+# The states a ledger row holds: a line's task is never kept as queued (``pending``, a task a
+# run has not seen start is ``running``) nor as forgotten (a failed line, error `not_found`).
+KEPT = (UNKNOWN, RUNNING, SUCCEEDED, SAVED, FAILED, EXPIRED)
+FINAL = frozenset(state for state in KEPT if task.WORK[state] is None)
+
 
 class LineState(str, Enum):
-    """The state of one line of a batch, as its ledger keeps it (see the module's diagram).
+    """How a line shows in a report and in progress (``report.counts``): its state's word, as
+    :func:`line_state` computes it (see the module's diagram).
 
     Example::
 
@@ -83,71 +93,73 @@ class LineState(str, Enum):
         return format(self.value, spec)
 
 
-PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState
-FINAL = frozenset({SAVED, FAILED, EXPIRED})
+def line_state(state: State) -> LineState:
+    """The word a line in ``state`` shows as: the one place a state becomes a word."""
+    return _SHOWN[state]
 
-# The task state each line state is: the core's table decides their moves and their work. A
-# pending line's submit may have left or not; its key sends it either way (the task replayed).
-TASK_STATE: Mapping[LineState, task.State] = {
-    PENDING: task.State.UNKNOWN,
-    RUNNING: task.State.RUNNING,
-    DOWNLOADING: task.State.SUCCEEDED,
-    SAVED: task.State.SAVED,
-    FAILED: task.State.FAILED,
-    EXPIRED: task.State.EXPIRED,
+
+_SHOWN: Mapping[State, LineState] = {
+    State.UNKNOWN: LineState.PENDING,
+    State.PENDING: LineState.RUNNING,
+    State.RUNNING: LineState.RUNNING,
+    State.SUCCEEDED: LineState.DOWNLOADING,
+    State.SAVED: LineState.SAVED,
+    State.FAILED: LineState.FAILED,
+    State.EXPIRED: LineState.EXPIRED,
+    State.NOT_FOUND: LineState.FAILED,
 }
-# The line state of each task state: a task known and not finished is running; a submit refused
-# (no task: a journal drops its row) is a failed line the manifest tells of, as is a task the
-# gateway no longer knows (error `not_found`).
-LINE_STATE: Mapping[task.State | None, LineState] = {
-    **{state: line for line, state in TASK_STATE.items()},
-    task.State.PENDING: RUNNING,
-    task.State.NOT_FOUND: FAILED,
-    None: FAILED,
-}
-# What each line still needs (None: final), read off the core's table.
-WORK: Mapping[LineState, task.Work | None] = {
-    line: task.WORK[state] for line, state in TASK_STATE.items()
-}
+
+
+def line_counts(counts: Mapping[State, int]) -> dict[LineState, int]:
+    """Lines per :class:`LineState` from lines per state (states with no line left out)."""
+    found: dict[LineState, int] = {}
+    for state, n in counts.items():
+        if n:
+            word = line_state(State(state))
+            found[word] = found.get(word, 0) + n
+    return found
+
+
 # The moves a batch makes that a journal does not: a download that fails for good (a page served
 # in place of an image) fails its line; a saved line whose files are missing or damaged, found
 # when a run begins, is downloaded again.
-BATCH_MOVES: frozenset[tuple[LineState, LineState]] = frozenset(
-    {(DOWNLOADING, FAILED), (SAVED, DOWNLOADING)}
-)
+BATCH_MOVES: frozenset[tuple[State, State]] = frozenset({(SUCCEEDED, FAILED), (SAVED, SUCCEEDED)})
 
 
-def _moves() -> dict[LineState, frozenset[LineState]]:
-    """Each line state's moves: those of its task state by every event of the core's table,
-    and the batch's own."""
-    moves: dict[LineState, set[LineState]] = {line: set() for line in LineState}
-    for line, state in TASK_STATE.items():
+def _kept(target: State | None) -> State | None:
+    """Where a move of the core's table leaves a line: a submit refused (a journal drops its
+    row) and a task the gateway forgot are failed lines, their error saying which; a queued
+    task is running."""
+    if target is None or target is State.NOT_FOUND:
+        return FAILED
+    return RUNNING if target is State.PENDING else target
+
+
+def _moves() -> dict[State, frozenset[State]]:
+    """Each kept state's moves: those of the core's table by every event, and the batch's own."""
+    moves: dict[State, set[State]] = {state: set() for state in KEPT}
+    for state in KEPT:
         for event in task.Event:
-            target = LINE_STATE[task.move(state, event)]
-            if target is not line:
-                moves[line].add(target)
+            target = _kept(task.move(state, event))
+            if target is not state and target is not None:
+                moves[state].add(target)
     for before, after in BATCH_MOVES:
         moves[before].add(after)
-    return {line: frozenset(targets) for line, targets in moves.items()}
+    return {state: frozenset(targets) for state, targets in moves.items()}
 
 
 # The moves a run makes (``RunLines.move`` holds every move to them).
-MOVES: Mapping[LineState, frozenset[LineState]] = _moves()
+MOVES: Mapping[State, frozenset[State]] = _moves()
 
 
 @dataclass(frozen=True)
 class Recheck:
     """A move back a plan makes (the ledger carries it out) for what a second look may find
     otherwise at no cost: lines in ``state`` that carry what the other fields ask (a task id or
-    none; result links; an error code; a kind of line) are given ``work`` again, in the line
-    state (:attr:`to`) whose work that is.
+    none; result links; an error code; a kind of line) are given ``work`` again, in the state
+    (:attr:`to`) whose work that is."""
 
-    Example::
-
-        Recheck(EXPIRED, task.Work.DOWNLOAD, task_id=True).to   # DOWNLOADING
-    """
-
-    state: LineState
+    state: State
     work: task.Work
     task_id: bool
     urls: bool = False
@@ -155,9 +167,9 @@ class Recheck:
     kind: str | None = None
 
     @property
-    def to(self) -> LineState:
-        """The line state whose work is :attr:`work`."""
-        return next(line for line, work in WORK.items() if work is self.work)
+    def to(self) -> State:
+        """The kept state whose work is :attr:`work`."""
+        return next(state for state in KEPT if task.WORK[state] is self.work)
 
 
 # In this order (a line takes the first that fits).
@@ -174,29 +186,20 @@ RECHECKS: tuple[Recheck, ...] = (
 # The words of the manifest's ``status`` and of ``imggw batch status``, in their order.
 STATUSES = ("pending", "running", "succeeded", "failed")
 STATUS: Mapping[LineState, str] = {
-    PENDING: "pending",
-    RUNNING: "running",
-    DOWNLOADING: "running",
-    SAVED: "succeeded",
-    FAILED: "failed",
-    EXPIRED: "failed",
+    LineState.PENDING: "pending",
+    LineState.RUNNING: "running",
+    LineState.DOWNLOADING: "running",
+    LineState.SAVED: "succeeded",
+    LineState.FAILED: "failed",
+    LineState.EXPIRED: "failed",
 }
 # The display's words: `running` split into the task running and its files downloading.
 WORDS: Mapping[str, tuple[LineState, ...]] = {
-    "pending": (PENDING,),
-    "running": (RUNNING,),
-    "downloading": (DOWNLOADING,),
-    "succeeded": (SAVED,),
-    "failed": (FAILED, EXPIRED),
-}
-
-# What ledgers written before the states had these names keep (their rows are moved to the
-# new names when the ledger is opened to run; read-only readers translate them). "submitted"
-# was beta's wire word and "succeeded" the manifest's, each with another meaning.
-LEGACY: Mapping[str, LineState] = {
-    "submitted": RUNNING,
-    "succeeded": DOWNLOADING,
-    "done": SAVED,
+    "pending": (LineState.PENDING,),
+    "running": (LineState.RUNNING,),
+    "downloading": (LineState.DOWNLOADING,),
+    "succeeded": (LineState.SAVED,),
+    "failed": (LineState.FAILED, LineState.EXPIRED),
 }
 
 
