@@ -86,6 +86,7 @@ class Flows(Attempts):
         self.journaled = False
 
     def surface(self, surface: str | None) -> Surface:
+        """The call's surface, checked; the client's when None."""
         return self.settings.surface if surface is None else check_surface(surface)
 
     # ------------------------------------------------------------------------ operations
@@ -113,8 +114,9 @@ class Flows(Attempts):
         else:
             raise_violations(rules.check_idempotency_key(idempotency_key))
             key = idempotency_key
-        return self._submit(request, surface, key, validate, chosen=idempotency_key is not None,
-                            extra=extra)  # fmt: skip
+        return self._submit(
+            request, surface, key, validate, chosen=idempotency_key is not None, extra=extra
+        )
 
     def resubmit(
         self,
@@ -136,8 +138,9 @@ class Flows(Attempts):
                 raise_violations([rules.Violation(name, rule, reasons.INVALID_REQUEST.code)])
         # The request is sent as it was built (checked or not): the same bytes, so a replay.
         surface = self.surface(err.surface)
-        return self._submit(err.request, surface, err.idempotency_key, False, chosen=True,
-                            extra=extra)  # fmt: skip
+        return self._submit(
+            err.request, surface, err.idempotency_key, False, chosen=True, extra=extra
+        )
 
     def _submit(
         self,
@@ -169,8 +172,9 @@ class Flows(Attempts):
             in_flight = False
             left = left or not (isinstance(outcome, TransportFailure) and not outcome.sent)
             try:
-                submission = surfaces.read_submit(surface, outcome, key, self.wall(), secrets,
-                                                  resolution=request.resolution)  # fmt: skip
+                submission = surfaces.read_submit(
+                    surface, outcome, key, self.wall(), secrets, resolution=request.resolution
+                )
             except NotFoundError as err:
                 url = self.settings.base_url + wire.path
                 raise surfaces.no_submit_route(surface, url, err) from err
@@ -220,8 +224,7 @@ class Flows(Attempts):
     ) -> Flow[Task]:
         """One query (retried on transient failures)."""
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        wire = self._headed(surfaces.build_query(surface, task_id),
-                            _checked_headers(extra_headers))  # fmt: skip
+        wire = self._headed(surfaces.build_query(surface, task_id), _checked_headers(extra_headers))
         flow = self.attempts(
             lambda: Send(wire, self.settings.timeout),
             self._task_reader(surface, task_id),
@@ -283,10 +286,25 @@ class Flows(Attempts):
         else:
             task_id = task
         surface, task_id = self.surface(surface), _checked_task_id(task_id)
-        schedule = plan_wait(self.settings.poll, self.durations, kind, started=started,
-                             accepted=accepted, now=now, rng=self.rng)  # fmt: skip
-        return self._wait(surface, task_id, _checked_timeout(timeout), schedule, started,
-                          submission, extra, origin)  # fmt: skip
+        schedule = plan_wait(
+            self.settings.poll,
+            self.durations,
+            kind,
+            started=started,
+            accepted=accepted,
+            now=now,
+            rng=self.rng,
+        )
+        return self._wait(
+            surface,
+            task_id,
+            _checked_timeout(timeout),
+            schedule,
+            started,
+            submission,
+            extra,
+            origin,
+        )
 
     def _started(self, submitted_at: datetime | None) -> float | None:
         """A task's start on this process's monotonic clock, from the wall-clock time its
@@ -310,11 +328,9 @@ class Flows(Attempts):
         extra: Mapping[str, str] | None = None,
         origin: Mapping[str, Any] | None = None,
     ) -> Flow[Task]:
-        """Every query is bounded by what is left of ``timeout``; the last goes out ``lead``
-        before the deadline, and the wait ends at the deadline. ``timeout=0`` checks once. A
-        wait that times out hands its surface and ``submission`` to its error: waiting on the
-        error again resumes this wait. Each task read gets ``origin``'s fields (its request
-        and key)."""
+        """Polls within ``timeout`` (0: checks once), its last query ``lead`` before the
+        deadline; a timeout's error carries ``submission``, so waiting on it resumes this wait.
+        Each task read gets ``origin``'s fields (its request and key)."""
         deadline = self.clock() + timeout
         bounded = timeout > 0
         # Fast poll policies (tests, demos) get a short lead, so short waits still poll.
@@ -344,8 +360,9 @@ class Flows(Attempts):
             return now + query_priority(schedule.chance(now), 0.0, self.settings.poll.max_interval)
 
         def timed_out() -> WaitTimeoutError:
-            return WaitTimeoutError(task_id, last, timeout=timeout, surface=surface,
-                                    submission=submission)  # fmt: skip
+            return WaitTimeoutError(
+                task_id, last, timeout=timeout, surface=surface, submission=submission
+            )
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             # Out of time while the gateway was unreachable: still not a failure of the task.
@@ -360,9 +377,13 @@ class Flows(Attempts):
             if self.observe:
                 yield Observe(POLL, surface=surface, task_id=task_id)
             task = yield from self.attempts(
-                send, read, give_up, kind=QUERY, deadline=deadline if bounded else None,
+                send,
+                read,
+                give_up,
+                kind=QUERY,
+                deadline=deadline if bounded else None,
                 priority=priority,
-            )  # fmt: skip
+            )
             now = self.clock()
             if (task.status, task.progress) != seen:
                 if self.journaled and (seen is None or seen[0] is not task.status):
@@ -372,8 +393,13 @@ class Flows(Attempts):
             last = task
             if task.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED) and self.observe:
                 took = -1.0 if started is None else max(0.0, now - started)  # -1: not known
-                yield Observe(TASK_DONE, value=took, surface=surface, task_id=task_id,
-                              status=task.status.value)  # fmt: skip
+                yield Observe(
+                    TASK_DONE,
+                    value=took,
+                    surface=surface,
+                    task_id=task_id,
+                    status=task.status.value,
+                )
             if task.status is TaskStatus.SUCCEEDED:
                 # Seen finished by the query sent at `sent`: a budget's or a slow answer's delay
                 # before or after it says nothing of how long the task took.
@@ -420,8 +446,9 @@ class Flows(Attempts):
         if self.observe:
             yield Observe(PHASE, kind="wait", task_id=submission.task_id)
         try:
-            return (yield from self.wait(submission, surface=None, timeout=timeout,
-                                         extra_headers=extra))  # fmt: skip
+            return (
+                yield from self.wait(submission, surface=None, timeout=timeout, extra_headers=extra)
+            )
         except BaseException as exc:
             if is_interruption(exc):  # the caller never saw the task id: name it
                 carry_task(exc, submission)
@@ -462,10 +489,8 @@ class Flows(Attempts):
     # ------------------------------------------------------------------------ machinery
 
     def _headed(self, wire: WireRequest, extra: Mapping[str, str] | None) -> WireRequest:
-        """``wire`` with the caller's headers: the client's ``default_headers``, then the
-        call's ``extra_headers``, each replacing a header of the same name (in any case).
-        Neither may name the key's header or the idempotency key's (refused when checked);
-        the driver sets the key last."""
+        """``wire`` with the client's ``default_headers``, then the call's ``extra_headers``,
+        each replacing a header of the same name in any case (the driver sets the key last)."""
         added = [*self.settings.headers, *(extra or {}).items()]
         if not added:
             return wire
@@ -479,6 +504,8 @@ class Flows(Attempts):
     def _task_reader(
         self, surface: Surface, task_id: str
     ) -> Callable[[Reply | TransportFailure], Task]:
+        """Reads a query's outcome as the task ``task_id``."""
+
         def read(outcome: Reply | TransportFailure) -> Task:
             try:
                 return surfaces.read_task(surface, outcome, task_id, self.wall(), self._secrets)
@@ -514,6 +541,7 @@ def _checked_headers(headers: Mapping[str, str] | None) -> Mapping[str, str] | N
 
 
 def _checked_timeout(timeout: object) -> float:
+    """A wait's ``timeout``, checked before anything is sent."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise_violations([rules.Violation("timeout", "must be seconds >= 0", "invalid_timeout")])
     assert isinstance(timeout, (int, float))
@@ -521,6 +549,7 @@ def _checked_timeout(timeout: object) -> float:
 
 
 def _checked_task_id(task_id: object) -> str:
+    """A task id (an int is taken as its digits), checked before anything is sent."""
     if isinstance(task_id, int) and not isinstance(task_id, bool):
         task_id = str(task_id)
     raise_violations(rules.check_task_id(task_id))
