@@ -46,11 +46,12 @@ from ._core.config import (
     resolve_settings,
 )
 from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
-from ._core.flows import Flow, interrupt
+from ._core.interruptions import interrupt
 from ._core.models import DownloadedFile, Submission, Task, raise_violations
 from ._core.rules import AspectRatio, Resolution, Violation
 from ._core.silence import answered
 from ._core.spec import Surface
+from ._core.wire import Flow
 from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
 from ._telemetry import Watch
 

@@ -18,8 +18,8 @@ from imggw_client import (
     WaitTimeoutError,
 )
 from imggw_client._core.config import resolve_settings
-from imggw_client._core.flows import Flow, Flows
-from imggw_client._core.wire import Notify, Reply, Send, Sleep, TransportFailure
+from imggw_client._core.flows import Flows
+from imggw_client._core.wire import Flow, Notify, Reply, Send, Sleep, TransportFailure
 
 
 class Script:

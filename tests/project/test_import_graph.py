@@ -171,4 +171,4 @@ def test_the_core_is_the_bottom_layer() -> None:
     }
     assert not upward, "the core imports layers above it:\n" + "\n".join(sorted(upward))
     # and the layers above do stand on it
-    assert "imggw_client._core.flows" in graph["imggw_client._async_client"]
+    assert "imggw_client._core.flows" in graph["imggw_client._base_client"]

@@ -1,4 +1,4 @@
-"""The client-wide request budget (DESIGN 9): how fast submits and queries may go out.
+"""The client-wide request budget (DESIGN 9, 20, 25): how fast submits and queries may go out.
 
 Pure: every call takes ``now`` (monotonic seconds) and nothing sleeps; the flows turn a wait
 into a ``Sleep`` action. One lock makes a budget safe to share by the threads of a ``Client``
@@ -6,61 +6,29 @@ and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
 
 Each kind of request (submits, queries) has its own lane. A request **reserves** a place in
 it, asks when its time comes whether it may go (:meth:`Budget.wait_time`), and reports how it
-ended (:meth:`Budget.finished`). The places waiting go in the order of their requests'
-priorities: by default a request's priority is the moment it was made, so places go in
-request order; a wait's query says when it would rather go (sooner when its task has likely
-finished, DESIGN 15), never more than one ``max_interval`` after it was made, so no waiting
-request starves. A place's time is not fixed when it is reserved: the lane's schedule is an
-anchor (a place and its time) and the pace, and it is anchored again whenever the pace
-changes, a 429 pauses the lane, or a request goes out more than an interval late (a busy event
-loop). So a queue of thousands follows a lowered or recovered pace at once, and a late queue
-goes out one by one, in order, instead of waking all together at every interval.
+ended (:meth:`Budget.finished`). Places go in the order of their priorities: by default the
+moment they were asked; a wait's query may go sooner, never more than one ``max_interval``
+later, so none starves. A lane's schedule is an anchor (a place and its time) and a pace,
+anchored again when the pace changes, a pause begins, or a request goes out more than an
+interval late: a queue of thousands follows a new pace at once, and a late queue goes out one
+by one, in order, instead of waking all together.
 
-- With a **ceiling** (``RateLimit``), requests are spaced evenly at it: a request goes only once
-  the last one of its kind went at least one interval ago, so in any window of *w* seconds at
-  most ``rate * w + 1`` go out, even when some wake late or the pace was lowered meanwhile.
-  A slot is not yet the wire: a request may then wait for a connection of the HTTP client's
-  pool, and those that waited leave it together. So a paced request also passes a **write
-  gate** right before its head is written (:meth:`Budget.writing`, asked by the driver through
-  the request's :class:`WriteGate`), which spaces the writes themselves: the bound holds on
-  the wire by construction, not only at the slots.
-- A **429** on a lane with a ceiling pauses the lane for the whole client: ``Retry-After``
-  when given, but never less than the retry policy's own backoff, which grows with each 429 in
-  a row (so a hint of 0 never makes a client spin). When 429s are a real share of the lane's
-  recent answers (a gateway over its limit, not one 429 by chance), the pace is lowered too,
-  at most once a recovery period, to the share that got through; it then recovers a step at a
-  time while requests queue for it, up to the ceiling.
-- With **no ceiling** (DESIGN 20), the client adds no timed delay until the gateway pushes
-  back. A lane starts with a window of :data:`START_WINDOW` requests in flight, which each
-  accepted answer to a request that filled it widens by one, at most doubling in a round trip
-  and in :data:`MIN_ROUND` (TCP's slow start, with its window validation); past
-  :data:`MAX_WINDOW` it grows no more. A request the window holds back goes when an
-  answer frees a place, so the window costs nothing while the gateway is the bottleneck (its
-  answers clock the requests: 150 submits at once take the time raw httpx takes), and a burst
-  at a gateway with a low limit is not sent whole before its first 429 can come back.
-- **Overload is a share, not a count** (DESIGN 25). On a lane with no ceiling that is not
-  paced, a 429 is *isolated* while 429s make up less than :data:`OVERLOAD_SHARE` of the lane's
-  last :data:`RECENT` answers (counted out of at least :data:`MIN_ANSWERS`): it costs a retry
-  of that request and nothing else: no pause, no pace (its ``Retry-After``, if any, is waited
-  by the lane's next request, most often its retry, unless the gateway takes a request sent
-  after the refused one first: then it was chance). A gateway that throws 3% of 429s at
-  random, with or without ``Retry-After``, never makes that share (13 of about 50 answers: 2
-  chances in 10^9), while one over a real limit refuses every request past it, so its 429s
-  make the share within a few of them (7 after 30 accepted): that is an **overload**. The lane
-  then pauses (``Retry-After``, never less than the retry policy's growing backoff; with no
-  hint at most :data:`NO_HINT_PAUSE`) and is paced from half of what the gateway accepted in
-  the last whole second (never from less than half :data:`START_RATE`). A paced lane has met a
-  limit: every 429 pauses it as at a ceiling, and one that comes after requests were taken at
-  the pace lowers it to what the gateway took since the last change (a limit of N in S seconds
-  takes N/S on average, however many it took in one burst). While requests queue for the pace
-  and no 429 comes it grows by :data:`REGAIN_STEP` a second (its waiting requests ask again
-  then, to go sooner), only every :data:`RECOVERY_PERIOD` between :data:`DECREASE` of the pace a
-  limit was last met at and that pace, and past :data:`FREE_RATE` the lane is unpaced again,
-  within its window. A gateway over its limit is
-  met by one client slowing down, about one 429 a limit's window once paced.
+- With a **ceiling** (``RateLimit``), requests are spaced evenly at it, and a paced request
+  also passes a **write gate** (:meth:`Budget.writing`) right before its head is written: in
+  any window of *w* seconds at most ``rate * w + 1`` go out, on the wire, not only at the slots.
+- With **no ceiling**, a lane lets a window of requests go in flight (TCP's slow start: from
+  :data:`START_WINDOW`, widened per answer, up to :data:`MAX_WINDOW`): the gateway's answers
+  clock the requests, and a burst is not sent whole before its first 429 can come back.
+- A **429** pauses a paced lane for the whole client (``Retry-After``, never less than the
+  retry policy's growing backoff; with no ceiling nor hint at most :data:`NO_HINT_PAUSE`). On a
+  lane not paced yet, it is isolated (its own retry, nothing else) until 429s make up
+  :data:`OVERLOAD_SHARE` of the lane's recent answers: an overload, not chance. An overload
+  lowers the pace to what got through (not again before the last change had its effect), which
+  then grows back while requests queue for it: up to the ceiling, or past :data:`FREE_RATE`
+  unpaced again.
 
-The constants were chosen with ``bench/bursts.py`` and ``bench/budget.py`` against the
-reference gateway (BENCHMARKS.md has the figures).
+The policy (:func:`answered`, :func:`grown`) is written once for every holder of a lane; its
+constants were chosen with ``bench/bursts.py`` and ``bench/budget.py`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -242,13 +210,10 @@ class _Lane(Pacing):
         self.anchor(place, self.earliest(now))
 
     def window_wait(self, ticket: Ticket, now: float) -> float:
-        """0 if the window has a place for this held-back request (places go in request
-        order), else how long it sleeps before it asks again: about until the answer that
-        frees its place. Answers come about one an ``rtt / in_flight``, each frees a place
-        (two while the window widens), so the requests held back wake one or two an answer,
-        in order, as if each answer woke them: never a herd that goes together once many
-        answers came in. Never longer than two round trips: a wrong guess costs a wake-up,
-        not a stall."""
+        """0 if the window has a place for this held-back request (in request order), else
+        how long it sleeps before asking again: about until the answer that frees its place,
+        so the held-back wake one or two an answer, never as a herd; at most two round trips,
+        so a wrong guess costs a wake-up, not a stall."""
         rank = bisect.bisect_left(self.waiting, ticket.place)
         short = rank + 1 - (self.window - self.in_flight)  # places to free before it
         if short <= 0:
@@ -275,15 +240,7 @@ def _lane(ceiling: float | None) -> _Lane:
 
 
 class Budget:
-    """The request budget of one client (and of every ``with_options`` copy of it).
-
-    Example::
-
-        budget = Budget(RateLimit(submits_per_second=2))
-        first, second = budget.reserve(SUBMIT, 0.0), budget.reserve(SUBMIT, 0.0)
-        assert budget.wait_time(first, 0.0) == 0.0      # the first goes at once
-        assert budget.wait_time(second, 0.0) == 0.5     # the next, half a second later
-    """
+    """The request budget of one client (and of every ``with_options`` copy of it)."""
 
     def __init__(self, limit: RateLimit) -> None:
         self._lock = threading.Lock()
@@ -420,19 +377,12 @@ class Budget:
         return WriteGate(self, ticket, clock) if ticket.paced else None
 
     def writing(self, ticket: Ticket, now: float) -> float:
-        """The paced request of ``ticket`` is about to be written to its connection: 0 if it
-        may be now, else the seconds to wait before asking again.
-
-        Its slot spaced it from the slots before it, but between a slot and the wire a
-        request may wait for a connection of the HTTP client's pool (one loaded by other
-        requests), and requests that waited there leave it together: 51 of them in a 1 s
-        window at 50/s, measured. Here the heads themselves are spaced, as GCRA spaces a
-        stream: each one goes no sooner than :data:`WRITE_SLACK` before its turn, and the
-        next turn is an interval after this one's (or after now, if it came later). So any
-        ``k + 1`` heads reach the wire at least ``k`` intervals less the slack apart, however
-        the pool or the event loop delayed each: in any window of *w* seconds at most
-        ``rate * w + 1`` go out (for *w* of a second or more, at most ``rate * w``, with 5 ms
-        of the guard left for the way), by construction."""
+        """0 if the paced request of ``ticket`` may be written to its connection now, else the
+        seconds to wait before asking again. Between a slot and the wire a request may wait for
+        a pooled connection, and those that waited leave together (51 in a 1 s window at 50/s,
+        measured): so the heads themselves are spaced, as GCRA spaces a stream, each no sooner
+        than :data:`WRITE_SLACK` before its turn, however the pool or the event loop delayed
+        it."""
         with self._lock:
             lane = self._lanes[ticket.kind]
             if not ticket.paced or lane.unpaced:
@@ -464,8 +414,16 @@ class Budget:
             took = None if ticket.sent_at is None else max(0.0, now - ticket.sent_at)
             old_interval = lane.interval
             count(lane, now, limited=limited)
-            if answered(lane, now, sent=sent, limited=limited, retry_after=retry_after,
-                        backoff=backoff, took=took, used=used):  # fmt: skip
+            if answered(
+                lane,
+                now,
+                sent=sent,
+                limited=limited,
+                retry_after=retry_after,
+                backoff=backoff,
+                took=took,
+                used=used,
+            ):
                 lane.reschedule(now, old_interval)  # the places waiting follow, in order
             if not limited:
                 lane.taken_after = max(lane.taken_after, sent)
@@ -603,13 +561,10 @@ def _decrease(p: Pacing, now: float, share: float) -> None:
 
 
 def _widen(p: Pacing, took: float, now: float, *, used: bool) -> None:
-    """An accepted answer that took ``took`` seconds. In the start, the window widens by
-    one if it was ``used`` (a window never used says nothing of a wider one, and would let
-    a later burst of that width go at once: TCP's window validation), but at most doubles
-    in a round trip and in :data:`MIN_ROUND`: a gateway that answers at once says nothing
-    yet of its limit, and what is in flight when its first 429 comes back is refused too
-    (``bench/bursts.py``: 100 submits at once against 20 per 10 s met 28 429s in the first
-    second unbounded, 4 to 10 bounded), and never past :data:`MAX_WINDOW`."""
+    """An accepted answer that took ``took`` seconds. The start window widens by one if it
+    was ``used`` (TCP's window validation), at most doubling in a round trip and in
+    :data:`MIN_ROUND`, since what is in flight when a gateway's first 429 comes back is refused
+    too (``bench/bursts.py``: 28 429s unbounded, 4 to 10 bounded), up to :data:`MAX_WINDOW`."""
     p.rtt += (took - p.rtt) / 8  # smoothed as TCP's srtt
     if p.mode != STARTING or not used:
         return
@@ -658,14 +613,7 @@ class WriteGate:
     """What the driver asks right before a paced request's head goes on the wire (DESIGN 9:
     in any window of *w* seconds at most ``rate * w + 1`` requests of a kind): ``wait()``
     until it says 0, then write. Bound to one request's ticket and the flows' clock;
-    :meth:`Budget.writing` says why.
-
-    Example::
-
-        while (seconds := gate.wait()) > 0:
-            time.sleep(seconds)
-        sock.sendall(head)          # at once: nothing may come between the gate and the wire
-    """
+    :meth:`Budget.writing` says why. Nothing may come between the gate's 0 and the write."""
 
     __slots__ = ("_budget", "_clock", "_ticket")
 

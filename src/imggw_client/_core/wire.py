@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from .budget import DEFAULT_BACKOFF, WriteGate
 from .models import DownloadedFile, Submission, Task
@@ -180,3 +180,8 @@ class Answered:
 
 Action = Send | Sleep | Notify | Fetch | Pace | Paced | Observe | Record | Answered
 Outcome = Any  # Reply | TransportFailure | Fetched | (ticket, seconds) | None, by action
+
+T = TypeVar("T")
+# An operation with no I/O: it yields actions, the driver sends each one's outcome back, and its
+# return value is the operation's result.
+Flow = Generator[Action, Any, T]

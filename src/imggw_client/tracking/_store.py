@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
+from .._core.downloads import NOT_AN_IMAGE, RESULT_TOO_LARGE
 from .._core.exceptions import (
     AuthenticationError,
     ConfigurationError,
@@ -39,7 +40,6 @@ from .._core.exceptions import (
     PermissionDeniedError,
     UnknownOutcomeError,
 )
-from .._core.flows import NOT_AN_IMAGE, RESULT_TOO_LARGE
 from .._core.models import DownloadedFile, Task
 from .._core.retry import classify
 from .._core.states import State, Work
