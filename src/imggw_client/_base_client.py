@@ -12,6 +12,7 @@ import hashlib
 import os
 import random
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -26,10 +27,10 @@ from ._core.durations import DurationModel
 from ._core.exceptions import ConfigurationError, ImggwError
 from ._core.flows import Flows, log
 from ._core.models import Submission, Task, raise_violations
-from ._core.rules import Violation
+from ._core.rules import RESOLUTIONS, Resolution, Violation
 from ._core.silence import Silence
 from ._core.spec import Surface
-from ._core.surfaces import REDACTED
+from ._core.surfaces import REDACTED, redact_url
 from ._core.text import printable
 from ._core.wire import ClientClosed, TransportFailure
 from ._transport import require_http_client, user_agent
@@ -359,6 +360,65 @@ class BaseClient(Generic[H]):
             log.warning("line 7 failed: %s", client.redact(str(err)))
         """
         return text.replace(self._settings.api_key, REDACTED)
+
+    def redact_url(self, url: str) -> str:
+        """``url`` with this client's API key blanked wherever a gateway put it, as
+        :func:`imggw_client.text.redact_url` does given the key (a key under 8 characters only
+        where it is a whole path segment or query value): a result link as it may be printed,
+        or kept in a file that must never hold the key.
+
+        Example::
+
+            print(client.redact_url(task.image_urls[0]))   # '...?sig=[redacted]' if signed so
+        """
+        return redact_url(url, (self._settings.api_key,))
+
+    @property
+    def gateway_silent_for(self) -> float:
+        """Seconds the gateway has been asked and has answered nothing (no reply, or a 5xx),
+        as the requests of this client and of its ``with_options`` copies to the same gateway
+        and key see it; 0.0 while it answers, or when nothing was asked. What tells a gateway
+        down or hung from one slow to finish its tasks (a batch's progress shows it).
+
+        Example::
+
+            if client.gateway_silent_for > 60:
+                log.warning("the gateway has answered nothing for a minute")
+        """
+        return self._silence.silent_for(time.monotonic())
+
+    def typical_durations(self, surface: Surface | None = None) -> dict[str, float]:
+        """The median running time (seconds from submit to finish) this client learned of its
+        tasks on ``surface`` (None: its own), per resolution, for those it knows: what its
+        waits poll by (shared with its ``with_options`` copies to the same gateway and key).
+        Empty until a wait saw a task run and finish.
+
+        Example::
+
+            client.typical_durations("beta")     # {'1k': 8.2, '4k': 31.0}
+        """
+        chosen, now = self._flows.surface(surface), self._flows.clock()
+        model = self._flows.durations
+        found = {res: model.quantile((chosen, res), 0.5, now) for res in RESOLUTIONS}
+        return {res: round(took, 3) for res, took in found.items() if took is not None}
+
+    def learn_durations(
+        self, surface: Surface, resolution: Resolution, durations: Iterable[float]
+    ) -> int:
+        """Starts this client's waits on ``resolution`` tasks on ``surface`` from durations
+        seen before (seconds from each submit until its task was seen finished, oldest first),
+        not from nothing, as a resumed batch does from its ledger. The newest 50 are kept and
+        garbage is dropped; returns how many were kept.
+
+        Example::
+
+            client.learn_durations("beta", "1k", [52.0, 61.5, 48.2])    # 3
+        """
+        size = resolution.lower() if isinstance(resolution, str) else resolution
+        if size not in RESOLUTIONS:
+            raise ConfigurationError(f"resolution must be one of {', '.join(RESOLUTIONS)}")
+        kind, grace = (self._flows.surface(surface), size), self._settings.poll.initial_interval
+        return self._flows.durations.seed(kind, durations, self._flows.clock(), grace=grace)
 
     @property
     def idempotency_window(self) -> float:

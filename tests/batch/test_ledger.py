@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from imggw_client import AsyncClient
 from imggw_client.batch._ledger import BatchLockedError, Ledger
 from imggw_client.batch._lines import COLLECT
 from imggw_client.batch._states import (
@@ -103,11 +104,15 @@ def test_links_that_kept_the_key_in_clear_are_blanked_once(tmp_path: Path) -> No
     key = "sk-live-0123456789abcdef"
     rows = [row(1, SUCCEEDED, task_id="1", urls=[f"https://x/1.png?sig={key}"]),
             row(2, SUCCEEDED, task_id="2", urls=["https://x/2.png"])]  # fmt: skip
+    (tmp_path / "short").mkdir()
+    with planned(tmp_path / "short", rows) as ledger:
+        short = AsyncClient(api_key="1.p", base_url="http://127.0.0.1:9")
+        assert ledger.blank_links(short.redact_url) == 0  # too short to be told apart
     with planned(tmp_path, rows) as ledger:
-        assert ledger.blank_links("short", "[redacted]") == 0  # too short to be told apart
-        assert ledger.blank_links(key, "[redacted]") == 1
+        client = AsyncClient(api_key=key, base_url="http://127.0.0.1:9")
+        assert ledger.blank_links(client.redact_url) == 1
         assert ledger.rows()[0].urls == ["https://x/1.png?sig=[redacted]"]
-        assert ledger.blank_links(key, "[redacted]") == 0  # looked through once, for good
+        assert ledger.blank_links(client.redact_url) == 0  # looked through once, for good
 
 
 def test_saves_are_committed_by_the_writer_and_a_second_process_is_kept_out(

@@ -15,7 +15,7 @@ import pytest
 from imggw_client import AsyncClient, RateLimit
 from imggw_client.batch import _progress
 from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._progress import Progress, learn_from_ledger, typical_durations
+from imggw_client.batch._progress import Progress, learn_from_ledger
 from imggw_client.batch._reports import BatchProgress
 from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
@@ -95,10 +95,10 @@ async def test_a_resumed_runs_polls_start_from_the_durations_its_ledger_kept(
     rows.append(row(6, SAVED, task_id="6", resolution="4k", submitted_at=9000.0,
                     completed_at=9030.0))  # fmt: skip
     made = client()
-    assert typical_durations(made, "beta") == {}
+    assert made.typical_durations("beta") == {}
     with planned(tmp_path, rows) as ledger:
         await learn_from_ledger(made, ledger)
-    learned = typical_durations(made, "beta")
+    learned = made.typical_durations("beta")
     assert set(learned) == {"1k", "4k"}
     assert learned["1k"] <= 8.0 < learned["4k"] <= 30.0
-    assert typical_durations(made, "alpha") == {}
+    assert made.typical_durations("alpha") == {}

@@ -27,6 +27,7 @@ from imggw_client import (
     RetryPolicy,
     WaitTimeoutError,
 )
+from imggw_client._core.config import whole_request
 from imggw_client.mock import MockGateway
 from imggw_client.mock._gateway import fingerprint
 
@@ -355,17 +356,19 @@ def test_an_httpx_timeout_bounds_each_phase_and_its_largest_limit_the_whole_requ
                 poll=FAST) as client:  # fmt: skip
         assert client.timeout == limits
         assert client._settings.timeout == 5.0  # the whole request's bound, as timeout=5
+        assert whole_request(client.timeout) == 5.0  # read from the public timeout alike
         client.submit("a fox")
         assert seen.requests[-1].extensions["timeout"] == {
             "connect": 2.0, "read": 5.0, "write": 5.0, "pool": 5.0,
         }  # fmt: skip
         quick = client.with_options(timeout=httpx.Timeout(10, connect=1, read=0.5))
-        assert quick._settings.timeout == 10.0
+        assert quick._settings.timeout == whole_request(quick.timeout) == 10.0
         quick.submit("a fox")
         assert seen.requests[-1].extensions["timeout"] == {
             "connect": 1.0, "read": 0.5, "write": 10.0, "pool": 10.0,
         }  # fmt: skip
         plain = client.with_options(timeout=3)
+        assert whole_request(plain.timeout) == 3.0
         plain.submit("a fox")
         assert seen.requests[-1].extensions["timeout"] == dict.fromkeys(
             ("connect", "read", "write", "pool"), 3.0

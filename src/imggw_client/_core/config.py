@@ -25,6 +25,7 @@ __all__ = [
     "key_forgotten",
     "resolve_settings",
     "updated",
+    "whole_request",
 ]
 
 ENV_API_KEY = "IMGGW_API_KEY"
@@ -430,7 +431,16 @@ def _timeouts(timeout: object) -> tuple[float, httpx.Timeout | None]:
         "every limit of an httpx.Timeout must be a positive number of seconds (none may be "
         "None: every request must end), e.g. httpx.Timeout(60, connect=5)",
     )
-    return float(max(cast(tuple[float, ...], limits))), timeout
+    return whole_request(timeout), timeout
+
+
+def whole_request(timeout: float | httpx.Timeout) -> float:
+    """The seconds a whole request may take under ``timeout`` as a client holds it (its
+    ``timeout``): the number itself, or the largest limit of an ``httpx.Timeout``."""
+    if isinstance(timeout, (int, float)):
+        return float(timeout)
+    limits = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+    return float(max(limit for limit in limits if limit is not None))
 
 
 def _policies(

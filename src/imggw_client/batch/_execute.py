@@ -22,7 +22,6 @@ import anyio.to_thread
 
 from .._async_client import AsyncClient
 from .._core.config import check_surface
-from .._core.surfaces import REDACTED
 from .._files import StorageError
 from ..tracking._loop import Loop
 from ._guards import Guard, LocalGuard
@@ -134,7 +133,7 @@ async def execute(
         ledger.discard()  # a refused plan leaves no ledger where there was none
         raise
     # Links kept in clear by versions before links were kept blanked: the key goes now.
-    await anyio.to_thread.run_sync(ledger.blank_links, client._settings.api_key, REDACTED)
+    await anyio.to_thread.run_sync(ledger.blank_links, client.redact_url)
     totals = await anyio.to_thread.run_sync(ledger.totals)
     if guard is None:
         guard = await anyio.to_thread.run_sync(local_guard, ledger, totals, options)

@@ -316,34 +316,35 @@ class Ledger:
             except sqlite3.Error as exc:
                 raise storage_error(self.path, exc) from exc
 
-    def blank_links(self, secret: str, blank: str) -> int:
-        """Replaces ``secret`` by ``blank`` in every link the ledger keeps, and wipes the old
-        bytes (SQLite's secure delete, then a log truncated): ledgers written before links
-        carrying the API key were kept blanked hold it in clear. A secret under 8 characters
-        is left (it occurs in links by chance; the run blanks it where it is a whole path
-        segment or query value). Returns how many lines changed. Blocking."""
-        if len(secret) < 8 or self.get_meta(_LINKS_BLANKED) is not None:
+    def blank_links(self, redact: Callable[[str], str]) -> int:
+        """Keeps every link the ledger holds as ``redact`` makes it (a client's
+        :meth:`~imggw_client.AsyncClient.redact_url`), and wipes the old bytes (SQLite's secure
+        delete, then a log truncated): ledgers written before links carrying the API key were
+        kept blanked hold it in clear. Returns how many lines changed. Blocking."""
+        if self.get_meta(_LINKS_BLANKED) is not None:
             return 0  # a ledger once looked through keeps its links blanked from then on
         with self._read_lock:
             try:
-                found = self._db.execute(
-                    "SELECT 1 FROM lines WHERE instr(urls, ?) > 0 LIMIT 1", (secret,)
-                ).fetchone()
+                changes = []
+                for identity, kept in self._db.execute(
+                    "SELECT identity, urls FROM lines WHERE urls != '[]'"
+                ):
+                    links = json.loads(kept)
+                    blanked = [redact(link) for link in links]
+                    if blanked != links:
+                        changes.append((json.dumps(blanked), identity))
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (_LINKS_BLANKED,)
                 )
-                if found is None:
+                if not changes:
                     return 0
                 self._db.execute("PRAGMA secure_delete=ON")
-                changed = self._db.execute(
-                    "UPDATE lines SET urls=replace(urls, ?, ?) WHERE instr(urls, ?) > 0",
-                    (secret, blank, secret),
-                ).rowcount
+                self._db.executemany("UPDATE lines SET urls=? WHERE identity=?", changes)
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._db.execute("PRAGMA secure_delete=OFF")  # the rest costs no more I/O
             except sqlite3.Error as exc:
                 raise storage_error(self.path, exc) from exc
-        return int(changed)
+        return len(changes)
 
     def last_surfaces(self) -> set[str]:
         """The surfaces the last plan's generate lines ran on (at most two are told apart):

@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import cast
 
 import anyio
 import anyio.to_thread
 
 from .._async_client import AsyncClient
 from .._core.durations import WINDOW
-from .._core.rules import RESOLUTIONS
+from .._core.rules import Resolution
+from .._core.spec import Surface
 from ..tracking._downloads import DownloadQueue
 from ._ledger import Ledger
 from ._options import BatchOptions
@@ -24,24 +26,12 @@ from ._reports import BatchProgress
 from ._run import RunLines
 from ._states import UNKNOWN, line_counts
 
-__all__ = ["PROGRESS_EVERY", "PROGRESS_TICK", "Progress", "learn_from_ledger", "typical_durations"]
+__all__ = ["PROGRESS_EVERY", "PROGRESS_TICK", "Progress", "learn_from_ledger"]
 
 PROGRESS_EVERY = 0.25  # seconds between progress snapshots
 # Seconds between snapshots while no line moves: a display's clock, a log's periodic line
 # and the gateway's silence must not wait for the next move, which may be minutes away.
 PROGRESS_TICK = 1.0
-
-
-def typical_durations(client: AsyncClient, surface: str) -> dict[str, float]:
-    """The median running time ``client`` learned per resolution, on ``surface``.
-
-    Example::
-
-        typical_durations(client, "beta")   # {"1k": 8.2, "4k": 31.0}
-    """
-    model, now = client._flows.durations, time.monotonic()
-    found = {res: model.quantile((surface, res), 0.5, now) for res in RESOLUTIONS}
-    return {res: round(took, 3) for res, took in found.items() if took is not None}
 
 
 async def learn_from_ledger(client: AsyncClient, ledger: Ledger) -> None:
@@ -53,10 +43,8 @@ async def learn_from_ledger(client: AsyncClient, ledger: Ledger) -> None:
         await learn_from_ledger(client, ledger)
     """
     found = await anyio.to_thread.run_sync(ledger.durations, WINDOW)
-    model, now = client._flows.durations, time.monotonic()
     for (surface, resolution), took in found.items():
-        kind = (surface, resolution.lower())  # as a wait names it
-        model.seed(kind, took, now, grace=client.poll.initial_interval)
+        client.learn_durations(cast(Surface, surface), cast(Resolution, resolution), took)
 
 
 class Progress:
@@ -78,7 +66,7 @@ class Progress:
         run: RunLines,
         queue: DownloadQueue,
         options: BatchOptions,
-        surface: str,
+        surface: Surface,
     ) -> None:
         self.on_progress, self.client, self.surface = on_progress, client, surface
         self.run, self.queue, self.options = run, queue, options
@@ -126,6 +114,6 @@ class Progress:
             max_credits=self.options.max_credits,
             max_cost=self.options.max_cost,
             stopped_by=run.stopped_by,
-            typical_durations=typical_durations(self.client, self.surface),
-            gateway_silent_for=self.client._silence.silent_for(time.monotonic()),
+            typical_durations=self.client.typical_durations(self.surface),
+            gateway_silent_for=self.client.gateway_silent_for,
         )

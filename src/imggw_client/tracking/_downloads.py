@@ -25,7 +25,6 @@ import anyio
 
 from .. import _telemetry
 from .._async_client import AsyncClient
-from .._core.surfaces import redact_url
 
 __all__ = ["DownloadQueue", "kept_links", "sweep_partial_files"]
 
@@ -45,8 +44,7 @@ def kept_links(client: AsyncClient, urls: Iterable[str]) -> list[str]:
 
         kept_links(client, task.image_urls)
     """
-    secrets = (client._settings.api_key,)
-    return [redact_url(url, secrets) for url in urls]
+    return [client.redact_url(url) for url in urls]
 
 
 @dataclass(order=True)

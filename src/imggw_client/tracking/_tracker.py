@@ -29,6 +29,7 @@ from typing import Any
 import anyio.to_thread
 
 from .._async_client import AsyncClient
+from .._core.config import whole_request
 from .._core.exceptions import ImggwError
 from .._core.models import DownloadedFile, Task
 from .._core.states import WORK, State, Work
@@ -279,9 +280,9 @@ class Tracker:
         journal = client.journal
         assert journal is not None
         # A live download ends within its timeout: a partial file quiet for longer is a kill's.
-        quiet = max(PARTIAL_AFTER, 2 * client._settings.timeout)
+        quiet = max(PARTIAL_AFTER, 2 * whole_request(client.timeout))
         await anyio.to_thread.run_sync(sweep_partial_files, dest, quiet)
-        claimed = await anyio.to_thread.run_sync(client._open_entries)
+        claimed = await anyio.to_thread.run_sync(journal._claim, client.journal_scope)
         others = await anyio.to_thread.run_sync(partial(_elsewhere, journal, client.journal_scope))
         entries = [_Entry.of(line, entry) for line, entry in enumerate(claimed, 1)]
         run = _JournalRun(entries, dest, on_task, client.redact, client.surface)
