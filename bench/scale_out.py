@@ -35,6 +35,42 @@ def write_input(path: Path, lines: int, tag: str) -> Path:
 # ---------------------------------------------------------------------------- the drivers
 
 
+def shard_raises(index: int, after: int, marker: Path) -> Any:
+    """A Dask worker plugin: shard ``index`` raises once, after ``after`` lines of its try, on
+    whichever worker gets there first (``marker`` is the claim); the driver must get over it.
+    Defined here, in ``__main__``, so that Dask ships it to the workers by value."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    from imggw_client.batch import _shards
+
+    def claim() -> bool:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    class ShardRaises(WorkerPlugin):
+        def setup(self, worker: Any) -> None:
+            original = _shards.arun_shard
+
+            async def arun_shard(spec: Any, **kwargs: Any) -> Any:
+                this_try: list[bool] = []  # the try that claimed the fault keeps raising
+
+                def fault(progress: Any) -> None:
+                    if progress.finished_this_run >= after and (this_try or claim()):
+                        this_try.append(True)
+                        raise RuntimeError(f"injected fault in shard {spec.name}")
+
+                if spec.index == index:
+                    kwargs["on_progress"] = fault
+                return await original(spec, **kwargs)
+
+            _shards.arun_shard = arun_shard
+
+    return ShardRaises()
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One driver, in its own process: the batch runner alone, or Dask."""
     from imggw_client import AsyncClient, PollPolicy, RateLimit
@@ -50,7 +86,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             client_factory=lambda: AsyncClient(base_url=args.url, poll=poll, rate_limit=rate),
         )  # fmt: skip
         return {"wall": time.perf_counter() - started, "exit": report.exit_code}
-    from imggw_client.batch import ClientSpec, _dask, run_sharded
+    from imggw_client.batch import ClientSpec, run_sharded
 
     spec = ClientSpec(base_url=args.url, poll=poll)
     lines = len(Path(args.source).read_text().splitlines())
@@ -85,7 +121,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             killed.append(time.perf_counter() - started)
 
         threading.Thread(target=kill, daemon=True).start()
-        _dask._FAULTS[1] = max(1, size // 4)  # shard 1's first try raises: the driver's fault
+        marker = Path(f"{args.out}.fault")  # shard 1 raises once: the driver's fault
+        dask.register_plugin(shard_raises(1, max(1, size // 4), marker), name="shard-raises")
         report = run_sharded(args.source, args.out, address=cluster.scheduler_address,
                              **options)  # fmt: skip
     return {"wall": time.perf_counter() - started, "startup": report.startup,

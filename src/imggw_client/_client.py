@@ -552,8 +552,6 @@ class Client(BaseClient[httpx.Client]):
         """
         self._flows.budget = RemoteBudget(_io.checked_service(service))
 
-    _use_budget = share_budget  # the name the Dask driver used; to go once it calls the above
-
     def close(self) -> None:
         """Closes the HTTP client if this client created it. Calls made after it, or cut short
         by it from another thread, raise :class:`ClientClosedError` (a submit whose outcome is

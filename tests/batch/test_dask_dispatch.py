@@ -64,7 +64,6 @@ def test_one_outcome_per_shard_covers_every_line_of_the_input() -> None:
     outcome = dispatch.outcomes[0]
     assert not outcome.ended
     assert outcome.attempts == 0
-    assert dispatch.faults == {}
     outcome.report = ShardReport(index=1, count=3, lines=outcome.lines, counts={}, elapsed=0.1)
     assert outcome.ended
     assert ShardOutcome(2, 3, range(4, 7), 1, error=RuntimeError("x")).ended

@@ -45,7 +45,8 @@ def test_a_run_moves_lines_forward_and_final_lines_nowhere_but_a_lost_file_back(
         assert rule.to is not UNKNOWN or not rule.task_id
 
 
-def test_line_moves_and_work_are_the_cores_one_table() -> None:
+def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
+    # MOVES itself is pinned move by move above; here, what the batch adds to the core's table.
     # Every move of a run is a move of the core's table, or one of the two a batch adds; a
     # refused submit and a forgotten task are kept as failed lines, a queued task as running.
     def kept(target: task.State | None) -> task.State:
@@ -56,9 +57,8 @@ def test_line_moves_and_work_are_the_cores_one_table() -> None:
     by_the_table = {
         (state, kept(task.move(state, event))) for state in KEPT for event in task.Event
     }
-    moves = {(before, after) for before, targets in MOVES.items() for after in targets}
-    assert moves == {(a, b) for a, b in by_the_table if a is not b} | BATCH_MOVES
     assert not BATCH_MOVES & by_the_table  # the batch adds only what the table lacks
+    assert {(SUCCEEDED, FAILED), (SAVED, SUCCEEDED)} == BATCH_MOVES
     # A line's work is its state's; a recheck's target is the kept state with its work.
     assert {state: task.WORK[state] for state in KEPT} == {
         UNKNOWN: task.Work.RESEND, RUNNING: task.Work.WAIT, SUCCEEDED: task.Work.DOWNLOAD,

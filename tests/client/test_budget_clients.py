@@ -308,7 +308,3 @@ async def test_a_shared_budget_of_the_wrong_kind_is_refused(client: Driven) -> N
     wrong = AsyncHolder(Holder()) if isinstance(client.inner, Client) else Holder()
     with pytest.raises(ConfigurationError, match="BudgetService"):
         client.inner.share_budget(wrong)
-
-
-def test_the_dask_drivers_name_for_sharing_a_budget_still_works() -> None:
-    assert AsyncClient._use_budget is AsyncClient.share_budget

@@ -64,9 +64,6 @@ __all__ = [
 
 DEFAULT_SHARD_SIZE = 1000
 SHARD_RETRIES = 3  # a shard that fails is run this many more times before it is reported
-# Tests and benchmarks only: shard index -> lines after which that shard's first try raises
-# (a fault the driver must get over). Never a parameter of a public function.
-_FAULTS: dict[int, int] = {}
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -263,8 +260,7 @@ async def arun_sharded(
         storage_options=dict(storage_options or {}),
         scratch=None if scratch is None else os.fspath(scratch), checkpoint_every=checkpoint_every,
     )  # fmt: skip
-    dispatch = Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard,
-                        faults=_FAULTS)  # fmt: skip
+    dispatch = Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard)
     # One count for the whole run, on the scheduler, from what the folder's run was charged.
     dispatch.charged = await anyio.to_thread.run_sync(charges, storage)
     progress = None

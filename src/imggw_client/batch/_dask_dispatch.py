@@ -113,10 +113,6 @@ def _shard_error(message: str, kind: str, code: str | None) -> ShardError:
     return ShardError(message, kind=kind, code=code)
 
 
-class _InjectedFault(RuntimeError):
-    """The fault of ``_dask._FAULTS``: the shard raises after some lines (first try only)."""
-
-
 @dataclass
 class _Failed:
     error: ImggwError
@@ -132,23 +128,15 @@ def _portable(err: ImggwError) -> ImggwError:
     return err
 
 
-async def _shard_task(
-    spec: ShardSpec, client: ClientSpec, budget: str, attempt: int, crash_after: int | None
-) -> ShardReport | _Failed:
+async def _shard_task(spec: ShardSpec, client: ClientSpec, budget: str) -> ShardReport | _Failed:
     """The Dask task of one shard, on a worker's event loop."""
     from ._shards import arun_shard
 
-    def fault(progress: Any) -> None:
-        if progress.finished_this_run >= (crash_after or 0):
-            raise _InjectedFault(f"injected fault in shard {spec.name}")
-
-    on_progress = fault if crash_after is not None and attempt == 1 else None
     async with client.make() as made:
         if client.rate_limit is None or client.rate_limit.store is None:
             made.share_budget(SchedulerBudget(budget))
         try:
-            return await arun_shard(spec, client=made, on_progress=on_progress,
-                                    guard=scheduler_guard(budget))  # fmt: skip
+            return await arun_shard(spec, client=made, guard=scheduler_guard(budget))
         except ImggwError as err:
             return _Failed(_portable(err), isinstance(err, RUN_FATAL))
 
@@ -209,11 +197,9 @@ class Dispatch:
         client: ClientSpec,
         retries: int,
         on_shard: Callable[[ShardOutcome], None] | None,
-        faults: dict[int, int] | None = None,
     ) -> None:
         self.prepared, self.slice_file, self.template = prepared, slice_file, template
         self.client, self.retries, self.on_shard = client, retries, on_shard
-        self.faults = faults or {}  # tests only: see _dask._FAULTS
         self.charged: tuple[Charge, dict[str, Charge]] = (Charge(), {})
         self.stopped_by: str | None = None  # the guard that stopped the run's submits, if one
         self.stop_reason = ""
@@ -301,7 +287,6 @@ class Dispatch:
     ) -> ShardReport:
         """One shard, tried again (tenacity: a few times, backing off) when its try ends
         without a report; a failure no rerun can mend is raised at once."""
-        crash_after = self.faults.get(outcome.index)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_ShardCrashed),
             wait=wait_random_exponential(multiplier=0.5, max=10.0),
@@ -312,8 +297,7 @@ class Dispatch:
                 outcome.attempts += 1
                 key = (f"{SHARD_KEY}{spec.name}-{budget[:8]}-{outcome.attempts}-"
                        f"{secrets.token_hex(3)}")  # fmt: skip
-                future = dask.submit(_shard_task, spec, self.client, budget, outcome.attempts,
-                                     crash_after, key=key, pure=False)  # fmt: skip
+                future = dask.submit(_shard_task, spec, self.client, budget, key=key, pure=False)
                 try:
                     result: Any = await future
                 except Exception as exc:  # the worker died (KilledWorker), or the task raised

@@ -28,7 +28,7 @@ from imggw_cli._app import app
 from imggw_client import RateLimit, TaskStatus
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core import budget as B
-from imggw_client.batch import KeyChangedError, _dask, status
+from imggw_client.batch import KeyChangedError, status
 from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
 from imggw_client.batch._dask_budget import PLUGIN_NAME, BudgetPlugin
 from imggw_client.batch._dask_progress import ProgressReader
@@ -39,6 +39,7 @@ from imggw_client.mock import MockGateway
 
 from ...loopback import redis_server
 from .conftest import FAST, KEY, check_from_storage, write_prompts
+from .faults import ShardRaises
 
 
 @pytest.fixture
@@ -59,11 +60,14 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
     gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     gw, url = gateway
     lines = 60
-    monkeypatch.setattr(_dask, "_FAULTS", {2: 3})  # shard 2's first try raises after 3 lines
+    fired = tmp_path / "fault-fired"
+    # One try of shard 2 raises after 3 lines; the plugin is on every worker, restarted ones too.
+    dask_client.register_plugin(ShardRaises(2, 3, fired), name="shard-raises")
+    request.addfinalizer(lambda: dask_client.unregister_worker_plugin("shard-raises"))
     source = write_prompts(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out"
     pids = dask_client.run(os.getpid)
@@ -95,7 +99,8 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
     assert not failure, failure
     (report,) = done
     assert report.exit_code == 0, [(s.name, s.error) for s in report.shards]
-    assert report.retried >= 1  # the shard that raised ran again
+    assert fired.exists()  # the shard raised
+    assert report.retried >= 1  # and ran again
     assert gw.stats()["tasks_created"] == lines  # every line billed exactly once
     check_from_storage(str(out), None, lines)  # every file's sha256, read back from the folder
     # The slots the dead worker held were given back when the scheduler removed it (DESIGN
