@@ -73,11 +73,6 @@ def batch_display(
     and at least every ``progress_every`` seconds while none moves, as ``rclone --stats``
     does; no progress with --quiet. Warned once, --quiet or not: results about to expire
     unseen, and a gateway that answers nothing for :data:`GATEWAY_SILENT` seconds.
-
-    Example::
-
-        with batch_display(out, progress_every=60) as on_progress:
-            report = await arun_batch("in.jsonl", "out/", on_progress=on_progress)
     """
     warn = _Warnings(out, GATEWAY_SILENT)
     if out.quiet:

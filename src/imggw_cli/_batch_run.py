@@ -33,12 +33,7 @@ ProgressEvery = Annotated[
 
 
 def progress_every(text: str | None) -> float:
-    """``--progress-every``: a number of seconds > 0 (default 30), else exit 2 with one line.
-
-    Example::
-
-        progress_every("60")   # 60.0
-    """
+    """``--progress-every``: a number of seconds > 0 (default 30), else exit 2 with one line."""
     import math
 
     from ._batch_display import PROGRESS_EVERY

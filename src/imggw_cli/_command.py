@@ -50,10 +50,6 @@ def option(
 ) -> Any:
     """A command's option as Typer declares it, in one call: its flags, help, metavar and the
     help panel it shows in (``more``: the rest of ``typer.Option``'s keywords).
-
-    Example::
-
-        shard: Annotated[Optional[str], option("--shard", metavar="I/N", help="...")] = None
     """
     return typer.Option(*names, metavar=metavar, rich_help_panel=panel, help=help, **more)
 

@@ -113,10 +113,6 @@ def bash_cut(incomplete: str, breaks: str) -> str:
     """The start of the word being completed that bash keeps (it broke the word there): up to
     and including its last break character. An option's ``--name=`` is Click's to split, and
     its completions start after it (where bash broke the word too).
-
-    Example::
-
-        bash_cut("16:", DEFAULT_BREAKS)    # "16:"
     """
     if incomplete.startswith("-") and "=" in incomplete:
         incomplete = incomplete.partition("=")[2]

@@ -123,10 +123,6 @@ def condition_of_code(code: int) -> Condition:
 def several(conditions: Iterable[Condition]) -> int:
     """The exit code of a command of several tasks, from how each ended: the first condition
     of :data:`PRECEDENCE` met, else 0.
-
-    Example::
-
-        several([Condition.UNFINISHED, Condition.UNKNOWN_TASK])   # 1: no run mends it
     """
     met = set(conditions)
     return next((CODES[c] for c in PRECEDENCE if c in met), OK)

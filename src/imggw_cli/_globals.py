@@ -264,12 +264,6 @@ LOCAL = ("json", "quiet", "verbose", "log_format")
 def with_globals_of(*names: str) -> Callable[[F], F]:
     """Adds only the global options ``names`` (without ``g_``) to a command, so that its
     ``--help`` lists only what it uses (one typed before the command name is still taken).
-
-    Example::
-
-        @app.command()
-        @with_globals_of(*LOCAL)
-        def gallery(folder: Path) -> None: ...
     """
     chosen = [p for p in _OPTIONS if p.name.removeprefix("g_") in names]
     unknown = set(names) - {p.name.removeprefix("g_") for p in chosen}

@@ -180,10 +180,6 @@ def prune(
 def duration(text: str) -> float:
     """``--older-than``'s value in seconds: a number and one of the units s, m, h, d (``30d``,
     ``12h``, ``90m``, ``3600s``); else exit 2 with one line saying so.
-
-    Example::
-
-        duration("12h")   # 43200.0
     """
     found = _DURATION.fullmatch(text.strip().lower())
     if found is None:

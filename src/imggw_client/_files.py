@@ -137,11 +137,6 @@ def atomic_write(path: Path, *, mode: int = 0o666) -> Iterator[BinaryIO]:
     (``O_EXCL|O_NOFOLLOW``), synced, then moved into place. A symbolic link at ``path`` is
     refused (:class:`StorageError`, naming it), before and after the writing. Every file
     imggw writes into an output folder goes through here.
-
-    Example::
-
-        with atomic_write(folder / "manifest.jsonl") as handle:
-            handle.write(b"{}\n")
     """
     refuse_link(path)
     tmp = temp_name(path)

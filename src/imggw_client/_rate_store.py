@@ -204,11 +204,6 @@ class AsyncStoreBudget(_Shared):
     """The shared budget as an ``AsyncClient`` asks it (a ``BudgetService``). redis-py's
     asyncio client belongs to one event loop, so one is made per loop the client runs under,
     with a task renewing the leases of its requests in flight while there are any.
-
-    Example::
-
-        budget = AsyncStoreBudget(settings)       # AsyncClient does this for RateLimit(store=)
-        ticket, wait = await budget.reserve("submit")
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -312,11 +307,6 @@ class StoreBudget(_Shared):
     """The shared budget as a ``Client`` asks it (a ``SyncBudgetService``); threads share its
     connection pool, and a daemon thread renews the leases of their requests in flight while
     there are any.
-
-    Example::
-
-        budget = StoreBudget(settings)            # Client does this for RateLimit(store=)
-        ticket, wait = budget.reserve("query")
     """
 
     def __init__(self, settings: Settings) -> None:

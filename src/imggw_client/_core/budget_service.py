@@ -16,10 +16,6 @@ class Ended(TypedDict):
     :meth:`BudgetService.finished`; see :meth:`~imggw_client._core.budget.Budget.finished`):
     ``limited``, it met a 429 with the hint ``retry_after`` (seconds, or None); ``backoff``,
     the retry policy's first and longest backoff.
-
-    Example::
-
-        service.finished(ticket, **Ended(limited=True, retry_after=2.0, backoff=(1.0, 8.0)))
     """
 
     limited: bool
@@ -95,10 +91,6 @@ class RemoteBudget:
     slot to the driver (``Pace`` and ``Paced`` actions), which asks ``service`` (awaited by an
     ``AsyncClient``, called by a ``Client``). The logic stays in the budget the service
     holds; a local client never sees this class.
-
-    Example::
-
-        client.share_budget(service)   # every request now waits for service
     """
 
     def __init__(self, service: BudgetService | SyncBudgetService) -> None:

@@ -61,10 +61,6 @@ QUERY_REFUSED = "query_refused"
 def stand_in(item: Submission | Task | str, surface: str) -> Task:
     """What is known of a wait's task before any answer: its id, surface, request and key
     (a bare id is on ``surface``). What a task that ends on an error of its own is made from.
-
-    Example::
-
-        stand_in(sub, "beta").idempotency_key == sub.idempotency_key   # True
     """
     if isinstance(item, Task):
         made: Submission | Task | None = item

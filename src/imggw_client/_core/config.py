@@ -200,11 +200,6 @@ STORE_SCHEMES = ("redis", "rediss", "unix")
 def store_problem(url: object) -> str | None:
     """What is wrong with a rate store URL, or None. Shown to users: never the password (the
     URL only as :func:`redact_store` prints it).
-
-    Example::
-
-        store_problem("redis://127.0.0.1:6379/0")   # None
-        store_problem("http://127.0.0.1")           # "must be a redis://, ..."
     """
     from urllib.parse import urlsplit
 
@@ -274,10 +269,6 @@ def _query_problem(query: str, expected: str, shown: str) -> str | None:
 def redact_store(url: str) -> str:
     """The store URL fit to print: everything between ``//`` and the host, and any query,
     blanked (``_core.text.redact_store_url``, the one function every message uses).
-
-    Example::
-
-        redact_store("redis://:secret@cache:6379/0")   # "redis://***@cache:6379/0"
     """
     from .text import redact_store_url
 
@@ -537,10 +528,6 @@ def key_forgotten(first_sent: datetime | None, window: float, now: float) -> boo
     have been forgotten by the gateway ``now`` (epoch seconds), which remembers an idempotency
     key for ``window`` seconds: then sending its key again could bill a second task. The one
     rule for every resend of an unknown outcome (``unfinished()``, a collect, a batch).
-
-    Example::
-
-        key_forgotten(entry.created_at, client.idempotency_window, time.time())
     """
     if first_sent is None:  # no proof it is still remembered
         return True

@@ -89,15 +89,7 @@ def _cdf(record: _Record, t: float) -> float:
 
 
 class DurationModel:
-    """What a client knows of how long its tasks run, per kind, in bounded memory.
-
-    Example::
-
-        model = DurationModel()
-        model.observe(("beta", "1k"), lower=41.0, upper=44.5, now=clock())
-        model.first_query_at(("beta", "1k"), now=clock())       # 41.0: no task was faster
-        model.probability_finished(("beta", "1k"), 43.0, now=clock(), active_at=42.0)
-    """
+    """What a client knows of how long its tasks run, per kind, in bounded memory."""
 
     def __init__(
         self,
@@ -135,10 +127,6 @@ class DurationModel:
     def observe(self, kind: Kind, lower: float, upper: float, now: float) -> bool:
         """Records that a task of ``kind`` ran between ``lower`` and ``upper`` seconds
         (from its submit); False when the interval was garbage and dropped.
-
-        Example::
-
-            model.observe(("alpha", "2k"), lower=0.0, upper=3.1, now=clock())  # done at once
         """
         bounds = self._clean(lower, upper)
         if bounds is None or not _hashable(kind):
@@ -165,10 +153,6 @@ class DurationModel:
         slack, so it counts as ``((duration - grace) / 1.25, duration)``; pass the poll policy's
         ``initial_interval`` as ``grace``. Seeds rank as older than what the model already
         holds, and the newest ``window`` of them are kept.
-
-        Example::
-
-            model.seed(("beta", "1k"), [52.0, 61.5, 48.2], now=clock(), grace=1.0)
         """
         slack = _number(grace)
         slack = max(slack, 0.0) if slack is not None else 0.0
@@ -202,10 +186,6 @@ class DurationModel:
         """The smallest lower end of the window (a task never seen running counts as half its
         upper end): no task timed lately finished sooner. 0.0 with fewer than ``min_history``
         observations, so a wait with no history queries at once.
-
-        Example::
-
-            model.first_query_at(("beta", "4k"), now=clock())   # 0.0 for a new kind
         """
         if not _hashable(kind):
             return 0.0
@@ -221,10 +201,6 @@ class DurationModel:
         """The chance that a task of ``kind``, ``elapsed`` seconds after its submit and last
         seen active ``active_at`` seconds after it, has finished; None when nothing is known,
         or when it already ran longer than anything seen (history says nothing of it then).
-
-        Example::
-
-            p = model.probability_finished(kind, 48.0, now=clock(), active_at=44.0)
         """
         t, a = _number(elapsed), _number(active_at)
         if t is None or not _hashable(kind):
@@ -251,10 +227,6 @@ class DurationModel:
     def quantile(self, kind: Kind, q: float, now: float) -> float | None:
         """The running time that a share ``q`` of the (faded) observations of ``kind`` did
         not exceed; None when nothing is known.
-
-        Example::
-
-            model.quantile(("beta", "1k"), 0.5, now=clock())   # the typical running time
         """
         share = _number(q)
         if share is None or not _hashable(kind):

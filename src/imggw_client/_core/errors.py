@@ -26,10 +26,6 @@ _HOME = "imggw_client._core.exceptions"
 def add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)`` (PEP 678), also on Python 3.10, which has no ``add_note`` but
     prints ``__notes__`` all the same once a traceback module that knows them shows it.
-
-    Example::
-
-        add_note(err, "resend with idempotency_key='...'")
     """
     if hasattr(exc, "add_note"):
         exc.add_note(note)
@@ -55,13 +51,6 @@ class ImggwError(Exception):
 
     Every error carries ``message`` and, where they apply, ``status_code`` (HTTP status, or the
     body code on surface A), ``code`` (the gateway's stable reason code) and ``surface``.
-
-    Example::
-
-        try:
-            client.get("12345")
-        except imggw_client.ImggwError as err:
-            print(err.code, err.message)
     """
 
     __module__ = _HOME
@@ -101,13 +90,6 @@ class RequestValidationError(ImggwError, ValueError):
     stable reason code the reference gateway answers with (``invalid_prompt``,
     ``unsupported_combination``, ...). ``errors`` lists every ``(field, rule)`` found. The prompt
     is never echoed.
-
-    Example::
-
-        try:
-            ImageRequest("a cat", aspect_ratio="auto", resolution="4k")
-        except RequestValidationError as err:
-            assert err.field == "resolution"
     """
 
     __module__ = _HOME

@@ -426,11 +426,6 @@ _BY_STATUS: dict[int, type[APIError]] = {
 def answer_class(status: int, reason: str | None) -> type[APIError]:
     """The class of the error a gateway's error answer raises: by its reason where the reason
     decides (a reused key, an idempotency check that could not run), else by its status.
-
-    Example::
-
-        answer_class(429, "rate_limited")             # RateLimitError
-        answer_class(409, "idempotency_key_reused")   # IdempotencyConflictError
     """
     if reason == reasons.IDEMPOTENCY_KEY_REUSED.code:
         return IdempotencyConflictError

@@ -147,13 +147,6 @@ class StrEnum(str, Enum):
     """A str Enum that prints and formats as its value on every Python, as 3.11's
     ``enum.StrEnum`` does (3.12 made a str Enum's ``format()`` its name): the base of every
     state users print.
-
-    Example::
-
-        class Color(StrEnum):
-            RED = "red"
-
-        f"{Color.RED}", str(Color.RED)   # ('red', 'red')
     """
 
     def __str__(self) -> str:

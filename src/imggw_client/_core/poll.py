@@ -61,10 +61,6 @@ def promise_gap(policy: PollPolicy, elapsed: float) -> float:
     """The longest time from sending a query that saw a task active ``elapsed`` seconds into
     its run to the next answer that keeps the promise: ``min(max_interval, initial_interval +
     (multiplier - 1) * elapsed)``.
-
-    Example::
-
-        promise_gap(PollPolicy(), 40.0)    # 7.0: 15% of 40 s plus 1 s
     """
     s = elapsed if math.isfinite(elapsed) and elapsed > 0 else 0.0
     grown = policy.initial_interval + (policy.multiplier - 1) * s
@@ -72,22 +68,13 @@ def promise_gap(policy: PollPolicy, elapsed: float) -> float:
 
 
 def today_gap(policy: PollPolicy, n: int) -> float:
-    """Today's ``n``-th (0-based) sleep before jitter: the most :func:`poll_interval` draws.
-
-    Example::
-
-        today_gap(PollPolicy(), 0)    # 1.0
-    """
+    """Today's ``n``-th (0-based) sleep before jitter: the most :func:`poll_interval` draws."""
     return min(policy.max_interval, policy.initial_interval * policy.multiplier ** min(n, 200))
 
 
 def planned_first(model: DurationModel, kind: Kind, now: float, rng: random.Random) -> float:
     """When (seconds after its submit) a wait's first learned query goes: the model's
     :meth:`~DurationModel.first_query_at`, times a factor in ``[FIRST_JITTER_LOW, 1]``.
-
-    Example::
-
-        planned_first(model, ("beta", "1k"), clock(), rng)   # 0.0 without history
     """
     return model.first_query_at(kind, now) * rng.uniform(FIRST_JITTER_LOW, 1.0)
 
@@ -96,11 +83,6 @@ def with_hint(scheduled: float, hint: float | None, latest: float) -> float:
     """A sleep that heeds a ``Retry-After`` hint on an active task within the schedule's room:
     never sooner than ``scheduled`` (a hint of 0 or less, or none, changes nothing), never
     later than ``latest`` (what the promise allows) or ``scheduled``, whichever is later.
-
-    Example::
-
-        with_hint(2.0, 5.0, latest=4.0)    # 4.0
-        with_hint(2.0, 0.0, latest=4.0)    # 2.0: a gateway cannot make a wait spin
     """
     if hint is None or not math.isfinite(hint) or hint <= scheduled:
         return scheduled
@@ -126,12 +108,6 @@ def next_poll(
     the sleep before the first query: until the model's first query time, at once without
     history. After an answer that saw the task active, the next sleep, heeding its
     ``retry_after`` (seconds). The ``learn=False`` schedule is :func:`poll_interval`.
-
-    Example::
-
-        first = next_poll(policy, model, kind, started=t0, now=clock(), polls=0, rng=rng)
-        later = next_poll(policy, model, kind, started=t0, now=clock(), polls=3, rng=rng,
-                          sent=sent, retry_after=2.0)
     """
     elapsed = _elapsed(started, now)
     if polls <= 0:
@@ -169,10 +145,6 @@ def query_priority(chance: float | None, waited: float, max_interval: float) -> 
     came less than ``max_interval`` after it, so once a query has waited that long, nothing that
     came later goes before it. Sorting by ``queued_at + max_interval * (1 - chance)`` orders
     the same way, with a key that does not change while the query waits.
-
-    Example::
-
-        queue.sort(key=lambda q: query_priority(q.chance, now - q.queued_at, 30.0))
     """
     p = 0.5 if chance is None or not math.isfinite(chance) else min(1.0, max(0.0, chance))
     w = waited if not math.isnan(waited) else 0.0
@@ -199,11 +171,6 @@ class TodayWait:
     :func:`poll_interval` after each answer; ``first`` is the sleep before the first query (a
     task just submitted is pending, and a query at once could only say so). A ``Retry-After``
     on an active task is heeded up to ``max_interval``.
-
-    Example::
-
-        plan = TodayWait(PollPolicy(learn=False), rng)
-        plan.first_sleep(clock())      # 0.0: query at once
     """
 
     def __init__(self, policy: PollPolicy, rng: random.Random, first: float = 0.0) -> None:
@@ -241,11 +208,6 @@ def plan_wait(
     when unknown, as for a bare task id or a replayed submit); ``accepted``: when its submit
     was answered in this process (None: not here); ``kind``: the task's kind, None if unknown.
     A wait learns only when it knows its task's kind and start, and ``policy.learn`` is on.
-
-    Example::
-
-        plan = plan_wait(policy, model, ("beta", "1k"), started=t0, accepted=t0, now=clock(),
-                         rng=rng)
     """
     if not policy.learn or kind is None or started is None:
         first = 0.0 if accepted is None else poll_interval(policy, 0, rng) - (now - accepted)
@@ -265,18 +227,6 @@ class LearnedWait:
     calls :meth:`active` (it returns the next sleep) or :meth:`finished`. Only a wait that
     began before its first learned query teaches the model about a task already finished at
     that query: a wait that began late knows nothing of when it finished.
-
-    Example::
-
-        plan = LearnedWait(policy, model, ("beta", "1k"), started=submitted, now=clock(), rng=rng)
-        sleep(plan.first_sleep(clock()))
-        while True:
-            sent = clock()
-            task = query()
-            if task.status is TaskStatus.SUCCEEDED:
-                plan.finished(clock())
-                break
-            sleep(plan.active(sent, clock(), retry_after=hint))
     """
 
     def __init__(

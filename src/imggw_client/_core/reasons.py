@@ -39,10 +39,6 @@ from .spec import QUERY, RESULT, SUBMIT, Operation
 class Retry(Enum):
     """What the SDK does on meeting a reason: retry or not, and whether the failed request may
     have been applied.
-
-    Example::
-
-        Retry.RETRIED.retried, Retry.RETRIED.unknown   # (True, True)
     """
 
     RETRIED = "retried"
@@ -69,10 +65,6 @@ class Reason:
     for an answer off every route, or one only other gateways send); ``retry_after``: that
     answer carries ``Retry-After``; ``decides``: the reason, not the HTTP status, decides the
     retry.
-
-    Example::
-
-        RATE_LIMITED.status, RATE_LIMITED.retry   # (429, Retry.RETRIED_NOT_EXECUTED)
     """
 
     code: str
@@ -240,13 +232,7 @@ _BY_MESSAGE: Mapping[tuple[int, str], Reason] = MappingProxyType(
 
 
 def find(code: object) -> Reason | None:
-    """The row of a reason code, or None for a code the table does not hold.
-
-    Example::
-
-        find("rate_limited").status   # 429
-        find("teapot")                # None
-    """
+    """The row of a reason code, or None for a code the table does not hold."""
     return BY_CODE.get(code) if isinstance(code, str) else None
 
 
@@ -255,12 +241,6 @@ def for_status(status: int, message: str | None = None) -> Reason | None:
     message ``message`` repeats word for word (a gateway that speaks this table: the SDK can
     tell the rule), else the row B sends for the status (:data:`BY_STATUS`; any 5xx
     ``server_error``); None for a status that has no row (408, say).
-
-    Example::
-
-        for_status(404).code                       # 'task_not_found'
-        for_status(404, "No such route.").code     # 'not_found'
-        for_status(502).code                       # 'server_error'
     """
     if message is not None:
         said = _BY_MESSAGE.get((status, message))
@@ -272,12 +252,7 @@ def for_status(status: int, message: str | None = None) -> Reason | None:
 
 
 def table(rows: Iterable[Reason] = REASONS) -> str:
-    """The rows as a reStructuredText table: code, status, retry class, when.
-
-    Example::
-
-        print(table())
-    """
+    """The rows as a reStructuredText table: code, status, retry class, when."""
     lines = [
         (f"``{r.code}``" + (" (decides)" if r.decides else ""), str(r.status), r.retry.value,
          r.when)

@@ -32,10 +32,6 @@ from .exceptions import (
 class Verdict:
     """Whether a failure is retried, whether its request may have been applied, and the
     server's ``Retry-After`` hint.
-
-    Example::
-
-        classify(RateLimitError("slow down", status_code=429))   # Verdict(True, False, None)
     """
 
     retry: bool
@@ -44,13 +40,7 @@ class Verdict:
 
 
 def classify(err: ImggwError) -> Verdict:
-    """What to do after a failed attempt.
-
-    Example::
-
-        classify(ServerError("x", status_code=503, code="idempotency_unavailable"))
-        # Verdict(retry=True, unknown=False, ...): the gateway did nothing
-    """
+    """What to do after a failed attempt."""
     if isinstance(err, APIConnectionError):
         return Verdict(retry=True, unknown=err.request_sent)
     if isinstance(err, ClientClosedError):

@@ -59,11 +59,6 @@ def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
     """The store's name of one lane, from the API key's slow fingerprint (PBKDF2, as run ids
     use: ``BaseClient.key_fingerprint``) and the gateway, never from the key: whoever reads
     the store pays 100,000 rounds per guessed key, not one fast hash.
-
-    Example::
-
-        lane_key(client.key_fingerprint, "https://gw.example", "submit")
-        # "imggw:budget:3f2a...:submit"
     """
     digest = hashlib.sha256(f"imggw-budget v3\n{base_url}\n{key_fingerprint}".encode())
     return f"{PREFIX}{digest.hexdigest()[:32]}:{kind}"
@@ -382,12 +377,6 @@ class Fallback:
     """What a client does while its store is away: it paces itself with an in-process
     :class:`Budget` at the same rates, tries the store again every :data:`REJOIN_AFTER`
     seconds, and says so once each way (the drivers log the lines this returns).
-
-    Example::
-
-        fallback = Fallback(limit, "redis://cache:6379/0")
-        if fallback.use_store(now): ...           # ask the store
-        warning = fallback.failed(now, "ConnectionError")
     """
 
     def __init__(self, limit: RateLimit, label: str) -> None:

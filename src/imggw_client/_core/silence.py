@@ -12,11 +12,6 @@ __all__ = ["Silence", "answered"]
 def answered(status: int | None) -> bool:
     """Whether a request's outcome is the gateway answering: any reply but a 5xx, which is
     the gateway (or a proxy in front of it) failing to. None is no reply at all.
-
-    Example::
-
-        answered(429)   # True: it answers, asking to slow down
-        answered(503)   # False
     """
     return status is not None and status < 500
 
@@ -25,13 +20,6 @@ class Silence:
     """The gateway's silence, as one client's requests see it: counted from the first request
     sent since its last answer, or from its last answer while requests sent before it are
     still unanswered; 0 when it answered and nothing was asked since.
-
-    Example::
-
-        silence = Silence()
-        silence.asked(now=10.0)
-        silence.heard(now=12.0, answer=False)  # connection refused
-        silence.silent_for(now=75.0)           # 65.0
     """
 
     __slots__ = ("flying", "since")

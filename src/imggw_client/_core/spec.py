@@ -73,10 +73,6 @@ class MessageEnvelope:
     an error has the status in ``code`` (even under HTTP 200, as A's provider answers) and
     ``data`` null. There is no string reason: reason codes starting with ``leading_reasons``
     lead ``msg`` (``idempotency_key_reused: ...``, DESIGN 8).
-
-    Example::
-
-        {"code": 422, "msg": "idempotency_key_reused: This ...", "data": None}
     """
 
     code: str
@@ -90,10 +86,6 @@ class MessageEnvelope:
 class ErrorEnvelope:
     """A success is ``{code, data}``; an error is ``{code, error: {code, message}}``, the
     top-level ``code`` sometimes left out by real providers.
-
-    Example::
-
-        {"code": 422, "error": {"code": "invalid_prompt", "message": "prompt: ..."}}
     """
 
     code: str
@@ -114,11 +106,6 @@ class SubmitAnswer:
     written beside the id, as ``(name, value)`` (B's ``status: submitted``). ``constant_code``:
     the contract states the answer's ``code`` as the constant 200 (SPEC 2.5), not merely an
     integer.
-
-    Example::
-
-        SubmitAnswer("taskId", in_list=False, status=None, constant_code=False)
-        # data: {"taskId": "7"}
     """
 
     task_id: str
@@ -138,10 +125,6 @@ class RecordFields:
     travel as a string. ``cost``: None where the surface has no cost. ``error``: the object
     holding a failure's ``fail_code`` and ``fail_message``, present only on failure (B); None
     when they are fields of the record itself, empty unless failed (A).
-
-    Example::
-
-        spec.of("alpha").record.fail_code   # 'failCode'
     """
 
     id: str
@@ -170,12 +153,6 @@ class SurfaceSpec:
     status, ``quirk_states`` the real providers' extra ones it writes under the
     ``extra_states`` quirk: from the start of a phase, or only in its second half when
     ``quirk_states_late``.
-
-    Example::
-
-        beta = spec.of("beta")
-        beta.request["aspect_ratio"]   # 'size'
-        beta.written["running"]        # 'processing'
     """
 
     name: Surface
@@ -195,12 +172,7 @@ class SurfaceSpec:
     envelope: Envelope
 
     def wire_resolution(self, resolution: str) -> str:
-        """A resolution (``1k``, ``2K``, ...) in this surface's exact wire case.
-
-        Example::
-
-            spec.of("alpha").wire_resolution("2k")   # '2K'
-        """
+        """A resolution (``1k``, ``2K``, ...) in this surface's exact wire case."""
         return resolution.upper() if self.resolution_case == "upper" else resolution.lower()
 
 
@@ -329,10 +301,5 @@ SPECS: Mapping[Surface, SurfaceSpec] = MappingProxyType(
 
 
 def of(surface: Surface) -> SurfaceSpec:
-    """The spec of a surface.
-
-    Example::
-
-        spec.of("alpha").query_path   # '/alpha/api/v1/jobs/recordInfo'
-    """
+    """The spec of a surface."""
     return SPECS[surface]

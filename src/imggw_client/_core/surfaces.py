@@ -70,23 +70,12 @@ MAX_URL_CHARS = 8192
 
 
 def authorization(api_key: str) -> str:
-    """The value of the Authorization header for a key.
-
-    Example::
-
-        authorization("test-key")   # 'Bearer test-key'
-    """
+    """The value of the Authorization header for a key."""
     return f"{spec.BEARER} {api_key}"
 
 
 def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
-    """The JSON body of a submit, in the wire form of ``surface`` (fields in body order).
-
-    Example::
-
-        submit_body("beta", ImageRequest("a cat"))
-        # {'model': 'imagegen-2', 'prompt': 'a cat', 'size': 'auto', 'resolution': '1k', 'n': 1}
-    """
+    """The JSON body of a submit, in the wire form of ``surface`` (fields in body order)."""
     wire = spec.of(surface)
     values: dict[str, Any] = {
         "model": wire.model,
@@ -122,12 +111,7 @@ def _encoded_submit(body: Any) -> bytes:
 def build_submit(
     surface: Surface, request: ImageRequest, idempotency_key: str, *, validate: bool = True
 ) -> WireRequest:
-    """The submit of one logical request; every retry sends these same bytes and key.
-
-    Example::
-
-        build_submit("beta", ImageRequest("a cat"), "key-1").path   # '/beta/v1/images/generations'
-    """
+    """The submit of one logical request; every retry sends these same bytes and key."""
     body = _encoded_submit(submit_body(surface, request))
     if validate and len(body) > rules.BODY_MAX_BYTES:
         raise RequestValidationError(
@@ -140,12 +124,7 @@ def build_submit(
 
 
 def build_query(surface: Surface, task_id: str) -> WireRequest:
-    """One query of a task: by query parameter (A) or in the path (B).
-
-    Example::
-
-        build_query("beta", "7").path   # '/beta/v1/tasks/7'
-    """
+    """One query of a task: by query parameter (A) or in the path (B)."""
     accept = {"Accept": "application/json"}
     wire = spec.of(surface)
     where, name = wire.task_id_param
@@ -212,11 +191,6 @@ def read_error(
     """The error a reply carries, or None. A ``code``/``msg`` envelope (A) is an error by its
     body ``code`` even on HTTP 200; an ``error`` object envelope (B) is read with or without a
     top-level ``code``. ``parsed`` is the body already decoded, if the caller has it.
-
-    Example::
-
-        read_error("alpha", Reply(200, {}, b'{"code": 401, "msg": "no", "data": null}'), now)
-        # AuthenticationError('no', status_code=401, ...)
     """
     body = _json(reply.content) if parsed is _UNPARSED else parsed
     body = body if isinstance(body, dict) else {}
@@ -280,10 +254,6 @@ def no_submit_route(surface: Surface, url: str, err: APIError) -> ConfigurationE
 def malformed(surface: Surface, status: int, what: str, *, host: str | None = None) -> ServerError:
     """The error of a reply that could not be understood (retried like a 5xx); ``host`` is
     the result host that sent it (``scheme://host:port``), None for the gateway.
-
-    Example::
-
-        malformed("beta", 200, "no valid task id").code   # 'malformed_response'
     """
     return ServerError(
         f"{_sender(host)} sent a response that could not be understood ({what})",
@@ -300,10 +270,6 @@ def transport_error(
     connection. ``host`` is the result host the exchange was with (``scheme://host:port``,
     see :func:`~.text.link_origin`), None for the gateway: a result link is often served by
     another host, and a user told "the gateway" looks in the wrong place.
-
-    Example::
-
-        raise transport_error("beta", failure) from failure.error
     """
     if isinstance(failure.error, ClientClosed):
         return ClientClosedError("the client was closed; make a new one", request_sent=failure.sent)
@@ -365,10 +331,6 @@ def read_submit(
 ) -> Submission:
     """The submission a submit's answer names, or raises the error the answer means. ``now``
     (epoch seconds) is when the answer came: the task's start, unless it was replayed.
-
-    Example::
-
-        read_submit("beta", reply, "key-1", now).task_id   # '7'
     """
     reply, body = _checked_reply(surface, outcome, now, secrets)
     wire = spec.of(surface)
@@ -391,10 +353,6 @@ def poll_hint(outcome: Reply | TransportFailure, now: float) -> float | None:
     """The seconds a query's answer asks before the next one (its ``Retry-After``), or None.
     On an answer that saw its task active it is a hint for the next poll, never an order: the
     schedule heeds it only as far as its promise allows (``poll.with_hint``).
-
-    Example::
-
-        poll_hint(reply, now)    # 5.0 for "Retry-After: 5"
     """
     if not isinstance(outcome, Reply):
         return None
@@ -410,10 +368,6 @@ def read_task(
 ) -> Task:
     """The task a query's answer describes, decoded leniently, or raises the error the answer
     means.
-
-    Example::
-
-        read_task("alpha", reply, "7", now).status   # TaskStatus.RUNNING
     """
     reply, body = _checked_reply(surface, outcome, now, secrets)
     wire = spec.of(surface)
@@ -459,13 +413,7 @@ def _failure(data: Mapping[str, Any], wire: SurfaceSpec) -> tuple[object, object
 
 
 def task_status(surface: Surface, state: object) -> TaskStatus:
-    """The normalised status of a raw state. Unknown states count as running (logged once).
-
-    Example::
-
-        task_status("beta", "in_progress")   # TaskStatus.RUNNING
-        task_status("alpha", "Canceled")     # TaskStatus.FAILED
-    """
+    """The normalised status of a raw state. Unknown states count as running (logged once)."""
     if isinstance(state, str):
         known = STATES[surface].get(state) or STATES[surface].get(state.lower())
         if known is not None:
@@ -515,12 +463,6 @@ def charge(value: object) -> float | None:
     is 0 (a task never pays the account back through its record); NaN, infinity or anything
     not a number is no charge stated (None). A spend cap is kept by these numbers, so none of
     them may lower what a run has spent or make a cap unbounded.
-
-    Example::
-
-        charge("4")       # 4.0
-        charge(-16)       # 0.0
-        charge(1e999)     # None
     """
     n = number(value)
     return None if n is None else max(0.0, n)
@@ -600,11 +542,6 @@ def carries_secret(url: str, secrets: tuple[str, ...]) -> bool:
     """Whether a URL carries a secret as a credential: a whole path segment or a whole query
     value equal to it, or (a secret of 8 characters or more, which does not occur by chance)
     anywhere in it.
-
-    Example::
-
-        carries_secret("https://cdn.example/r/1.png?key=e", ("e",))     # True
-        carries_secret("https://cdn.example/r/e.png", ("e",))           # False: chance
     """
     secrets = tuple(s for s in secrets if s)
     if not secrets:

@@ -38,12 +38,6 @@ def redact_store_url(url: object) -> str:
     ``/``, ``#``, ``?`` or ``@``, percent-encoded or not), and any query or fragment blanked
     (redis-py reads ``?password=``). Read by hand, never by a URL parser: a parser splits a
     password at its ``/`` or ``#`` and would show the rest as a path.
-
-    Example::
-
-        redact_store_url("redis://:a/b+c@cache:6379/0")    # 'redis://***@cache:6379/0'
-        redact_store_url("redis://PASSWORD@cache")         # 'redis://***@cache'
-        redact_store_url("redis://cache:6379/0?db=1")      # 'redis://cache:6379/0?***'
     """
     text = url if isinstance(url, str) else str(url)
     scheme, slashes, rest = text.partition("//")
@@ -66,11 +60,6 @@ def link_for_display(url: object) -> str:
     (signatures, a key a gateway put there as ``?api_key=``) and a fragment are left out, and
     so is userinfo, including a password whose ``/`` or ``#`` ends the authority early (seen as
     a port that is no number, the rest in the path). The link itself is never changed.
-
-    Example::
-
-        link_for_display("https://u:pw@cdn.example/r/1.png?api_key=sk-1")
-        # 'https://cdn.example/r/1.png'
     """
     from urllib.parse import urlsplit
 
@@ -103,11 +92,6 @@ def link_origin(url: object) -> str:
     when the link names none): what a message about that host may show. Never its userinfo,
     path, query or fragment: a signed link's signature, or a key a gateway put there, is in
     them. ``?`` when the link names no host.
-
-    Example::
-
-        link_origin("https://u:pw@cdn.example/r/1.png?Signature=abc")
-        # 'https://cdn.example:443'
     """
     scheme, slashes, rest = link_for_display(url).partition("://")
     host = rest.partition("/")[0]

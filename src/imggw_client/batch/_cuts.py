@@ -41,12 +41,7 @@ _SHARD_TEXT = "must be I/N with 1 <= I <= N (shard I of N)"
 
 
 def shard_name(index: int, count: int) -> str:
-    """The shard's folder name under ``shards/``: ``0002-of-0004``.
-
-    Example::
-
-        assert shard_name(2, 4) == "0002-of-0004"
-    """
+    """The shard's folder name under ``shards/``: ``0002-of-0004``."""
     return f"{index:04d}-of-{count:04d}"
 
 

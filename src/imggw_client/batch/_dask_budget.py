@@ -49,10 +49,6 @@ class BudgetPlugin(SchedulerPlugin):
     """Request budgets on the scheduler, one per run (by run id), asked by every worker through
     the scheduler handler ``imggw_budget``. The logic is the pure :class:`Budget`'s, on the
     scheduler's clock; tickets live here, so a worker only holds their numbers.
-
-    Example::
-
-        await dask_client.register_plugin(BudgetPlugin(), name=PLUGIN_NAME)
     """
 
     idempotent = True  # registering it again (another run) keeps the budgets it holds

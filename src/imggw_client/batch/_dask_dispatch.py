@@ -93,13 +93,7 @@ class ClientSpec:
 
 
 class ShardError(ImggwError):
-    """A shard's failure as its worker reported it, when the error itself could not travel.
-
-    Example::
-
-        except ShardError as err:
-            print(err.kind, err.message)
-    """
+    """A shard's failure as its worker reported it, when the error itself could not travel."""
 
     def __init__(self, message: str, *, kind: str = "", code: str | None = None) -> None:
         super().__init__(message, code=code)
@@ -182,11 +176,6 @@ class Prepared:
 class Dispatch:
     """The shards of one run on a cluster: each a Dask task, tried again when it ends without a
     report, under one budget held by the scheduler.
-
-    Example::
-
-        dispatch = Dispatch(prepared, "input.jsonl", template, ClientSpec(), 3, None)
-        startup = await dispatch.run(None, 4, RateLimit(), {}, None)
     """
 
     def __init__(

@@ -44,10 +44,6 @@ __all__ = ["execute", "local_guard"]
 def local_guard(ledger: Ledger, totals: Totals, options: BatchOptions) -> LocalGuard:
     """The guard of a run in one process: its caps, what the folder's run was charged so far
     and the highest charge seen per resolution (from its ledger). Blocking.
-
-    Example::
-
-        guard = local_guard(ledger, ledger.totals(), BatchOptions(max_credits=100))
     """
     prices = {res: Charge(*charge) for res, charge in ledger.charges().items()}
     spent = Charge(totals.credits, totals.cost)
@@ -116,10 +112,6 @@ async def execute(
     ``guard`` keeps the run's caps (default: one in this process, from ``options`` and the
     folder's ledger; a Dask run's is held by its scheduler). ``tasks``: the input lists tasks
     made elsewhere (``collect_tasks``), each waited on and saved, none submitted.
-
-    Example::
-
-        report = await execute("prompts.jsonl", work, client=client, options=BatchOptions())
     """
     started = time.monotonic()
     surface = check_surface(options.surface or client.surface)

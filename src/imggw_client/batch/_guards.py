@@ -22,11 +22,6 @@ class Guard:
     """What a run asks before each submit, and tells as lines are charged and fail. What
     it tells travels as one message a step (see :func:`handle`); a guard says how a message
     reaches its :class:`Spending` (:meth:`tell`) and how a line waits to be admitted.
-
-    Example::
-
-        if await guard.admit(row.identity, "1k"):
-            ...  # submit, then: await guard.charged(row.identity, "1k", before, now, final=True)
     """
 
     async def tell(self, action: str, **message: object) -> Mapping[str, object]:
@@ -76,12 +71,6 @@ class Guard:
 class LocalGuard(Guard):
     """A :class:`Spending` in this process: waiting lines wake when a charge comes in or a
     line is given back.
-
-    Example::
-
-        guard = LocalGuard(Spending(Caps(max_credits=40)))
-        if await guard.admit(row.identity, "1k"):
-            ...  # submit
     """
 
     def __init__(self, spending: Spending) -> None:
@@ -116,10 +105,6 @@ Ask = Callable[..., Awaitable[Mapping[str, object]]]
 class RemoteGuard(Guard):
     """A guard held elsewhere (a Dask scheduler: one for every shard of a run), asked through
     ``ask(action=..., ...)``; a line told to wait asks again every :data:`WAIT_POLL` seconds.
-
-    Example::
-
-        guard = RemoteGuard(ask)   # ask(action="admit", line=..., resolution=...) -> answer
     """
 
     def __init__(self, ask: Ask) -> None:

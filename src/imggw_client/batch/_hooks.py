@@ -27,13 +27,7 @@ __all__ = ["BatchHooks"]
 
 
 class BatchHooks:
-    """The guard, room, money, gallery and progress of one run (see the module's docstring).
-
-    Example::
-
-        hooks = BatchHooks(run, guard, room, GalleryPace(work))
-        hooks.progress = progress   # once the loop (and its download queue) is made
-    """
+    """The guard, room, money, gallery and progress of one run (see the module's docstring)."""
 
     def __init__(self, run: RunLines, guard: Guard, room: Room, gallery: GalleryPace) -> None:
         self.run = run

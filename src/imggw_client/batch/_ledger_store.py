@@ -46,11 +46,6 @@ class LedgerStore:
     """The rows of ``run``'s ledger as the loop's items, their results saved into ``work``;
     ``surface`` is the run's (a task of the other surface has its files' names start with its
     own); ``template`` names the files (default: ``{task_id}-{index}``).
-
-    Example::
-
-        store = LedgerStore(run, work, "beta")
-        await Loop(client, store, hooks, run, concurrency=8).run()
     """
 
     def __init__(self, run: RunLines, work: Workspace, surface: str,

@@ -155,9 +155,5 @@ class Unreadable:
 def is_comment(stripped: str) -> bool:
     """Whether a line (its surrounding whitespace stripped) is a comment: ``#`` followed by
     whitespace or by nothing. ``#hashtag sunset`` and ``#1 bestseller`` are prompts.
-
-    Example::
-
-        assert is_comment("# a note") and not is_comment("#hashtag sunset")
     """
     return stripped[:1] == "#" and (len(stripped) == 1 or stripped[1].isspace())

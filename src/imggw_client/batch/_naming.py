@@ -96,11 +96,6 @@ class NameTemplate:
 
     Without ``{index}``, a task's first result is named by the template alone and its others
     get ``-1``, ``-2``... after it.
-
-    Example::
-
-        template = NameTemplate.parse("{id}")
-        template.render(row, 0)       # "cat"  (saved as cat.png)
     """
 
     text: str
@@ -110,10 +105,6 @@ class NameTemplate:
     def parse(cls, text: object) -> NameTemplate:
         """The template, or :class:`RequestValidationError` (a field it does not know, a
         format spec or conversion, a path, a template that cannot tell lines apart).
-
-        Example::
-
-            NameTemplate.parse("{line}-{id}")
         """
         if not isinstance(text, str) or not text:
             raise _invalid(f"must be a template such as {DEFAULT_NAME!r}")

@@ -88,10 +88,6 @@ def _caller_id(value: object) -> str | None:
 def parse(number: int, item: Any) -> InputLine | None:
     """The line a record of a batch of requests makes (one with ``task_id`` collects that
     task), or :class:`Bad`.
-
-    Example::
-
-        parse(1, {"prompt": "a fox", "resolution": "2k"}).request.resolution   # "2k"
     """
     if isinstance(item, ImageRequest):
         return InputLine(number, item, fields=_fields(item))
@@ -135,10 +131,6 @@ def _surface(value: object) -> str | None:
 def parse_collect(number: int, item: Any) -> InputLine | None:
     """The line a record of a collect list makes: a bare task id or an object with
     ``task_id``; None for a manifest's row of a line that never had a task; or :class:`Bad`.
-
-    Example::
-
-        parse_collect(1, "tsk_123").task_id   # "tsk_123"
     """
     if isinstance(item, Unreadable):
         raise Bad(item.why)

@@ -37,10 +37,6 @@ PROGRESS_TICK = 1.0
 async def learn_from_ledger(client: AsyncClient, ledger: Ledger) -> None:
     """A resumed run's polls start from what its ledger knows of its tasks' durations
     (DESIGN 15), not from nothing.
-
-    Example::
-
-        await learn_from_ledger(client, ledger)
     """
     found = await anyio.to_thread.run_sync(ledger.durations, WINDOW)
     for (surface, resolution), took in found.items():
@@ -51,12 +47,6 @@ class Progress:
     """A run's progress, told to ``on_progress`` (None: no one listens) as its lines move,
     never more often than every :data:`PROGRESS_EVERY` seconds unless forced, and every
     :data:`PROGRESS_TICK` seconds while :meth:`tick` runs, whether lines move or not.
-
-    Example::
-
-        progress = Progress(on_progress, client, run, queue, options, "beta")
-        progress.report(force=True)
-        group.start_soon(progress.tick)
     """
 
     def __init__(

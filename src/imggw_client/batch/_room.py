@@ -31,10 +31,6 @@ def free_bytes(folder: Path) -> int | None:
     """The bytes free to this user on ``folder``'s filesystem; None when it cannot tell (then
     the download still checks every write). :class:`Room` asks it before each submit, by this
     name, so that a test may put a fake disk in its place.
-
-    Example::
-
-        free_bytes(Path("out"))   # 52613349376
     """
     try:
         return shutil.disk_usage(folder).free
@@ -45,10 +41,6 @@ def free_bytes(folder: Path) -> int | None:
 def room_of(resolution: str) -> int:
     """The room a result of ``resolution`` may need (``rules.RESULT_ROOM``; a collected task,
     whose resolution is not known, 1k's: a result that does not fit costs it nothing).
-
-    Example::
-
-        room_of("4k") > room_of("1k")   # True
     """
     return RESULT_ROOM.get(resolution.lower() or "1k", max(RESULT_ROOM.values()))
 
@@ -61,12 +53,6 @@ class Room:
     """The room a run's results may need in ``folder``: of lines running or downloading
     (``to_store``) and of lines whose submit is on its way (``reserved``). ``flying`` counts
     the lines not saved yet, for the message of a run that stops for want of room.
-
-    Example::
-
-        room = Room(folder, flying=lambda: 0)
-        if await room.reserve(row, stopped=lambda: False):
-            ...  # submit, then room.release(row)
     """
 
     def __init__(self, folder: Path, flying: Callable[[], int]) -> None:

@@ -44,12 +44,6 @@ class RunLines(Course):
     """The lines of one run over a planned ledger: their counts and money (from ``totals``,
     then kept up to date), their moves, and the run's end (``fatal``, ``cancel``) or the end of
     its submits (``stopped``, and the guard that stopped them: ``stopped_by``).
-
-    Example::
-
-        run = RunLines(ledger, ledger.totals(), Room(folder, flying), deadline=math.inf,
-                       line_timeout=1800.0, redact=client.redact)
-        run.move(row, RUNNING)
     """
 
     def __init__(

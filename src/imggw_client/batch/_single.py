@@ -51,10 +51,6 @@ def run_id_for(dest: str | Path, client: AsyncClient) -> str:
     """The run id a new run on ``dest`` gets with ``client``: the same for the same folder,
     gateway and API key, on any machine (the key's slow fingerprint makes it: blocking, a few
     tens of milliseconds the first time a client is asked).
-
-    Example::
-
-        run_id_for("out/", client)   # what out/run.json will hold, if out/ holds no run
     """
     place = destination_name(dest)
     return _identity.derive_run_id(place, client.base_url, client.key_fingerprint)
@@ -113,11 +109,6 @@ async def run_in_folder(
     """A run in one local folder, its own result store: the folder's ledger (locked) and
     identity, then :func:`execute` (``tasks``: the input lists tasks made elsewhere). A run
     refused before anything was kept leaves no empty folder behind.
-
-    Example::
-
-        report = await run_in_folder("ids.txt", "out/", client=client,
-                                     options=BatchOptions(), tasks=True)
     """
     folder = Path(out_dir)
     made = not folder.exists()
@@ -201,11 +192,6 @@ def run_blocking(
 ) -> BatchReport:
     """:func:`run_in_folder` to its end in this thread, with a client made for it (see
     :func:`client_maker`): the blocking entry points (``run_batch``, ``collect_tasks``).
-
-    Example::
-
-        run_blocking(["123"], "out/", client_factory=None, rate_limit=None, on_progress=None,
-                     options={}, tasks=True)
     """
     make = client_maker(client_factory, rate_limit)
     chosen = BatchOptions.of(options)  # a bad option is refused before a client is made

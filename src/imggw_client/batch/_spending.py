@@ -86,11 +86,6 @@ def reported(before: Charge, now: Charge, *, final: bool) -> Charge:
     states ``now``: clamped, and while the task runs never below what it stated before (a
     running task's charge that drops would hand back room under the cap it still takes). A
     final charge is the task's own word, a refund included.
-
-    Example::
-
-        reported(Charge(4.0), Charge(0.0), final=False)   # Charge(credits=4.0)
-        reported(Charge(4.0), Charge(0.0), final=True)    # Charge(credits=0.0)
     """
     now = now.clamped()
     return now if final else now.highest(before.clamped())
@@ -99,11 +94,6 @@ def reported(before: Charge, now: Charge, *, final: bool) -> Charge:
 def settles(charge: Charge, *, final: bool) -> bool:
     """Whether ``charge`` is what a line costs, so that its estimate is given back: a final
     charge, or a positive one (a running task stating 0 has not said its price yet).
-
-    Example::
-
-        settles(Charge(0.0, 0.0), final=False)   # False: many providers state 0 until the end
-        settles(Charge(4.0, 0.01), final=False)  # True
     """
     return charge.known and (final or charge.positive)
 
@@ -132,18 +122,6 @@ class Spending:
     """The pure guard of one run (see the module's docstring). ``spent`` is what the run's lines
     were charged before this invocation; ``prices`` the highest charge seen per resolution.
     Every method is O(1) in the run's size: lines in flight are counted per resolution.
-
-    Example::
-
-        s = Spending(Caps(max_credits=10))
-        assert s.admit("a", "1k") is Verdict.GO            # the first line goes alone
-        assert s.admit("b", "1k") is Verdict.WAIT           # until its charge is known
-        s.charged("a", "1k", Charge(), Charge(0, 0), final=False)
-        assert s.admit("b", "1k") is Verdict.WAIT           # 0 while running is no price
-        s.charged("a", "1k", Charge(0, 0), Charge(4, 0.01), final=False)
-        assert s.admit("b", "1k") is Verdict.GO             # 4 + 4 <= 10
-        assert s.admit("c", "1k") is Verdict.WAIT           # 4 + 4 + 4 > 10, b in flight
-        assert s.admit("d", "4k") is Verdict.WAIT           # 64 (16 x 4) does not fit
     """
 
     caps: Caps

@@ -223,10 +223,6 @@ def exit_code(
     """The one map from how a run's lines ended to its exit code. ``counts`` counts lines per
     word of :data:`STATUSES` (other keys are ignored), ``bad`` the bad input lines skipped,
     ``stopped_by`` the guard that stopped the run, if one did.
-
-    Example::
-
-        exit_code({"succeeded": 9, "failed": 1})   # ExitCode.SOME_FAILED
     """
     if stopped_by is not None:
         return ExitCode.STOPPED

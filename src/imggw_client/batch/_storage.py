@@ -46,10 +46,6 @@ def destination_name(dest: str | os.PathLike[str]) -> str:
     """One spelling of an output folder, whoever names it and from where: a local folder as
     its absolute path (``out``, ``./out/`` and ``file:///abs/out`` alike), an fsspec URL
     without its trailing ``/``. What a run's identity is derived from.
-
-    Example::
-
-        assert destination_name("s3://bucket/run/") == "s3://bucket/run"
     """
     if is_url(dest):
         return os.fspath(dest).rstrip("/")

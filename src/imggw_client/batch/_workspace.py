@@ -46,12 +46,7 @@ class ResultStore(Protocol):
 
 
 def file_sha256(path: Path) -> str | None:
-    """The file's sha256, or None if it cannot be read.
-
-    Example::
-
-        file_sha256(Path("out/tsk_1-0.png"))   # "9f86d0..."
-    """
+    """The file's sha256, or None if it cannot be read."""
     digest = hashlib.sha256()
     try:
         with path.open("rb") as handle:
@@ -77,13 +72,7 @@ def _kept_file(entry: object) -> tuple[str, int, str] | None:
 
 
 class LocalStore:
-    """Results left where the run saves them: its own folder (a single run).
-
-    Example::
-
-        store = LocalStore(Path("out"))
-        store.is_whole("tsk_1-0.png", 1024, "9f86d0...", hashes=False)
-    """
+    """Results left where the run saves them: its own folder (a single run)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -112,10 +101,6 @@ class Workspace:
     results; ``store`` puts them where they belong; ``identity`` keeps the run's identity;
     ``part`` is the part of the input it reads; ``gallery`` the title of the gallery it writes
     as it goes (None: none).
-
-    Example::
-
-        work = Workspace(folder, ledger, identity, LocalStore(folder), gallery="imggw batch")
     """
 
     folder: Path
@@ -169,11 +154,6 @@ class Workspace:
 class GalleryPace:
     """The gallery rewritten now and then as lines finish (never more than 5% of the time), so
     a long run can be looked at while it goes.
-
-    Example::
-
-        pace = GalleryPace(work)
-        await pace.maybe()   # after each line saved
     """
 
     def __init__(self, work: Workspace) -> None:

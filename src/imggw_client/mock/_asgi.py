@@ -33,12 +33,7 @@ class DroppedConnection(Exception):
 
 
 class ASGIApp:
-    """The gateway as an ASGI application (for uvicorn or any ASGI server).
-
-    Example::
-
-        uvicorn.run(gateway.asgi(), host="127.0.0.1", port=8000)
-    """
+    """The gateway as an ASGI application (for uvicorn or any ASGI server)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -171,11 +166,6 @@ def serve_app(
     """Serves any ASGI app with uvicorn on a background thread; yields the base URL; stops it
     cleanly on exit. ``port=0`` picks a free ephemeral port; a client that takes longer than
     ``request_timeout`` seconds to send a request is cut off.
-
-    Example::
-
-        with serve_app(gateway.asgi()) as base_url:
-            httpx.get(base_url + "/openapi.json")
     """
     import uvicorn  # only here: the SDK itself never needs a server
 

@@ -42,13 +42,7 @@ def _option(default: Any, help: str, **kw: Any) -> Any:
 
 
 def parse_limit(value: str | None, name: str = "limit") -> tuple[int, float] | None:
-    """``"N/S"`` as ``(N, S)``: at most N requests in any S seconds; None stays None.
-
-    Example::
-
-        parse_limit("20/10")    # (20, 10.0)
-        parse_limit("10/0.5")   # (10, 0.5)
-    """
+    """``"N/S"`` as ``(N, S)``: at most N requests in any S seconds; None stays None."""
     if value is None:
         return None
     count, slash, seconds = str(value).partition("/")

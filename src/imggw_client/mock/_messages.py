@@ -58,13 +58,7 @@ class MockResponse:
 
 
 class Gateway(Protocol):
-    """What an adapter needs of a gateway: its settings, and an answer to each request.
-
-    Example::
-
-        def serve_one(gateway: Gateway, request: MockRequest) -> MockResponse:
-            return gateway.handle(request)
-    """
+    """What an adapter needs of a gateway: its settings, and an answer to each request."""
 
     @property
     def config(self) -> MockConfig: ...

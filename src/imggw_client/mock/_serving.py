@@ -49,12 +49,7 @@ def _template_prefix(template: str) -> str | None:
 
 
 def match_route(path: str) -> Route | None:
-    """The endpoint a path names, whatever the method; None for no endpoint.
-
-    Example::
-
-        match_route("/beta/v1/tasks/7").operation   # 'query'
-    """
+    """The endpoint a path names, whatever the method; None for no endpoint."""
     for route in ROUTES:
         prefix = _template_prefix(route.template)
         if path == route.template or (prefix is not None and path.startswith(prefix)):
@@ -63,12 +58,7 @@ def match_route(path: str) -> Route | None:
 
 
 def surface_of(path: str) -> Surface:
-    """The surface whose error shape a path gets (B for paths of neither).
-
-    Example::
-
-        surface_of("/alpha/nowhere")   # 'alpha'
-    """
+    """The surface whose error shape a path gets (B for paths of neither)."""
     for wire in spec.SPECS.values():
         if path.startswith(wire.prefix + "/"):
             return wire.name
@@ -76,12 +66,7 @@ def surface_of(path: str) -> Surface:
 
 
 def query_task_id(surface: Surface, path: str, query: Mapping[str, str]) -> str:
-    """The task id a query names: A's ``taskId`` parameter, B's last path segment.
-
-    Example::
-
-        query_task_id("beta", "/beta/v1/tasks/7", {})   # '7'
-    """
+    """The task id a query names: A's ``taskId`` parameter, B's last path segment."""
     wire = spec.of(surface)
     where, name = wire.task_id_param
     if where == "query":
@@ -92,12 +77,7 @@ def query_task_id(surface: Surface, path: str, query: Mapping[str, str]) -> str:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    """The key of an ``Authorization: Bearer`` header (lower-case header names), or None.
-
-    Example::
-
-        bearer_token({"authorization": "Bearer test-key"})   # 'test-key'
-    """
+    """The key of an ``Authorization: Bearer`` header (lower-case header names), or None."""
     scheme, _, token = headers.get(spec.AUTHORIZATION_HEADER.lower(), "").partition(" ")
     token = token.strip()
     return token if scheme.lower() == spec.BEARER.lower() and token else None
@@ -113,12 +93,7 @@ class Refusal:
 
 
 def refuse(reason: Reason, message: str | None = None) -> Refusal:
-    """The refusal of a reason: its status and code, and ``message`` or the table's own.
-
-    Example::
-
-        refuse(reasons.TASK_NOT_FOUND)   # Refusal(404, 'task_not_found', 'No such task.')
-    """
+    """The refusal of a reason: its status and code, and ``message`` or the table's own."""
     return Refusal(reason.status, reason.code, reason.message if message is None else message)
 
 
@@ -134,11 +109,6 @@ Shape = dict[str, "Shape | None"]
 def request_shape(surface: Surface) -> Shape:
     """The submit body's fields as a tree, in body order: a name maps to None for a value, to
     the tree of its fields for an object.
-
-    Example::
-
-        request_shape("alpha")
-        # {'model': None, 'input': {'prompt': None, 'resolution': None, 'aspect_ratio': None}}
     """
     tree: Shape = {}
     for path in spec.of(surface).request.values():
@@ -159,13 +129,7 @@ def _field(data: dict[str, Any], path: str) -> Any:
 
 
 def read_submit_request(surface: Surface, body: bytes) -> ImageRequest | Refusal:
-    """The request a submit body carries, checked strictly in the surface's wire form.
-
-    Example::
-
-        read_submit_request("beta", b'{"model": "imagegen-2"}')
-        # Refusal(422, 'missing_field', 'n: required')
-    """
+    """The request a submit body carries, checked strictly in the surface's wire form."""
     if len(body) > rules.BODY_MAX_BYTES:
         return refuse(reasons.BODY_TOO_LARGE, f"the body exceeds {rules.BODY_MAX_BYTES} bytes")
     try:
@@ -220,10 +184,6 @@ def _check_shape(data: dict[str, Any], shape: Shape, prefix: str) -> Refusal | N
 def canonical(body: bytes) -> bytes:
     """The body in one canonical JSON form: idempotency compares requests, not whitespace.
     A body that is not sound JSON is its own canonical form.
-
-    Example::
-
-        canonical(b'{"b": 1, "a": 2}')   # b'{"a":2,"b":1}'
     """
     try:
         return json.dumps(jsonio.loads(body), sort_keys=True, separators=(",", ":")).encode()
@@ -235,10 +195,6 @@ def request_digest(surface: Surface, body: bytes) -> bytes:
     """What an ``Idempotency-Key`` is bound to: a digest of the surface and the canonical body.
     Keys belong to the API key, not to a surface, so the same key on the other surface is
     another wire request (a conflict), while an identical retry on the same surface replays.
-
-    Example::
-
-        request_digest("beta", body) != request_digest("alpha", body)
     """
     return hashlib.sha256(surface.encode() + b"\n" + canonical(body)).digest()
 
@@ -252,13 +208,7 @@ def _answer(wire: SurfaceSpec, data: Any) -> dict[str, Any]:
 
 
 def submit_response(surface: Surface, task_id: str) -> bytes:
-    """The answer to an accepted submit (and to its replays).
-
-    Example::
-
-        submit_response("beta", "7")
-        # b'{"code":200,"data":[{"status":"submitted","task_id":"7"}]}'
-    """
+    """The answer to an accepted submit (and to its replays)."""
     wire = spec.of(surface)
     answer = wire.submit_answer
     item: dict[str, Any] = {}
@@ -296,10 +246,6 @@ def task_record(
     real providers' extra state names (``spec.SurfaceSpec.quirk_states``); ``omit_progress``:
     no ``progress`` field, as real providers often send; ``omit_charge``: no credits nor cost,
     as a gateway that bills elsewhere sends.
-
-    Example::
-
-        task_record("beta", TaskView("7", TaskStatus.RUNNING, 40, (), 4.0, 0.01, None))
     """
     wire = spec.of(surface)
     fields = wire.record
@@ -343,11 +289,6 @@ def error_body(
     """The HTTP status and body of an error. ``http_200``: surface A's quirk of answering every
     error with HTTP 200 and the code only in the body. ``omit_code``: surface B without the
     top-level ``code``.
-
-    Example::
-
-        error_body("alpha", refuse(reasons.TASK_NOT_FOUND))
-        # (404, b'{"code":404,"msg":"No such task.","data":null}')
     """
     envelope = spec.of(surface).envelope
     if isinstance(envelope, MessageEnvelope):

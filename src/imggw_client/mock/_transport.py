@@ -15,12 +15,7 @@ from ._messages import Gateway, MockRequest, MockResponse
 
 
 class MockTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """Routes an ``httpx.Client`` or ``httpx.AsyncClient`` to a gateway, with no sockets.
-
-    Example::
-
-        http = httpx.Client(transport=gateway.transport())
-    """
+    """Routes an ``httpx.Client`` or ``httpx.AsyncClient`` to a gateway, with no sockets."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway

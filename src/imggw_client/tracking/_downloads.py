@@ -39,10 +39,6 @@ def kept_links(client: AsyncClient, urls: Iterable[str]) -> list[str]:
     """Result links as a store keeps them: one that carries the API key (a gateway may sign
     links so) is kept blanked, for no file a store writes holds the key; its download asks the
     gateway for the link again.
-
-    Example::
-
-        kept_links(client, task.image_urls)
     """
     return [client.redact_url(url) for url in urls]
 
@@ -62,12 +58,6 @@ class _Queued:
 class DownloadQueue:
     """Finished tasks waiting for a download slot, the soonest-expiring first, and the pace
     of recent downloads (what tells which results are at risk of expiring in the queue).
-
-    Example::
-
-        queue = DownloadQueue()
-        await queue.put(item)       # returns once a slot has saved it (or given up)
-        await queue.serve(save)     # one slot, forever
     """
 
     def __init__(self) -> None:
@@ -117,10 +107,6 @@ def sweep_partial_files(folder: Path, quiet_for: float = PARTIAL_AFTER) -> int:
     """Removes the partial files of downloads a killed collect left in ``folder`` (those of a
     collect's naming, see :data:`_PARTIAL`, unwritten for ``quiet_for`` seconds: a live
     download, bounded by its timeout, writes sooner). Returns how many went. Blocking.
-
-    Example::
-
-        sweep_partial_files(Path("out"), quiet_for=600)
     """
     gone = 0
     try:

@@ -70,12 +70,6 @@ class Loop(Generic[ItemT]):
     downloads at once; ``wait`` False asks each running task once instead of waiting on it;
     ``guarded``: the hooks' admissions are taken one slot at a time (guards that must see
     the failures and charges of the submits ahead).
-
-    Example::
-
-        loop = Loop(client, store, hooks, Course(deadline=math.inf, line_timeout=None,
-                    redact=client.redact), concurrency=8)
-        await loop.run()
     """
 
     def __init__(
@@ -398,10 +392,6 @@ def waited(item: ItemT) -> Submission | str:
     """What an item's wait is given: the submission its store made (its kind and start,
     whatever run sent it, so the wait polls by what the client learned), or the id of a task
     made elsewhere.
-
-    Example::
-
-        await client.wait(waited(item))
     """
     assert item.task_id is not None
     if not item.made_here or item.idempotency_key is None:

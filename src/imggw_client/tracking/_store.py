@@ -64,10 +64,6 @@ _FINAL_DOWNLOAD_CODES = frozenset({RESULT_TOO_LARGE, WRITE_FAILED, NOT_AN_IMAGE,
 def retry_later(err: BaseException) -> bool:
     """A failure after which an item is tried again later instead of failing: what the core
     retries, and an unknown submit outcome (the item's key makes another try safe).
-
-    Example::
-
-        retry_later(UnknownOutcomeError("lost"))   # True: the key replays it
     """
     if not isinstance(err, ImggwError) or isinstance(err, FATAL):
         return False
@@ -81,13 +77,6 @@ class Course:
     how long one item's step may take (``line_timeout``, None: no limit), a failure that ends
     it (``fatal``, which cancels ``cancel``), and the end of its submits (``stopped``, by
     ``stopped_by`` for ``stop_reason``: a guard, the credits, the disk).
-
-    Example::
-
-        course = Course(deadline=time.monotonic() + 600, line_timeout=None, redact=str)
-        async for attempt in course.retrying(course.line_deadline()):
-            with attempt:
-                ...
     """
 
     def __init__(
