@@ -49,7 +49,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the SDK's own TaskError code for a cancelled task (DESIGN 8), not the wire state",
     ("imggw_client/mock/_gateway.py", "rate_limited"):
         "the /_mock/stats counter of requests refused by a limit: a field of the stats JSON",
-    ("imggw_client/batch/_states.py", "submitted"):
+    ("imggw_client/batch/_schema.py", "submitted"):
         "a ledger state's name in ledgers written before the states were renamed (it was beta's "
         "wire word, with another meaning): read only to move those rows to the new name",
     ("imggw_client/tracking/_store.py", "not_found"):
