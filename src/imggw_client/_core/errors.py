@@ -51,6 +51,13 @@ class ImggwError(Exception):
 
     Every error carries ``message`` and, where they apply, ``status_code`` (HTTP status, or the
     body code on surface A), ``code`` (the gateway's stable reason code) and ``surface``.
+
+    Example::
+
+        try:
+            client.get("12345")
+        except imggw_client.ImggwError as err:
+            print(err.code, err.message)
     """
 
     __module__ = _HOME
@@ -90,6 +97,13 @@ class RequestValidationError(ImggwError, ValueError):
     stable reason code the reference gateway answers with (``invalid_prompt``,
     ``unsupported_combination``, ...). ``errors`` lists every ``(field, rule)`` found. The prompt
     is never echoed.
+
+    Example::
+
+        try:
+            ImageRequest("a cat", aspect_ratio="auto", resolution="4k")
+        except RequestValidationError as err:
+            assert err.field == "resolution"
     """
 
     __module__ = _HOME
