@@ -69,10 +69,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--all", action="store_true", dest="all_lanes",
+        "--all",
+        action="store_true",
+        dest="all_lanes",
         help="run every test: the fast lane and the slow, browser, redis and dask lanes "
         "(a bare pytest runs the fast lane only)",
-    )  # fmt: skip
+    )
 
 
 def lanes_of(item: pytest.Item) -> list[str]:

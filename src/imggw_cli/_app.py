@@ -129,12 +129,21 @@ def _run_json() -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help, as text
             _stderr.say(exc.format_message(), level="error", event="help", exit_code=code)
         else:
-            _stderr.say(f"Error: {exc.format_message()}", level="error",
-                        event="usage_error" if code == _exit.USAGE else "error",
-                        exit_code=code, usage=usage)  # fmt: skip
+            _stderr.say(
+                f"Error: {exc.format_message()}",
+                level="error",
+                event="usage_error" if code == _exit.USAGE else "error",
+                exit_code=code,
+                usage=usage,
+            )
         return code
     except Exception as exc:  # a bug: its traceback inside the object, never lines of its own
-        _stderr.say(f"{type(exc).__name__}: {exc}", level="error", event="crash", exit_code=1,
-                    traceback="".join(traceback.format_exception(exc)))  # fmt: skip
+        _stderr.say(
+            f"{type(exc).__name__}: {exc}",
+            level="error",
+            event="crash",
+            exit_code=1,
+            traceback="".join(traceback.format_exception(exc)),
+        )
         return 1
     return code if isinstance(code, int) else 0

@@ -85,79 +85,148 @@ GUARDS = "Spend and failure guards"
 
 
 # The options of `imggw batch` (Typer reads these annotations at run time).
-LineTimeout = Annotated[Optional[str], option(  # noqa: UP045
-    "--line-timeout", metavar="SECONDS",
-    help="Wait at most this long on a line's task; one still running is left for the "
-    "next run (exit 3) [default: 1800].",
-)]  # fmt: skip
-AllowChanges = Annotated[bool, option(
-    "--allow-changes",
-    help="Run lines that changed since this folder's run began, as new (billed) requests.",
-)]  # fmt: skip
-NameTemplate = Annotated[Optional[str], option(  # noqa: UP045
-    "--name", metavar="TEMPLATE",
-    help="Name result files by the plain fields {task_id}, {index}, {line} (the input line) "
-    "and {id} (the line's id), e.g. '{line}-{id}' (no format spec such as {line:05}); made "
-    "safe for any filesystem, the extension from the content; lines that would share a file "
-    "are refused before anything is sent. The folder keeps it: a rerun without --name uses "
-    "it, one with another is refused [default: {task_id}-{index}].",
-)]  # fmt: skip
-Verify = Annotated[bool, option(
-    "--verify", help="Check every saved file's sha256 (default: its size)."
-)]  # fmt: skip
-InputFormat = Annotated[Optional[str], option(  # noqa: UP045
-    "--format", metavar="jsonl|csv|text",
-    help="Read FILE as JSONL (a JSON object a line), CSV (a header row, then a record "
-    "a row; comma- or tab-separated) or text (a prompt a line), whatever its name.",
-)]  # fmt: skip
-NewRun = Annotated[bool, option(
-    "--new-run",
-    help="Start a new run (new keys: every line billed anew) in a folder that holds "
-    "none. By default a folder made again resumes its run: the same keys, no new tasks.",
-)]  # fmt: skip
-MaxCredits = Annotated[Optional[str], option(  # noqa: UP045
-    "--max-credits", metavar="N", panel=GUARDS,
-    help="Stop submitting before the folder's run is charged more than N credits in "
-    "all (across reruns); lines sent are finished and saved, then exit 6.",
-)]  # fmt: skip
-MaxCost = Annotated[Optional[str], option(  # noqa: UP045
-    "--max-cost", metavar="X", panel=GUARDS,
-    help="The same for the cost the gateway states.",
-)]  # fmt: skip
-MaxFailures = Annotated[Optional[str], option(  # noqa: UP045
-    "--max-failures", metavar="N", panel=GUARDS,
-    help="Stop submitting once N lines failed in this run (exit 6).",
-)]  # fmt: skip
-DryRun = Annotated[bool, option(
-    "--dry-run", panel=GUARDS,
-    help="Check everything a run checks, then say what it would do and cost: nothing "
-    "is sent (--json: one object).",
-)]  # fmt: skip
-Engine = Annotated[Optional[EngineChoice], option(  # noqa: UP045
-    "--engine", panel=SCALE, help="Run the shards on Dask (pip install 'imggw[dask]').",
-)]  # fmt: skip
-Address = Annotated[Optional[str], option(  # noqa: UP045
-    "--address", metavar="tcp://HOST:PORT", panel=SCALE,
-    help="A running Dask scheduler (with --engine dask).",
-)]  # fmt: skip
-Workers = Annotated[Optional[int], option(  # noqa: UP045
-    "--workers", min=1, metavar="N", panel=SCALE,
-    help="Start (and stop) a local Dask cluster of N workers.",
-)]  # fmt: skip
-ShardSize = Annotated[Optional[int], option(  # noqa: UP045
-    "--shard-size", min=1, metavar="N", panel=SCALE,
-    help="Input lines per shard on the engine [default: 1000].",
-)]  # fmt: skip
-Shard = Annotated[Optional[str], option(  # noqa: UP045
-    "--shard", metavar="I/N", panel=SCALE,
-    help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
-    "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
-)]  # fmt: skip
-Scratch = Annotated[Optional[Path], option(  # noqa: UP045
-    "--scratch", metavar="DIR", panel=SCALE,
-    help="Local folder where shards of a remote DEST keep their ledgers "
-    "[default: the system's temp folder].",
-)]  # fmt: skip
+LineTimeout = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--line-timeout",
+        metavar="SECONDS",
+        help="Wait at most this long on a line's task; one still running is left for the "
+        "next run (exit 3) [default: 1800].",
+    ),
+]
+AllowChanges = Annotated[
+    bool,
+    option(
+        "--allow-changes",
+        help="Run lines that changed since this folder's run began, as new (billed) requests.",
+    ),
+]
+NameTemplate = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--name",
+        metavar="TEMPLATE",
+        help="Name result files by the plain fields {task_id}, {index}, {line} (the input line) "
+        "and {id} (the line's id), e.g. '{line}-{id}' (no format spec such as {line:05}); made "
+        "safe for any filesystem, the extension from the content; lines that would share a file "
+        "are refused before anything is sent. The folder keeps it: a rerun without --name uses "
+        "it, one with another is refused [default: {task_id}-{index}].",
+    ),
+]
+Verify = Annotated[
+    bool, option("--verify", help="Check every saved file's sha256 (default: its size).")
+]
+InputFormat = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--format",
+        metavar="jsonl|csv|text",
+        help="Read FILE as JSONL (a JSON object a line), CSV (a header row, then a record "
+        "a row; comma- or tab-separated) or text (a prompt a line), whatever its name.",
+    ),
+]
+NewRun = Annotated[
+    bool,
+    option(
+        "--new-run",
+        help="Start a new run (new keys: every line billed anew) in a folder that holds "
+        "none. By default a folder made again resumes its run: the same keys, no new tasks.",
+    ),
+]
+MaxCredits = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--max-credits",
+        metavar="N",
+        panel=GUARDS,
+        help="Stop submitting before the folder's run is charged more than N credits in "
+        "all (across reruns); lines sent are finished and saved, then exit 6.",
+    ),
+]
+MaxCost = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--max-cost",
+        metavar="X",
+        panel=GUARDS,
+        help="The same for the cost the gateway states.",
+    ),
+]
+MaxFailures = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--max-failures",
+        metavar="N",
+        panel=GUARDS,
+        help="Stop submitting once N lines failed in this run (exit 6).",
+    ),
+]
+DryRun = Annotated[
+    bool,
+    option(
+        "--dry-run",
+        panel=GUARDS,
+        help="Check everything a run checks, then say what it would do and cost: nothing "
+        "is sent (--json: one object).",
+    ),
+]
+Engine = Annotated[
+    Optional[EngineChoice],  # noqa: UP045
+    option(
+        "--engine",
+        panel=SCALE,
+        help="Run the shards on Dask (pip install 'imggw[dask]').",
+    ),
+]
+Address = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--address",
+        metavar="tcp://HOST:PORT",
+        panel=SCALE,
+        help="A running Dask scheduler (with --engine dask).",
+    ),
+]
+Workers = Annotated[
+    Optional[int],  # noqa: UP045
+    option(
+        "--workers",
+        min=1,
+        metavar="N",
+        panel=SCALE,
+        help="Start (and stop) a local Dask cluster of N workers.",
+    ),
+]
+ShardSize = Annotated[
+    Optional[int],  # noqa: UP045
+    option(
+        "--shard-size",
+        min=1,
+        metavar="N",
+        panel=SCALE,
+        help="Input lines per shard on the engine [default: 1000].",
+    ),
+]
+Shard = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--shard",
+        metavar="I/N",
+        panel=SCALE,
+        help="Run only shard I of N, in this process (Kubernetes indexed jobs, "
+        "Slurm arrays, xargs); any number at once on one DEST. Then: batch merge.",
+    ),
+]
+Scratch = Annotated[
+    Optional[Path],  # noqa: UP045
+    option(
+        "--scratch",
+        metavar="DIR",
+        panel=SCALE,
+        help="Local folder where shards of a remote DEST keep their ledgers "
+        "[default: the system's temp folder].",
+    ),
+]
 
 
 def _limit(flag: str, text: Optional[str], *, whole: bool = False) -> Any:  # noqa: UP045
@@ -242,9 +311,13 @@ def batch(
     from . import _scale
 
     modes = _scale.Modes(
-        engine=engine.value if engine else None, address=address, workers=workers, shard=shard,
-        shard_size=shard_size, scratch=None if scratch is None else str(scratch),
-    )  # fmt: skip
+        engine=engine.value if engine else None,
+        address=address,
+        workers=workers,
+        shard=shard,
+        shard_size=shard_size,
+        scratch=None if scratch is None else str(scratch),
+    )
     scaled = modes.any
     if input_format not in (None, "jsonl", "csv", "text"):
         from imggw_client.text import printable
@@ -255,12 +328,16 @@ def batch(
     if new_run and (scaled or _is_remote(output)):
         refuse("--new-run is for one process into a local folder: give shards a new DEST")
     options: dict[str, Any] = {
-        "concurrency": concurrency, "timeout": timeout, "skip_bad_lines": skip_bad_lines,
-        "allow_changes": allow_changes, "verify": verify, "format": input_format,
+        "concurrency": concurrency,
+        "timeout": timeout,
+        "skip_bad_lines": skip_bad_lines,
+        "allow_changes": allow_changes,
+        "verify": verify,
+        "format": input_format,
         "max_credits": _limit("--max-credits", max_credits),
         "max_cost": _limit("--max-cost", max_cost),
         "max_failures": _limit("--max-failures", max_failures, whole=True),
-    }  # fmt: skip
+    }
     name = _folder_name(output, name)
     if name is not None:  # checked here: a bad template is exit 2 before anything is read
         options["name"] = _template(name)
@@ -274,8 +351,7 @@ def batch(
         dry_run_local(file, _local(output), new_run=new_run, **options)
         return
     if not scaled and not _is_remote(output):
-        run_local(file, _local(output), wait=True, new_run=new_run, every=seconds,
-                  **options)  # fmt: skip
+        run_local(file, _local(output), wait=True, new_run=new_run, every=seconds, **options)
         return
     flags = current()
     with session() as out:
@@ -315,16 +391,20 @@ def _folder_name(dest: str, name: Optional[str]) -> Optional[str]:  # noqa: UP04
         BatchOptions(name=recorded)
     except ValueError:
         with session() as out:
-            out.warn(f"this folder's recorded --name {printable(recorded, 60)!r} is not a "
-                     "template any more: files already saved keep their names, new ones get "
-                     + ("--name's" if name is not None else "the default ones"),
-                     event="recorded_name_refused")  # fmt: skip
+            out.warn(
+                f"this folder's recorded --name {printable(recorded, 60)!r} is not a "
+                "template any more: files already saved keep their names, new ones get "
+                + ("--name's" if name is not None else "the default ones"),
+                event="recorded_name_refused",
+            )
         return name
     if name is None or name == recorded:
         return recorded
-    refuse(f"--name {printable(name, 60)!r}: this folder's run names its files by "
-           f"--name {printable(recorded, 60)!r}; run without --name to go on with it, or use "
-           "another folder; nothing was sent")  # fmt: skip
+    refuse(
+        f"--name {printable(name, 60)!r}: this folder's run names its files by "
+        f"--name {printable(recorded, 60)!r}; run without --name to go on with it, or use "
+        "another folder; nothing was sent"
+    )
 
 
 def _is_remote(dest: str) -> bool:

@@ -47,15 +47,24 @@ class _Warnings:
         out, silence = self.out, progress.gateway_silent_for
         if progress.at_risk > 0 and not self.at_risk:
             self.at_risk = True
-            out.warn(f"{progress.at_risk} results will expire before their download turn at "
-                     "the current pace; raise --concurrency", event="at_risk",
-                     at_risk=progress.at_risk)  # fmt: skip
+            out.warn(
+                f"{progress.at_risk} results will expire before their download turn at "
+                "the current pace; raise --concurrency",
+                event="at_risk",
+                at_risk=progress.at_risk,
+            )
         if silence >= self.silent_after and not self.silent:
-            out.warn(f"no answer from the gateway for {span(silence)}; still trying",
-                     event="gateway_silent", silent_for=round(silence, 1))  # fmt: skip
+            out.warn(
+                f"no answer from the gateway for {span(silence)}; still trying",
+                event="gateway_silent",
+                silent_for=round(silence, 1),
+            )
         if self.silent and silence < self.silent_after:  # only an answer shortens a silence
-            out.note(f"the gateway answers again, after {span(self.silent)} without an answer",
-                     event="gateway_answers", silent_for=round(self.silent, 1))  # fmt: skip
+            out.note(
+                f"the gateway answers again, after {span(self.silent)} without an answer",
+                event="gateway_answers",
+                silent_for=round(self.silent, 1),
+            )
             self.silent = 0.0
         elif silence >= self.silent_after:
             self.silent = max(self.silent, silence)
@@ -90,8 +99,9 @@ def batch_display(
             )
             if moved or news or now - last >= progress_every:
                 said[:] = [now, progress.counts, progress.stopped_by]
-                out.note(progress_text(progress), event="batch_progress",
-                         **progress_fields(progress))  # fmt: skip
+                out.note(
+                    progress_text(progress), event="batch_progress", **progress_fields(progress)
+                )
             warn(progress)
 
         yield line
@@ -173,9 +183,11 @@ def _guards() -> dict[str, tuple[str, str]]:
         batch.MAX_CREDITS: ("--max-credits", "raise --max-credits"),
         batch.MAX_COST: ("--max-cost", "raise --max-cost"),
         batch.MAX_FAILURES: ("--max-failures", "raise --max-failures (or mend the failing lines)"),
-        batch.INSUFFICIENT_CREDITS: (f"the gateway ({batch.INSUFFICIENT_CREDITS})",
-                                     "top up the account"),
-    }  # fmt: skip
+        batch.INSUFFICIENT_CREDITS: (
+            f"the gateway ({batch.INSUFFICIENT_CREDITS})",
+            "top up the account",
+        ),
+    }
 
 
 def stop_line(stopped_by: str | None, why: str, spent: str | None = None) -> str | None:
@@ -221,8 +233,12 @@ def spent_of(credits: float, cost: float, unknown: int, **caps: float | None) ->
     """The ``spent`` field: credits, and the cost (null when no line charged stated one; see
     cost_text), the caps when set."""
     known = None if unknown and not cost else cost
-    return spent(credits, known, cost_unknown=unknown,
-                 **{name: cap for name, cap in caps.items() if cap is not None})  # fmt: skip
+    return spent(
+        credits,
+        known,
+        cost_unknown=unknown,
+        **{name: cap for name, cap in caps.items() if cap is not None},
+    )
 
 
 def progress_fields(p: BatchProgress) -> dict[str, Any]:
@@ -351,8 +367,12 @@ def _summary_notes(out: Output, report: BatchReport) -> None:
     from imggw_client.batch import SHOWN_BAD_LINES
 
     for bad in report.bad_lines[:SHOWN_BAD_LINES]:
-        out.note(f"line {bad.line}: {bad.reason} (skipped)", event="bad_line", line=bad.line,
-                 reason=bad.reason)  # fmt: skip
+        out.note(
+            f"line {bad.line}: {bad.reason} (skipped)",
+            event="bad_line",
+            line=bad.line,
+            reason=bad.reason,
+        )
     if report.bad_lines_file is not None:
         where = printable(report.bad_lines_file)
         out.note(f"all {report.bad_count} bad lines are listed in {where}")

@@ -47,8 +47,10 @@ def progress_every(text: str | None) -> float:
     if not (math.isfinite(value) and value > 0):
         from imggw_client.text import printable
 
-        refuse(f"--progress-every must be a number of seconds > 0 (got {printable(text, 40)!r}); "
-               "nothing was sent")  # fmt: skip
+        refuse(
+            f"--progress-every must be a number of seconds > 0 (got {printable(text, 40)!r}); "
+            "nothing was sent"
+        )
     return value
 
 
@@ -75,8 +77,9 @@ def run_local(
         async def main() -> Any:
             async with make_async_client(flags, journal=journal) as client:
                 with batch_display(out, progress_every=every) as on_progress:
-                    return await driver(source, output, client=client,
-                                        on_progress=on_progress, **options)  # fmt: skip
+                    return await driver(
+                        source, output, client=client, on_progress=on_progress, **options
+                    )
 
         try:
             report = anyio.run(main)
@@ -115,17 +118,29 @@ def failed_lines(out: Output, report: BatchReport) -> None:
             error: dict[str, Any] = found if isinstance(found, dict) else {}
             why = ": ".join(str(error[k]) for k in ("code", "message") if error.get(k))
             task = f" (task {row['task_id']})" if row.get("task_id") else ""
-            out.warn(f"line {row.get('line')} failed{task}: {why or 'no reason given'}",
-                     event="line_failed", line=row.get("line"), task_id=row.get("task_id"),
-                     error=error or None)  # fmt: skip
+            out.warn(
+                f"line {row.get('line')} failed{task}: {why or 'no reason given'}",
+                event="line_failed",
+                line=row.get("line"),
+                task_id=row.get("task_id"),
+                error=error or None,
+            )
         more = f", {failed - len(named)} not named here" if failed > len(named) else ""
-        out.warn(f"{failed} line(s) failed{more}: every line's status and error is in "
-                 f"{printable(report.manifest)}", event="failed_lines", failed=failed,
-                 manifest=str(report.manifest))  # fmt: skip
+        out.warn(
+            f"{failed} line(s) failed{more}: every line's status and error is in "
+            f"{printable(report.manifest)}",
+            event="failed_lines",
+            failed=failed,
+            manifest=str(report.manifest),
+        )
     if out.quiet and report.bad_count:
         where = report.bad_lines_file or report.manifest
-        out.warn(f"{report.bad_count} bad input line(s) skipped: listed in {printable(where)}",
-                 event="bad_lines", bad_lines=report.bad_count, listed_in=str(where))  # fmt: skip
+        out.warn(
+            f"{report.bad_count} bad input line(s) skipped: listed in {printable(where)}",
+            event="bad_lines",
+            bad_lines=report.bad_count,
+            listed_in=str(where),
+        )
 
 
 def _failed_rows(report: BatchReport, most: int) -> list[dict[str, Any]]:

@@ -138,8 +138,9 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
             out.data(unfinished_record(err.task_id, err.last_task), [])
         base_url = options.base_url or os.environ.get("IMGGW_BASE_URL")
         resume, resend = _next_commands(err, tracked, surface, options)
-        message = _exit.message_for(err, surface=surface, mock=options.mock, base_url=base_url,
-                                    resume=resume, resend=resend)  # fmt: skip
+        message = _exit.message_for(
+            err, surface=surface, mock=options.mock, base_url=base_url, resume=resume, resend=resend
+        )
         if (
             isinstance(err, DownloadError)
             and tracked is not None
@@ -157,19 +158,33 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
         if tracked is not None:
             tracked.condition = condition
         code = _exit.CODES[condition]
-        out.error(message, exit_code=code, task_id=_task_of(err, tracked), error_code=err.code,
-                  error_type=type(err).__name__, resume=resume, traceback=trace)  # fmt: skip
+        out.error(
+            message,
+            exit_code=code,
+            task_id=_task_of(err, tracked),
+            error_code=err.code,
+            error_type=type(err).__name__,
+            resume=resume,
+            traceback=trace,
+        )
         raise typer.Exit(code) from None
     except KeyboardInterrupt:
         surface = _surface(tracked, options)
         if tracked is not None and tracked.id is not None:
             resume = tracked.resume(surface, options)
-            interrupted(out, f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
-                        task_id=tracked.id, resume=resume)  # fmt: skip
+            interrupted(
+                out,
+                f"interrupted; task {tracked.id} goes on. Resume with: {resume}",
+                task_id=tracked.id,
+                resume=resume,
+            )
         elif tracked is not None and tracked.key is not None:
             hint = _exit.resubmit_hint(tracked.resend(surface, options))
-            interrupted(out, "interrupted during the submit: a task may have been created.\n"
-                        + hint, idempotency_key=tracked.key)  # fmt: skip
+            interrupted(
+                out,
+                "interrupted during the submit: a task may have been created.\n" + hint,
+                idempotency_key=tracked.key,
+            )
         else:
             interrupted(out, "interrupted")
 
@@ -246,18 +261,23 @@ def ready_folder(folder: Path, out: Output, *, room: int = 0) -> None:
     import shutil
 
     if folder.exists() and not folder.is_dir():
-        out.error(f"-o {folder}: a file is there, not a folder; nothing was sent",
-                  exit_code=_exit.USAGE)  # fmt: skip
+        out.error(
+            f"-o {folder}: a file is there, not a folder; nothing was sent", exit_code=_exit.USAGE
+        )
         raise typer.Exit(_exit.USAGE)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        out.error(f"cannot create {folder}: {exc.strerror}; nothing was sent",
-                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
+        out.error(
+            f"cannot create {folder}: {exc.strerror}; nothing was sent",
+            exit_code=_exit.AUTH_OR_CONFIG,
+        )
         raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        out.error(f"cannot write in {folder}: permission denied; nothing was sent",
-                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
+        out.error(
+            f"cannot write in {folder}: permission denied; nothing was sent",
+            exit_code=_exit.AUTH_OR_CONFIG,
+        )
         raise typer.Exit(_exit.AUTH_OR_CONFIG)
     try:
         free = shutil.disk_usage(folder).free
@@ -284,12 +304,12 @@ def resolve_prompt(prompt: str, out: Output) -> str:
     try:  # bytes, decoded here: the terminal's encoding has no say in what the prompt is
         text = sys.stdin.read() if buffer is None else buffer.read().decode("utf-8")
     except UnicodeDecodeError as exc:
-        out.error(f"cannot read standard input: not UTF-8 text ({exc.reason})",
-                  exit_code=_exit.USAGE)  # fmt: skip
+        out.error(
+            f"cannot read standard input: not UTF-8 text ({exc.reason})", exit_code=_exit.USAGE
+        )
         raise typer.Exit(_exit.USAGE) from None
     text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
     for violation in rules.check_prompt(text):
-        out.error(f"the prompt read from standard input {violation.rule}",
-                  exit_code=_exit.USAGE)  # fmt: skip
+        out.error(f"the prompt read from standard input {violation.rule}", exit_code=_exit.USAGE)
         raise typer.Exit(_exit.USAGE)
     return text

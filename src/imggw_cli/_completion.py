@@ -71,8 +71,13 @@ def completion(
 def bash_script(prog_name: str) -> str:
     """The bash completion script of ``prog_name`` (see the module's docstring)."""
     name = "_" + "".join(c if c.isalnum() else "_" for c in prog_name) + "_completion"
-    return BASH_SCRIPT % {"complete_func": name, "line_var": LINE_VAR, "breaks_var": BREAKS_VAR,
-                          "autocomplete_var": COMPLETE_VAR, "prog_name": prog_name}  # fmt: skip
+    return BASH_SCRIPT % {
+        "complete_func": name,
+        "line_var": LINE_VAR,
+        "breaks_var": BREAKS_VAR,
+        "autocomplete_var": COMPLETE_VAR,
+        "prog_name": prog_name,
+    }
 
 
 def use_bash_line() -> None:

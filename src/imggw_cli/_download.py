@@ -67,9 +67,16 @@ def download(
     if (source is None) == (not task_ids):
         refuse("give task ids, or --from FILE (one of them)")
     if source is not None:  # the journal learns what it saves, where (DESIGN 22)
-        run_local(source, output.absolute(), tasks=True, wait=wait, timeout=timeout,
-                  concurrency=concurrency, skip_bad_lines=skip_bad_lines,
-                  every=progress_every(every))  # fmt: skip
+        run_local(
+            source,
+            output.absolute(),
+            tasks=True,
+            wait=wait,
+            timeout=timeout,
+            concurrency=concurrency,
+            skip_bad_lines=skip_bad_lines,
+            every=progress_every(every),
+        )
         return
     assert task_ids is not None
     _download_ids(task_ids, output, overwrite=overwrite, wait=wait, timeout=timeout)
@@ -112,13 +119,15 @@ def _download_ids(
                         raise WaitTimeoutError(task_id, task, timeout=0)
                     if task.status is TaskStatus.SUCCEEDED:
                         prefix = file_prefix(task.surface, current())
-                        files = client.download(task, output.absolute(), overwrite=overwrite,
-                                                prefix=prefix)  # fmt: skip
+                        files = client.download(
+                            task, output.absolute(), overwrite=overwrite, prefix=prefix
+                        )
                     else:
                         files = []
                         reason = printable(task.error.message) if task.error else ""
-                        out.error(f"task {task_id} failed: {reason}", event="task_failed",
-                                  task_id=task_id)  # fmt: skip
+                        out.error(
+                            f"task {task_id} failed: {reason}", event="task_failed", task_id=task_id
+                        )
                         condition = _exit.Condition.FAILED
                     out.data(task_record(task, files), [str(f.path) for f in files])
             except typer.Exit as failed:

@@ -36,8 +36,10 @@ def plan_lines(plan: Any) -> list[str]:
         lines.append("estimate: unknown (no charge seen yet in this folder's run)")
     else:
         cost = plan.estimate["cost"]
-        lines.append(f"estimate for the lines to submit: {plan.estimate['credits']:g} credits, "
-                     f"cost {'unknown' if cost is None else format(cost, 'g')}")  # fmt: skip
+        lines.append(
+            f"estimate for the lines to submit: {plan.estimate['credits']:g} credits, "
+            f"cost {'unknown' if cost is None else format(cost, 'g')}"
+        )
     if plan.fit is not None:
         lines.append(f"under the cap: {plan.fit} of the {plan.to_submit} lines to submit fit")
     lines.append("nothing was sent")

@@ -33,8 +33,10 @@ def gallery(
     with session() as out:
         manifest = folder / MANIFEST_NAME
         if not manifest.is_file():
-            out.error(f"{manifest} not found: give a batch's output folder (imggw batch -o)",
-                      exit_code=_exit.USAGE)  # fmt: skip
+            out.error(
+                f"{manifest} not found: give a batch's output folder (imggw batch -o)",
+                exit_code=_exit.USAGE,
+            )
             raise typer.Exit(_exit.USAGE)
         try:
             page = write_gallery(folder, iter_manifest(manifest), title=title or folder.name)
@@ -42,7 +44,9 @@ def gallery(
             out.error(f"{manifest}: {exc}", exit_code=_exit.USAGE)
             raise typer.Exit(_exit.USAGE) from None
         except OSError as exc:
-            out.error(f"cannot write the gallery in {folder}: {exc.strerror or exc}",
-                      exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
+            out.error(
+                f"cannot write the gallery in {folder}: {exc.strerror or exc}",
+                exit_code=_exit.AUTH_OR_CONFIG,
+            )
             raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
         out.data({"path": str(page)}, [str(page)])

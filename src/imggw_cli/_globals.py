@@ -69,8 +69,9 @@ class Globals:
             return None
         from imggw_client import RateLimit
 
-        return RateLimit(submits_per_second=self.rate, queries_per_second=self.query_rate,
-                         store=self.rate_store)  # fmt: skip
+        return RateLimit(
+            submits_per_second=self.rate, queries_per_second=self.query_rate, store=self.rate_store
+        )
 
 
 # Click's ParameterSource, by name: Typer vendors its own Click, so the enum is not importable
@@ -81,8 +82,9 @@ _STRENGTH = {"COMMANDLINE": 3, "PROMPT": 3, "ENVIRONMENT": 2, "DEFAULT_MAP": 1, 
 def _keyword(
     name: str, annotation: Any, default: Any = inspect.Parameter.empty
 ) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=annotation)  # fmt: skip
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
 
 
 def _rate_option(flag: str, help_text: str) -> Any:
@@ -207,8 +209,10 @@ def _per_second(flag: str, text: str) -> float:
     except ConfigurationError:
         from imggw_client.text import printable
 
-        _usage(f"{flag} must be a number of requests per second, at least 1/3600 (one an hour) "
-               f"(got {printable(text, 40)!r})")  # fmt: skip
+        _usage(
+            f"{flag} must be a number of requests per second, at least 1/3600 (one an hour) "
+            f"(got {printable(text, 40)!r})"
+        )
     return value
 
 

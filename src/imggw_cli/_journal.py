@@ -79,13 +79,20 @@ def tasks(
         finally:
             journal.close()
         if not entries:
-            out.note("no tasks in the journal" + (" still to collect" if unfinished else "")
-                     + (" in that state" if state else ""))  # fmt: skip
+            out.note(
+                "no tasks in the journal"
+                + (" still to collect" if unfinished else "")
+                + (" in that state" if state else "")
+            )
             return
         _list(out, entries)
         if total > len(entries):
-            out.note(f"{len(entries):,} of {total:,} tasks; --all or --limit N shows more",
-                     event="more_tasks", shown=len(entries), total=total)  # fmt: skip
+            out.note(
+                f"{len(entries):,} of {total:,} tasks; --all or --limit N shows more",
+                event="more_tasks",
+                shown=len(entries),
+                total=total,
+            )
 
 
 def _listed(
@@ -170,11 +177,14 @@ def prune(
         finally:
             journal.close()
         if out.json:
-            out.data({"removed": removed, "older_than": seconds, "journal": str(journal.path)},
-                     [])  # fmt: skip
+            out.data({"removed": removed, "older_than": seconds, "journal": str(journal.path)}, [])
         else:
-            out.note(f"removed {removed:,} task(s) finished more than {span(seconds)} ago "
-                     f"from {journal.path}", event="pruned", removed=removed)  # fmt: skip
+            out.note(
+                f"removed {removed:,} task(s) finished more than {span(seconds)} ago "
+                f"from {journal.path}",
+                event="pruned",
+                removed=removed,
+            )
 
 
 def duration(text: str) -> float:
@@ -185,8 +195,10 @@ def duration(text: str) -> float:
     if found is None:
         from imggw_client.text import printable
 
-        refuse(f"--older-than must be a duration such as 30d, 12h, 90m or 3600s "
-               f"(got {printable(text, 40)!r})")  # fmt: skip
+        refuse(
+            f"--older-than must be a duration such as 30d, 12h, 90m or 3600s "
+            f"(got {printable(text, 40)!r})"
+        )
     return float(found.group(1)) * _UNITS[found.group(2)]
 
 
@@ -228,8 +240,7 @@ def collect(
                 window.append(client.idempotency_window)
                 # An absolute folder: the journal keeps where the files are, wherever the
                 # next command is run from.
-                return await Tracker(client).collect(output.absolute(), wait=wait,
-                                                     timeout=timeout)  # fmt: skip
+                return await Tracker(client).collect(output.absolute(), wait=wait, timeout=timeout)
 
         try:
             report = anyio.run(main)
@@ -258,26 +269,41 @@ def _journal() -> "Journal":
 def _report(out: Output, report: "CollectReport", *, resume: str) -> None:
     for task_id in report.saved:
         files = report.files[task_id]
-        record: dict[str, Any] = {"task_id": task_id, "status": "succeeded",
-                                  "files": file_records(files)}  # fmt: skip
+        record: dict[str, Any] = {
+            "task_id": task_id,
+            "status": "succeeded",
+            "files": file_records(files),
+        }
         out.data(record, [str(f.path) for f in files])
     if report.running or report.unresolved_keys:
         left = len(report.running) + len(report.unresolved_keys)
-        out.warn(f"{left} task(s) still running: run `{resume}` to wait for them",
-                 event="still_running", task_ids=report.running,
-                 idempotency_keys=report.unresolved_keys, resume=resume)  # fmt: skip
+        out.warn(
+            f"{left} task(s) still running: run `{resume}` to wait for them",
+            event="still_running",
+            task_ids=report.running,
+            idempotency_keys=report.unresolved_keys,
+            resume=resume,
+        )
     for task_id in report.failed:
         out.warn(f"task {task_id} failed: nothing to save", event="task_failed", task_id=task_id)
     for task_id in report.expired:
-        out.warn(f"task {task_id}'s links expired before they were saved", event="expired",
-                 task_id=task_id)  # fmt: skip
+        out.warn(
+            f"task {task_id}'s links expired before they were saved",
+            event="expired",
+            task_id=task_id,
+        )
     for task_id in report.not_found:
-        out.warn(f"task {task_id}: the gateway no longer knows it; nothing to save",
-                 event="not_found", task_id=task_id)  # fmt: skip
-    out.note(f"saved {len(report.saved)}, running {len(report.running)}, failed "
-             f"{len(report.failed)}, expired {len(report.expired)}, not found "
-             f"{len(report.not_found)}, not sent again {len(report.stale_keys)}",
-             event="collected")  # fmt: skip
+        out.warn(
+            f"task {task_id}: the gateway no longer knows it; nothing to save",
+            event="not_found",
+            task_id=task_id,
+        )
+    out.note(
+        f"saved {len(report.saved)}, running {len(report.running)}, failed "
+        f"{len(report.failed)}, expired {len(report.expired)}, not found "
+        f"{len(report.not_found)}, not sent again {len(report.stale_keys)}",
+        event="collected",
+    )
 
 
 def _stale_entries(journal: "Journal", report: "CollectReport") -> "list[JournalEntry]":
@@ -297,15 +323,18 @@ def _stale(out: Output, entries: "list[JournalEntry]", window: Optional[float]) 
     remembered = f" ({span(window)})" if window else ""
     for entry in entries:
         request = (entry.request.aspect_ratio, entry.request.resolution)
-        command = resend_command("submit", entry.surface, request, entry.idempotency_key, None,
-                                 current())  # fmt: skip
+        command = resend_command(
+            "submit", entry.surface, request, entry.idempotency_key, None, current()
+        )
         out.warn(
             f"not sent again: the submit with idempotency key {entry.idempotency_key}, first "
             f"sent longer ago than the gateway remembers keys{remembered}. If no task came of "
             f"it, send it yourself (a second task may be billed): {command} (its prompt: imggw "
             "tasks --state unknown --json)",
-            event="key_forgotten", idempotency_key=entry.idempotency_key, resend=command,
-        )  # fmt: skip
+            event="key_forgotten",
+            idempotency_key=entry.idempotency_key,
+            resend=command,
+        )
 
 
 def _elsewhere(out: Output, count: int) -> None:
@@ -313,8 +342,11 @@ def _elsewhere(out: Output, count: int) -> None:
     another spelling of this one's URL). Said even with --quiet: a collect that saved nothing
     would otherwise look complete."""
     if count:
-        out.warn(f"{count} unfinished task(s) in the journal belong to another API key or "
-                 "gateway (another spelling of the base URL counts as another): collect them "
-                 "with that IMGGW_API_KEY and --base-url, as submitted; `imggw tasks --unfinished "
-                 "--json` shows each one's gateway", event="other_scopes",
-                 other_scopes=count)  # fmt: skip
+        out.warn(
+            f"{count} unfinished task(s) in the journal belong to another API key or "
+            "gateway (another spelling of the base URL counts as another): collect them "
+            "with that IMGGW_API_KEY and --base-url, as submitted; `imggw tasks --unfinished "
+            "--json` shows each one's gateway",
+            event="other_scopes",
+            other_scopes=count,
+        )

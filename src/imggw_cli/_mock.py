@@ -18,8 +18,15 @@ EPILOG = (
 )
 # The gateway's own (imggw_client.mock.FAULT_KINDS and QUIRKS), which --help must not import.
 FAULT_KINDS = ("lost", "reset", "latency", "429", "500", "502", "503", "504", "malformed")
-QUIRKS = ("alpha_http200", "extra_states", "no_progress", "beta_no_code", "no_retry_after",
-          "no_charge", "charge_at_end")  # fmt: skip
+QUIRKS = (
+    "alpha_http200",
+    "extra_states",
+    "no_progress",
+    "beta_no_code",
+    "no_retry_after",
+    "no_charge",
+    "charge_at_end",
+)
 ALL_FAULTS = ",".join(FAULT_KINDS)
 SECONDS = "SECONDS"
 
@@ -27,76 +34,124 @@ SECONDS = "SECONDS"
 # setting it sets, so that the command hands them on by name.
 Host = Annotated[str, option("--host", metavar="HOST", help="Interface to bind.")]
 Port = Annotated[int, option("--port", metavar="PORT", help="Port (0 picks a free one).")]
-ApiKeys = Annotated[Optional[list[str]], option(  # noqa: UP045 - Typer wants it on 3.10
-    "--api-key", metavar="KEY", show_default="test-key", help="An accepted API key (repeatable).",
-)]  # fmt: skip
-Seed = Annotated[int, option(
-    "--seed", metavar="N", help="Seed of every random choice (durations, failures, faults)."
-)]  # fmt: skip
-DurationMin = Annotated[float, option(
-    "--duration-min", metavar=SECONDS, help="Shortest task duration."
-)]  # fmt: skip
-DurationMax = Annotated[float, option(
-    "--duration-max", metavar=SECONDS, help="Longest task duration."
-)]  # fmt: skip
-FailureRate = Annotated[float, option(
-    "--failure-rate", metavar="0..1", help="Share of tasks that end failed."
-)]  # fmt: skip
-FaultRate = Annotated[float, option(
-    "--fault-rate", metavar="0..1", help="Share of requests that meet a fault."
-)]  # fmt: skip
-Faults = Annotated[str, option(
-    "--faults", metavar="KIND,...", help=f"Fault kinds to draw from, of {', '.join(FAULT_KINDS)}.",
-)]  # fmt: skip
-Quirks = Annotated[str, option(
-    "--quirks", metavar="QUIRK,...", show_default="none",
-    help=f"Provider quirks to imitate, of {', '.join(QUIRKS)}.",
-)]  # fmt: skip
-Retention = Annotated[float, option(
-    "--retention", metavar=SECONDS, help="How long a result file is kept after completion."
-)]  # fmt: skip
-LinkTtl = Annotated[Optional[float], option(  # noqa: UP045
-    "--link-ttl", metavar=SECONDS, show_default="the retention",
-    help="How long a result link handed out by a query stays valid (never past the retention).",
-)]  # fmt: skip
-ManualClock = Annotated[bool, option(
-    "--manual-clock", help="Time moves only by POST /_mock/advance?seconds=N."
-)]  # fmt: skip
-Latency = Annotated[float, option(
-    "--latency", metavar=SECONDS, help="Longest delay of the latency fault."
-)]  # fmt: skip
-RetryAfter = Annotated[int, option(
-    "--retry-after", metavar=SECONDS, help="Retry-After of injected 429s."
-)]  # fmt: skip
-IdempotencyTtl = Annotated[float, option(
-    "--idempotency-ttl", metavar=SECONDS, help="How long an idempotency key is remembered."
-)]  # fmt: skip
-ImageSize = Annotated[int, option(
-    "--image-size", metavar="PIXELS", help="Long side of result PNGs."
-)]  # fmt: skip
-FirstTaskId = Annotated[int, option(
-    "--first-task-id", metavar="N", help="Id of the first task; ids count up from it."
-)]  # fmt: skip
-ResultSize = Annotated[int, option(
-    "--result-size", metavar="BYTES", help="Pad result PNGs to at least this size (benchmarks)."
-)]  # fmt: skip
-SubmitLimit = Annotated[Optional[str], option(  # noqa: UP045
-    "--submit-limit", metavar="N/S", show_default="no limit",
-    help="At most N submits per API key in any S seconds, both surfaces.",
-)]  # fmt: skip
-QueryLimit = Annotated[Optional[str], option(  # noqa: UP045
-    "--query-limit", metavar="N/S", show_default="no limit",
-    help="At most N queries per API key in any S seconds, both surfaces.",
-)]  # fmt: skip
-Credits = Annotated[Optional[float], option(  # noqa: UP045
-    "--credits", metavar="N", show_default="no limit",
-    help="Every API key's balance of credits; a submit it cannot cover answers 402 "
-    "insufficient_credits and creates nothing (tasks cost 4, 8, 16 credits at 1k, 2k, 4k).",
-)]  # fmt: skip
-RequestTimeout = Annotated[float, option(
-    "--request-timeout", metavar=SECONDS,
-    help="How long a client has to send a whole request before it is cut off.",
-)]  # fmt: skip
+ApiKeys = Annotated[
+    Optional[list[str]],  # noqa: UP045 - Typer wants it on 3.10
+    option(
+        "--api-key",
+        metavar="KEY",
+        show_default="test-key",
+        help="An accepted API key (repeatable).",
+    ),
+]
+Seed = Annotated[
+    int,
+    option(
+        "--seed", metavar="N", help="Seed of every random choice (durations, failures, faults)."
+    ),
+]
+DurationMin = Annotated[
+    float, option("--duration-min", metavar=SECONDS, help="Shortest task duration.")
+]
+DurationMax = Annotated[
+    float, option("--duration-max", metavar=SECONDS, help="Longest task duration.")
+]
+FailureRate = Annotated[
+    float, option("--failure-rate", metavar="0..1", help="Share of tasks that end failed.")
+]
+FaultRate = Annotated[
+    float, option("--fault-rate", metavar="0..1", help="Share of requests that meet a fault.")
+]
+Faults = Annotated[
+    str,
+    option(
+        "--faults",
+        metavar="KIND,...",
+        help=f"Fault kinds to draw from, of {', '.join(FAULT_KINDS)}.",
+    ),
+]
+Quirks = Annotated[
+    str,
+    option(
+        "--quirks",
+        metavar="QUIRK,...",
+        show_default="none",
+        help=f"Provider quirks to imitate, of {', '.join(QUIRKS)}.",
+    ),
+]
+Retention = Annotated[
+    float,
+    option("--retention", metavar=SECONDS, help="How long a result file is kept after completion."),
+]
+LinkTtl = Annotated[
+    Optional[float],  # noqa: UP045
+    option(
+        "--link-ttl",
+        metavar=SECONDS,
+        show_default="the retention",
+        help="How long a result link handed out by a query stays valid (never past the retention).",
+    ),
+]
+ManualClock = Annotated[
+    bool, option("--manual-clock", help="Time moves only by POST /_mock/advance?seconds=N.")
+]
+Latency = Annotated[
+    float, option("--latency", metavar=SECONDS, help="Longest delay of the latency fault.")
+]
+RetryAfter = Annotated[
+    int, option("--retry-after", metavar=SECONDS, help="Retry-After of injected 429s.")
+]
+IdempotencyTtl = Annotated[
+    float,
+    option("--idempotency-ttl", metavar=SECONDS, help="How long an idempotency key is remembered."),
+]
+ImageSize = Annotated[
+    int, option("--image-size", metavar="PIXELS", help="Long side of result PNGs.")
+]
+FirstTaskId = Annotated[
+    int, option("--first-task-id", metavar="N", help="Id of the first task; ids count up from it.")
+]
+ResultSize = Annotated[
+    int,
+    option(
+        "--result-size", metavar="BYTES", help="Pad result PNGs to at least this size (benchmarks)."
+    ),
+]
+SubmitLimit = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--submit-limit",
+        metavar="N/S",
+        show_default="no limit",
+        help="At most N submits per API key in any S seconds, both surfaces.",
+    ),
+]
+QueryLimit = Annotated[
+    Optional[str],  # noqa: UP045
+    option(
+        "--query-limit",
+        metavar="N/S",
+        show_default="no limit",
+        help="At most N queries per API key in any S seconds, both surfaces.",
+    ),
+]
+Credits = Annotated[
+    Optional[float],  # noqa: UP045
+    option(
+        "--credits",
+        metavar="N",
+        show_default="no limit",
+        help="Every API key's balance of credits; a submit it cannot cover answers 402 "
+        "insufficient_credits and creates nothing (tasks cost 4, 8, 16 credits at 1k, 2k, 4k).",
+    ),
+]
+RequestTimeout = Annotated[
+    float,
+    option(
+        "--request-timeout",
+        metavar=SECONDS,
+        help="How long a client has to send a whole request before it is cut off.",
+    ),
+]
 
 
 def _listed(text: str) -> tuple[str, ...]:

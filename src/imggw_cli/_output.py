@@ -65,8 +65,16 @@ def unfinished_record(task_id: str, last: Task | None) -> dict[str, Any]:
     says nothing of failure)."""
     if last is not None:
         return task_record(last)
-    return {"task_id": task_id, "status": "running", "progress": None, "image_urls": [],
-            "error": None, "cost": None, "credits": None, "expires_at": None}  # fmt: skip
+    return {
+        "task_id": task_id,
+        "status": "running",
+        "progress": None,
+        "image_urls": [],
+        "error": None,
+        "cost": None,
+        "credits": None,
+        "expires_at": None,
+    }
 
 
 def submission_record(sub: Submission) -> dict[str, Any]:
@@ -152,10 +160,15 @@ class Output:
             def line(task: Task) -> None:
                 percent = "" if task.progress is None else f" {task.progress}%"
                 elapsed = time.monotonic() - started
-                self.note(f"task {task_id}: {task.status.value}{percent} ({elapsed:.1f}s)",
-                          event="progress", task_id=task_id, status=task.status.value,
-                          progress=task.progress, elapsed=round(elapsed, 1),
-                          spent=spent(task.credits, task.cost))  # fmt: skip
+                self.note(
+                    f"task {task_id}: {task.status.value}{percent} ({elapsed:.1f}s)",
+                    event="progress",
+                    task_id=task_id,
+                    status=task.status.value,
+                    progress=task.progress,
+                    elapsed=round(elapsed, 1),
+                    spent=spent(task.credits, task.cost),
+                )
 
             yield line
             return

@@ -62,8 +62,18 @@ def resend_command(
     the task it may have made instead of billing a second one. The prompt is never repeated."""
     aspect_ratio, resolution = request
     folder = ["-o", str(output)] if output is not None else []
-    words = ["--surface", surface, "--aspect-ratio", aspect_ratio, "--resolution", resolution,
-             "--idempotency-key", key, *folder, *_gateway(options)]  # fmt: skip
+    words = [
+        "--surface",
+        surface,
+        "--aspect-ratio",
+        aspect_ratio,
+        "--resolution",
+        resolution,
+        "--idempotency-key",
+        key,
+        *folder,
+        *_gateway(options),
+    ]
     return f"imggw {shlex.quote(command)} PROMPT {quoted(*words)}"
 
 

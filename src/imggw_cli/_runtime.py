@@ -89,8 +89,11 @@ def _target(options: Globals) -> tuple[dict[str, Any], dict[str, Any]]:
         # files from colliding with the last one's.
         first = time.time_ns() // 1_000_000 % 10**12
         gateway = MockGateway(first_task_id=first, **MOCK_SETTINGS)
-        settings.update(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
-                        poll=PollPolicy(initial_interval=0.2, max_interval=0.5))  # fmt: skip
+        settings.update(
+            api_key=gateway.config.api_keys[0],
+            base_url=IN_PROCESS_URL,
+            poll=PollPolicy(initial_interval=0.2, max_interval=0.5),
+        )
         http["transport"] = gateway.transport()
     return settings, http
 
@@ -134,9 +137,15 @@ class _Stderr(logging.Handler):
             if record.exc_info:
                 trace = logging.Formatter().formatException(record.exc_info)
             # task_id and line, when a logger passes them (``extra=``), as fields of their own
-            _stderr.say(record.getMessage(), level=record.levelname.lower(), event="log",
-                        logger=record.name, task_id=getattr(record, "task_id", None),
-                        line=getattr(record, "line", None), traceback=trace)  # fmt: skip
+            _stderr.say(
+                record.getMessage(),
+                level=record.levelname.lower(),
+                event="log",
+                logger=record.name,
+                task_id=getattr(record, "task_id", None),
+                line=getattr(record, "line", None),
+                traceback=trace,
+            )
         except Exception:
             self.handleError(record)
 
@@ -153,9 +162,11 @@ def setup_logging(options: Globals) -> None:
     # IMGGW_LOG=debug|info asks the SDK for its records on stderr: here the command writes
     # them itself (sanitized, in the chosen log format), at that level, never twice.
     asked = os.environ.get("IMGGW_LOG", "").strip().lower()
-    level = logging.DEBUG if options.verbose or asked == "debug" else (
-        logging.INFO if asked == "info" else logging.WARNING
-    )  # fmt: skip
+    level = (
+        logging.DEBUG
+        if options.verbose or asked == "debug"
+        else (logging.INFO if asked == "info" else logging.WARNING)
+    )
     handler = _Stderr(level)
     if level < logging.WARNING:
         handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -194,14 +205,25 @@ def _take_warnings(take: bool) -> None:
         warnings.showwarning = _shown.pop()
 
 
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:  # fmt: skip
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
     if file is not None or not _stderr.is_json():  # not stderr's, or no longer ours to write
         if _shown:
             _shown[0](message, category, filename, lineno, file, line)
         return
-    _stderr.say(f"{category.__name__}: {message}", level="warning", event="log",
-                logger=_WARNINGS, source=f"{filename}:{lineno}")  # fmt: skip
+    _stderr.say(
+        f"{category.__name__}: {message}",
+        level="warning",
+        event="log",
+        logger=_WARNINGS,
+        source=f"{filename}:{lineno}",
+    )
 
 
 def adopt(name: str) -> None:
@@ -260,8 +282,9 @@ def open_journal(options: Globals) -> Journal | bool:
         if os.environ.get(JOURNAL_ENV) is not None or err.code == JOURNAL_UNSAFE:
             raise
         text = f"warning: {safe(err.message)}; going on without a journal of this task"
-        _stderr.say(text + " (--no-journal silences this)", level="warning",
-                    event="journal_unusable")  # fmt: skip
+        _stderr.say(
+            text + " (--no-journal silences this)", level="warning", event="journal_unusable"
+        )
         return False
 
 
@@ -298,6 +321,7 @@ def journaled_surfaces(
             if entry.task_id in left:
                 seen.setdefault(entry.task_id, set()).add(entry.surface)
         # A journal row's surface is one of the spec's (a row with another is damaged, skipped).
-        found.update((task_id, cast("Surface", on.pop())) for task_id, on in seen.items()
-                     if len(on) == 1)  # fmt: skip
+        found.update(
+            (task_id, cast("Surface", on.pop())) for task_id, on in seen.items() if len(on) == 1
+        )
     return found

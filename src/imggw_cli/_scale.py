@@ -98,8 +98,14 @@ def run_shard(
     from ._batch_display import batch_display
     from ._runtime import make_async_client
 
-    spec = ShardSpec(source=source, dest=dest, index=index, count=count,
-                     options=BatchOptions.of(options), scratch=scratch)  # fmt: skip
+    spec = ShardSpec(
+        source=source,
+        dest=dest,
+        index=index,
+        count=count,
+        options=BatchOptions.of(options),
+        scratch=scratch,
+    )
 
     async def main() -> ShardReport:
         async with make_async_client(flags) as client:
@@ -120,9 +126,16 @@ def run_scaled(
 
     shard = modes.shard
     index, count = parse_shard(shard) if shard is not None else (1, 1)
-    report = run_shard(out, flags, source, dest, index=index, count=count,
-                       options={**options, "surface": flags.surface},
-                       scratch=modes.scratch)  # fmt: skip
+    report = run_shard(
+        out,
+        flags,
+        source,
+        dest,
+        index=index,
+        count=count,
+        options={**options, "surface": flags.surface},
+        scratch=modes.scratch,
+    )
     if shard is None:  # one process into a remote folder: the merge is ours to do
         code = merge(dest).exit_code
         print_manifest(flags, dest, MANIFEST_NAME)
@@ -183,8 +196,11 @@ def sharded_text(p: ShardedProgress) -> str:
     """One line of a sharded run's progress, for logs and scripts: ``dask: 12/24 lines
     finished (pending 6, running 6, succeeded 11, failed 1); shards 1/4 ended; 3.2 lines/s``."""
     counts = ", ".join(f"{state} {n}" for state, n in p.counts.items())
-    parts = [f"dask: {p.finished}/{p.total} lines finished ({counts})",
-             f"shards {p.shards_ended}/{p.shards} ended", _pace(p)]  # fmt: skip
+    parts = [
+        f"dask: {p.finished}/{p.total} lines finished ({counts})",
+        f"shards {p.shards_ended}/{p.shards} ended",
+        _pace(p),
+    ]
     if p.bad:
         parts.append(f"{p.bad} bad input line(s) skipped")
     return "; ".join(parts)
@@ -206,8 +222,11 @@ def sharded_view(p: ShardedProgress) -> Any:
     from rich.text import Text
 
     bar = Table.grid(padding=(0, 1))
-    bar.add_row("dask", ProgressBar(total=max(p.total, 1), completed=p.finished, width=40),
-                f"{p.finished}/{p.total} lines  {_pace(p)}")  # fmt: skip
+    bar.add_row(
+        "dask",
+        ProgressBar(total=max(p.total, 1), completed=p.finished, width=40),
+        f"{p.finished}/{p.total} lines  {_pace(p)}",
+    )
     counts = "  ".join(f"{state} {n}" for state, n in p.counts.items())
     shards = f"shards {p.shards_ended}/{p.shards} ended  elapsed {span(p.elapsed)}"
     return Group(bar, Text(f"{counts}  {shards}"))
@@ -230,12 +249,19 @@ def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] |
             now, state = time.monotonic(), (progress.counts, progress.shards_ended)
             if state != shown or now - shown_at >= QUIET_FOR:
                 shown, shown_at = state, now
-                out.note(sharded_text(progress), event="batch_progress", engine="dask",
-                         finished=progress.finished, total=progress.total,
-                         counts=dict(progress.counts), bad=progress.bad or None,
-                         shards=progress.shards, shards_ended=progress.shards_ended,
-                         throughput=round(progress.throughput, 3),
-                         elapsed=round(progress.elapsed, 1))  # fmt: skip
+                out.note(
+                    sharded_text(progress),
+                    event="batch_progress",
+                    engine="dask",
+                    finished=progress.finished,
+                    total=progress.total,
+                    counts=dict(progress.counts),
+                    bad=progress.bad or None,
+                    shards=progress.shards,
+                    shards_ended=progress.shards_ended,
+                    throughput=round(progress.throughput, 3),
+                    elapsed=round(progress.elapsed, 1),
+                )
 
         yield line
         return
@@ -260,8 +286,9 @@ def run_engine(
     except ModuleNotFoundError as exc:
         if exc.name not in DASK_MODULES:
             raise
-        out.error("--engine dask needs Dask: pip install 'imggw[dask]'",
-                  exit_code=_exit.AUTH_OR_CONFIG)  # fmt: skip
+        out.error(
+            "--engine dask needs Dask: pip install 'imggw[dask]'", exit_code=_exit.AUTH_OR_CONFIG
+        )
         raise typer.Exit(_exit.AUTH_OR_CONFIG) from None
 
     # --base-url reads IMGGW_BASE_URL itself (its envvar): flags.base_url has it already.
@@ -281,23 +308,40 @@ def run_engine(
         if outcome.report is not None:
             per_state = {str(s): n for s, n in sorted(outcome.report.counts.items())}
             counts = ", ".join(f"{n} {s}" for s, n in per_state.items())
-            out.note(f"shard {outcome.name} ended{tries}: {counts}", event="shard_ended",
-                     shard=outcome.name, attempts=outcome.attempts, counts=per_state)  # fmt: skip
+            out.note(
+                f"shard {outcome.name} ended{tries}: {counts}",
+                event="shard_ended",
+                shard=outcome.name,
+                attempts=outcome.attempts,
+                counts=per_state,
+            )
         else:
             from imggw_client.text import printable
 
             why = printable(str(outcome.error))
-            out.warn(f"shard {outcome.name} failed{tries}: {why}", event="shard_failed",
-                     shard=outcome.name, attempts=outcome.attempts)  # fmt: skip
+            out.warn(
+                f"shard {outcome.name} failed{tries}: {why}",
+                event="shard_failed",
+                shard=outcome.name,
+                attempts=outcome.attempts,
+            )
 
     with sharded_display(out) as on_progress:
         report = anyio.run(
             lambda: arun_sharded(
-                source, dest, address=modes.address, workers=modes.workers, client=client,
-                rate_limit=flags.rate_limit, on_shard=on_shard, on_progress=on_progress,
-                progress_every=PROGRESS_EVERY, **engine_options, **options,
+                source,
+                dest,
+                address=modes.address,
+                workers=modes.workers,
+                client=client,
+                rate_limit=flags.rate_limit,
+                on_shard=on_shard,
+                on_progress=on_progress,
+                progress_every=PROGRESS_EVERY,
+                **engine_options,
+                **options,
             )
-        )  # fmt: skip
+        )
     print_manifest(flags, dest, MANIFEST_NAME)
     if not out.quiet:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(report.merged.counts.items()))
@@ -314,8 +358,11 @@ def run_engine(
         )
         _changed(out, report.changed_lines)
     for failed in report.failed_shards:
-        out.warn(f"shard {failed.name} kept failing; run the same command again to resume it",
-                 event="shard_failed", shard=failed.name)  # fmt: skip
+        out.warn(
+            f"shard {failed.name} kept failing; run the same command again to resume it",
+            event="shard_failed",
+            shard=failed.name,
+        )
     _stopped(out, report.stopped_by, report.stop_reason)
     if report.exit_code == 3 and not report.failed_shards:
         out.note("some lines are unfinished: run the same command again to resume them")
@@ -343,9 +390,12 @@ def merge_command(out: Output, flags: Globals, dest: str, title: str | None) -> 
     report = merge(dest, title=title)
     print_manifest(flags, dest, MANIFEST_NAME)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts.items()))
-    out.note(f"merged {len(report.shards)} shard(s): {counts or 'no lines'}", event="merged",
-             shards=len(report.shards),
-             counts={str(s): n for s, n in sorted(report.counts.items())})  # fmt: skip
+    out.note(
+        f"merged {len(report.shards)} shard(s): {counts or 'no lines'}",
+        event="merged",
+        shards=len(report.shards),
+        counts={str(s): n for s, n in sorted(report.counts.items())},
+    )
     return report.exit_code
 
 
@@ -363,12 +413,17 @@ def status_command(out: Output, flags: Globals, dest: str) -> int:
         line += f"; shards: {ended} of {len(st.shards)} ended at least once"
     cost = "unknown" if st.spent.cost is None else f"{st.spent.cost:g}"
     lines = [line, f"spent: {st.spent.credits or 0:g} credits, cost {cost}"]
-    held = {True: "yes: a run holds the folder now", False: "no run holds the folder now",
-            None: "unknown (a remote folder)"}[st.active]  # fmt: skip
+    held = {
+        True: "yes: a run holds the folder now",
+        False: "no run holds the folder now",
+        None: "unknown (a remote folder)",
+    }[st.active]
     lines.append(f"active: {held}")
     if st.soonest_expiry is not None:
-        lines.append(f"soonest expiry of a result not saved yet: {st.soonest_expiry} "
-                     "(run the batch again before then)")  # fmt: skip
+        lines.append(
+            f"soonest expiry of a result not saved yet: {st.soonest_expiry} "
+            "(run the batch again before then)"
+        )
     if st.stopped_by is not None:
         lines.append(f"stopped by: {st.stopped_by} (raise the limit, or top up, and run again)")
     resume = _next_run(dest, st)

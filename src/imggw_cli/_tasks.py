@@ -47,9 +47,10 @@ AspectRatio = Annotated[
 ]
 Resolution = Annotated[
     ResolutionChoice,
-    typer.Option("--resolution", "-r", case_sensitive=False,
-                 help=f"Resolution ({rules.COMBINATIONS_TEXT})."),
-]  # fmt: skip
+    typer.Option(
+        "--resolution", "-r", case_sensitive=False, help=f"Resolution ({rules.COMBINATIONS_TEXT})."
+    ),
+]
 Timeout = Annotated[
     float,
     typer.Option("--timeout", "-t", min=0, help="Seconds to wait; the task goes on after it."),
@@ -72,9 +73,12 @@ def _submit(
     can name it), and its task tracked once known."""
     sent = tracked.submitting(key, aspect_ratio, resolution)
     # Typer's choices hold them to the rules' values: the SDK's Literal types, as text.
-    sub = client.submit(prompt, aspect_ratio=cast("imggw_client.AspectRatio", aspect_ratio),
-                        resolution=cast("imggw_client.Resolution", resolution),
-                        idempotency_key=sent)  # fmt: skip
+    sub = client.submit(
+        prompt,
+        aspect_ratio=cast("imggw_client.AspectRatio", aspect_ratio),
+        resolution=cast("imggw_client.Resolution", resolution),
+        idempotency_key=sent,
+    )
     tracked.id = sub.task_id
     return sub
 
@@ -101,16 +105,21 @@ def generate(
         ready_folder(output, out, room=RESULT_ROOM[resolution.value])
         # One imggw.generate span, its download included (DESIGN 17), when telemetry records.
         with make_client(current(), journal=True) as client, client.generation():
-            sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
-                          idempotency_key)  # fmt: skip
+            sub = _submit(
+                client, tracked, prompt, aspect_ratio.value, resolution.value, idempotency_key
+            )
             with out.progress(sub.task_id) as on_update:
                 task = client.wait(sub, wait_timeout=timeout, on_update=on_update)
             # An absolute folder: the journal keeps where the files are, wherever the next
             # command is run from (imggw tasks lists them).
             files = client.download(task, output.absolute(), overwrite=overwrite)
         if task.expires_at is not None:
-            out.note(links_expire(task.expires_at), event="links_expire", task_id=task.id,
-                     expires_at=iso_utc(task.expires_at))  # fmt: skip
+            out.note(
+                links_expire(task.expires_at),
+                event="links_expire",
+                task_id=task.id,
+                expires_at=iso_utc(task.expires_at),
+            )
         out.data(task_record(task, files), [str(f.path) for f in files])
 
 
@@ -131,8 +140,9 @@ def submit(
     with session(tracked) as out:
         prompt = resolve_prompt(prompt, out)
         with make_client(current(), journal=True) as client:
-            sub = _submit(client, tracked, prompt, aspect_ratio.value, resolution.value,
-                          idempotency_key)  # fmt: skip
+            sub = _submit(
+                client, tracked, prompt, aspect_ratio.value, resolution.value, idempotency_key
+            )
         record = submission_record(sub)
         # -q says no more than a script needs (as docker run -q): the id, which the journal
         # keeps with its key (imggw tasks).
@@ -159,8 +169,9 @@ def _poll(task_id: str, timeout: float) -> None:
     with session(tracked) as out, make_client(current(), journal=True) as client:
         tracked.surface = journaled_surfaces(client, current(), [task_id]).get(task_id)
         with out.progress(task_id) as on_update:
-            task = client.wait(task_id, surface=tracked.surface, wait_timeout=timeout,
-                               on_update=on_update)  # fmt: skip
+            task = client.wait(
+                task_id, surface=tracked.surface, wait_timeout=timeout, on_update=on_update
+            )
         out.data(task_record(task), task_lines(task))
 
 

@@ -531,9 +531,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """A journaled submit of unknown outcome sent again with its key: its submission, or
         None when it did not get back (logged; its row stays, or goes when refused)."""
         lost = UnknownOutcomeError(
-            "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
-            request=entry.request, surface=entry.surface,
-        )  # fmt: skip
+            "a journaled submit's outcome is unknown",
+            idempotency_key=entry.idempotency_key,
+            request=entry.request,
+            surface=entry.surface,
+        )
         try:
             return await self.submit(lost)
         except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
@@ -651,9 +653,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             await service.release(ticket)
         else:
             await service.finished(
-                ticket, limited=action.limited, retry_after=action.retry_after,
+                ticket,
+                limited=action.limited,
+                retry_after=action.retry_after,
                 backoff=action.backoff,
-            )  # fmt: skip
+            )
         return None
 
     async def _send(self, send: wire.Send) -> wire.Reply | wire.TransportFailure:

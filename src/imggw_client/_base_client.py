@@ -476,10 +476,17 @@ class BaseClient(Generic[H]):
             other = client.with_options(api_key=os.environ["OTHER_KEY"])   # its own budget
         """
         settings = updated(
-            self._settings, api_key=api_key, base_url=base_url, surface=surface,
-            default_headers=default_headers, timeout=timeout, max_retries=max_retries,
-            retry=retry, poll=poll, idempotency_window=idempotency_window,
-        )  # fmt: skip
+            self._settings,
+            api_key=api_key,
+            base_url=base_url,
+            surface=surface,
+            default_headers=default_headers,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry=retry,
+            poll=poll,
+            idempotency_window=idempotency_window,
+        )
         elsewhere = (settings.api_key, settings.base_url) != (
             self._settings.api_key,
             self._settings.base_url,
@@ -599,8 +606,9 @@ def wait_deadline(wait_timeout: float, timeout: float | None) -> float:
 
 def log_resend(key: str, err: BaseException) -> None:
     """A journaled submit ``unfinished`` sent again and did not get back."""
-    log.warning("a journaled submit (idempotency key %s) was not resumed: %s",
-                printable(key, 255), err)  # fmt: skip
+    log.warning(
+        "a journaled submit (idempotency key %s) was not resumed: %s", printable(key, 255), err
+    )
 
 
 def log_forgotten(entry: JournalEntry, window: float) -> None:
@@ -613,8 +621,11 @@ def log_forgotten(entry: JournalEntry, window: float) -> None:
         "than the gateway remembers keys (idempotency_window=%gs): sending it again could bill "
         "a second task, so it was not sent; it stays in the journal. To send it anyway, "
         "call unfinished(resend_expired_keys=True)",
-        printable(entry.idempotency_key, 255), printable(entry.surface, 20), when, window,
-    )  # fmt: skip
+        printable(entry.idempotency_key, 255),
+        printable(entry.surface, 20),
+        when,
+        window,
+    )
 
 
 def journaled(entry: JournalEntry) -> Submission | None:
@@ -622,13 +633,20 @@ def journaled(entry: JournalEntry) -> Submission | None:
     cannot be one: one bad row is not every row's end."""
     assert entry.task_id is not None
     try:
-        return Submission(task_id=entry.task_id, surface=check_surface(entry.surface),
-                          idempotency_key=entry.idempotency_key,
-                          resolution=entry.request.resolution,
-                          submitted_at=entry.submitted_at, request=entry.request)  # fmt: skip
+        return Submission(
+            task_id=entry.task_id,
+            surface=check_surface(entry.surface),
+            idempotency_key=entry.idempotency_key,
+            resolution=entry.request.resolution,
+            submitted_at=entry.submitted_at,
+            request=entry.request,
+        )
     except (ImggwError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-        log.warning("a journal row (idempotency key %s) cannot be resumed: %s",
-                    printable(entry.idempotency_key, 255), type(err).__name__)  # fmt: skip
+        log.warning(
+            "a journal row (idempotency key %s) cannot be resumed: %s",
+            printable(entry.idempotency_key, 255),
+            type(err).__name__,
+        )
         return None
 
 
@@ -649,8 +667,9 @@ def open_journal(journal: object, *, defer: bool = False) -> tuple[Journal | Non
         return journal, False
     if isinstance(journal, (str, os.PathLike)) and os.fspath(journal):
         return (Journal._deferred(journal) if defer else Journal(journal)), True
-    raise ConfigurationError("journal must be a Journal, a path, False or None",
-                             code="journal_unusable")  # fmt: skip
+    raise ConfigurationError(
+        "journal must be a Journal, a path, False or None", code="journal_unusable"
+    )
 
 
 def _require_transport(transport: object, expected: type[Any]) -> None:

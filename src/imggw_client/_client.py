@@ -527,9 +527,11 @@ class Client(BaseClient[httpx.Client]):
         """A journaled submit of unknown outcome sent again with its key: its submission, or
         None when it did not get back (logged; its row stays, or goes when refused)."""
         lost = UnknownOutcomeError(
-            "a journaled submit's outcome is unknown", idempotency_key=entry.idempotency_key,
-            request=entry.request, surface=entry.surface,
-        )  # fmt: skip
+            "a journaled submit's outcome is unknown",
+            idempotency_key=entry.idempotency_key,
+            request=entry.request,
+            surface=entry.surface,
+        )
         try:
             return self.submit(lost)
         except ImggwError as err:  # still unanswered: kept; refused: the journal drops it
@@ -645,9 +647,11 @@ class Client(BaseClient[httpx.Client]):
             service.release(ticket)
         else:
             service.finished(
-                ticket, limited=action.limited, retry_after=action.retry_after,
+                ticket,
+                limited=action.limited,
+                retry_after=action.retry_after,
                 backoff=action.backoff,
-            )  # fmt: skip
+            )
         return None
 
     def _send(self, send: wire.Send) -> wire.Reply | wire.TransportFailure:

@@ -64,8 +64,9 @@ class _Shared:
         self.fallback = Fallback(limit, self.label)
         # The slow fingerprint, worked out once per client (its copies share this budget).
         fingerprint = key_fingerprint(settings.api_key)
-        lanes = {kind: shared.lane_key(fingerprint, settings.base_url, kind)
-                 for kind in (SUBMIT, QUERY)}  # fmt: skip
+        lanes = {
+            kind: shared.lane_key(fingerprint, settings.base_url, kind) for kind in (SUBMIT, QUERY)
+        }
         # Each lane, and its requests in flight (the start window's, DESIGN 20).
         self.keys = {kind: [lane, shared.flying_key(lane)] for kind, lane in lanes.items()}
         self.timeout = min(settings.timeout, shared.STORE_TIMEOUT)
@@ -156,8 +157,11 @@ class _Shared:
     def renewals(self) -> list[tuple[str, list[str]]]:
         """The renew script's calls for the leases held now: (kind, arguments)."""
         with self._lock:
-            return [(kind, [repr(shared.LEASE), *tokens]) for kind, tokens in self.held.items()
-                    if tokens]  # fmt: skip
+            return [
+                (kind, [repr(shared.LEASE), *tokens])
+                for kind, tokens in self.held.items()
+                if tokens
+            ]
 
     def _hold(self, ticket: StoreTicket, holding: bool) -> bool:
         """Notes a request in flight (or no more); True if it is the first one held."""
@@ -236,8 +240,9 @@ class AsyncStoreBudget(_Shared):
             while True:
                 name, args = steps.send(answer)
                 # The socket timeouts bound each read; this bounds the whole call.
-                answer = await asyncio.wait_for(scripts[name](keys=self.keys[kind], args=args),
-                                                self.timeout)  # fmt: skip
+                answer = await asyncio.wait_for(
+                    scripts[name](keys=self.keys[kind], args=args), self.timeout
+                )
         except StopIteration as end:
             return end.value
         except Exception as exc:
@@ -315,8 +320,9 @@ class StoreBudget(_Shared):
         from redis.retry import Retry
 
         self._store = redis.Redis.from_url(self.url, **self.options(Retry))
-        self._scripts = {name: self._store.register_script(body)
-                         for name, body in shared.SCRIPTS.items()}  # fmt: skip
+        self._scripts = {
+            name: self._store.register_script(body) for name, body in shared.SCRIPTS.items()
+        }
         self._renewer: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -365,8 +371,9 @@ class StoreBudget(_Shared):
         with self._lock:
             if self._renewer is not None and self._renewer.is_alive():
                 return
-            self._renewer = threading.Thread(target=self._renew, name="imggw-rate-lease",
-                                             daemon=True)  # fmt: skip
+            self._renewer = threading.Thread(
+                target=self._renew, name="imggw-rate-lease", daemon=True
+            )
             self._renewer.start()
 
     def _renew(self) -> None:

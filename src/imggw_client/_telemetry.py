@@ -45,8 +45,18 @@ else:
     _proxy_meters = getattr(_metrics_internal, "_ProxyMeterProvider", None)
     _UNSET = (_trace.ProxyTracerProvider, *((_proxy_meters,) if _proxy_meters else ()))
 
-__all__ = ["ENABLED", "NULL", "Operation", "Watch", "active", "current", "group",
-           "line_span", "operation", "resumed"]  # fmt: skip
+__all__ = [
+    "ENABLED",
+    "NULL",
+    "Operation",
+    "Watch",
+    "active",
+    "current",
+    "group",
+    "line_span",
+    "operation",
+    "resumed",
+]
 
 NAME = "imggw_client"
 
@@ -58,21 +68,27 @@ class _Instruments:
     def __init__(self) -> None:
         meter = _metrics.get_meter(NAME, __version__)
         self.requests = meter.create_counter(
-            "imggw.requests", unit="{request}", description="Requests sent to the gateway, and "
+            "imggw.requests",
+            unit="{request}",
+            description="Requests sent to the gateway, and "
             "result downloads, by kind (submit, query, download) and outcome",
-        )  # fmt: skip
+        )
         self.rate_limited = meter.create_counter(
-            "imggw.rate_limited", unit="{request}", description="Requests the gateway "
-            "answered with a 429 (rate limited), by kind",
-        )  # fmt: skip
+            "imggw.rate_limited",
+            unit="{request}",
+            description="Requests the gateway answered with a 429 (rate limited), by kind",
+        )
         self.task_duration = meter.create_histogram(
-            "imggw.task.duration", unit="s", description="From a task's submit to the "
+            "imggw.task.duration",
+            unit="s",
+            description="From a task's submit to the "
             "terminal state a wait saw, by surface and status",
-        )  # fmt: skip
+        )
         self.budget_wait = meter.create_histogram(
-            "imggw.budget.wait", unit="s", description="Seconds one request waited for the "
-            "client's request budget, by kind",
-        )  # fmt: skip
+            "imggw.budget.wait",
+            unit="s",
+            description="Seconds one request waited for the client's request budget, by kind",
+        )
         self.polls = meter.create_counter(
             "imggw.polls", unit="{query}", description="Queries sent by waits, by surface"
         )

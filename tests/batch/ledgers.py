@@ -18,11 +18,17 @@ from imggw_client.batch._states import UNKNOWN
 def row(line: int, state: State = UNKNOWN, *, resolution: str = "1k", **kw: Any) -> Row:
     """A generate line's row (``kw`` sets any other column)."""
     values: dict[str, Any] = {
-        "identity": f"line:{line}", "line": line, "caller_id": None, "kind": GENERATE,
-        "digest": f"digest-{line}", "surface": "beta", "idempotency_key": f"key-{line}",
-        "task_id": None, "state": state,
+        "identity": f"line:{line}",
+        "line": line,
+        "caller_id": None,
+        "kind": GENERATE,
+        "digest": f"digest-{line}",
+        "surface": "beta",
+        "idempotency_key": f"key-{line}",
+        "task_id": None,
+        "state": state,
         "fields": {"prompt": f"p{line}", "aspect_ratio": "auto", "resolution": resolution},
-    }  # fmt: skip
+    }
     values.update(kw)
     return Row(**values)
 

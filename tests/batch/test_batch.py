@@ -25,8 +25,10 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 from imggw_client.mock._gateway import MockResponse
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def gateway(**kw: Any) -> MockGateway:
@@ -54,8 +56,11 @@ def posts(gw: MockGateway) -> int:
 
 def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -> None:
     gw = gateway()
-    source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}", "aspect_ratio": "16:9"} for i in range(20)],
-                   extra="\n# a comment\n   \n")  # fmt: skip
+    source = jsonl(
+        tmp_path / "in.jsonl",
+        [{"prompt": f"p{i}", "aspect_ratio": "16:9"} for i in range(20)],
+        extra="\n# a comment\n   \n",
+    )
     report = batch(gw, source, tmp_path / "out", concurrency=4)
     assert report.exit_code == 0
     assert report.counts == {"saved": 20}
@@ -65,8 +70,16 @@ def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -
     assert [r["line"] for r in records] == list(range(1, 21))
     for record in records:
         pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7
-        added = {"id", "surface", "prompt", "aspect_ratio", "resolution", "cost", "credits",
-                 "expires_at"}  # fmt: skip
+        added = {
+            "id",
+            "surface",
+            "prompt",
+            "aspect_ratio",
+            "resolution",
+            "cost",
+            "credits",
+            "expires_at",
+        }
         assert set(record) == pinned | added
         assert record["status"] == "succeeded"
         assert record["prompt"] == f"p{record['line'] - 1}"
@@ -111,8 +124,12 @@ def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
     with pytest.raises(BatchInputError) as info:
         batch(gw, source, tmp_path / "out")
     assert [(b.line, b.reason.split(" ")[0]) for b in info.value.bad_lines] == [
-        (2, "not"), (3, "resolution:"), (4, "unknown"), (5, "prompt"), (7, "id"),
-    ]  # fmt: skip
+        (2, "not"),
+        (3, "resolution:"),
+        (4, "unknown"),
+        (5, "prompt"),
+        (7, "id"),
+    ]
     assert "line 2" in str(info.value)
     assert gw.stats()["requests"] == {}  # nothing was sent
     report = batch(gw, source, tmp_path / "out", skip_bad_lines=True)
@@ -164,8 +181,14 @@ def test_a_changed_input_is_refused_unless_allowed_then_changed_lines_are_new_re
     jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "a dog", "id": "b"}])
     before = {r["id"]: r for r in manifest(batch(gw, source, tmp_path / "out"))}
     # "b" changes its prompt; a new line is inserted before it (ids keep rows matched).
-    jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "new", "id": "c"},
-                   {"prompt": "a wolf", "id": "b"}])  # fmt: skip
+    jsonl(
+        source,
+        [
+            {"prompt": "a cat", "id": "a"},
+            {"prompt": "new", "id": "c"},
+            {"prompt": "a wolf", "id": "b"},
+        ],
+    )
     sent = gw.stats()["requests"]
     with pytest.raises(InputChangedError) as info:  # nothing is paid for without consent
         batch(gw, source, tmp_path / "out")
@@ -286,16 +309,18 @@ def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(AsyncClient, "wait", broken)
         patch.setattr(AsyncClient, "submit", spy)
-        report = run_batch(source, tmp_path / "out",
-                           client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
+        report = run_batch(
+            source, tmp_path / "out", client_factory=lambda: gw.async_client(api_key=key, **FAST)
+        )
     assert report.exit_code == 3  # unfinished: run again
     assert report.counts == {"saved": 5, "running": 1}
     (logged,) = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage()]
     assert "unexpected RuntimeError at test_batch.py:" in logged
     assert "stays unfinished for the next run" in logged
     assert key not in caplog.text
-    again = run_batch(source, tmp_path / "out",
-                      client_factory=lambda: gw.async_client(api_key=key, **FAST))  # fmt: skip
+    again = run_batch(
+        source, tmp_path / "out", client_factory=lambda: gw.async_client(api_key=key, **FAST)
+    )
     assert again.counts == {"saved": 6}
     assert gw.stats()["tasks_created"] == 6
 

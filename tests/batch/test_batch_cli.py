@@ -44,8 +44,16 @@ def test_batch_json_writes_the_manifest_records_on_stdout(
         records = [json.loads(line) for line in out.splitlines()]
         assert [r["line"] for r in records] == [1, 2, 4]
         pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7, then ours
-        added = {"id", "surface", "prompt", "aspect_ratio", "resolution", "cost", "credits",
-                 "expires_at"}  # fmt: skip
+        added = {
+            "id",
+            "surface",
+            "prompt",
+            "aspect_ratio",
+            "resolution",
+            "cost",
+            "credits",
+            "expires_at",
+        }
         assert all(set(r) == pinned | added for r in records)
         assert [r["prompt"] for r in records] == ["a cat", "a dog", "a fox"]
         assert "batch summary" in err  # the summary goes to stderr
@@ -99,8 +107,18 @@ def test_a_second_process_is_refused_with_a_clear_message(tmp_path: Path) -> Non
         "IMGGW_API_KEY": KEY,
     }
     with gw.serve() as url:
-        command = [sys.executable, "-m", "imggw_cli", "batch", str(source), "-o", str(tmp_path / "out"),
-                   "--base-url", url, "-q"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "imggw_cli",
+            "batch",
+            str(source),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "-q",
+        ]
         first = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )

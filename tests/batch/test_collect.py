@@ -24,13 +24,16 @@ from ..conftest import PNG
 from ..loopback import serve_asgi
 
 KEY = "sk-collect-key-0042"
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def imggw(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args), env={"IMGGW_API_KEY": KEY, "IMGGW_BASE_URL": None},
-                                input=stdin)  # fmt: skip
+    result = CliRunner().invoke(
+        app, list(args), env={"IMGGW_API_KEY": KEY, "IMGGW_BASE_URL": None}, input=stdin
+    )
     assert KEY not in result.stdout + result.stderr
     return result.exit_code, result.stdout, result.stderr
 
@@ -80,8 +83,9 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
     submitted = submit_json(url, ["a cat", "a dog", "a fox"])
     created = gateway.stats()["tasks_created"]
     out = tmp_path / "out"
-    code, stdout, err = imggw("download", "--from", "-", "--wait", "-o", str(out),
-                              "--base-url", url, stdin=submitted)  # fmt: skip
+    code, stdout, err = imggw(
+        "download", "--from", "-", "--wait", "-o", str(out), "--base-url", url, stdin=submitted
+    )
     assert code == 0, err
     assert stdout.strip() == str(out / "manifest.jsonl")
     assert gateway.stats()["tasks_created"] == created  # collected, never submitted
@@ -94,8 +98,9 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
         assert (out / file["path"]).stat().st_size == file["size"]
         assert record["status"] == "succeeded"
     fetched = results_fetched(gateway)
-    code, _, _ = imggw("download", "--from", "-", "--wait", "-o", str(out), "--base-url", url,
-                       stdin=submitted)  # fmt: skip
+    code, _, _ = imggw(
+        "download", "--from", "-", "--wait", "-o", str(out), "--base-url", url, stdin=submitted
+    )
     assert code == 0
     assert results_fetched(gateway) == fetched  # a rerun saves nothing twice
     assert manifest(out) == records
@@ -107,13 +112,22 @@ def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
 ) -> None:
     mixed = submit_json(url, ["a cat"]) + submit_json(url, ["a dog"], "--surface", "alpha")
     first = tmp_path / "first"
-    code, _, err = imggw("download", "--from", "-", "--wait", "-o", str(first), "--base-url", url,
-                         stdin=mixed)  # fmt: skip
+    code, _, err = imggw(
+        "download", "--from", "-", "--wait", "-o", str(first), "--base-url", url, stdin=mixed
+    )
     assert code == 0, err
     assert [r["surface"] for r in manifest(first)] == ["beta", "alpha"]
     again = tmp_path / "again"  # the manifest of one collect is the input of the next
-    code, _, err = imggw("download", "--from", str(first / "manifest.jsonl"), "--wait",
-                         "-o", str(again), "--base-url", url)  # fmt: skip
+    code, _, err = imggw(
+        "download",
+        "--from",
+        str(first / "manifest.jsonl"),
+        "--wait",
+        "-o",
+        str(again),
+        "--base-url",
+        url,
+    )
     assert code == 0, err
     assert [r["files"][0]["sha256"] for r in manifest(again)] == [
         r["files"][0]["sha256"] for r in manifest(first)
@@ -129,8 +143,17 @@ def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
     beta = json.loads(submit_json(url, ["a dog"]))
     assert alpha["task_id"] == beta["task_id"]
     out = tmp_path / "out"
-    code, _, err = imggw("download", "--from", "-", "--wait", "-o", str(out), "--base-url", url,
-                         stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n")  # fmt: skip
+    code, _, err = imggw(
+        "download",
+        "--from",
+        "-",
+        "--wait",
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n",
+    )
     assert code == 0, err
     records = manifest(out)
     names = [r["files"][0]["path"] for r in records]
@@ -160,8 +183,9 @@ def test_a_bad_line_stops_the_run_before_anything_is_sent(
 ) -> None:
     source = tmp_path / "ids.txt"
     source.write_text(f"1\n{line}\n")
-    code, _, err = imggw("download", "--from", str(source), "-o", str(tmp_path / "out"),
-                         "--base-url", url)  # fmt: skip
+    code, _, err = imggw(
+        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", url
+    )
     assert code == 2
     assert "line 2:" in err
     assert reason in err
@@ -176,8 +200,17 @@ def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
     source = tmp_path / "ids.txt"
     source.write_text(f"{ids[0]}\n0123\n999999\n")
     out = tmp_path / "out"
-    code, _, err = imggw("download", "--from", str(source), "--wait", "--skip-bad-lines",
-                         "-o", str(out), "--base-url", url)  # fmt: skip
+    code, _, err = imggw(
+        "download",
+        "--from",
+        str(source),
+        "--wait",
+        "--skip-bad-lines",
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+    )
     assert code == 1, err  # some lines failed; the run went on
     records = {r["line"]: r for r in manifest(out)}
     assert records[1]["status"] == "succeeded"
@@ -196,8 +229,9 @@ def test_without_wait_unfinished_tasks_are_reported_and_the_rest_saved(
             running = client.submit("slow").task_id
         source = tmp_path / "ids.txt"
         source.write_text(f"{running}\n")
-        code, _, err = imggw("download", "--from", str(source), "-o", str(tmp_path / "out"),
-                             "--base-url", slow_url)  # fmt: skip
+        code, _, err = imggw(
+            "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", slow_url
+        )
     assert code == 3, err
     (record,) = manifest(tmp_path / "out")
     assert record["status"] == "running"
@@ -208,15 +242,20 @@ def test_a_batch_resumed_after_its_links_died_saves_every_file_through_fresh_lin
     tmp_path: Path,
 ) -> None:
     clock = Clock()
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, link_ttl=60,
-                     retention=86_400, clock=clock)  # fmt: skip
+    gw = MockGateway(
+        api_keys=[KEY],
+        duration_min=0.02,
+        duration_max=0.05,
+        link_ttl=60,
+        retention=86_400,
+        clock=clock,
+    )
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(4)))
     with gw.serve() as base_url:
 
         def batch() -> Any:
-            return run_batch(source, tmp_path / "out",
-                             client_factory=lambda: _client(base_url))  # fmt: skip
+            return run_batch(source, tmp_path / "out", client_factory=lambda: _client(base_url))
 
         first = batch()
         assert first.exit_code == 0
@@ -267,15 +306,21 @@ def test_finished_tasks_are_downloaded_soonest_expiry_first(tmp_path: Path) -> N
             image = {"url": [f"http://{host}/results/{task_id}.png"], "expires_at": expiry[task_id]}
             record = {"id": task_id, "status": "completed", "result": {"images": [image]}}
             body, kind = json.dumps({"code": 200, "data": record}).encode(), b"application/json"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     source = tmp_path / "ids.txt"
     source.write_text("".join(f"{i}\n" for i in expiry))
     with serve_asgi(gateway_app) as base_url:
-        report = collect_tasks(source, tmp_path / "out", concurrency=1,
-                               client_factory=lambda: _client(base_url))  # fmt: skip
+        report = collect_tasks(
+            source, tmp_path / "out", concurrency=1, client_factory=lambda: _client(base_url)
+        )
     assert report.counts == {"saved": 10}
     assert len(fetched) == 10
     later = fetched[1:]  # the first may start before the others are queued
@@ -289,8 +334,9 @@ def test_a_task_named_twice_with_and_without_its_surface_is_one_line(
     source = tmp_path / "ids.jsonl"
     # "beta" is the default surface: both lines name one task, which is saved once.
     source.write_text(f'{ids[0]}\n{{"task_id": "{ids[0]}", "surface": "beta"}}\n')
-    code, _, err = imggw("download", "--from", str(source), "-o", str(tmp_path / "out"),
-                         "--base-url", url)  # fmt: skip
+    code, _, err = imggw(
+        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", url
+    )
     assert code == 2, err
     assert "line 2: task repeats an earlier line" in err
     assert results_fetched(gateway) == 0
@@ -310,8 +356,9 @@ def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
     said: list[str] = []
 
     def collect(*more: str) -> int:
-        code, stdout, err = imggw("download", "--from", str(tasks), "--wait", "-o", str(out),
-                                  "--base-url", url, *more)  # fmt: skip
+        code, stdout, err = imggw(
+            "download", "--from", str(tasks), "--wait", "-o", str(out), "--base-url", url, *more
+        )
         said.append(stdout + err)
         assert code == 0, err
         return code

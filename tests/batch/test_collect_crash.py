@@ -45,17 +45,36 @@ def test_a_collect_killed_mid_download_loses_nothing_and_saves_nothing_twice(
     source = tmp_path / "ids.txt"
     source.write_text("".join(f"{task_id}\n" for task_id in ids))
     out = tmp_path / "out"
-    command = [*IMGGW, "download", "--from", str(source), "--wait", "-o", str(out),
-               "--base-url", url, "-c", "4", "-q"]  # fmt: skip
+    command = [
+        *IMGGW,
+        "download",
+        "--from",
+        str(source),
+        "--wait",
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "-c",
+        "4",
+        "-q",
+    ]
     for _ in range(3):  # each kill lands mid-collect: a run that ends first fails the test
         reached = fetched_more(url, 10)
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 env=env())  # fmt: skip
+        child = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env()
+        )
         kill_when(child, reached)
     final = None
     for _ in range(5):
-        final = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300,
-                               env=env(), check=False)  # fmt: skip
+        final = subprocess.run(
+            [*command, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env(),
+            check=False,
+        )
         if final.returncode != 3:
             break
     assert final is not None
@@ -71,7 +90,8 @@ def test_a_collect_killed_mid_download_loses_nothing_and_saves_nothing_twice(
     assert len(list(out.glob("*.png"))) == TASKS
     assert list(out.glob(".*.part")) == []
     fetched = results_fetched(url)
-    again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env(),
-                           check=False)  # fmt: skip
+    again = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env=env(), check=False
+    )
     assert again.returncode == 0
     assert results_fetched(url) == fetched  # done is done: nothing saved twice

@@ -40,9 +40,24 @@ def env() -> dict[str, str]:
 
 @pytest.fixture
 def gateway_process() -> Iterator[str]:
-    options = ["--api-key", KEY, "--seed", "21", "--duration-min", "0.2", "--duration-max", "1.0",
-               "--fault-rate", "0.2", "--faults", "lost,reset,latency,429,503,malformed",
-               "--latency", "0.3", "--retry-after", "0"]  # fmt: skip
+    options = [
+        "--api-key",
+        KEY,
+        "--seed",
+        "21",
+        "--duration-min",
+        "0.2",
+        "--duration-max",
+        "1.0",
+        "--fault-rate",
+        "0.2",
+        "--faults",
+        "lost,reset,latency,429,503,malformed",
+        "--latency",
+        "0.3",
+        "--retry-after",
+        "0",
+    ]
     with mock_serve_process(options, env()) as url:
         yield url
 
@@ -103,8 +118,12 @@ def test_sigkill_mid_submit_and_mid_download_never_bills_twice_nor_loses_an_imag
 ) -> None:
     url = gateway_process
     source = tmp_path / "prompts.jsonl"
-    source.write_text("".join(json.dumps({"prompt": f"image {i}", "aspect_ratio": "3:2", "id": f"n{i}"}) + "\n"
-                              for i in range(LINES)))  # fmt: skip
+    source.write_text(
+        "".join(
+            json.dumps({"prompt": f"image {i}", "aspect_ratio": "3:2", "id": f"n{i}"}) + "\n"
+            for i in range(LINES)
+        )
+    )
     out = tmp_path / "out"
     command = [*IMGGW, "batch", str(source), "-o", str(out), "--base-url", url, "-c", "8", "-q"]
     # Mid-submit for sure (once the gateway has made some tasks), then twice while results are
@@ -124,8 +143,14 @@ def test_sigkill_mid_submit_and_mid_download_never_bills_twice_nor_loses_an_imag
             unknown_after_first_kill = created_now - known  # made by the gateway, not in the ledger
     final = None
     for _ in range(5):  # run again until every line is finished
-        final = subprocess.run([*command[:-1], "--json"], capture_output=True, text=True, timeout=300,
-                               env=env(), check=False)  # fmt: skip
+        final = subprocess.run(
+            [*command[:-1], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env(),
+            check=False,
+        )
         if final.returncode != 3:
             break
     assert final is not None

@@ -37,8 +37,12 @@ def test_a_shard_that_names_none_is_one_clear_error(text: str) -> None:
 
 def test_a_slice_keeps_its_inputs_kind_and_a_remote_folder_its_own_scratch() -> None:
     assert [slice_name(s) for s in ("a.JSONL", "b.csv", "c.json", "d.txt", "e")] == [
-        "input.jsonl", "input.csv", "input.json", "input.txt", "input.txt",
-    ]  # fmt: skip
+        "input.jsonl",
+        "input.csv",
+        "input.json",
+        "input.txt",
+        "input.txt",
+    ]
     assert scratch_folder("s3://b/run/", None) == scratch_folder("s3://b/run", None)
     assert scratch_folder("s3://b/run", "/tmp/x").parent == Path("/tmp/x")
 

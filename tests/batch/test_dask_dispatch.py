@@ -30,13 +30,19 @@ async def test_a_worker_makes_its_client_from_the_spec_and_its_own_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("IMGGW_API_KEY", "sk-worker-own-key-0001")
-    spec = ClientSpec(base_url="http://127.0.0.1:9", surface="alpha", timeout=12.0,
-                      retry=RetryPolicy(max_attempts=2))  # fmt: skip
+    spec = ClientSpec(
+        base_url="http://127.0.0.1:9",
+        surface="alpha",
+        timeout=12.0,
+        retry=RetryPolicy(max_attempts=2),
+    )
     assert b"sk-worker" not in pickle.dumps(spec)  # what travels in a task holds no key
     async with spec.make() as client:
         assert (client.base_url, client.surface, client.retry.max_attempts) == (
-            "http://127.0.0.1:9", "alpha", 2,
-        )  # fmt: skip
+            "http://127.0.0.1:9",
+            "alpha",
+            2,
+        )
         assert client.key_fingerprint == key_fingerprint("sk-worker-own-key-0001")  # its own
 
 

@@ -27,8 +27,9 @@ FAST = PollPolicy(initial_interval=0.01, max_interval=0.05)
 
 
 def _workspace(folder: Path, ledger: Ledger) -> Workspace:
-    identity = FolderIdentity(folder, surface="beta", derive=lambda: "run-1", new_run=False,
-                              key_fingerprint=None)  # fmt: skip
+    identity = FolderIdentity(
+        folder, surface="beta", derive=lambda: "run-1", new_run=False, key_fingerprint=None
+    )
     return Workspace(folder, ledger, identity, LocalStore(folder), gallery=None)
 
 
@@ -38,8 +39,12 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
     folder.mkdir()
     async with gw.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger:
-            report = await execute(["a fox", "a cat", "an owl"], _workspace(folder, ledger),
-                                   client=client, options=BatchOptions(concurrency=2))  # fmt: skip
+            report = await execute(
+                ["a fox", "a cat", "an owl"],
+                _workspace(folder, ledger),
+                client=client,
+                options=BatchOptions(concurrency=2),
+            )
     assert report.counts == {LineState.SAVED: 3}
     assert gw.stats()["tasks_created"] == 3
     rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
@@ -55,8 +60,9 @@ async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(tmp_path: Path)
     folder.mkdir()
     async with gw.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger, pytest.raises(BatchInputError):
-            await execute([{"prompt": ""}], _workspace(folder, ledger), client=client,
-                          options=BatchOptions())  # fmt: skip
+            await execute(
+                [{"prompt": ""}], _workspace(folder, ledger), client=client, options=BatchOptions()
+            )
     assert gw.stats()["tasks_created"] == 0
     assert not (folder / LEDGER_NAME).exists()
 

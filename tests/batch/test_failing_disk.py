@@ -31,9 +31,12 @@ def imggw(limit: int, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     return subprocess.run(
         [sys.executable, "-c", RUN, str(limit), *args],
-        capture_output=True, text=True, timeout=120, env={**env, "IMGGW_API_KEY": KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "IMGGW_API_KEY": KEY},
         check=False,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

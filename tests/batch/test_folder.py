@@ -25,8 +25,9 @@ def test_a_single_runs_status_and_charges_come_from_its_folder_alone(tmp_path: P
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"colour": "red"}\n')
     out = tmp_path / "out"
-    report = run_batch(source, out, skip_bad_lines=True,
-                       client_factory=lambda: gw.async_client(**FAST))  # fmt: skip
+    report = run_batch(
+        source, out, skip_bad_lines=True, client_factory=lambda: gw.async_client(**FAST)
+    )
     assert report.exit_code == 1  # a bad line
     found = status(out)
     assert (found.total, found.bad, found.shards, found.stopped_by) == (2, 1, [], None)
@@ -101,8 +102,13 @@ def test_expired_results_alone_exit_as_failures(tmp_path: Path) -> None:
     from .ledgers import planned, row
 
     out = tmp_path / "out"
-    with planned(out, [row(1, SAVED, task_id="1", files=["1-0.png"]),
-                       row(2, EXPIRED, task_id="2", error_code="result_expired")]):  # fmt: skip
+    with planned(
+        out,
+        [
+            row(1, SAVED, task_id="1", files=["1-0.png"]),
+            row(2, EXPIRED, task_id="2", error_code="result_expired"),
+        ],
+    ):
         (out / "run.json").write_text('{"format": 1, "run_id": "r", "surface": "beta"}')
     found = status(out)
     assert found.counts["failed"] == 0

@@ -67,8 +67,9 @@ def test_a_folder_made_with_another_key_is_refused_and_resumes_with_its_own(
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog"])
     out = tmp_path / "out"
     with gw.serve() as url:
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url,
-                              "-t", "0.5")  # fmt: skip
+        code, _, err = invoke(
+            KEY_A, "batch", str(source), "-o", str(out), "--base-url", url, "-t", "0.5"
+        )
         assert code == 3, err  # both tasks still run: left to the next run
         run = json.loads((out / RUN_NAME).read_text())
         fp_a, fp_b = key_fingerprint(KEY_A), key_fingerprint(KEY_B)
@@ -100,8 +101,13 @@ def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> No
     fast = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1)}
 
     def shard(key: str, index: int) -> int:
-        report = run_shard(source, out, index=index, count=2,
-                           client_factory=lambda: gw.async_client(api_key=key, **fast))  # fmt: skip
+        report = run_shard(
+            source,
+            out,
+            index=index,
+            count=2,
+            client_factory=lambda: gw.async_client(api_key=key, **fast),
+        )
         return int(report.exit_code)
 
     assert shard(KEY_A, 1) == 0
@@ -264,8 +270,9 @@ def test_a_ledger_that_kept_the_key_in_clear_has_it_wiped(tmp_path: Path) -> Non
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog", "not ok #fail"])
     out = tmp_path / "out"
     with gw.serve() as url:
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url,
-                              "-t", "1.5")  # fmt: skip
+        code, _, err = invoke(
+            KEY_A, "batch", str(source), "-o", str(out), "--base-url", url, "-t", "1.5"
+        )
         assert code == 3, err
         with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:  # as older versions kept it
             db.execute("UPDATE lines SET urls = replace(urls, '[redacted]', ?)", (KEY_A,))
@@ -295,8 +302,9 @@ def test_links_carrying_the_key_are_kept_blanked_and_asked_for_again(
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog", "a fox"])
     out = tmp_path / "out"
     with gw.serve() as url:
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url,
-                              "-t", "1.5")  # fmt: skip
+        code, _, err = invoke(
+            KEY_A, "batch", str(source), "-o", str(out), "--base-url", url, "-t", "1.5"
+        )
         assert code == 3, err  # the results could not be fetched yet: left for the next run
         assert fetched  # the key-bearing links were tried
         no_file_holds(out, KEY_A)
@@ -323,9 +331,17 @@ def test_links_carrying_the_key_are_kept_blanked_and_asked_for_again(
 # ---------------------------------------------------------------------------- planted links
 
 PLANTED = [
-    LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", "manifest.jsonl", RUN_NAME,
-    LINES_NAME, "index.html", "gallery", "bad-lines.txt", LOCK_NAME,
-]  # fmt: skip
+    LEDGER_NAME,
+    f"{LEDGER_NAME}-wal",
+    f"{LEDGER_NAME}-shm",
+    "manifest.jsonl",
+    RUN_NAME,
+    LINES_NAME,
+    "index.html",
+    "gallery",
+    "bad-lines.txt",
+    LOCK_NAME,
+]
 
 
 def outside(tmp_path: Path) -> tuple[Path, bytes]:

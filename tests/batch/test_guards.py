@@ -27,8 +27,10 @@ from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprin
 from ..cli.helpers import CANARY, imggw
 from ..loopback import serve_asgi
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def gateway(**options: Any) -> MockGateway:
@@ -86,8 +88,9 @@ def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised
 ) -> None:
     source = prompts(tmp_path / "in.txt", 1000)  # 4 credits a line at 1k
     out = tmp_path / "out"
-    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40",
-                  "-c", "8")  # fmt: skip
+    first = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40", "-c", "8"
+    )
     assert first.code == 6, first.err
     assert gw.stats()["tasks_created"] == 10
     (stop,) = [line for line in first.err.splitlines() if "stopped by --max-credits" in line]
@@ -126,8 +129,9 @@ def test_the_first_line_goes_alone_until_its_charge_is_known(tmp_path: Path) -> 
 
     gw.handle = log  # type: ignore[method-assign]
     with gw.serve() as url:
-        report = batch(url, prompts(tmp_path / "in.txt", 6), tmp_path / "out", concurrency=6,
-                       max_credits=100)  # fmt: skip
+        report = batch(
+            url, prompts(tmp_path / "in.txt", 6), tmp_path / "out", concurrency=6, max_credits=100
+        )
     assert report.exit_code == 0
     assert events.count("submit") == 6
     assert events.index("charged") < events.index("submit", 1)  # the second submit waited
@@ -141,8 +145,13 @@ def test_lines_are_estimated_at_the_price_seen_for_their_resolution(tmp_path: Pa
     lines += [{"prompt": "big", "resolution": "4k", "aspect_ratio": "16:9"}]
     with gw.serve() as url:
         # 16 (4k) + 4 x 4 (1k) = 32 <= 33; a fifth 1k line (36) and the 4k line (48) do not fit.
-        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
-                       concurrency=1, max_credits=33)  # fmt: skip
+        report = batch(
+            url,
+            jsonl(tmp_path / "in.jsonl", lines),
+            tmp_path / "out",
+            concurrency=1,
+            max_credits=33,
+        )
     assert report.stopped_by == "max_credits"
     assert report.exit_code == 6
     assert gw.stats()["tasks_created"] == 5
@@ -157,8 +166,16 @@ def test_a_gateway_that_states_no_charge_cannot_be_capped_and_stops_after_one_li
 ) -> None:
     gw = gateway(quirks=["no_charge"])
     with gw.serve() as url:
-        run = imggw("batch", str(prompts(tmp_path / "in.txt", 5)), "-o", str(tmp_path / "out"),
-                    "--base-url", url, "--max-credits", "100")  # fmt: skip
+        run = imggw(
+            "batch",
+            str(prompts(tmp_path / "in.txt", 5)),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--max-credits",
+            "100",
+        )
     assert run.code == 6
     assert gw.stats()["tasks_created"] == 1
     assert "the gateway reports no charge" in run.err
@@ -170,8 +187,9 @@ def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
 ) -> None:
     gw = gateway()
     with gw.serve() as url:
-        report = batch(url, prompts(tmp_path / "in.txt", 5), tmp_path / "out", surface="alpha",
-                       max_cost=1.0)  # fmt: skip
+        report = batch(
+            url, prompts(tmp_path / "in.txt", 5), tmp_path / "out", surface="alpha", max_cost=1.0
+        )
     assert report.stopped_by == "max_cost"
     assert "no cost" in report.stop_reason
     assert gw.stats()["tasks_created"] == 1
@@ -184,11 +202,22 @@ def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
     # Issue 27 item 1: many providers state a charge of 0 until a job ends. Taken as a price, it
     # let 20 tasks (80 credits) through a cap of 12. Tasks long enough to be seen running at
     # the command's own pace of polls.
-    gw = MockGateway(api_keys=[CANARY], duration_min=2.5, duration_max=2.5,
-                     quirks=["charge_at_end"])  # fmt: skip
+    gw = MockGateway(
+        api_keys=[CANARY], duration_min=2.5, duration_max=2.5, quirks=["charge_at_end"]
+    )
     with gw.serve() as url:
-        run = imggw("batch", str(prompts(tmp_path / "in.txt", 20)), "-o", str(tmp_path / "out"),
-                    "--base-url", url, "--max-credits", "12", "-c", "8")  # fmt: skip
+        run = imggw(
+            "batch",
+            str(prompts(tmp_path / "in.txt", 20)),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--max-credits",
+            "12",
+            "-c",
+            "8",
+        )
     assert run.code == 6, run.err
     assert gw.stats()["tasks_created"] == 3
     assert billed(gw) == 12
@@ -220,8 +249,9 @@ def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
 
     gw.handle = hostile  # type: ignore[method-assign]
     with gw.serve() as url:
-        report = batch(url, prompts(tmp_path / "in.txt", 20), tmp_path / "out", concurrency=8,
-                       max_credits=12)  # fmt: skip
+        report = batch(
+            url, prompts(tmp_path / "in.txt", 20), tmp_path / "out", concurrency=8, max_credits=12
+        )
     assert report.stopped_by == "max_credits"
     assert gw.stats()["tasks_created"] == 3
     assert billed(gw) == 12
@@ -238,8 +268,16 @@ def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_
     lines = [{"prompt": f"small {i}"} for i in range(20)]
     lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(10)]
     with gw.serve() as url:
-        run = imggw("batch", str(jsonl(tmp_path / "in.jsonl", lines)), "-o",
-                    str(tmp_path / "out"), "--base-url", url, "--max-credits", "90")  # fmt: skip
+        run = imggw(
+            "batch",
+            str(jsonl(tmp_path / "in.jsonl", lines)),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--max-credits",
+            "90",
+        )
     assert run.code == 6, run.err
     assert gw.stats()["tasks_created"] == 20
     assert billed(gw) == 80
@@ -256,13 +294,23 @@ def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
     lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(3)]
     with gw.serve() as url:
         # 4 + 64 (the worst case of the first 4k line) <= 68; then at 16 each: 4 + 16 x 3 = 52.
-        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
-                       concurrency=4, max_credits=68)  # fmt: skip
+        report = batch(
+            url,
+            jsonl(tmp_path / "in.jsonl", lines),
+            tmp_path / "out",
+            concurrency=4,
+            max_credits=68,
+        )
     assert report.exit_code == 0
     assert report.credits == 52
     with gw.serve() as url:  # a cap that does not cover the worst case: the 4k lines wait
-        report = batch(url, jsonl(tmp_path / "in2.jsonl", lines), tmp_path / "out2",
-                       concurrency=4, max_credits=67)  # fmt: skip
+        report = batch(
+            url,
+            jsonl(tmp_path / "in2.jsonl", lines),
+            tmp_path / "out2",
+            concurrency=4,
+            max_credits=67,
+        )
     assert report.stopped_by == "max_credits"
     assert report.credits == 4
 
@@ -289,8 +337,13 @@ def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Pa
     lines = [{"prompt": f"bad {i} #fail:content_policy_violation"} for i in range(3)]
     lines += [{"prompt": f"good {i}"} for i in range(30)]
     with gw.serve() as url:
-        report = batch(url, jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out",
-                       concurrency=4, max_failures=2)  # fmt: skip
+        report = batch(
+            url,
+            jsonl(tmp_path / "in.jsonl", lines),
+            tmp_path / "out",
+            concurrency=4,
+            max_failures=2,
+        )
     assert report.stopped_by == "max_failures"
     assert report.exit_code == 6
     assert "content_policy_violation" in report.stop_reason
@@ -357,8 +410,16 @@ def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
     app = SlowRefusal(gw, held=7)
     out = tmp_path / "out"
     with serve_asgi(app) as url:
-        run = imggw("batch", str(prompts(tmp_path / "in.txt", 12)), "-o", str(out),
-                    "--base-url", url, "-c", "2")  # fmt: skip
+        run = imggw(
+            "batch",
+            str(prompts(tmp_path / "in.txt", 12)),
+            "-o",
+            str(out),
+            "--base-url",
+            url,
+            "-c",
+            "2",
+        )
     assert run.code == 6, run.err
     # Six made, the seventh refused, and the eighth already on its way when that 402 came back.
     assert app.posts == 8
@@ -390,8 +451,9 @@ def test_a_dry_run_sends_nothing_and_says_what_a_run_would_do(
     assert plan["estimate"] is None  # no charge seen yet
     assert batch(url, source, out, max_credits=20).stopped_by == "max_credits"  # 5 made
     sent = gw.stats()["requests"]
-    capped = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json",
-                   "--max-credits", "40")  # fmt: skip
+    capped = imggw(
+        "batch", str(source), "-o", str(out), "--dry-run", "--json", "--max-credits", "40"
+    )
     assert capped.code == 0, capped.err
     assert gw.stats()["requests"] == sent  # still nothing sent
     (plan,) = capped.records()
@@ -419,12 +481,25 @@ def test_a_dry_run_refuses_what_a_run_refuses(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--max-credits", "0"), ("--max-credits", "-4"), ("--max-cost", "lots"),
-     ("--max-failures", "0"), ("--max-failures", "1.5"), ("--max-cost", "nan")],
-)  # fmt: skip
+    [
+        ("--max-credits", "0"),
+        ("--max-credits", "-4"),
+        ("--max-cost", "lots"),
+        ("--max-failures", "0"),
+        ("--max-failures", "1.5"),
+        ("--max-cost", "nan"),
+    ],
+)
 def test_a_bad_limit_is_one_line_and_exit_2(flag: str, value: str, tmp_path: Path) -> None:
-    run = imggw("batch", str(prompts(tmp_path / "in.txt", 2)), "-o", str(tmp_path / "out"),
-                flag, value, "--mock")  # fmt: skip
+    run = imggw(
+        "batch",
+        str(prompts(tmp_path / "in.txt", 2)),
+        "-o",
+        str(tmp_path / "out"),
+        flag,
+        value,
+        "--mock",
+    )
     assert run.code == 2
     assert run.err.count("\n") == 1
     assert run.err.startswith(f"error: {flag} must be")
@@ -434,9 +509,12 @@ def test_a_bad_limit_is_one_line_and_exit_2(flag: str, value: str, tmp_path: Pat
 def test_the_sdk_refuses_a_bad_limit_before_anything_is_made(tmp_path: Path) -> None:
     for options in ({"max_credits": 0}, {"max_cost": -1.0}, {"max_failures": 0}):
         with pytest.raises(ValueError, match=next(iter(options))):
-            run_batch(prompts(tmp_path / "in.txt", 1), tmp_path / "out",
-                      client_factory=lambda: AsyncClient(api_key="k", base_url="http://x"),
-                      **options)  # fmt: skip
+            run_batch(
+                prompts(tmp_path / "in.txt", 1),
+                tmp_path / "out",
+                client_factory=lambda: AsyncClient(api_key="k", base_url="http://x"),
+                **options,
+            )
 
 
 # ---------------------------------------------------------------------------- shards, Dask
@@ -448,8 +526,12 @@ def test_shard_processes_each_hold_their_share_of_the_cap(
 ) -> None:
     source = prompts(tmp_path / "in.txt", 40)
     factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
-    reports = [run_shard(source, tmp_path / "out", index=i, count=2, client_factory=factory,
-                         max_credits=40) for i in (1, 2)]  # fmt: skip
+    reports = [
+        run_shard(
+            source, tmp_path / "out", index=i, count=2, client_factory=factory, max_credits=40
+        )
+        for i in (1, 2)
+    ]
     assert [r.stopped_by for r in reports] == ["max_credits", "max_credits"]
     assert gw.stats()["tasks_created"] == 10  # 20 credits each: 5 + 5
     assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
@@ -465,10 +547,15 @@ def test_a_dask_run_holds_one_cap_for_every_shard(
     monkeypatch.setenv("IMGGW_API_KEY", CANARY)  # the workers' own environment has the key
     source = prompts(tmp_path / "in.txt", 40)
     report = run_sharded(
-        source, tmp_path / "out", workers=2, shard_size=10, concurrency=2, max_credits=40,
+        source,
+        tmp_path / "out",
+        workers=2,
+        shard_size=10,
+        concurrency=2,
+        max_credits=40,
         client=ClientSpec(base_url=url, poll=FAST["poll"], retry=FAST["retry"]),
         cluster_options={"silence_logs": 40},
-    )  # fmt: skip
+    )
     assert report.stopped_by == "max_credits"
     assert report.exit_code == 6
     assert gw.stats()["tasks_created"] == 10  # one count across the four shards
@@ -569,10 +656,24 @@ def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_pat
     env.update(IMGGW_API_KEY=CANARY, PYTHONUNBUFFERED="1")
     with gw.serve() as url:
         child = subprocess.Popen(
-            [sys.executable, "-m", "imggw_cli", "batch", str(prompts(tmp_path / "in.txt", 20)),
-             "-o", str(tmp_path / "out"), "--base-url", url, "--max-credits", "12"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "imggw_cli",
+                "batch",
+                str(prompts(tmp_path / "in.txt", 20)),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                url,
+                "--max-credits",
+                "12",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert child.stderr is not None
         seen: list[str] = []
         # A run that never says it stopped is killed: the test fails instead of waiting on it.

@@ -36,8 +36,7 @@ class _Pace(GalleryPace):
 
 def _hooks(ledger: Any, tmp_path: Path, caps: Caps) -> tuple[RunLines, BatchHooks, LocalGuard]:
     room = Room(tmp_path, flying=lambda: 0)
-    run = RunLines(ledger, ledger.totals(), room, deadline=math.inf, line_timeout=None,
-                   redact=str)  # fmt: skip
+    run = RunLines(ledger, ledger.totals(), room, deadline=math.inf, line_timeout=None, redact=str)
     guard = LocalGuard(Spending(caps))
     return run, BatchHooks(run, guard, room, _Pace()), guard
 

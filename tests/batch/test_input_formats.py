@@ -20,20 +20,22 @@ from imggw_client.mock import _serving as serving
 
 from ..cli.helpers import CANARY, imggw
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 # A header, then quoted fields: an embedded comma, an embedded line break, doubled quotes; a
 # blank row and a spreadsheet's row of empty cells between them; an empty cell (its column's
 # default); columns in any order and any case; a row on the other surface.
 CSV = (
-    'Prompt,aspect_ratio,resolution,surface,id\r\n'
+    "Prompt,aspect_ratio,resolution,surface,id\r\n"
     '"a fox, in snow",16:9,2k,,fox\r\n'
     '"a poster that reads\r\n""OPEN LATE""",1:1,,,\r\n'
-    '\r\n'
-    ',,,,\r\n'
-    'plain lighthouse, 3:2 ,4K,alpha,7\r\n'
-)  # fmt: skip
+    "\r\n"
+    ",,,,\r\n"
+    "plain lighthouse, 3:2 ,4K,alpha,7\r\n"
+)
 SENT = [  # (surface, prompt, aspect_ratio, resolution) as the gateway receives them
     ("beta", "a fox, in snow", "16:9", "2k"),
     ("beta", 'a poster that reads\r\n"OPEN LATE"', "1:1", "1k"),
@@ -55,8 +57,15 @@ class Wire:
                 surface = serving.surface_of(request.path)
                 body = json.loads(request.body)
                 wire = spec.of(surface).request
-                self.submits.append((surface, *(_at(body, wire[part]) for part in
-                                                ("prompt", "aspect_ratio", "resolution"))))  # fmt: skip
+                self.submits.append(
+                    (
+                        surface,
+                        *(
+                            _at(body, wire[part])
+                            for part in ("prompt", "aspect_ratio", "resolution")
+                        ),
+                    )
+                )
             return handle(request)
 
         gw.handle = spy  # type: ignore[method-assign]
@@ -116,8 +125,10 @@ def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
     assert sorted(wire.submits) == sorted(SENT)  # the header is not a prompt; nothing else
     rows = run.records()
     assert [(r["line"], r["id"], r["status"]) for r in rows] == [
-        (2, "fox", "succeeded"), (3, None, "succeeded"), (7, "7", "succeeded"),
-    ]  # fmt: skip  # each record's first line
+        (2, "fox", "succeeded"),
+        (3, None, "succeeded"),
+        (7, "7", "succeeded"),
+    ]  # each record's first line
     assert rows[1]["prompt"] == 'a poster that reads\r\n"OPEN LATE"'
 
 
@@ -131,8 +142,10 @@ def test_a_tsv_file_and_format_csv_on_any_name_read_the_same_rows(
     for source, options in ((tsv, {}), (named, {"format": "csv"})):
         report = batch(gw, source, tmp_path / f"out-{source.suffix[1:]}", **options)
         assert report.counts == {"saved": 2}
-    assert sorted(wire.submits) == sorted(2 * [("beta", "a fox, in snow", "16:9", "1k"),
-                                       ("beta", "sunset, with a comma", "auto", "1k")])  # fmt: skip
+    assert sorted(wire.submits) == sorted(
+        2
+        * [("beta", "a fox, in snow", "16:9", "1k"), ("beta", "sunset, with a comma", "auto", "1k")]
+    )
 
 
 def test_a_csv_rerun_resumes_and_submits_nothing_twice(
@@ -147,10 +160,12 @@ def test_a_csv_rerun_resumes_and_submits_nothing_twice(
     assert len(wire.submits) == 3
     # The same rows, the columns in another order and spaced by more blank rows: the same
     # lines (known by id, else by their place among the records), the same requests.
-    moved = ("id,surface,resolution,aspect_ratio,prompt\n\n"
-             "fox,,2k,16:9,\"a fox, in snow\"\n"
-             ",,,1:1,\"a poster that reads\r\n\"\"OPEN LATE\"\"\"\n\n"
-             "7,alpha,4K, 3:2 ,plain lighthouse\n")  # fmt: skip
+    moved = (
+        "id,surface,resolution,aspect_ratio,prompt\n\n"
+        'fox,,2k,16:9,"a fox, in snow"\n'
+        ',,,1:1,"a poster that reads\r\n""OPEN LATE"""\n\n'
+        "7,alpha,4K, 3:2 ,plain lighthouse\n"
+    )
     source.write_bytes(moved.encode())
     again = batch(gw, source, out)
     assert (again.counts, again.changed_count) == ({"saved": 3}, 0)
@@ -163,8 +178,10 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     wire: Wire, url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.csv"
-    source.write_text('prompt,aspect_ratio,resolution\na cat,1:1,1k\n"a dog",16:9\n'
-                      'an owl,1:1,1k,extra\n"a fish"x,1:1,1k\na fox,1:1,1k\n')  # fmt: skip
+    source.write_text(
+        'prompt,aspect_ratio,resolution\na cat,1:1,1k\n"a dog",16:9\n'
+        'an owl,1:1,1k,extra\n"a fish"x,1:1,1k\na fox,1:1,1k\n'
+    )
     out = tmp_path / "out"
     refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
     assert refused.code == 2
@@ -176,17 +193,23 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     )
     assert "line 5: not a CSV row" in refused.err
     assert wire.requests == 0
-    skipped = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines",
-                    "--json")  # fmt: skip
+    skipped = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines", "--json"
+    )
     assert skipped.code == 1  # as for JSONL: the bad lines are reported, the rest run
     assert sorted(p for _, p, _, _ in wire.submits) == ["a cat", "a fox"]
     assert [(r["line"], r["status"]) for r in skipped.records()] == [
-        (2, "succeeded"), (3, "failed"), (4, "failed"), (5, "failed"), (6, "succeeded"),
-    ]  # fmt: skip
+        (2, "succeeded"),
+        (3, "failed"),
+        (4, "failed"),
+        (5, "failed"),
+        (6, "succeeded"),
+    ]
 
     source.write_text("prompt,style\na cat,noir\n")
-    header = imggw("batch", str(source), "-o", str(tmp_path / "h"), "--base-url", url,
-                   "--skip-bad-lines")  # fmt: skip
+    header = imggw(
+        "batch", str(source), "-o", str(tmp_path / "h"), "--base-url", url, "--skip-bad-lines"
+    )
     assert header.code == 2  # no row of it can be read: skipping lines cannot help
     assert "line 1: the header row names an unknown column 'style' (column 2)" in header.err
     assert len(wire.submits) == 2
@@ -239,11 +262,19 @@ def test_text_with_commas_here_and_there_is_still_prompts(
 # request fields on every line does.
 COMMA_PROMPTS = {
     "one comma a line": ["a cat, watercolor", "a dog, oil on canvas", "an owl, at dusk"],
-    "several commas a line": ["a cat, watercolor, soft light", "a dog, oil, 35mm, grain",
-                              "an owl, at dusk, in fog, wide"],
-    "a mix": ["a cat, watercolor", "a fox in snow", "a dog, oil, 35mm",
-              '"Hello," said the fox, smiling', "an owl, 4k detail, in fog"],
-}  # fmt: skip
+    "several commas a line": [
+        "a cat, watercolor, soft light",
+        "a dog, oil, 35mm, grain",
+        "an owl, at dusk, in fog, wide",
+    ],
+    "a mix": [
+        "a cat, watercolor",
+        "a fox in snow",
+        "a dog, oil, 35mm",
+        '"Hello," said the fox, smiling',
+        "an owl, 4k detail, in fog",
+    ],
+}
 
 
 @pytest.mark.parametrize("prompts", COMMA_PROMPTS.values(), ids=COMMA_PROMPTS.keys())
@@ -263,8 +294,16 @@ def test_prompts_with_commas_on_standard_input_are_sent_as_prompts(
     wire: Wire, url: str, tmp_path: Path
 ) -> None:
     prompts = COMMA_PROMPTS["one comma a line"]
-    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json",
-                stdin="".join(f"{p}\n" for p in prompts))  # fmt: skip
+    run = imggw(
+        "batch",
+        "-",
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        url,
+        "--json",
+        stdin="".join(f"{p}\n" for p in prompts),
+    )
     assert run.code == 0, run.err
     assert sorted(p for _, p, _, _ in wire.submits) == sorted(prompts)
 
@@ -335,12 +374,15 @@ def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
     human = imggw("batch", str(source), "-o", str(out), "--dry-run")
     assert "comment lines (skipped): 3" in human.out
 
-    run = imggw("--log-format", "json", "batch", str(source), "-o", str(out), "--base-url", url,
-                "--json")  # fmt: skip
+    run = imggw(
+        "--log-format", "json", "batch", str(source), "-o", str(out), "--base-url", url, "--json"
+    )
     assert run.code == 0, run.err
     assert sorted(p for _, p, _, _ in wire.submits) == [
-        "#1 bestseller book cover", "#hashtag sunset", "a fox",
-    ]  # fmt: skip
+        "#1 bestseller book cover",
+        "#hashtag sunset",
+        "a fox",
+    ]
     assert [r["line"] for r in run.records()] == [2, 4, 6]
     (summary,) = events(run.err, "batch_summary")
     assert (summary["total"], summary["comments"]) == (3, 3)

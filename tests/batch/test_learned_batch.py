@@ -23,8 +23,10 @@ from ..cli.helpers import CANARY, imggw
 pytestmark = pytest.mark.slow
 
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.2),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.2),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def gateway() -> MockGateway:
@@ -48,8 +50,13 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path
     with gw.serve() as url:
         factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
         began = time.monotonic()
-        first = run_batch(prompts(tmp_path / "in.jsonl", 12), out, client_factory=factory,
-                          concurrency=12, gallery=False)  # fmt: skip
+        first = run_batch(
+            prompts(tmp_path / "in.jsonl", 12),
+            out,
+            client_factory=factory,
+            concurrency=12,
+            gallery=False,
+        )
         spent = time.monotonic() - began
         assert first.exit_code == 0
         times = durations(out)
@@ -63,9 +70,15 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path
 
         # A rerun with more lines, in a new process as far as the client knows (a new one).
         seen: list[BatchProgress] = []
-        again = run_batch(prompts(tmp_path / "in.jsonl", 24), out, client_factory=factory,
-                          concurrency=12, gallery=False, allow_changes=True,
-                          on_progress=seen.append)  # fmt: skip
+        again = run_batch(
+            prompts(tmp_path / "in.jsonl", 24),
+            out,
+            client_factory=factory,
+            concurrency=12,
+            gallery=False,
+            allow_changes=True,
+            on_progress=seen.append,
+        )
     assert again.exit_code == 0
     # Before any line of this run finished, it already knew what its tasks take.
     assert seen[0].finished_this_run == 0
@@ -100,8 +113,16 @@ def test_replayed_and_collected_tasks_teach_no_duration(tmp_path: Path) -> None:
 def test_the_display_says_how_long_tasks_take(tmp_path: Path) -> None:
     gw = gateway()
     with gw.serve() as url:
-        run = imggw("batch", str(prompts(tmp_path / "in.jsonl", 12)), "-o", str(tmp_path / "o"),
-                    "--base-url", url, "--concurrency", "12")  # fmt: skip
+        run = imggw(
+            "batch",
+            str(prompts(tmp_path / "in.jsonl", 12)),
+            "-o",
+            str(tmp_path / "o"),
+            "--base-url",
+            url,
+            "--concurrency",
+            "12",
+        )
     assert run.code == 0, run.err
     assert "tasks take about 0." in run.err  # e.g. "tasks take about 0.2 s (1k)"
     assert " s (1k)" in run.err

@@ -63,12 +63,21 @@ def test_a_rerun_looks_again_at_what_a_second_look_may_find_otherwise(tmp_path: 
         ledger.recheck()
         ledger.end_plan(commit=True)
         found = [(r.state, r.error_code) for r in ledger.rows()]
-    assert found == [(SUCCEEDED, None), (SUCCEEDED, None), (RUNNING, None), (UNKNOWN, None),
-                     (FAILED, "content_policy"), (FAILED, NOT_FOUND)]  # fmt: skip
+    assert found == [
+        (SUCCEEDED, None),
+        (SUCCEEDED, None),
+        (RUNNING, None),
+        (UNKNOWN, None),
+        (FAILED, "content_policy"),
+        (FAILED, NOT_FOUND),
+    ]
     # The table the ledger carries out names exactly these moves back.
     assert {(rule.state, rule.to) for rule in RECHECKS} == {
-        (EXPIRED, SUCCEEDED), (FAILED, SUCCEEDED), (FAILED, RUNNING), (FAILED, UNKNOWN),
-    }  # fmt: skip
+        (EXPIRED, SUCCEEDED),
+        (FAILED, SUCCEEDED),
+        (FAILED, RUNNING),
+        (FAILED, UNKNOWN),
+    }
 
 
 def test_money_and_prices_count_only_what_a_line_was_really_charged(tmp_path: Path) -> None:
@@ -92,8 +101,10 @@ def test_money_and_prices_count_only_what_a_line_was_really_charged(tmp_path: Pa
 def test_a_runs_durations_are_its_newest_per_kind_without_replays_or_collects(
     tmp_path: Path,
 ) -> None:
-    rows = [row(n, SAVED, task_id=str(n), submitted_at=100.0 * n, completed_at=100.0 * n + n)
-            for n in range(1, 6)]  # fmt: skip
+    rows = [
+        row(n, SAVED, task_id=str(n), submitted_at=100.0 * n, completed_at=100.0 * n + n)
+        for n in range(1, 6)
+    ]
     rows.append(row(6, SAVED, task_id="6", submitted_at=None, completed_at=700.0))  # replayed
     rows.append(row(7, SAVED, task_id="7", kind=COLLECT, submitted_at=1.0, completed_at=9.0))
     with planned(tmp_path, rows) as ledger:
@@ -102,8 +113,10 @@ def test_a_runs_durations_are_its_newest_per_kind_without_replays_or_collects(
 
 def test_links_that_kept_the_key_in_clear_are_blanked_once(tmp_path: Path) -> None:
     key = "sk-live-0123456789abcdef"
-    rows = [row(1, SUCCEEDED, task_id="1", urls=[f"https://x/1.png?sig={key}"]),
-            row(2, SUCCEEDED, task_id="2", urls=["https://x/2.png"])]  # fmt: skip
+    rows = [
+        row(1, SUCCEEDED, task_id="1", urls=[f"https://x/1.png?sig={key}"]),
+        row(2, SUCCEEDED, task_id="2", urls=["https://x/2.png"]),
+    ]
     (tmp_path / "short").mkdir()
     with planned(tmp_path / "short", rows) as ledger:
         short = AsyncClient(api_key="1.p", base_url="http://127.0.0.1:9")

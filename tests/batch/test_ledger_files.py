@@ -34,8 +34,13 @@ def test_a_live_ledger_is_read_by_another_reader_in_line_order(tmp_path: Path) -
     with planned(tmp_path, rows) as ledger:  # held open and locked, as a run holds it
         path = tmp_path / LEDGER_NAME
         assert [r.line for r in read_rows(path)] == [1, 2, 3, 4, 5, 6]
-        assert count_statuses(path) == {"pending": 1, "running": 2, "succeeded": 1,
-                                         "failed": 1, "bad": 1}  # fmt: skip
+        assert count_statuses(path) == {
+            "pending": 1,
+            "running": 2,
+            "succeeded": 1,
+            "failed": 1,
+            "bad": 1,
+        }
         ledger.set_meta(STOPPED_BY, "max_cost")
         assert read_meta(path, STOPPED_BY) == "max_cost"
         plan(ledger, [row(1, UNKNOWN)])  # a later plan: only its lines are read

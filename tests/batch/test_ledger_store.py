@@ -32,8 +32,14 @@ QUERY = "GET /beta/v1/tasks/{id}"
 
 
 def _store(tmp_path: Path, ledger: object, redact: object = str) -> tuple[RunLines, LedgerStore]:
-    run = RunLines(ledger, ledger.totals(), Room(tmp_path, flying=lambda: 0),  # type: ignore[attr-defined,arg-type]
-                   deadline=math.inf, line_timeout=None, redact=redact)  # type: ignore[arg-type]  # fmt: skip
+    run = RunLines(
+        ledger,
+        ledger.totals(),
+        Room(tmp_path, flying=lambda: 0),  # type: ignore[attr-defined,arg-type]
+        deadline=math.inf,
+        line_timeout=None,
+        redact=redact,
+    )  # type: ignore[arg-type]
     identity = RunIdentity("run", "digest", "beta", None)
     work = Workspace(tmp_path, ledger, identity, LocalStore(tmp_path))  # type: ignore[arg-type]
     return run, LedgerStore(run, work, "beta")
@@ -42,14 +48,24 @@ def _store(tmp_path: Path, ledger: object, redact: object = str) -> tuple[RunLin
 async def test_a_rows_work_follows_its_state_and_task_states_are_kept_as_line_states(
     tmp_path: Path,
 ) -> None:
-    lines = [row(1), row(2, RUNNING, task_id="2"), row(3, SUCCEEDED, task_id="3"),
-             row(4, SAVED, task_id="4"), row(5, SUCCEEDED, task_id="5")]  # fmt: skip
+    lines = [
+        row(1),
+        row(2, RUNNING, task_id="2"),
+        row(3, SUCCEEDED, task_id="3"),
+        row(4, SAVED, task_id="4"),
+        row(5, SUCCEEDED, task_id="5"),
+    ]
     with planned(tmp_path, lines) as ledger:
         run, store = _store(tmp_path, ledger)
         rows = store.chunk(0)
         assert [r.line for r in rows] == [1, 2, 3, 4, 5]
-        assert [store.work(r) for r in rows] == [Work.RESEND, Work.WAIT, Work.DOWNLOAD, None,
-                                                 Work.DOWNLOAD]  # fmt: skip
+        assert [store.work(r) for r in rows] == [
+            Work.RESEND,
+            Work.WAIT,
+            Work.DOWNLOAD,
+            None,
+            Work.DOWNLOAD,
+        ]
         assert [r.line for r in store.chunk(3)] == [4, 5]
         first, _, third, _, fifth = rows
         first.task_id = "1"

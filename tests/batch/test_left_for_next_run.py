@@ -33,8 +33,10 @@ from imggw_client.mock import _serving as serving
 
 from ..cli.helpers import CANARY, imggw
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.05),
+}
 MiB = 1 << 20
 QUERY = spec.of("beta").query_path.split("{")[0]  # /beta/v1/tasks/
 TASK_ID = re.compile(rb'"task_?[iI]d"\s*:\s*"?(\d+)')
@@ -161,8 +163,9 @@ class StuckTask:
             assert found is not None
             self.task_id = found.group(1).decode()
         if self.stuck and request.method == "GET" and request.path == QUERY + self.task_id:
-            view = serving.TaskView(self.task_id, TaskStatus.RUNNING, 50, (), self.credits,
-                                    self.credits / 400, None)  # fmt: skip
+            view = serving.TaskView(
+                self.task_id, TaskStatus.RUNNING, 50, (), self.credits, self.credits / 400, None
+            )
             return MockResponse(200, serving.task_record("beta", view))
         return answer
 

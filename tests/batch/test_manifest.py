@@ -24,13 +24,33 @@ FILE = {"path": "7-0.png", "sha256": "ab" * 32, "size": 10}
 
 
 def test_a_row_says_what_the_line_delivered_and_lists_files_only_once_saved() -> None:
-    saved = manifest_row(row(1, SAVED, task_id="7", caller_id="hero", files=[FILE], credits=4.0,
-                             cost=0.01, expires_at=1_700_000_000.5))  # fmt: skip
+    saved = manifest_row(
+        row(
+            1,
+            SAVED,
+            task_id="7",
+            caller_id="hero",
+            files=[FILE],
+            credits=4.0,
+            cost=0.01,
+            expires_at=1_700_000_000.5,
+        )
+    )
     assert saved == {
-        "line": 1, "task_id": "7", "status": "succeeded", "files": [FILE], "error": None,
-        "id": "hero", "surface": "beta", "prompt": "p1", "aspect_ratio": "auto",
-        "resolution": "1k", "cost": 0.01, "credits": 4.0, "expires_at": "2023-11-14T22:13:20.500000Z",
-    }  # fmt: skip
+        "line": 1,
+        "task_id": "7",
+        "status": "succeeded",
+        "files": [FILE],
+        "error": None,
+        "id": "hero",
+        "surface": "beta",
+        "prompt": "p1",
+        "aspect_ratio": "auto",
+        "resolution": "1k",
+        "cost": 0.01,
+        "credits": 4.0,
+        "expires_at": "2023-11-14T22:13:20.500000Z",
+    }
     again = manifest_row(row(2, SUCCEEDED, task_id="8", files=[FILE]))  # its files are gone
     assert (again["status"], again["files"]) == ("running", [])
     expired = manifest_row(row(3, EXPIRED, task_id="9", error_code="result_expired"))

@@ -20,8 +20,10 @@ from imggw_client.mock import MockGateway
 
 from ..cli.helpers import imggw
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def gateway() -> MockGateway:
@@ -61,8 +63,9 @@ def test_the_default_names_are_the_task_ids(tmp_path: Path) -> None:
 
 def test_files_are_named_by_the_template_and_a_rerun_keeps_them(tmp_path: Path) -> None:
     gw = gateway()
-    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "a cat", "id": "cat"},
-                                           {"prompt": "a dog", "id": "dog"}])  # fmt: skip
+    source = jsonl(
+        tmp_path / "in.jsonl", [{"prompt": "a cat", "id": "cat"}, {"prompt": "a dog", "id": "dog"}]
+    )
     out = tmp_path / "out"
     report = batch(gw, source, out, name="{line}-{id}")
     assert report.exit_code == 0
@@ -105,8 +108,9 @@ def test_a_nul_or_300_characters_in_an_id_is_a_bad_line_before_anything_is_sent(
     tmp_path: Path,
 ) -> None:
     gw = gateway()
-    source = jsonl(tmp_path / "in.jsonl", [{"prompt": "a", "id": "a\x00b"},
-                                           {"prompt": "b", "id": "y" * 300}])  # fmt: skip
+    source = jsonl(
+        tmp_path / "in.jsonl", [{"prompt": "a", "id": "a\x00b"}, {"prompt": "b", "id": "y" * 300}]
+    )
     with pytest.raises(BatchInputError) as caught:
         batch(gw, source, tmp_path / "out", name="{id}")
     assert [b.line for b in caught.value.bad_lines] == [1, 2]
@@ -115,9 +119,15 @@ def test_a_nul_or_300_characters_in_an_id_is_a_bad_line_before_anything_is_sent(
 
 def test_lines_sharing_a_file_are_refused_before_anything_is_sent(tmp_path: Path) -> None:
     gw = gateway()
-    records = [{"prompt": "a", "id": "Cat"}, {"prompt": "b", "id": "cat"},
-               {"prompt": "c", "id": "a/b"}, {"prompt": "d", "id": "a_b"}, {"prompt": "e"},
-               {"prompt": "f", "id": "x" * 250}, {"prompt": "g", "id": "x" * 249 + "y"}]  # fmt: skip
+    records = [
+        {"prompt": "a", "id": "Cat"},
+        {"prompt": "b", "id": "cat"},
+        {"prompt": "c", "id": "a/b"},
+        {"prompt": "d", "id": "a_b"},
+        {"prompt": "e"},
+        {"prompt": "f", "id": "x" * 250},
+        {"prompt": "g", "id": "x" * 249 + "y"},
+    ]
     source = jsonl(tmp_path / "in.jsonl", records)
     with pytest.raises(BatchInputError) as caught:
         batch(gw, source, tmp_path / "out", name="{id}")

@@ -20,8 +20,11 @@ def test_the_keywords_and_the_options_are_the_same_names() -> None:
 
 def test_defaults_caps_time_and_keywords() -> None:
     options = BatchOptions()
-    assert (options.concurrency, options.line_timeout, options.seconds) == (8, LINE_TIMEOUT,
-                                                                             math.inf)  # fmt: skip
+    assert (options.concurrency, options.line_timeout, options.seconds) == (
+        8,
+        LINE_TIMEOUT,
+        math.inf,
+    )
     chosen = BatchOptions.of({"max_credits": 40, "max_failures": 3, "timeout": 60})
     assert chosen.caps == Caps(40, None, 3)
     assert chosen.seconds == 60.0

@@ -34,14 +34,17 @@ from imggw_client.mock import MockGateway
 
 from ..cli.helpers import CANARY, imggw
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 @pytest.fixture
 def gw() -> MockGateway:
-    return MockGateway(api_keys=[CANARY, "sk-second-key-0077"], duration_min=0.02,
-                       duration_max=0.08)  # fmt: skip
+    return MockGateway(
+        api_keys=[CANARY, "sk-second-key-0077"], duration_min=0.02, duration_max=0.08
+    )
 
 
 @pytest.fixture
@@ -109,8 +112,9 @@ def test_the_run_id_follows_from_folder_gateway_and_key_and_the_key_is_never_kep
     with Ledger.open(out) as ledger:
         keys = [row.idempotency_key for row in ledger.iter_rows()]
     shutil.rmtree(out)
-    other = run_batch(source, out, client_factory=lambda: gw.async_client(
-        api_key="sk-second-key-0077", **FAST))  # fmt: skip
+    other = run_batch(
+        source, out, client_factory=lambda: gw.async_client(api_key="sk-second-key-0077", **FAST)
+    )
     assert other.exit_code == 0
     assert gw.stats()["tasks_created"] == 6  # another key: another run, its own tasks
     with Ledger.open(out) as ledger:
@@ -159,8 +163,9 @@ def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_pa
 
     def shards() -> None:
         for index in (1, 2):
-            report = run_shard(source, out, index=index, count=2,
-                               client_factory=lambda: gw.async_client(**FAST))  # fmt: skip
+            report = run_shard(
+                source, out, index=index, count=2, client_factory=lambda: gw.async_client(**FAST)
+            )
             assert report.exit_code == 0
 
     shards()
@@ -185,8 +190,9 @@ def test_a_jsonl_file_named_json_is_read_as_jsonl(
     assert run.code == 0, run.err
     records = run.records()
     assert [(r["prompt"], r["id"], r["aspect_ratio"]) for r in records] == [
-        ("a dog", "d1", "16:9"), ("a cat", "c1", "auto"),
-    ]  # fmt: skip
+        ("a dog", "d1", "16:9"),
+        ("a cat", "c1", "auto"),
+    ]
 
 
 @pytest.mark.slow
@@ -201,12 +207,14 @@ def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
     assert refused.err.count("\n") == 1
     assert "--format jsonl" in refused.err
     assert gw.stats()["requests"] == {}
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--format", "jsonl",
-                "--json")  # fmt: skip
+    run = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", url, "--format", "jsonl", "--json"
+    )
     assert run.code == 0, run.err
     assert [(r["prompt"], r["aspect_ratio"]) for r in run.records()] == [
-        ("a dog", "16:9"), ("x", "auto"),
-    ]  # fmt: skip
+        ("a dog", "16:9"),
+        ("x", "auto"),
+    ]
 
 
 @pytest.mark.slow
@@ -214,14 +222,24 @@ def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
     piped = '"Hello," said the fox\n[cinematic] a fox\n{"prompt": "a cat", "id": "c"}\n'
-    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json",
-                stdin=piped)  # fmt: skip
+    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json", stdin=piped)
     assert run.code == 0, run.err
     assert [r["prompt"] for r in run.records()] == [
-        '"Hello," said the fox', "[cinematic] a fox", "a cat",
-    ]  # fmt: skip
-    declared = imggw("batch", "-", "-o", str(tmp_path / "jsonl"), "--base-url", url,
-                     "--format", "jsonl", stdin=piped)  # fmt: skip
+        '"Hello," said the fox',
+        "[cinematic] a fox",
+        "a cat",
+    ]
+    declared = imggw(
+        "batch",
+        "-",
+        "-o",
+        str(tmp_path / "jsonl"),
+        "--base-url",
+        url,
+        "--format",
+        "jsonl",
+        stdin=piped,
+    )
     assert declared.code == 2  # declared JSONL: a line that is not JSON is a mistake
     assert "line 1: not a JSON object" in declared.err
     assert gw.stats()["tasks_created"] == 3
@@ -257,8 +275,10 @@ def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
     out = tmp_path / "out"
     assert batch(gw, source, out, timeout=0).counts == {"pending": 3}
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:
-        db.execute("UPDATE lines SET state='failed', error_code='not_found', "
-                   "error_message='No such route.'")  # fmt: skip
+        db.execute(
+            "UPDATE lines SET state='failed', error_code='not_found', "
+            "error_message='No such route.'"
+        )
     report = batch(gw, source, out)
     assert report.counts == {"saved": 3}
     assert gw.stats()["tasks_created"] == 3
@@ -274,12 +294,20 @@ def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat"}\nnot json\n{"prompt": "a dog"}\n')
     out = tmp_path / "out"
-    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines",
-                  "-q")  # fmt: skip
+    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines", "-q")
     assert first.code == 1
     assert manifest(out)[1]["task_id"] is None
-    collected = imggw("download", "--from", str(out / "manifest.jsonl"), "--wait",
-                      "-o", str(tmp_path / "again"), "--base-url", url, "-q")  # fmt: skip
+    collected = imggw(
+        "download",
+        "--from",
+        str(out / "manifest.jsonl"),
+        "--wait",
+        "-o",
+        str(tmp_path / "again"),
+        "--base-url",
+        url,
+        "-q",
+    )
     assert collected.code == 0, collected.err
     records = manifest(tmp_path / "again")
     assert [(r["line"], r["status"]) for r in records] == [(1, "succeeded"), (3, "succeeded")]
@@ -358,8 +386,12 @@ def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
     del record["surface"]
     run_json.write_text(json.dumps(record))
     with pytest.raises(InputChangedError) as info:
-        run_batch(source, out, surface="alpha",
-                  client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST))  # fmt: skip
+        run_batch(
+            source,
+            out,
+            surface="alpha",
+            client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST),
+        )
     assert (info.value.surface_was, info.value.surface) == ("beta", "alpha")
     assert requests(gw) == sent
 
@@ -395,8 +427,14 @@ def test_an_expired_line_is_failed_in_the_manifest_and_apart_in_the_status(
 def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
-    run = imggw("batch", str(prompts(tmp_path / "in.txt", 3)), "-o", str(tmp_path / "out"),
-                "--base-url", url)  # fmt: skip
+    run = imggw(
+        "batch",
+        str(prompts(tmp_path / "in.txt", 3)),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        url,
+    )
     assert run.code == 0, run.err
     assert "batch: 3/3 finished (succeeded 3)" in run.err
     assert "done" not in run.err
@@ -425,8 +463,9 @@ def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
     gw: MockGateway, url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 2)
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url,
-                "--surface", "alpha")  # fmt: skip
+    run = imggw(
+        "batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url, "--surface", "alpha"
+    )
     assert run.code == 0, run.err
     # Nothing charged yet costs 0; two lines charged credits with no cost stated: unknown.
     last = next(line for line in run.err.splitlines() if line.startswith("batch: 2/2"))
@@ -435,8 +474,12 @@ def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
     summary = [line for line in run.err.splitlines() if "│ cost" in line]
     assert len(summary) == 1
     assert "unknown" in summary[0]
-    report = run_batch(source, tmp_path / "api", surface="alpha",
-                       client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST))  # fmt: skip
+    report = run_batch(
+        source,
+        tmp_path / "api",
+        surface="alpha",
+        client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST),
+    )
     assert (report.credits, report.cost_unknown) == (8.0, 2)
 
 

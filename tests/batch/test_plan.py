@@ -19,16 +19,19 @@ from imggw_client.batch._states import RUNNING, UNKNOWN
 def plan(folder: Path, source: list[object], **options: object):  # type: ignore[no-untyped-def]
     with Ledger.open(folder) as ledger:
         identity = FolderIdentity(folder, surface="beta", derive=lambda: "run-1")
-        made = plan_run(source, folder, ledger, identity, surface="beta",
-                        options=BatchOptions.of(options))  # fmt: skip
+        made = plan_run(
+            source, folder, ledger, identity, surface="beta", options=BatchOptions.of(options)
+        )
         return made, ledger.rows()
 
 
 def test_each_line_gets_its_identity_and_the_key_its_run_gives_it(tmp_path: Path) -> None:
     made, rows = plan(tmp_path, ["a fox", {"prompt": "a cat", "id": "cat"}, {"task_id": "77"}])
     assert [(r.identity, r.state) for r in rows] == [
-        ("line:1", UNKNOWN), ("id:cat", UNKNOWN), ("task:beta:77", RUNNING),
-    ]  # fmt: skip
+        ("line:1", UNKNOWN),
+        ("id:cat", UNKNOWN),
+        ("task:beta:77", RUNNING),
+    ]
     first = rows[0]
     assert first.idempotency_key == idempotency_key("run-1", "line:1", first.digest)
     assert rows[2].idempotency_key is None  # a task made elsewhere is never submitted

@@ -39,8 +39,14 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
     monkeypatch.setattr(_progress, "time", SimpleNamespace(monotonic=lambda: clock.now))
     seen: list[BatchProgress] = []
     with planned(tmp_path, [row(1), row(2)]) as ledger:
-        run = RunLines(ledger, ledger.totals(), Room(tmp_path, flying=lambda: 0),
-                       deadline=math.inf, line_timeout=None, redact=str)  # fmt: skip
+        run = RunLines(
+            ledger,
+            ledger.totals(),
+            Room(tmp_path, flying=lambda: 0),
+            deadline=math.inf,
+            line_timeout=None,
+            redact=str,
+        )
         progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
         progress.report()
         clock.now += 0.1
@@ -56,8 +62,14 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
 
 async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
     with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
-        run = RunLines(ledger, ledger.totals(), Room(tmp_path, flying=lambda: 0),
-                       deadline=math.inf, line_timeout=None, redact=str)  # fmt: skip
+        run = RunLines(
+            ledger,
+            ledger.totals(),
+            Room(tmp_path, flying=lambda: 0),
+            deadline=math.inf,
+            line_timeout=None,
+            redact=str,
+        )
         run.charged(Charge(), Charge(4.0, 0.01))
         first = ledger.rows()[0]
         run.move(first, RUNNING)
@@ -65,8 +77,9 @@ async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path:
         queue = DownloadQueue()
         soon = time.time() + 60
         options = BatchOptions(max_credits=100, max_cost=2.0)
-        progress = Progress(None, client(rate_limit=RateLimit(submits_per_second=2)), run,
-                            queue, options, "beta")  # fmt: skip
+        progress = Progress(
+            None, client(rate_limit=RateLimit(submits_per_second=2)), run, queue, options, "beta"
+        )
         async with anyio.create_task_group() as group:
             group.start_soon(queue.put, row(9, expires_at=soon))
             await anyio.wait_all_tasks_blocked()
@@ -90,10 +103,13 @@ async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path:
 async def test_a_resumed_runs_polls_start_from_the_durations_its_ledger_kept(
     tmp_path: Path,
 ) -> None:
-    rows = [row(n, SAVED, task_id=str(n), submitted_at=1000.0 * n, completed_at=1000.0 * n + 8)
-            for n in range(1, 6)]  # fmt: skip
-    rows.append(row(6, SAVED, task_id="6", resolution="4k", submitted_at=9000.0,
-                    completed_at=9030.0))  # fmt: skip
+    rows = [
+        row(n, SAVED, task_id=str(n), submitted_at=1000.0 * n, completed_at=1000.0 * n + 8)
+        for n in range(1, 6)
+    ]
+    rows.append(
+        row(6, SAVED, task_id="6", resolution="4k", submitted_at=9000.0, completed_at=9030.0)
+    )
     made = client()
     assert made.typical_durations("beta") == {}
     with planned(tmp_path, rows) as ledger:

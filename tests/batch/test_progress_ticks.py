@@ -52,12 +52,22 @@ async def told_until(
             if not todo:
                 done.set()
 
-    client = AsyncClient(api_key=gw.config.api_keys[0], base_url=IN_PROCESS_URL,
-                         transport=transport, poll=PollPolicy(initial_interval=0.05,
-                                                              max_interval=0.1))  # fmt: skip
+    client = AsyncClient(
+        api_key=gw.config.api_keys[0],
+        base_url=IN_PROCESS_URL,
+        transport=transport,
+        poll=PollPolicy(initial_interval=0.05, max_interval=0.1),
+    )
     async with client, anyio.create_task_group() as group:
-        group.start_soon(functools.partial(arun_batch, ["a cat", "a dog"], tmp_path / "out",
-                                           client=client, on_progress=on_progress))  # fmt: skip
+        group.start_soon(
+            functools.partial(
+                arun_batch,
+                ["a cat", "a dog"],
+                tmp_path / "out",
+                client=client,
+                on_progress=on_progress,
+            )
+        )
         with anyio.fail_after(60):  # a run that never gets there fails, never hangs
             await done.wait()
         group.cancel_scope.cancel()

@@ -79,8 +79,10 @@ async def test_with_nothing_in_flight_a_run_short_of_room_stops_saying_what_it_n
 ) -> None:
     monkeypatch.setattr(_room, "free_bytes", lambda folder: 3 * MiB)
     room = Room(tmp_path, flying=lambda: 2)
-    with planned(tmp_path, [row(1, RUNNING, task_id="1"), row(2, SUCCEEDED, task_id="2"),
-                            row(3, SAVED, task_id="3")]) as ledger:  # fmt: skip
+    with planned(
+        tmp_path,
+        [row(1, RUNNING, task_id="1"), row(2, SUCCEEDED, task_id="2"), row(3, SAVED, task_id="3")],
+    ) as ledger:
         await room.count_unsaved(ledger)
     assert room.to_store == 8 * MiB  # the two results still to save
     assert not await room.reserve(row(4), stopped=lambda: False)

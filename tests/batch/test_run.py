@@ -30,10 +30,21 @@ from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOW
 from .ledgers import planned, row
 
 
-def run_over(ledger: Ledger, *, deadline: float = math.inf, line_timeout: float | None = None,
-             redact=lambda text: text.replace("sk-secret", "***")) -> RunLines:  # fmt: skip
-    return RunLines(ledger, ledger.totals(), Room(Path("."), flying=lambda: 0),
-                    deadline=deadline, line_timeout=line_timeout, redact=redact)  # fmt: skip
+def run_over(
+    ledger: Ledger,
+    *,
+    deadline: float = math.inf,
+    line_timeout: float | None = None,
+    redact=lambda text: text.replace("sk-secret", "***"),
+) -> RunLines:
+    return RunLines(
+        ledger,
+        ledger.totals(),
+        Room(Path("."), flying=lambda: 0),
+        deadline=deadline,
+        line_timeout=line_timeout,
+        redact=redact,
+    )
 
 
 @pytest.mark.anyio  # a run's cancel scope belongs to its event loop

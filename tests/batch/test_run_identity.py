@@ -24,8 +24,10 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._schema import SCHEMA_VERSION
 from imggw_client.mock import MockGateway
 
-FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
-        "retry": RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
+    "retry": RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05),
+}
 
 
 def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:

@@ -33,9 +33,17 @@ from .ledgers import row
 
 
 def test_a_row_is_stored_and_read_back_whole_and_old_state_names_are_read() -> None:
-    stored = row(3, SAVED, task_id="42", caller_id="hero", urls=["https://x/1.png"],
-                 files=[{"path": "42-0.png", "sha256": "ab", "size": 3}], credits=4.0,
-                 cost=None, fields={"prompt": "un renard d'\u00e9t\u00e9 \U0001f98a", "resolution": "2k"})  # fmt: skip
+    stored = row(
+        3,
+        SAVED,
+        task_id="42",
+        caller_id="hero",
+        urls=["https://x/1.png"],
+        files=[{"path": "42-0.png", "sha256": "ab", "size": 3}],
+        credits=4.0,
+        cost=None,
+        fields={"prompt": "un renard d'\u00e9t\u00e9 \U0001f98a", "resolution": "2k"},
+    )
     assert Row.from_values(stored.values()) == stored
     # Rows of the formats before the core's states were kept are read as the core's states.
     assert state_of("submitted", 4) is RUNNING

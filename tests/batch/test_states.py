@@ -61,8 +61,13 @@ def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
     assert {(SUCCEEDED, FAILED), (SAVED, SUCCEEDED)} == BATCH_MOVES
     # A line's work is its state's; a recheck's target is the kept state with its work.
     assert {state: task.WORK[state] for state in KEPT} == {
-        UNKNOWN: task.Work.RESEND, RUNNING: task.Work.WAIT, SUCCEEDED: task.Work.DOWNLOAD,
-        SAVED: None, FAILED: None, EXPIRED: None}  # fmt: skip
+        UNKNOWN: task.Work.RESEND,
+        RUNNING: task.Work.WAIT,
+        SUCCEEDED: task.Work.DOWNLOAD,
+        SAVED: None,
+        FAILED: None,
+        EXPIRED: None,
+    }
     assert [rule.to for rule in RECHECKS] == [SUCCEEDED, SUCCEEDED, RUNNING, UNKNOWN]
     assert all(task.WORK[rule.to] is rule.work for rule in RECHECKS)
     # A task state the core adds shows up here at once: every one has its line's word.
@@ -71,8 +76,13 @@ def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
 
 def test_every_state_has_one_word_outside_the_ledger_and_one_on_the_display() -> None:
     assert [line_state(state) for state in KEPT] == [
-        LineState.PENDING, LineState.RUNNING, LineState.DOWNLOADING, LineState.SAVED,
-        LineState.FAILED, LineState.EXPIRED]  # fmt: skip
+        LineState.PENDING,
+        LineState.RUNNING,
+        LineState.DOWNLOADING,
+        LineState.SAVED,
+        LineState.FAILED,
+        LineState.EXPIRED,
+    ]
     assert set(STATUS) == set(LineState)
     assert set(STATUS.values()) == set(STATUSES)
     assert sorted(s for of in WORDS.values() for s in of) == sorted(LineState)
@@ -83,8 +93,13 @@ def test_counts_become_words_and_statuses_zeros_included() -> None:
     counts = {UNKNOWN: 1, RUNNING: 2, SUCCEEDED: 3, SAVED: 4, EXPIRED: 5, FAILED: 0}
     shown = line_counts(counts)
     assert shown == {"pending": 1, "running": 2, "downloading": 3, "saved": 4, "expired": 5}
-    assert words(shown) == {"pending": 1, "running": 2, "downloading": 3, "succeeded": 4,
-                            "failed": 5}  # fmt: skip
+    assert words(shown) == {
+        "pending": 1,
+        "running": 2,
+        "downloading": 3,
+        "succeeded": 4,
+        "failed": 5,
+    }
     assert statuses(shown) == {"pending": 1, "running": 5, "succeeded": 4, "failed": 5}
     assert statuses({"saved": 2}) == {"pending": 0, "running": 0, "succeeded": 2, "failed": 0}
 

@@ -50,8 +50,11 @@ def test_saved_lines_whose_files_are_gone_are_found_and_leftovers_swept(tmp_path
     (tmp_path / "2-0.png").unlink()
     (tmp_path / ".3-0.png.abc.part").write_bytes(b"cut short")
     (tmp_path / "keep.part").write_bytes(b"not ours")
-    rows = [row(1, SAVED, task_id="1", files=[whole]), row(2, SAVED, task_id="2", files=[gone]),
-            row(3, UNKNOWN)]  # fmt: skip
+    rows = [
+        row(1, SAVED, task_id="1", files=[whole]),
+        row(2, SAVED, task_id="2", files=[gone]),
+        row(3, UNKNOWN),
+    ]
     with planned(tmp_path, rows) as ledger:
         work = Workspace(tmp_path, ledger, None, LocalStore(tmp_path))  # type: ignore[arg-type]
         assert [r.line for r in work.damaged(hashes=False)] == [2]

@@ -55,8 +55,12 @@ def on_a_terminal(
     import pty  # POSIX only
 
     parent, child = pty.openpty()
-    process = subprocess.Popen([*IMGGW, *args], stdout=subprocess.PIPE, stderr=child,
-                               env={**env, "COLUMNS": "120", "TERM": "xterm"})  # fmt: skip
+    process = subprocess.Popen(
+        [*IMGGW, *args],
+        stdout=subprocess.PIPE,
+        stderr=child,
+        env={**env, "COLUMNS": "120", "TERM": "xterm"},
+    )
     os.close(child)
     drawn = bytearray()
 

@@ -90,8 +90,7 @@ def test_the_live_view_has_one_bar_for_the_batch_above_the_counts() -> None:
     assert bar.endswith("3/10  0.5 lines/s  eta 14 s  credits 12, cost 0.03")
     header = next(i for i, line in enumerate(lines) if "pending" in line)
     assert header > 0
-    assert lines[header].split() == ["pending", "running", "downloading", "succeeded",
-                                     "failed"]  # fmt: skip
+    assert lines[header].split() == ["pending", "running", "downloading", "succeeded", "failed"]
     assert lines[-3:] == [
         "elapsed 6 s",
         "budget 2 submits/s; the 5 lines left need at least 30 s",
@@ -136,6 +135,7 @@ def test_importing_the_display_stays_cheap() -> None:
         "import imggw_cli._batch_display\n"
         "sys.exit(1 if 'imggw_client.batch' in sys.modules else 0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr

@@ -34,20 +34,29 @@ def test_status_takes_json_before_or_after_the_command_name(done: Path, where: s
     run = imggw(*args)
     assert run.code == 1  # some lines failed
     assert run.err == ""
-    assert json.loads(run.out) == {"total": 2, "bad": 0, "shards": [],
-                                   "counts": {"pending": 0, "running": 0, "succeeded": 1,
-                                              "failed": 1},
-                                   # both tasks were charged at submit: 4 credits a 1k task
-                                   "spent": {"credits": 8.0, "cost": 0.02},
-                                   "stopped_by": None, "expired": 0, "active": False,
-                                   "soonest_expiry": None, "resume": None}  # fmt: skip
+    assert json.loads(run.out) == {
+        "total": 2,
+        "bad": 0,
+        "shards": [],
+        "counts": {"pending": 0, "running": 0, "succeeded": 1, "failed": 1},
+        # both tasks were charged at submit: 4 credits a 1k task
+        "spent": {"credits": 8.0, "cost": 0.02},
+        "stopped_by": None,
+        "expired": 0,
+        "active": False,
+        "soonest_expiry": None,
+        "resume": None,
+    }
 
 
 def test_status_for_people(done: Path) -> None:
     run = imggw("batch", "status", str(done))
-    assert (run.code, run.out) == (1, "2 lines: 0 pending, 0 running, 1 succeeded, 1 failed, "
-                                   "0 expired\nspent: 8 credits, cost 0.02\n"
-                                   "active: no run holds the folder now\n")  # fmt: skip
+    assert (run.code, run.out) == (
+        1,
+        "2 lines: 0 pending, 0 running, 1 succeeded, 1 failed, "
+        "0 expired\nspent: 8 credits, cost 0.02\n"
+        "active: no run holds the folder now\n",
+    )
 
 
 def test_a_file_named_merge_is_given_as_a_path(

@@ -35,8 +35,18 @@ def test_scratch_with_a_local_folder_alone_is_refused(source: Path, tmp_path: Pa
 
 
 def test_scratch_still_goes_with_shard(source: Path, tmp_path: Path) -> None:
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--shard", "1/1",
-                "--scratch", str(tmp_path / "s"), "--mock", "-q")  # fmt: skip
+    run = imggw(
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--shard",
+        "1/1",
+        "--scratch",
+        str(tmp_path / "s"),
+        "--mock",
+        "-q",
+    )
     assert run.code == 0, run.err
 
 
@@ -61,8 +71,18 @@ def test_without_dask_the_engine_exits_4_saying_what_to_install(
     for name in [n for n in sys.modules if n.startswith("imggw_client.batch._dask")]:
         monkeypatch.delitem(sys.modules, name)
         monkeypatch.delattr(imggw_client.batch, name.rpartition(".")[2], raising=False)
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-                "--workers", "1", "--base-url", "http://127.0.0.1:9")  # fmt: skip
+    run = imggw(
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--engine",
+        "dask",
+        "--workers",
+        "1",
+        "--base-url",
+        "http://127.0.0.1:9",
+    )
     assert run.code == 4
     assert run.out == ""
     assert run.err == "error: --engine dask needs Dask: pip install 'imggw[dask]'\n"
@@ -72,8 +92,18 @@ def test_another_missing_module_is_not_taken_for_a_missing_dask(
     monkeypatch: pytest.MonkeyPatch, source: Path, tmp_path: Path
 ) -> None:
     monkeypatch.setitem(sys.modules, "imggw_client.batch._dask", None)
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-                "--workers", "1", "--base-url", "http://127.0.0.1:9")  # fmt: skip
+    run = imggw(
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--engine",
+        "dask",
+        "--workers",
+        "1",
+        "--base-url",
+        "http://127.0.0.1:9",
+    )
     assert isinstance(run.exception, ModuleNotFoundError)
     assert "imggw[dask]" not in run.err
 
@@ -92,9 +122,18 @@ def test_the_engine_gets_the_environments_base_url_and_only_a_given_shard_size(
 
     monkeypatch.setattr(_dask, "arun_sharded", arun_sharded)
     sizing = [] if size is None else ["--shard-size", size]
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-                "--address", "tcp://127.0.0.1:9", *sizing,
-                env={"IMGGW_BASE_URL": "http://gateway.invalid:8080"})  # fmt: skip
+    run = imggw(
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--engine",
+        "dask",
+        "--address",
+        "tcp://127.0.0.1:9",
+        *sizing,
+        env={"IMGGW_BASE_URL": "http://gateway.invalid:8080"},
+    )
     assert run.code == 130
     assert run.err.splitlines()[-1] == f"error: {BATCH_INTERRUPTED}"
     assert seen["client"].base_url == "http://gateway.invalid:8080"

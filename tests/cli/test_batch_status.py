@@ -15,10 +15,18 @@ from .helpers import imggw
 
 def folder(tmp_path: Path, surface: str = "beta") -> Path:
     out = tmp_path / "out dir"
-    rows = [row(1, SAVED, task_id="1", files=["1-0.png"], surface=surface),
-            row(2, EXPIRED, task_id="2", error_code="result_expired", error_message="gone",
-                surface=surface),
-            row(3, RUNNING, task_id="3", expires_at=1_900_000_000.0, surface=surface)]  # fmt: skip
+    rows = [
+        row(1, SAVED, task_id="1", files=["1-0.png"], surface=surface),
+        row(
+            2,
+            EXPIRED,
+            task_id="2",
+            error_code="result_expired",
+            error_message="gone",
+            surface=surface,
+        ),
+        row(3, RUNNING, task_id="3", expires_at=1_900_000_000.0, surface=surface),
+    ]
     with planned(out, rows):
         (out / "run.json").write_text(f'{{"format": 1, "run_id": "r", "surface": "{surface}"}}')
     return out
@@ -66,7 +74,12 @@ def test_mock_serve_help_shows_an_example() -> None:
 
     from .helpers import IMGGW, process_env
 
-    done = subprocess.run([*IMGGW, "mock", "serve", "--help"], env=process_env("unused"),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*IMGGW, "mock", "serve", "--help"],
+        env=process_env("unused"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0
     assert "Example: imggw mock serve --port 8080" in done.stdout

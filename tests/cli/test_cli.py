@@ -13,16 +13,33 @@ from imggw_client.mock import MockGateway
 from .helpers import CANARY, imggw
 
 # The pinned fields of DESIGN 6, then money and link expiry.
-TASK_FIELDS = {"task_id", "status", "progress", "image_urls", "error", "cost", "credits",
-               "expires_at"}  # fmt: skip
+TASK_FIELDS = {
+    "task_id",
+    "status",
+    "progress",
+    "image_urls",
+    "error",
+    "cost",
+    "credits",
+    "expires_at",
+}
 
 
 def test_version_and_help() -> None:
     assert imggw("--version").out.strip().startswith("imggw 0.")
     help_text = " ".join(imggw("--help").out.split())  # as wrapped for any terminal width
-    for code in ("0 ok", "1 a task failed", "2 usage", "3 wait timed out", "4 authentication",
-                 "5 other API", "6 credits ran out", "130 interrupted", "143 SIGTERM",
-                 "129 SIGHUP"):  # fmt: skip
+    for code in (
+        "0 ok",
+        "1 a task failed",
+        "2 usage",
+        "3 wait timed out",
+        "4 authentication",
+        "5 other API",
+        "6 credits ran out",
+        "130 interrupted",
+        "143 SIGTERM",
+        "129 SIGHUP",
+    ):
         assert code in help_text
     generate_help = imggw("generate", "--help").out
     assert "auto|1:1|3:2" in generate_help
@@ -66,8 +83,19 @@ def test_submit_status_poll_download_over_loopback(
     (record,) = sub.records()
     assert set(record) == {"task_id", "idempotency_key", "surface"}
     task_id = record["task_id"]
-    again = imggw("submit", "a cat", "--base-url", url, "--json", "-r", "2k", "-a", "3:2",
-                  "--idempotency-key", record["idempotency_key"])  # fmt: skip
+    again = imggw(
+        "submit",
+        "a cat",
+        "--base-url",
+        url,
+        "--json",
+        "-r",
+        "2k",
+        "-a",
+        "3:2",
+        "--idempotency-key",
+        record["idempotency_key"],
+    )
     assert again.records()[0]["task_id"] == task_id  # a safe retry: the same task
     assert gw.stats()["tasks_created"] == 1
     status = imggw("status", task_id, "--base-url", url, "--json")
@@ -140,8 +168,9 @@ def test_exit_2_for_a_reused_key(gateway: tuple[MockGateway, str]) -> None:
     assert "nothing was sent" in run.err
     assert "(leave --idempotency-key out)" in run.err
     assert gw.stats()["tasks_created"] == 1
-    elsewhere = imggw("submit", "a dog", "--base-url", url, "--idempotency-key", "order-1",
-                      "--no-journal")  # fmt: skip
+    elsewhere = imggw(
+        "submit", "a dog", "--base-url", url, "--idempotency-key", "order-1", "--no-journal"
+    )
     assert elsewhere.code == 2  # the gateway refuses it too: a reused key
     assert "idempotency_key_reused" in elsewhere.err
 
@@ -155,8 +184,9 @@ def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
         gen = imggw("generate", "a cat", "--timeout", "0.3", "--base-url", url, "-o", str(tmp_path))
         dl = imggw("download", sub["task_id"], "--base-url", url, "-o", str(tmp_path))
         # --wait -t 0 means now, not the default 600 s: one look, then exit 3
-        now = imggw("download", sub["task_id"], "--wait", "-t", "0", "--base-url", url,
-                    "-o", str(tmp_path))  # fmt: skip
+        now = imggw(
+            "download", sub["task_id"], "--wait", "-t", "0", "--base-url", url, "-o", str(tmp_path)
+        )
     assert run.code == 3
     assert f"resume with: imggw poll {sub['task_id']} --surface beta" in run.err
     assert gen.code == 3

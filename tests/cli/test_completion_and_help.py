@@ -28,8 +28,12 @@ def test_completion_of_an_unknown_shell_is_a_usage_error() -> None:
 
 
 def _complete(words: str, cword: int) -> list[str]:
-    env = {**process_env("unused"), "_IMGGW_COMPLETE": "complete_bash", "COMP_WORDS": words,
-           "COMP_CWORD": str(cword)}  # fmt: skip
+    env = {
+        **process_env("unused"),
+        "_IMGGW_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(cword),
+    }
     done = subprocess.run(IMGGW, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
@@ -54,8 +58,9 @@ def test_bash_loads_the_script_and_completes_through_it() -> None:
     )
     bin_dir = os.path.dirname(IMGGW[0])
     env = {**process_env("unused"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    done = subprocess.run([bash, "-c", program], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [bash, "-c", program], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["tasks"]
 
@@ -79,12 +84,24 @@ def test_imggw_surface_chooses_the_surface_and_an_option_beats_it() -> None:
 @pytest.mark.parametrize(
     ("command", "absent"),
     [
-        (["gallery"], ["--rate", "--query-rate", "--rate-store", "--mock", "--surface",
-                       "--base-url", "--no-journal"]),
-        (["tasks"], ["--rate", "--query-rate", "--rate-store", "--mock", "--surface",
-                     "--base-url"]),
+        (
+            ["gallery"],
+            [
+                "--rate",
+                "--query-rate",
+                "--rate-store",
+                "--mock",
+                "--surface",
+                "--base-url",
+                "--no-journal",
+            ],
+        ),
+        (
+            ["tasks"],
+            ["--rate", "--query-rate", "--rate-store", "--mock", "--surface", "--base-url"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_command_lists_only_the_global_options_it_uses(
     command: list[str], absent: list[str]
 ) -> None:
@@ -99,9 +116,19 @@ def test_a_command_lists_only_the_global_options_it_uses(
 
 @pytest.mark.parametrize(
     "command",
-    [["generate"], ["submit"], ["status"], ["poll"], ["wait"], ["download"], ["tasks"],
-     ["tasks", "collect"], ["gallery"], ["completion"]],
-)  # fmt: skip
+    [
+        ["generate"],
+        ["submit"],
+        ["status"],
+        ["poll"],
+        ["wait"],
+        ["download"],
+        ["tasks"],
+        ["tasks", "collect"],
+        ["gallery"],
+        ["completion"],
+    ],
+)
 def test_each_commands_help_shows_an_example(command: list[str]) -> None:
     text = imggw(*command, "--help").out
     assert "Example: imggw " + command[0] in " ".join(text.split())

@@ -33,8 +33,9 @@ class Tasks:
 
 @pytest.fixture
 def tasks() -> Iterator[Tasks]:
-    gw = MockGateway(api_keys=[CANARY], manual_clock=True, duration_min=30, duration_max=30,
-                     retention=600)  # fmt: skip
+    gw = MockGateway(
+        api_keys=[CANARY], manual_clock=True, duration_min=30, duration_max=30, retention=600
+    )
     answer = gw.handle
 
     def broke(request: Any) -> Any:

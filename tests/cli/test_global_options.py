@@ -69,10 +69,28 @@ def test_every_global_option_typed_after_the_command_beats_the_one_before(
     two_gateways: tuple[str, str], budgets: list[tuple[str, Any]]
 ) -> None:
     before, after = two_gateways
-    run = imggw("--base-url", before, "--surface", "alpha", "--rate", "1", "--query-rate", "2",
-                "submit", "a cat", "--json",
-                "--base-url", after, "--surface", "beta", "--rate", "3", "--query-rate", "4",
-                env={"IMGGW_BASE_URL": before})  # fmt: skip
+    run = imggw(
+        "--base-url",
+        before,
+        "--surface",
+        "alpha",
+        "--rate",
+        "1",
+        "--query-rate",
+        "2",
+        "submit",
+        "a cat",
+        "--json",
+        "--base-url",
+        after,
+        "--surface",
+        "beta",
+        "--rate",
+        "3",
+        "--query-rate",
+        "4",
+        env={"IMGGW_BASE_URL": before},
+    )
     assert run.code == 0, run.err
     assert (created(before), created(after)) == (0, 1)
     assert run.records()[0]["surface"] == "beta"
@@ -108,8 +126,18 @@ def test_rate_options_reach_the_batch_client(
 ) -> None:
     source = tmp_path / "in.txt"
     source.write_text("a cat\na dog\n")
-    run = imggw("--rate", "50", "batch", str(source), "-o", str(tmp_path / "out"), "--mock", "-q",
-                "--query-rate", "100")  # fmt: skip
+    run = imggw(
+        "--rate",
+        "50",
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--mock",
+        "-q",
+        "--query-rate",
+        "100",
+    )
     assert run.code == 0, run.err
     assert budgets == [("AsyncClient", RateLimit(submits_per_second=50, queries_per_second=100))]
 
@@ -144,8 +172,10 @@ def test_a_bad_rate_exits_2_with_one_line_and_sends_nothing(
     assert gw.stats()["requests"] == {}
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["submit"], ["status"], ["poll"],
-                                     ["wait"], ["download"], ["batch"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [[], ["generate"], ["submit"], ["status"], ["poll"], ["wait"], ["download"], ["batch"]],
+)
 def test_help_names_each_environment_variable_once(command: list[str]) -> None:
     text = imggw(*command, "--help").out
     assert text.count("IMGGW_BASE_URL") == 1

@@ -22,8 +22,14 @@ def record(task_id: str) -> dict[str, Any]:
     """Surface-B task records: 1 succeeded with a hostile URL, 2 failed with a hostile error,
     others in a hostile state the SDK does not know."""
     if task_id == "1":
-        return {"id": "1", "status": "completed", "progress": 100, "cost": 0.04,
-                "credits_cost": 4, "result": {"images": [{"url": [URL]}]}}  # fmt: skip
+        return {
+            "id": "1",
+            "status": "completed",
+            "progress": 100,
+            "cost": 0.04,
+            "credits_cost": 4,
+            "result": {"images": [{"url": [URL]}]},
+        }
     if task_id == "2":
         error = {"code": f"bad{HOSTILE}", "message": f"it broke{HOSTILE}\nerror: forged line"}
         return {"id": "2", "status": "failed", "error": error}

@@ -45,8 +45,10 @@ def test_submit_records_before_sending_and_tasks_lists_it(
     (record,) = sent.records()
     ((row,),) = at_arrival
     assert (row["idempotency_key"], row["state"], row["task_id"]) == (
-        record["idempotency_key"], "unknown", None,
-    )  # fmt: skip
+        record["idempotency_key"],
+        "unknown",
+        None,
+    )
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     listed = imggw("tasks", "--json")
@@ -54,8 +56,16 @@ def test_submit_records_before_sending_and_tasks_lists_it(
     (entry,) = listed.records()
     assert entry["task_id"] == record["task_id"]
     assert entry["idempotency_key"] == record["idempotency_key"]
-    assert set(entry) >= {"task_id", "surface", "idempotency_key", "status", "submitted_at",
-                          "expires_at", "files", "request"}  # fmt: skip
+    assert set(entry) >= {
+        "task_id",
+        "surface",
+        "idempotency_key",
+        "status",
+        "submitted_at",
+        "expires_at",
+        "files",
+        "request",
+    }
     # status and download update what they see; the list says so.
     assert imggw("poll", record["task_id"], "--base-url", url).code == 0
     saved = imggw("download", record["task_id"], "-o", str(tmp_path / "out"), "--base-url", url)
@@ -104,8 +114,9 @@ def test_a_default_journal_that_cannot_be_opened_warns_and_a_named_one_stops(
     assert went.code == 0, went.err
     assert "warning: cannot use the journal" in went.err
     assert gw.stats()["tasks_created"] == 1
-    stopped = imggw("submit", "a cat", "--base-url", url,
-                    env={"IMGGW_JOURNAL": str(blocked / "journal.sqlite")})  # fmt: skip
+    stopped = imggw(
+        "submit", "a cat", "--base-url", url, env={"IMGGW_JOURNAL": str(blocked / "journal.sqlite")}
+    )
     assert stopped.code == 4, stopped.err
     assert "cannot use the journal" in stopped.err
     assert gw.stats()["tasks_created"] == 1  # nothing sent
@@ -116,8 +127,12 @@ def test_a_submit_killed_mid_request_is_collected_once(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[CANARY], duration_min=0.05, duration_max=0.2)
     env = process_env(CANARY)
     with held_gateway(gw) as (holder, url):
-        app = subprocess.Popen([*IMGGW, "submit", "a paid lighthouse", "--base-url", url],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        app = subprocess.Popen(
+            [*IMGGW, "submit", "a paid lighthouse", "--base-url", url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert holder.arrived.wait(60)
         os.kill(app.pid, signal.SIGKILL)
         out, _ = app.communicate(timeout=30)
@@ -125,9 +140,22 @@ def test_a_submit_killed_mid_request_is_collected_once(tmp_path: Path) -> None:
         holder.release.set()  # the task exists and is paid for; its answer went nowhere
         (row,) = rows(journal_file())
         assert (row["state"], row["task_id"]) == ("unknown", None)
-        collected = subprocess.run([*IMGGW, "tasks", "collect", "-o", str(tmp_path / "out"),
-                                    "--wait", "--base-url", url, "--json"],
-                                   env=env, capture_output=True, timeout=120)  # fmt: skip
+        collected = subprocess.run(
+            [
+                *IMGGW,
+                "tasks",
+                "collect",
+                "-o",
+                str(tmp_path / "out"),
+                "--wait",
+                "--base-url",
+                url,
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
     assert collected.returncode == 0, collected.stderr.decode()
     (record,) = [json.loads(line) for line in collected.stdout.splitlines()]
     assert gw.stats()["tasks_created"] == 1  # replayed with its key, never billed again
@@ -158,8 +186,15 @@ def test_many_processes_at_once_share_the_default_journal(
 ) -> None:
     _, url = gateway
     env = process_env(CANARY)
-    procs = [subprocess.Popen([*IMGGW, "submit", f"prompt {n}", "--base-url", url], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(8)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*IMGGW, "submit", f"prompt {n}", "--base-url", url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(8)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()

@@ -46,8 +46,9 @@ def age(path: Path, seconds: float, **where: Any) -> None:
         columns = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
         moved = [c for c in ("created", "submitted_at", "changed") if c in columns]
         sets = ", ".join(f"{c} = {c} - ?" for c in moved)
-        db.execute(f"UPDATE tasks SET {sets} WHERE {clause}",
-                   (*[seconds] * len(moved), *where.values()))  # fmt: skip
+        db.execute(
+            f"UPDATE tasks SET {sets} WHERE {clause}", (*[seconds] * len(moved), *where.values())
+        )
 
 
 def submitted(url: str, prompt: str = "a fox", *more: str) -> str:
@@ -85,8 +86,21 @@ def test_collect_names_a_submit_older_than_the_key_memory_sends_nothing_and_exit
     assert f"idempotency key {key}" in collected.err
     command = collected.err.split("send it yourself (a second task may be billed): ", 1)[1]
     words = shlex.split(command.split(" (its prompt", 1)[0])
-    assert words == ["imggw", "submit", "PROMPT", "--surface", "beta", "--aspect-ratio", "16:9",
-                     "--resolution", "1k", "--idempotency-key", key, "--base-url", url]  # fmt: skip
+    assert words == [
+        "imggw",
+        "submit",
+        "PROMPT",
+        "--surface",
+        "beta",
+        "--aspect-ratio",
+        "16:9",
+        "--resolution",
+        "1k",
+        "--idempotency-key",
+        key,
+        "--base-url",
+        url,
+    ]
     assert "a paid fox" not in collected.err
     assert rows(journal_file())[0]["state"] == "unknown"  # kept, with its key
 
@@ -171,8 +185,9 @@ def test_prune_removes_old_final_rows_and_says_how_many(
     assert [r["task_id"] for r in rows(journal_file())] == [running]
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200),
-                                               ("90m", 5400), ("3600s", 3600)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("3600s", 3600)]
+)
 def test_prune_durations(text: str, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
     from imggw_cli import _journal
 
@@ -203,14 +218,21 @@ def planted(count: int, *, prompt: str = "prompt", files: list[str] | None = Non
         columns = list(first)
         made = []
         for n in range(count):
-            row = {**first, "idempotency_key": f"key-{n:06d}", "task_id": str(10_000 + n),
-                   "created": first["created"] + n + 1, "prompt": f"{prompt} {n}",
-                   "state": "saved" if n % 2 else "running"}  # fmt: skip
+            row = {
+                **first,
+                "idempotency_key": f"key-{n:06d}",
+                "task_id": str(10_000 + n),
+                "created": first["created"] + n + 1,
+                "prompt": f"{prompt} {n}",
+                "state": "saved" if n % 2 else "running",
+            }
             if files is not None:
                 row["files"] = json.dumps(files)
             made.append(tuple(row[c] for c in columns))
-        db.executemany(f"INSERT INTO tasks ({', '.join(columns)}) VALUES "
-                       f"({', '.join('?' * len(columns))})", made)  # fmt: skip
+        db.executemany(
+            f"INSERT INTO tasks ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            made,
+        )
 
 
 def test_tasks_shows_the_newest_50_under_a_header_and_says_how_many_more(
@@ -273,10 +295,17 @@ def test_tasks_into_a_closed_pipe_ends_quietly_with_0(gateway: tuple[MockGateway
     _, url = gateway
     submitted(url)
     planted(5000, files=["/a/long/path/to/a/result/file-0.png"] * 4)
-    for words in (["tasks", "--all"], ["tasks", "--all", "--json"],
-                  ["tasks", "--all", "--log-format", "json"]):  # fmt: skip
-        with subprocess.Popen([*IMGGW, *words], env=process_env(CANARY), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) as child:  # fmt: skip
+    for words in (
+        ["tasks", "--all"],
+        ["tasks", "--all", "--json"],
+        ["tasks", "--all", "--log-format", "json"],
+    ):
+        with subprocess.Popen(
+            [*IMGGW, *words],
+            env=process_env(CANARY),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as child:
             assert child.stdout is not None
             assert child.stderr is not None
             assert child.stdout.readline()
@@ -304,8 +333,13 @@ def test_tasks_on_100000_rows_reads_only_what_it_shows(gateway: tuple[MockGatewa
         "            if line.startswith('VmHWM:'))\n"
         "print('PEAK', peak, file=sys.stderr)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=process_env(CANARY),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=process_env(CANARY),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert len(done.stdout.splitlines()) == 51, done.stderr
     assert "50 of 100,000 tasks" in done.stderr
     peak_kib = int(done.stderr.rsplit("PEAK ", 1)[1])
@@ -355,8 +389,17 @@ def test_collect_says_how_many_tasks_belong_to_another_key_or_gateway(tmp_path: 
     with gw.serve() as url:
         submitted(url, "a fox")
         submitted(url.replace("127.0.0.1", "localhost"), "a cat")  # another spelling
-        other = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url, "--wait", "-q",
-                      env={"IMGGW_API_KEY": OTHER_KEY})  # fmt: skip
+        other = imggw(
+            "tasks",
+            "collect",
+            "-o",
+            str(tmp_path),
+            "--base-url",
+            url,
+            "--wait",
+            "-q",
+            env={"IMGGW_API_KEY": OTHER_KEY},
+        )
     assert other.code == 0, other.err  # written down: another key's tasks are not this run's
     assert "2 unfinished task(s) in the journal belong to another API key or gateway" in other.err
     assert "IMGGW_API_KEY" in other.err

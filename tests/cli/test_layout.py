@@ -141,8 +141,19 @@ def test_batch_is_a_real_sub_app_and_the_root_resolves_commands_as_typer_does() 
     assert isinstance(batch, TyperGroup)
     assert set(batch.commands) == {"merge", "status"}
     names = list(root.commands)
-    assert names == ["generate", "submit", "status", "poll", "wait", "download", "tasks",
-                     "batch", "gallery", "mock", "completion"]  # fmt: skip
+    assert names == [
+        "generate",
+        "submit",
+        "status",
+        "poll",
+        "wait",
+        "download",
+        "tasks",
+        "batch",
+        "gallery",
+        "mock",
+        "completion",
+    ]
     assert set(root.commands["tasks"].commands) == {"collect", "prune"}  # type: ignore[attr-defined]
 
 

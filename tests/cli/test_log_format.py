@@ -33,8 +33,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*IMGGW, *args], capture_output=True, text=True, timeout=60,
-                          env=env(**extra), check=False)  # fmt: skip
+    done = subprocess.run(
+        [*IMGGW, *args], capture_output=True, text=True, timeout=60, env=env(**extra), check=False
+    )
     for secret in (CANARY, WRONG):
         assert secret not in done.stdout + done.stderr, "the API key was printed"
     return done
@@ -79,8 +80,17 @@ def test_generate_logs_json_objects_and_prints_the_same_stdout(
     _, url = gateway
     # One idempotency key: the second run is the same task (replayed), so its stdout can be
     # compared byte for byte.
-    same = ["generate", "a cat", "--base-url", url, "-o", str(tmp_path), "--overwrite",
-            "--idempotency-key", "log-format-generate-1"]  # fmt: skip
+    same = [
+        "generate",
+        "a cat",
+        "--base-url",
+        url,
+        "-o",
+        str(tmp_path),
+        "--overwrite",
+        "--idempotency-key",
+        "log-format-generate-1",
+    ]
     for data in ([], ["--json"]):
         text = run(*same, *data)
         logged = run("--log-format", "json", *same, *data)
@@ -123,8 +133,7 @@ def test_a_refused_key_is_one_error_object_with_the_exit_code(
 ) -> None:
     gw, url = gateway
     text = run("submit", "a cat", "--base-url", url, IMGGW_API_KEY=WRONG)
-    logged = run("submit", "a cat", "--base-url", url, "--log-format", "json",
-                 IMGGW_API_KEY=WRONG)  # fmt: skip
+    logged = run("submit", "a cat", "--base-url", url, "--log-format", "json", IMGGW_API_KEY=WRONG)
     assert text.returncode == logged.returncode == 4
     assert logged.stdout == text.stdout == ""
     [error] = objects(logged.stderr)
@@ -142,8 +151,7 @@ def test_verbose_puts_the_traceback_and_the_debug_logs_inside_objects(
     gateway: tuple[MockGateway, str],
 ) -> None:
     _, url = gateway
-    done = run("status", "1", "--base-url", url, "-v", "--log-format", "json",
-               IMGGW_API_KEY=WRONG)  # fmt: skip
+    done = run("status", "1", "--base-url", url, "-v", "--log-format", "json", IMGGW_API_KEY=WRONG)
     assert done.returncode == 4
     records = objects(done.stderr)  # no "Traceback" line of its own: each line parses
     logs = [r for r in records if r["event"] == "log"]
@@ -167,8 +175,7 @@ def test_a_batch_logs_its_progress_with_counts_and_its_summary_as_one_object(
     )
     for data in ([], ["--json"]):
         out = tmp_path / f"out{len(data)}"
-        batch = ["batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines",
-                 *data]  # fmt: skip
+        batch = ["batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines", *data]
         logged = run("--log-format", "json", *batch)
         assert logged.returncode == 1, logged.stderr  # a bad line skipped: some lines failed
         again = run(*batch)  # the text form, resumed: nothing left to do, the same stdout
@@ -177,8 +184,10 @@ def test_a_batch_logs_its_progress_with_counts_and_its_summary_as_one_object(
         records = objects(logged.stderr)
         progress = [r for r in records if r["event"] == "batch_progress"]
         assert progress, logged.stderr
-        assert all(set(r["counts"]) == {"pending", "running", "downloading", "succeeded",
-                                        "failed"} for r in progress)  # fmt: skip
+        assert all(
+            set(r["counts"]) == {"pending", "running", "downloading", "succeeded", "failed"}
+            for r in progress
+        )
         assert progress[-1]["counts"]["succeeded"] == 3
         assert progress[-1]["finished"] == progress[-1]["total"] == 3
         assert progress[-1]["spent"]["credits"] > 0
@@ -204,15 +213,17 @@ def test_on_a_terminal_too_there_is_no_live_display_only_objects(
     _, url = gateway
     source = tmp_path / "in.txt"
     source.write_text("a cat\na dog\n")
-    code, out, err = on_a_terminal("batch", str(source), "-o", str(tmp_path / "out"),
-                                   "--base-url", url, "--log-format", "json")  # fmt: skip
+    code, out, err = on_a_terminal(
+        "batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url, "--log-format", "json"
+    )
     assert code == 0, err
     assert out == f"{tmp_path / 'out' / 'manifest.jsonl'}\n"
     events = [r["event"] for r in objects(err)]  # no bar, no table: escape codes would not parse
     assert events[-1] == "batch_summary"
     assert "batch_progress" in events
-    code, out, err = on_a_terminal("generate", "a cat", "-o", str(tmp_path), "--base-url", url,
-                                   "--log-format", "json")  # fmt: skip
+    code, out, err = on_a_terminal(
+        "generate", "a cat", "-o", str(tmp_path), "--base-url", url, "--log-format", "json"
+    )
     assert code == 0, err
     assert {r["event"] for r in objects(err)} == {"progress", "links_expire"}
 
@@ -220,11 +231,13 @@ def test_on_a_terminal_too_there_is_no_live_display_only_objects(
 @pytest.mark.slow
 def test_usage_errors_are_objects_too(gateway: tuple[MockGateway, str]) -> None:
     gw, url = gateway
-    for args in (["--rate", "abc", "submit", "a cat", "--base-url", url, "--log-format", "json"],
-                 ["submit", "a cat", "--base-url", url, "--log-format=json", "--query-rate", "0"],
-                 ["--log-format", "json", "submit", "a cat", "--no-such-option"],
-                 ["--log-format", "json", "submit"],
-                 ["--log-format", "json", "no-such-command"]):  # fmt: skip
+    for args in (
+        ["--rate", "abc", "submit", "a cat", "--base-url", url, "--log-format", "json"],
+        ["submit", "a cat", "--base-url", url, "--log-format=json", "--query-rate", "0"],
+        ["--log-format", "json", "submit", "a cat", "--no-such-option"],
+        ["--log-format", "json", "submit"],
+        ["--log-format", "json", "no-such-command"],
+    ):
         done = run(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert done.stdout == ""
@@ -258,10 +271,22 @@ def test_ctrl_c_or_sigterm_during_a_wait_is_an_interrupted_object_and_its_exit_c
     slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
     with slow.serve() as url:
         child = subprocess.Popen(
-            [*IMGGW, "--log-format", "json", "generate", "a cat", "--base-url", url,
-             "-o", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-        )  # fmt: skip
+            [
+                *IMGGW,
+                "--log-format",
+                "json",
+                "generate",
+                "a cat",
+                "--base-url",
+                url,
+                "-o",
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         assert child.stderr is not None
         first = json.loads(child.stderr.readline())  # the wait is under way
         assert first["event"] == "progress"
@@ -314,9 +339,16 @@ def test_every_string_of_an_object_is_sanitized_and_the_key_blanked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("IMGGW_API_KEY", CANARY)
-    record = _stderr.record(f"sent {CANARY}\x1b[2J", level="info", event="note",
-                            reason="a\x07b", nested={"k": [CANARY]}, gone=None,
-                            where=Path("/tmp/x"), nan=float("nan"))  # fmt: skip
+    record = _stderr.record(
+        f"sent {CANARY}\x1b[2J",
+        level="info",
+        event="note",
+        reason="a\x07b",
+        nested={"k": [CANARY]},
+        gone=None,
+        where=Path("/tmp/x"),
+        nan=float("nan"),
+    )
     assert record["message"] == "sent [redacted]\\x1b[2J"
     assert record["reason"] == "a\\x07b"
     assert record["nested"] == {"k": ["[redacted]"]}
@@ -363,7 +395,6 @@ def test_python_warnings_are_objects_too(capsys: pytest.CaptureFixture[str]) -> 
             _stderr.use(_stderr.TEXT)
             setup_logging(Globals())
     [warned] = objects(capsys.readouterr().err)
-    assert (warned["event"], warned["level"], warned["logger"]) == ("log", "warning",
-                                                                     "py.warnings")  # fmt: skip
+    assert (warned["event"], warned["level"], warned["logger"]) == ("log", "warning", "py.warnings")
     assert warned["message"] == "UserWarning: a library's warning"
     assert warned["source"].startswith(__file__)

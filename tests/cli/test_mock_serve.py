@@ -28,13 +28,18 @@ def test_mock_serve_help_is_the_commands_style_with_every_default() -> None:
     assert shown.code == 0, shown.err
     assert shown.out.startswith("Usage: imggw mock serve [OPTIONS]")
     text = " ".join(shown.out.split())
-    for said in ("--host HOST Interface to bind. [default: 127.0.0.1]",
-                 "--port PORT Port (0 picks a free one). [default: 8080]",
-                 "--api-key KEY An accepted API key (repeatable). [default: (test-",
-                 "--seed N", "[default: 86400.0]", "--submit-limit N/S",
-                 "[default: lost,reset,latency,429,500,502,503,504,malformed]",
-                 "-h, --help", "Example: imggw mock serve --port 8080",
-                 "Exit codes: 0 stopped by Ctrl-C; 1 could not serve"):  # fmt: skip
+    for said in (
+        "--host HOST Interface to bind. [default: 127.0.0.1]",
+        "--port PORT Port (0 picks a free one). [default: 8080]",
+        "--api-key KEY An accepted API key (repeatable). [default: (test-",
+        "--seed N",
+        "[default: 86400.0]",
+        "--submit-limit N/S",
+        "[default: lost,reset,latency,429,500,502,503,504,malformed]",
+        "-h, --help",
+        "Example: imggw mock serve --port 8080",
+        "Exit codes: 0 stopped by Ctrl-C; 1 could not serve",
+    ):
         assert said in text, said
     assert imggw("mock", "serve", "-h").out == shown.out
 

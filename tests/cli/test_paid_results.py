@@ -31,9 +31,12 @@ def limited(limit: int, *args: str, key: str = CANARY) -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     return subprocess.run(
         [sys.executable, "-c", RUN_LIMITED, str(limit), *args],
-        capture_output=True, text=True, timeout=120, env={**env, "IMGGW_API_KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "IMGGW_API_KEY": key},
         check=False,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------- short keys
@@ -102,8 +105,9 @@ def test_a_link_that_carries_the_key_is_kept_said_plainly_and_never_shown(
 def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
     tmp_path: Path,
 ) -> None:
-    gateway = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05,
-                          result_size=20_000)  # fmt: skip
+    gateway = MockGateway(
+        api_keys=[CANARY], duration_min=0.02, duration_max=0.05, result_size=20_000
+    )
     out = tmp_path / "g"
     with gateway.serve() as url:
         done = limited(16_384, "generate", "a fox", "--base-url", url, "-o", str(out))
@@ -119,8 +123,9 @@ def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
 
 @pytest.mark.slow
 def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) -> None:
-    gateway = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05,
-                          result_size=20_000)  # fmt: skip
+    gateway = MockGateway(
+        api_keys=[CANARY], duration_min=0.02, duration_max=0.05, result_size=20_000
+    )
     script = (
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -134,8 +139,13 @@ def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) 
         "        print(type(err).__name__, err.code)\n"
     )
     with gateway.serve() as url:
-        done = subprocess.run([sys.executable, "-c", script, CANARY, url, str(tmp_path)],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script, CANARY, url, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "DownloadError write_failed"
     assert list(tmp_path.iterdir()) == []
@@ -170,8 +180,9 @@ def test_json_poll_and_generate_print_the_record_of_a_failed_or_unfinished_task(
     with slow.serve() as url:
         sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
         polled = imggw("poll", sub["task_id"], "-t", "0.3", "--base-url", url, "--json")
-        made = imggw("generate", "a cat", "-t", "0.3", "--base-url", url, "--json",
-                     "-o", str(tmp_path))  # fmt: skip
+        made = imggw(
+            "generate", "a cat", "-t", "0.3", "--base-url", url, "--json", "-o", str(tmp_path)
+        )
     assert polled.code == 3
     assert [(r["task_id"], r["status"]) for r in polled.records()] == [(sub["task_id"], "pending")]
     assert made.code == 3
@@ -196,8 +207,17 @@ def test_download_of_several_ids_exits_1_when_some_could_not_be_had(
 ) -> None:
     _, url = gateway
     sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
-    run = imggw("download", sub["task_id"], "99999", "--wait", "--base-url", url, "--json",
-                "-o", str(tmp_path))  # fmt: skip
+    run = imggw(
+        "download",
+        sub["task_id"],
+        "99999",
+        "--wait",
+        "--base-url",
+        url,
+        "--json",
+        "-o",
+        str(tmp_path),
+    )
     assert run.code == 1, run.err
     assert [r["task_id"] for r in run.records()] == [sub["task_id"]]
     assert len(list(tmp_path.glob("*.png"))) == 1
@@ -227,8 +247,14 @@ def test_a_proxy_that_cannot_be_reached_is_named(
     gateway: tuple[MockGateway, str], no_backoff: list[float]
 ) -> None:
     _, url = gateway
-    proxy = {"HTTP_PROXY": "http://user:secret-pass@127.0.0.1:9", "NO_PROXY": None,
-             "no_proxy": None, "http_proxy": None, "ALL_PROXY": None, "all_proxy": None}  # fmt: skip
+    proxy = {
+        "HTTP_PROXY": "http://user:secret-pass@127.0.0.1:9",
+        "NO_PROXY": None,
+        "no_proxy": None,
+        "http_proxy": None,
+        "ALL_PROXY": None,
+        "all_proxy": None,
+    }
     run = imggw("status", "1", "--base-url", url, env=proxy)
     assert run.code == 5
     assert "through the proxy http://127.0.0.1:9 (from HTTP_PROXY)" in run.err

@@ -28,9 +28,15 @@ SILENT = "warning: no answer from the gateway for 1 min; still trying"
 
 def snapshot(running: int = 2, saved: int = 0, silent: float = 0.0) -> BatchProgress:
     counts: dict[Any, int] = {"running": running, "saved": saved}
-    return BatchProgress(total=running + saved, counts={k: n for k, n in counts.items() if n},
-                         credits=0.0, cost=0.0, elapsed=1.0, finished_this_run=saved,
-                         gateway_silent_for=silent)  # fmt: skip
+    return BatchProgress(
+        total=running + saved,
+        counts={k: n for k, n in counts.items() if n},
+        credits=0.0,
+        cost=0.0,
+        elapsed=1.0,
+        finished_this_run=saved,
+        gateway_silent_for=silent,
+    )
 
 
 def shown(capsys: pytest.CaptureFixture[str]) -> list[str]:
@@ -98,8 +104,11 @@ def test_the_silence_events_are_json_objects(capsys: pytest.CaptureFixture[str])
         _stderr.use(_stderr.TEXT)
     records = [json.loads(line) for line in shown(capsys)]
     events = [(r["event"], r["level"], r.get("silent_for")) for r in records]
-    assert events == [("batch_progress", "info", None), ("gateway_silent", "warning", 61.0),
-                      ("gateway_answers", "info", 75.5)]  # fmt: skip
+    assert events == [
+        ("batch_progress", "info", None),
+        ("gateway_silent", "warning", 61.0),
+        ("gateway_answers", "info", 75.5),
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
@@ -110,8 +119,9 @@ def test_a_bad_progress_every_exits_2_in_one_line_and_sends_nothing(
     source = tmp_path / "in.txt"
     source.write_text("a cat\n")
     for command in (["batch", str(source)], ["download", "--from", str(source)]):
-        run = imggw(*command, "-o", str(tmp_path / "out"), "--progress-every", value,
-                    "--base-url", url)  # fmt: skip
+        run = imggw(
+            *command, "-o", str(tmp_path / "out"), "--progress-every", value, "--base-url", url
+        )
         assert run.code == 2, run.err
         assert run.err.strip().splitlines() == [
             f"error: --progress-every must be a number of seconds > 0 (got {value!r}); "
@@ -128,10 +138,26 @@ def test_progress_lines_come_while_tasks_run_and_nothing_changes(tmp_path: Path)
     source = tmp_path / "in.txt"
     source.write_text("a cat\n")
     with gw.serve() as url:
-        done = subprocess.run([*IMGGW, "--log-format", "json", "batch", str(source), "-o",
-                               str(tmp_path / "out"), "--base-url", url, "--progress-every",
-                               "0.5"], capture_output=True, text=True, timeout=120,
-                              env=process_env(CANARY), check=False)  # fmt: skip
+        done = subprocess.run(
+            [
+                *IMGGW,
+                "--log-format",
+                "json",
+                "batch",
+                str(source),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                url,
+                "--progress-every",
+                "0.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=process_env(CANARY),
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stderr.splitlines()]
     running = [r for r in records if r["event"] == "batch_progress" and r["counts"]["running"]]
@@ -164,8 +190,16 @@ def test_a_gateway_that_stops_answering_is_one_warning_then_one_note(
 
         monkeypatch.setattr(Output, "warn", warned)
         try:
-            run = imggw("--log-format", "json", "batch", str(source), "-o",
-                        str(tmp_path / "out"), "--base-url", url)  # fmt: skip
+            run = imggw(
+                "--log-format",
+                "json",
+                "batch",
+                str(source),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                url,
+            )
         finally:
             _stderr.use(_stderr.TEXT)  # the command set it for this process
     assert run.code == 0, run.err

@@ -33,8 +33,15 @@ def test_collect_names_its_folder_and_wait(slow: str, tmp_path: Path) -> None:
     left = imggw("tasks", "collect", "-o", str(folder), "--base-url", slow)
     assert left.code == 3, left.err
     assert hint(left.err, "still running: run `", "`") == [
-        "imggw", "tasks", "collect", "-o", str(folder), "--wait", "--base-url", slow,
-    ]  # fmt: skip
+        "imggw",
+        "tasks",
+        "collect",
+        "-o",
+        str(folder),
+        "--wait",
+        "--base-url",
+        slow,
+    ]
 
 
 def test_a_base_url_is_named_when_typed_not_when_from_the_environment(slow: str) -> None:
@@ -42,8 +49,14 @@ def test_a_base_url_is_named_when_typed_not_when_from_the_environment(slow: str)
     typed = imggw("poll", task_id, "--timeout", "0", "--base-url", slow)
     assert typed.code == 3, typed.err
     assert hint(typed.err, "resume with: ") == [
-        "imggw", "poll", task_id, "--surface", "beta", "--base-url", slow,
-    ]  # fmt: skip
+        "imggw",
+        "poll",
+        task_id,
+        "--surface",
+        "beta",
+        "--base-url",
+        slow,
+    ]
     from_env = imggw("poll", task_id, "--timeout", "0", env={"IMGGW_BASE_URL": slow})
     assert from_env.code == 3, from_env.err
     assert hint(from_env.err, "resume with: ") == ["imggw", "poll", task_id, "--surface", "beta"]
@@ -55,9 +68,17 @@ def test_a_task_found_in_the_journal_resumes_on_its_surface(slow: str, tmp_path:
     left = imggw("download", task_id, "--wait", "-t", "0", "-o", str(folder), "--base-url", slow)
     assert left.code == 3, left.err
     assert hint(left.err, "resume with: ") == [
-        "imggw", "download", task_id, "--wait", "--surface", "alpha", "-o", str(folder),
-        "--base-url", slow,
-    ]  # fmt: skip
+        "imggw",
+        "download",
+        task_id,
+        "--wait",
+        "--surface",
+        "alpha",
+        "-o",
+        str(folder),
+        "--base-url",
+        slow,
+    ]
 
 
 def test_a_generate_of_unknown_outcome_is_resent_into_its_folder(
@@ -66,12 +87,22 @@ def test_a_generate_of_unknown_outcome_is_resent_into_its_folder(
     lossy = MockGateway(api_keys=[CANARY], fault_rate=1.0, faults=["lost"])
     folder = tmp_path / "my out"
     with lossy.serve() as url:
-        lost = imggw("generate", "a private prompt", "-a", "16:9", "-o", str(folder),
-                     "--base-url", url)  # fmt: skip
+        lost = imggw(
+            "generate", "a private prompt", "-a", "16:9", "-o", str(folder), "--base-url", url
+        )
     assert lost.code == 5, lost.err
     words = hint(lost.err, "resubmit safely (no second task) with: ")
-    assert words[:9] == ["imggw", "generate", "PROMPT", "--surface", "beta", "--aspect-ratio",
-                         "16:9", "--resolution", "1k"]  # fmt: skip
+    assert words[:9] == [
+        "imggw",
+        "generate",
+        "PROMPT",
+        "--surface",
+        "beta",
+        "--aspect-ratio",
+        "16:9",
+        "--resolution",
+        "1k",
+    ]
     assert words[9] == "--idempotency-key"
     assert words[11:] == ["-o", str(folder), "--base-url", url]
     assert "private" not in lost.err

@@ -21,10 +21,13 @@ from .helpers import IMGGW, imggw, process_env
 
 @pytest.mark.parametrize(
     ("env", "args", "surface"),
-    [({"IMGGW_SURFACE": "ALPHA"}, [], "alpha"), ({"IMGGW_SURFACE": "Alpha"}, [], "alpha"),
-     ({}, ["--surface", "ALPHA"], "alpha"), ({"IMGGW_SURFACE": "alpha"}, ["--surface", "BETA"],
-     "beta")],
-)  # fmt: skip
+    [
+        ({"IMGGW_SURFACE": "ALPHA"}, [], "alpha"),
+        ({"IMGGW_SURFACE": "Alpha"}, [], "alpha"),
+        ({}, ["--surface", "ALPHA"], "alpha"),
+        ({"IMGGW_SURFACE": "alpha"}, ["--surface", "BETA"], "beta"),
+    ],
+)
 def test_the_surface_takes_either_case_from_the_environment_or_the_option(
     env: dict[str, str], args: list[str], surface: str
 ) -> None:
@@ -50,8 +53,11 @@ def test_submit_q_prints_the_bare_task_id(gateway: tuple[MockGateway, str]) -> N
 
 
 def _task_id_command(name: str, task_id: str, out: Path) -> list[str]:
-    return {"status": ["status", task_id], "poll": ["poll", task_id],
-            "download": ["download", task_id, "--wait", "-o", str(out)]}[name]  # fmt: skip
+    return {
+        "status": ["status", task_id],
+        "poll": ["poll", task_id],
+        "download": ["download", task_id, "--wait", "-o", str(out)],
+    }[name]
 
 
 @pytest.mark.parametrize("command", ["status", "poll", "download"])
@@ -61,15 +67,15 @@ def test_a_task_id_is_asked_on_the_surface_the_journal_recorded(
     _, url = gateway
     sent = imggw("submit", "a fox", "--surface", "alpha", "--base-url", url, "--json")
     task_id = sent.records()[0]["task_id"]
-    found = imggw(*_task_id_command(command, task_id, tmp_path / "a"), "--base-url", url,
-                  "--json")  # fmt: skip
+    found = imggw(*_task_id_command(command, task_id, tmp_path / "a"), "--base-url", url, "--json")
     assert found.code == 0, found.err
     (record,) = found.records()
     assert record["task_id"] == task_id
     # A surface chosen, by the option or the environment, is the one asked.
     for chosen, env in ((["--surface", "beta"], {}), ([], {"IMGGW_SURFACE": "beta"})):
-        asked = imggw(*_task_id_command(command, task_id, tmp_path / "b"), "--base-url", url,
-                      *chosen, env=env)  # fmt: skip
+        asked = imggw(
+            *_task_id_command(command, task_id, tmp_path / "b"), "--base-url", url, *chosen, env=env
+        )
         assert asked.code == 1, asked.err
         assert f"No such task. (task_not_found) at {url} on surface beta" in asked.err
 
@@ -94,15 +100,31 @@ def test_no_help_shows_rst_markup() -> None:
 
 @pytest.mark.parametrize(
     ("args", "env", "says"),
-    [(["generate", "x", "-a", "7:5"], {}, "Invalid value for '--aspect-ratio' / '-a': '7:5' is "
-      "not one of 'auto', '1:1'"),
-     (["status", "1", "--surface", "gamma"], {}, "Invalid value for '--surface' (env var: "
-      "'IMGGW_SURFACE'): 'gamma' is not one of 'alpha', 'beta'."),
-     (["status", "1"], {"IMGGW_SURFACE": "gamma"}, "Invalid value for '--surface' (env var: "
-      "'IMGGW_SURFACE'): 'gamma' is not one of 'alpha', 'beta'."),
-     (["completion", "tcsh"], {}, "Invalid value for 'shell': 'tcsh' is not one of 'bash', "
-      "'zsh', 'fish'.")],
-)  # fmt: skip
+    [
+        (
+            ["generate", "x", "-a", "7:5"],
+            {},
+            "Invalid value for '--aspect-ratio' / '-a': '7:5' is not one of 'auto', '1:1'",
+        ),
+        (
+            ["status", "1", "--surface", "gamma"],
+            {},
+            "Invalid value for '--surface' (env var: "
+            "'IMGGW_SURFACE'): 'gamma' is not one of 'alpha', 'beta'.",
+        ),
+        (
+            ["status", "1"],
+            {"IMGGW_SURFACE": "gamma"},
+            "Invalid value for '--surface' (env var: "
+            "'IMGGW_SURFACE'): 'gamma' is not one of 'alpha', 'beta'.",
+        ),
+        (
+            ["completion", "tcsh"],
+            {},
+            "Invalid value for 'shell': 'tcsh' is not one of 'bash', 'zsh', 'fish'.",
+        ),
+    ],
+)
 def test_a_bad_value_is_said_without_pydantics_prefix(
     args: list[str], env: dict[str, str], says: str
 ) -> None:
@@ -115,12 +137,16 @@ def test_a_bad_value_is_said_without_pydantics_prefix(
 
 @pytest.mark.slow
 def test_a_bad_value_is_said_without_pydantics_prefix_in_json_too() -> None:
-    done = subprocess.run([*IMGGW, "--log-format", "json", "generate", "x", "-r", "8k"],
-                          env=process_env("unused"), capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*IMGGW, "--log-format", "json", "generate", "x", "-r", "8k"],
+        env=process_env("unused"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     (line,) = [json.loads(text) for text in done.stderr.splitlines()]
     assert (line["event"], line["message"]) == (
-        "usage_error", "Error: Invalid value for '--resolution' / '-r': '8k' is not one of "
-        "'1k', '2k', '4k'.",
-    )  # fmt: skip
+        "usage_error",
+        "Error: Invalid value for '--resolution' / '-r': '8k' is not one of '1k', '2k', '4k'.",
+    )

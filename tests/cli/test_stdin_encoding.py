@@ -56,8 +56,16 @@ def test_batch_input_that_is_not_utf8_exits_2_like_a_file(
 
 def test_piped_batch_input_is_decoded_as_a_file_is(tmp_path: Path) -> None:
     """A byte-order mark is not part of the first line, and CRLF line ends are line ends."""
-    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--mock", "-q", "--json",
-                stdin=b'\xef\xbb\xbf{"prompt": "a cat"}\r\n{"prompt": "caf\xc3\xa9"}\r\n')  # fmt: skip
+    run = imggw(
+        "batch",
+        "-",
+        "-o",
+        str(tmp_path / "out"),
+        "--mock",
+        "-q",
+        "--json",
+        stdin=b'\xef\xbb\xbf{"prompt": "a cat"}\r\n{"prompt": "caf\xc3\xa9"}\r\n',
+    )
     assert run.code == 0, run.err
     assert [r["prompt"] for r in run.records()] == ["a cat", "café"]
 
@@ -66,9 +74,13 @@ def test_the_real_standard_input_gives_no_traceback() -> None:
     """The command from the bug report, in a real process with a UTF-8 terminal encoding."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     done = subprocess.run(
-        [sys.executable, "-m", "imggw_cli", "--mock", "submit", "-"], input=NOT_UTF8,
-        capture_output=True, timeout=60, check=False, env={**env, "PYTHONIOENCODING": "utf-8"},
-    )  # fmt: skip
+        [sys.executable, "-m", "imggw_cli", "--mock", "submit", "-"],
+        input=NOT_UTF8,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env={**env, "PYTHONIOENCODING": "utf-8"},
+    )
     assert done.returncode == 2
     assert done.stdout == b""
     assert done.stderr == f"error: cannot read standard input: {REASON}\n".encode()

@@ -30,8 +30,15 @@ def test_submit_dash_submits_standard_input_less_one_trailing_newline(
     assert first.code == 0, first.err
     record = first.records()[0]
     # The gateway replays a key only for the very same request: so this was the prompt sent.
-    again = imggw("submit", prompt, "--base-url", url, "--json",
-                  "--idempotency-key", record["idempotency_key"])  # fmt: skip
+    again = imggw(
+        "submit",
+        prompt,
+        "--base-url",
+        url,
+        "--json",
+        "--idempotency-key",
+        record["idempotency_key"],
+    )
     assert again.code == 0, again.err
     assert again.records()[0]["task_id"] == record["task_id"]
     assert gw.stats()["tasks_created"] == 1
@@ -41,13 +48,24 @@ def test_generate_dash_reads_the_prompt_from_standard_input(
     gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
     gw, url = gateway
-    run = imggw("generate", "-", "--base-url", url, "-o", str(tmp_path), "--json",
-                "--idempotency-key", "order-1", stdin="a lighthouse\n")  # fmt: skip
+    run = imggw(
+        "generate",
+        "-",
+        "--base-url",
+        url,
+        "-o",
+        str(tmp_path),
+        "--json",
+        "--idempotency-key",
+        "order-1",
+        stdin="a lighthouse\n",
+    )
     assert run.code == 0, run.err
     (file,) = run.records()[0]["files"]
     assert Path(file["path"]).read_bytes().startswith(b"\x89PNG")
-    again = imggw("submit", "a lighthouse", "--base-url", url, "--json",
-                  "--idempotency-key", "order-1")  # fmt: skip
+    again = imggw(
+        "submit", "a lighthouse", "--base-url", url, "--json", "--idempotency-key", "order-1"
+    )
     assert again.records()[0]["task_id"] == run.records()[0]["task_id"]  # the same request
     assert gw.stats()["tasks_created"] == 1
 

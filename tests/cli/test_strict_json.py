@@ -48,9 +48,14 @@ def huge_charges(base: list[str]) -> Any:
             status, ctype, body = 200, b"application/json", json.dumps(answer).encode()
         else:
             task_id = path.rsplit("/", 1)[-1]
-            record = {"id": task_id, "status": "completed", "progress": 100, "cost": HUGE,
-                      "credits_cost": HUGE,
-                      "result": {"images": [{"url": [f"{base[0]}/img/{task_id}.png"]}]}}  # fmt: skip
+            record = {
+                "id": task_id,
+                "status": "completed",
+                "progress": 100,
+                "cost": HUGE,
+                "credits_cost": HUGE,
+                "result": {"images": [{"url": [f"{base[0]}/img/{task_id}.png"]}]},
+            }
             status, ctype, body = (
                 200,
                 b"application/json",
@@ -93,8 +98,18 @@ def test_huge_charges_summed_print_null_never_infinity(gateway: str, tmp_path: P
 
     more = tmp_path / "more.txt"
     more.write_text("".join(f"a fox number {i}\n" for i in range(40)))
-    plan = imggw("batch", str(more), "-o", str(out), "--dry-run", "--json", "--allow-changes",
-                 "--log-format", "json", *common)  # fmt: skip
+    plan = imggw(
+        "batch",
+        str(more),
+        "-o",
+        str(out),
+        "--dry-run",
+        "--json",
+        "--allow-changes",
+        "--log-format",
+        "json",
+        *common,
+    )
     assert plan.code == 0, plan.err
     (dry,) = every_line_strict(plan.out)
     every_line_strict(plan.err)
@@ -102,8 +117,17 @@ def test_huge_charges_summed_print_null_never_infinity(gateway: str, tmp_path: P
 
 
 def test_strict_json_makes_every_non_finite_number_null() -> None:
-    value = {"a": float("inf"), "b": [float("-inf"), float("nan"), 1.5, (2.0, float("inf"))],
-             "c": {"d": HUGE * 10}, "e": "Infinity", "f": 7}  # fmt: skip
+    value = {
+        "a": float("inf"),
+        "b": [float("-inf"), float("nan"), 1.5, (2.0, float("inf"))],
+        "c": {"d": HUGE * 10},
+        "e": "Infinity",
+        "f": 7,
+    }
     assert strict(strict_json(value)) == {
-        "a": None, "b": [None, None, 1.5, [2.0, None]], "c": {"d": None}, "e": "Infinity", "f": 7
-    }  # fmt: skip
+        "a": None,
+        "b": [None, None, 1.5, [2.0, None]],
+        "c": {"d": None},
+        "e": "Infinity",
+        "f": 7,
+    }

@@ -28,8 +28,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*IMGGW, *args], capture_output=True, text=True, timeout=120,
-                          env=env(**extra), check=False)  # fmt: skip
+    done = subprocess.run(
+        [*IMGGW, *args], capture_output=True, text=True, timeout=120, env=env(**extra), check=False
+    )
     assert CANARY not in done.stdout + done.stderr
     return done
 
@@ -67,8 +68,13 @@ def test_ctrl_c_mid_poll_names_the_task_and_exits_130(
 ) -> None:
     _, url = slow_gateway
     task_id = json.loads(run("submit", "a cat", "--base-url", url, "--json").stdout)["task_id"]
-    child = subprocess.Popen([*IMGGW, "poll", task_id, "--base-url", url], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    child = subprocess.Popen(
+        [*IMGGW, "poll", task_id, "--base-url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     assert child.stderr is not None
     first = child.stderr.readline()  # the first progress line: the poll is under way
     assert f"task {task_id}: pending" in first
@@ -87,8 +93,13 @@ def test_ctrl_c_mid_generate_names_the_task(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
     gateway, url = slow_gateway
-    child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    child = subprocess.Popen(
+        [*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     assert child.stderr is not None
     child.stderr.readline()
     child.send_signal(signal.SIGINT)
@@ -121,9 +132,14 @@ def test_sigterm_and_sighup_mid_generate_are_handled_as_ctrl_c(
     # fails on every machine, not only on those whose runner ignores the signal.
     kept = signal.signal(sent, signal.SIG_IGN)
     try:
-        child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o",
-                                  str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env=env(), preexec_fn=with_default_stop_signals)  # fmt: skip
+        child = subprocess.Popen(
+            [*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+            preexec_fn=with_default_stop_signals,
+        )
     finally:
         signal.signal(sent, kept if kept is not None else signal.SIG_DFL)
     assert child.stderr is not None
@@ -154,9 +170,14 @@ def test_a_sighup_ignored_by_nohup_stays_ignored(
     """`nohup imggw ...` asks to outlive the terminal: SIGHUP is not taken over, and the
     SIGTERM sent after it is what ends the command."""
     _, url = slow_gateway
-    child = subprocess.Popen([*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # fmt: skip
+    child = subprocess.Popen(
+        [*IMGGW, "generate", "a cat", "--base-url", url, "-o", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
     assert child.stderr is not None
     assert "task 1: pending" in child.stderr.readline()
     child.send_signal(signal.SIGHUP)  # discarded by the kernel: the process ignores it
@@ -184,9 +205,13 @@ def test_sigterm_mid_download_wait_stops_every_id_and_names_the_one_under_way(
     gateway, url = slow_gateway
     for prompt in ("a cat", "a dog"):
         assert run("submit", prompt, "--base-url", url).returncode == 0
-    child = subprocess.Popen([*IMGGW, "download", "1", "2", "--wait", "--base-url", url,
-                              "-o", str(tmp_path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env())  # fmt: skip
+    child = subprocess.Popen(
+        [*IMGGW, "download", "1", "2", "--wait", "--base-url", url, "-o", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     assert child.stderr is not None
     assert "task 1: pending" in child.stderr.readline()
     child.send_signal(signal.SIGTERM)
@@ -214,10 +239,20 @@ def test_sigterm_mid_batch_writes_the_manifest_and_a_rerun_submits_nothing(
     source = tmp_path / "prompts.txt"
     source.write_text("a cat\na dog\na fox\n")
     out = tmp_path / "out"
-    command = [*IMGGW, "--log-format", "json", "batch", str(source), "-o", str(out),
-               "--base-url", url]  # fmt: skip
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env())  # fmt: skip
+    command = [
+        *IMGGW,
+        "--log-format",
+        "json",
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+    ]
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
     deadline = time.monotonic() + 60
     # Every line's task was answered and is being waited on: the gateway saw each polled.
     while polled != {"1", "2", "3"}:
@@ -235,8 +270,11 @@ def test_sigterm_mid_batch_writes_the_manifest_and_a_rerun_submits_nothing(
         "to resume"
     )
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    assert [(r["line"], r["status"]) for r in rows] == [(1, "running"), (2, "running"),
-                                                         (3, "running")]  # fmt: skip
+    assert [(r["line"], r["status"]) for r in rows] == [
+        (1, "running"),
+        (2, "running"),
+        (3, "running"),
+    ]
     assert sorted(r["task_id"] for r in rows) == ["1", "2", "3"]
     again = run("batch", str(source), "-o", str(out), "--base-url", url, "-t", "0.5")
     assert again.returncode == 3, again.stderr  # resumed, still running; the lock was freed
@@ -261,11 +299,23 @@ def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
 
     gateway.handle = answer_late  # type: ignore[method-assign]
     with gateway.serve() as url:
-        child = subprocess.Popen([*IMGGW, command, "a cat", "--base-url", url, "-a", "3:2",
-                                  "-o" if command == "generate" else "-r",
-                                  str(tmp_path) if command == "generate" else "2k"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env())  # fmt: skip
+        child = subprocess.Popen(
+            [
+                *IMGGW,
+                command,
+                "a cat",
+                "--base-url",
+                url,
+                "-a",
+                "3:2",
+                "-o" if command == "generate" else "-r",
+                str(tmp_path) if command == "generate" else "2k",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         deadline = time.monotonic() + 30
         while gateway.stats()["tasks_created"] == 0:
             assert time.monotonic() < deadline
@@ -278,12 +328,29 @@ def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
         hint = err.split("resubmit safely (no second task) with: ", 1)[1].split("\n", 1)[0]
         args = hint.split()
         assert args[:3] == ["imggw", command, "PROMPT"]
-        assert args[3:9] == ["--surface", "beta", "--aspect-ratio", "3:2", "--resolution",
-                             "1k" if command == "generate" else "2k"]  # fmt: skip
+        assert args[3:9] == [
+            "--surface",
+            "beta",
+            "--aspect-ratio",
+            "3:2",
+            "--resolution",
+            "1k" if command == "generate" else "2k",
+        ]
         assert args[9] == "--idempotency-key"
         slow[0] = False
-        again = run("submit", "a cat", "--base-url", url, "-a", "3:2", "-r", args[8],
-                    "--idempotency-key", args[10], "--json")  # fmt: skip
+        again = run(
+            "submit",
+            "a cat",
+            "--base-url",
+            url,
+            "-a",
+            "3:2",
+            "-r",
+            args[8],
+            "--idempotency-key",
+            args[10],
+            "--json",
+        )
         assert again.returncode == 0, again.stderr
         assert gateway.stats()["tasks_created"] == 1  # the same task, replayed
         assert gateway.stats()["replays"] == 1
@@ -293,11 +360,34 @@ def test_ctrl_c_mid_submit_prints_a_resubmit_that_bills_nothing_twice(
 @pytest.mark.slow
 def test_mock_serve_then_commands_against_it(tmp_path: Path) -> None:
     server = subprocess.Popen(
-        [*IMGGW, "mock", "serve", "--port", "0", "--api-key", CANARY, "--duration-min", "0",
-         "--duration-max", "0.2", "--fault-rate", "0.2", "--faults", "503,lost,latency",
-         "--latency", "0.05", "--seed", "2", "--retry-after", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-    )  # fmt: skip
+        [
+            *IMGGW,
+            "mock",
+            "serve",
+            "--port",
+            "0",
+            "--api-key",
+            CANARY,
+            "--duration-min",
+            "0",
+            "--duration-max",
+            "0.2",
+            "--fault-rate",
+            "0.2",
+            "--faults",
+            "503,lost,latency",
+            "--latency",
+            "0.05",
+            "--seed",
+            "2",
+            "--retry-after",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     try:
         assert server.stdout is not None
         url = server.stdout.readline().strip()
@@ -321,8 +411,19 @@ def test_mock_serve_then_commands_against_it(tmp_path: Path) -> None:
 def test_mock_serve_help_lists_every_gateway_option() -> None:
     done = run("mock", "serve", "--help")
     assert done.returncode == 0
-    for option in ("--host", "--port", "--api-key", "--seed", "--duration-min", "--duration-max",
-                   "--failure-rate", "--fault-rate", "--faults", "--quirks", "--retention",
-                   "--manual-clock"):  # fmt: skip
+    for option in (
+        "--host",
+        "--port",
+        "--api-key",
+        "--seed",
+        "--duration-min",
+        "--duration-max",
+        "--failure-rate",
+        "--fault-rate",
+        "--faults",
+        "--quirks",
+        "--retention",
+        "--manual-clock",
+    ):
         assert option in done.stdout
     assert done.stdout.startswith("Usage: imggw mock serve")

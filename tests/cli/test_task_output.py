@@ -21,8 +21,13 @@ NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def task(**fields: Any) -> Task:
-    return Task(id="7", surface="beta", status=TaskStatus.SUCCEEDED,
-                image_urls=["http://cdn.test/7.png"], **fields)  # fmt: skip
+    return Task(
+        id="7",
+        surface="beta",
+        status=TaskStatus.SUCCEEDED,
+        image_urls=["http://cdn.test/7.png"],
+        **fields,
+    )
 
 
 @pytest.mark.parametrize(

@@ -60,10 +60,12 @@ def test_generate_is_one_span_holding_its_submit_wait_and_download(
     wait = next(s for s in children if s.name == "imggw.wait")
     assert wait.attributes is not None
     assert dict(generate.attributes) == {
-        "imggw.surface": "beta", "imggw.task_id": record["task_id"],
-        "imggw.status": "succeeded", "imggw.attempts": attempts,
+        "imggw.surface": "beta",
+        "imggw.task_id": record["task_id"],
+        "imggw.status": "succeeded",
+        "imggw.attempts": attempts,
         "imggw.polls": wait.attributes["imggw.polls"],
-    }  # fmt: skip
+    }
     assert attempts >= 3  # a submit, a poll at least, a file
     assert generate.status.status_code is StatusCode.UNSET
     for span in spans.get_finished_spans():

@@ -146,8 +146,9 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
     answer, arrivals = limited_then_fine(ALPHA_429)
     limited = anyio.Event()  # set on the event loop's thread, where the flow logs
     with raw_server(answer) as url, on_retry(limited.set):
-        client = AsyncClient(api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK,
-                             rate_limit=PACED)  # fmt: skip
+        client = AsyncClient(
+            api_key="k" * 12, base_url=url, surface="alpha", retry=QUICK, rate_limit=PACED
+        )
         async with client, anyio.create_task_group() as group:
             group.start_soon(client.get, "7")
             with anyio.fail_after(10):
@@ -169,13 +170,15 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
 async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
     # The same rates over 2 s windows: this gateway runs in the test's own process, where the
     # GIL can delay its clock by more than the 10 ms a 1 s window leaves.
-    gateway = MockGateway(submit_limit="10/2", query_limit="40/2", duration_min=0.2,
-                          duration_max=0.3)  # fmt: skip
+    gateway = MockGateway(
+        submit_limit="10/2", query_limit="40/2", duration_min=0.2, duration_max=0.3
+    )
     with gateway.serve() as url:
         limit = RateLimit(submits_per_second=5, queries_per_second=20)
         fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
-        async with AsyncClient(api_key="test-key", base_url=url, rate_limit=limit,
-                               poll=fast) as client:  # fmt: skip
+        async with AsyncClient(
+            api_key="test-key", base_url=url, rate_limit=limit, poll=fast
+        ) as client:
             started = time.monotonic()
             async with anyio.create_task_group() as group:
                 for i in range(15):

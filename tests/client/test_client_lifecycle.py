@@ -45,8 +45,13 @@ def url(gateway: MockGateway) -> Iterator[str]:
 
 
 def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(url: str) -> None:
-    client = Client(api_key="test-key", base_url=url, timeout=30, poll=FAST,
-                    rate_limit=RateLimit(queries_per_second=50))  # fmt: skip
+    client = Client(
+        api_key="test-key",
+        base_url=url,
+        timeout=30,
+        poll=FAST,
+        rate_limit=RateLimit(queries_per_second=50),
+    )
     quick = client.with_options(timeout=5, max_retries=1, poll=PollPolicy(initial_interval=2.0))
     assert quick.timeout == 5.0
     assert quick.retry.max_attempts == 2
@@ -70,9 +75,16 @@ def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(url: str)
 
 @pytest.mark.parametrize(
     "changes",
-    [{"timeout": 0}, {"timeout": -1}, {"max_retries": -1}, {"max_retries": 1.5},
-     {"retry": "x"}, {"poll": 3}, {"retry": RetryPolicy(), "max_retries": 2}],
-)  # fmt: skip
+    [
+        {"timeout": 0},
+        {"timeout": -1},
+        {"max_retries": -1},
+        {"max_retries": 1.5},
+        {"retry": "x"},
+        {"poll": 3},
+        {"retry": RetryPolicy(), "max_retries": 2},
+    ],
+)
 def test_with_options_checks_what_it_is_given(changes: dict[str, object]) -> None:
     client = Client(api_key="test-key", base_url="http://127.0.0.1:9")
     with pytest.raises(ConfigurationError):
@@ -149,8 +161,12 @@ def test_a_submit_cut_short_by_close_keeps_its_key() -> None:
         release.wait(timeout=30)
 
     with raw_server(hold) as base_url:
-        client = Client(api_key="test-key", base_url=base_url, timeout=1.0,
-                        retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02))  # fmt: skip
+        client = Client(
+            api_key="test-key",
+            base_url=base_url,
+            timeout=1.0,
+            retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02),
+        )
         threading.Thread(target=lambda: arrived.wait(timeout=10) and client.close()).start()
         with pytest.raises(UnknownOutcomeError) as info:
             client.submit("a lighthouse", idempotency_key="key-cut-short-by-close")
@@ -230,8 +246,9 @@ class Recording(httpx.BaseTransport, httpx.AsyncBaseTransport):
 def test_a_client_over_a_transport_owns_the_http_client_it_makes() -> None:
     gateway = MockGateway(duration_min=30, duration_max=30)
     transport = Recording(gateway.transport())
-    client = Client(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
-                    transport=transport)  # fmt: skip
+    client = Client(
+        api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
+    )
     copy = client.with_options(timeout=5)
     sub = copy.submit("a lighthouse")
     copy.close()  # a copy borrows the connection: it stays open
@@ -246,8 +263,9 @@ def test_a_client_over_a_transport_owns_the_http_client_it_makes() -> None:
 async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes() -> None:
     gateway = MockGateway(duration_min=30, duration_max=30)
     transport = Recording(gateway.transport())
-    async with AsyncClient(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
-                           transport=transport) as client:  # fmt: skip
+    async with AsyncClient(
+        api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
+    ) as client:
         sub = await client.submit("a lighthouse")
         assert (await client.get(sub.task_id)).id == sub.task_id
         assert transport.closed == 0
@@ -257,8 +275,9 @@ async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes() 
 def test_an_async_client_over_a_transport_makes_its_http_client_again_on_a_new_loop() -> None:
     gateway = MockGateway(duration_min=30, duration_max=30)
     transport = Recording(gateway.transport())
-    client = AsyncClient(api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL,
-                         transport=transport)  # fmt: skip
+    client = AsyncClient(
+        api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
+    )
 
     async def then_close() -> None:
         await client.submit("a red fox")  # over the same transport: it holds no connections

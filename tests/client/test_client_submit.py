@@ -148,9 +148,12 @@ async def test_validate_false_sends_what_it_is_given(client: Driven, gw: respx.M
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"aspect_ratio": 16}, "aspect_ratio"), ({"resolution": None}, "resolution"),
-     ({"prompt": b"bytes"}, "prompt")],
-)  # fmt: skip
+    [
+        ({"aspect_ratio": 16}, "aspect_ratio"),
+        ({"resolution": None}, "resolution"),
+        ({"prompt": b"bytes"}, "prompt"),
+    ],
+)
 async def test_validate_false_still_needs_text(
     client: Driven, gw: respx.MockRouter, kwargs: dict[str, object], field: str
 ) -> None:
@@ -299,9 +302,13 @@ async def test_one_unknown_attempt_makes_the_whole_submit_unknown(
     client: Driven, gw: respx.MockRouter
 ) -> None:
     gw.post(BETA_SUBMIT).mock(
-        side_effect=[httpx.ReadTimeout("x"), httpx.ConnectError("y"), httpx.ConnectError("y"),
-                     httpx.ConnectError("y")]
-    )  # fmt: skip
+        side_effect=[
+            httpx.ReadTimeout("x"),
+            httpx.ConnectError("y"),
+            httpx.ConnectError("y"),
+            httpx.ConnectError("y"),
+        ]
+    )
     with pytest.raises(UnknownOutcomeError):
         await client.submit("a cat")
 

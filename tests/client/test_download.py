@@ -208,10 +208,13 @@ async def test_a_prefix_starts_every_name_and_cannot_leave_the_folder(
 
 @pytest.mark.parametrize(
     ("body", "content_type"),
-    [(b"<html><body>Access denied</body></html>", "text/html; charset=utf-8"),
-     (b'{"error": "quota"}', "application/json"), (b"  <?xml version='1.0'?><Error/>", None),
-     (b"\x00\x01binary-but-labelled", "text/plain")],
-)  # fmt: skip
+    [
+        (b"<html><body>Access denied</body></html>", "text/html; charset=utf-8"),
+        (b'{"error": "quota"}', "application/json"),
+        (b"  <?xml version='1.0'?><Error/>", None),
+        (b"\x00\x01binary-but-labelled", "text/plain"),
+    ],
+)
 async def test_a_document_served_in_place_of_an_image_is_retried_then_refused(
     client: Driven, tmp_path: Path, body: bytes, content_type: str | None
 ) -> None:
@@ -230,10 +233,13 @@ async def test_a_document_served_in_place_of_an_image_is_retried_then_refused(
 
 @pytest.mark.parametrize(
     ("body", "content_type", "name"),
-    [(PNG, "text/html", "42-0.png"), (PNG, "application/octet-stream", "42-0.png"),
-     (b"\x00\x00\x00\x1cftypavif", "image/avif", "42-0.bin"),
-     (b"\x00\x00\x00\x1cftypavif", None, "42-0.bin")],
-)  # fmt: skip
+    [
+        (PNG, "text/html", "42-0.png"),
+        (PNG, "application/octet-stream", "42-0.png"),
+        (b"\x00\x00\x00\x1cftypavif", "image/avif", "42-0.bin"),
+        (b"\x00\x00\x00\x1cftypavif", None, "42-0.bin"),
+    ],
+)
 async def test_image_bytes_or_an_image_label_are_saved(
     client: Driven, tmp_path: Path, body: bytes, content_type: str | None, name: str
 ) -> None:

@@ -225,8 +225,7 @@ async def test_a_gateways_redirect_is_never_followed_whatever_the_http_client_sa
         own = (library.Client if kind == "sync" else library.AsyncClient)(follow_redirects=follow)
     options: dict[str, Any] = {"http_client": own} if own is not None else {}
     cls = Client if kind == "sync" else AsyncClient
-    inner = cls(api_key="sk-redirects-0042", base_url=f"{hosts.results}/gw", retry=RETRY,
-                **options)  # fmt: skip
+    inner = cls(api_key="sk-redirects-0042", base_url=f"{hosts.results}/gw", retry=RETRY, **options)
     client = Driven(inner, FakeTime())
     try:
         with pytest.raises(ImggwError) as refused:

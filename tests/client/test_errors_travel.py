@@ -41,13 +41,27 @@ from imggw_client.mock import MockGateway
 KEY = "test-key"
 FAST = PollPolicy(initial_interval=0.01, max_interval=0.02)
 SUB = Submission(
-    task_id="7", idempotency_key="k" * 32, surface="alpha", replayed=False, resolution="2k",
+    task_id="7",
+    idempotency_key="k" * 32,
+    surface="alpha",
+    replayed=False,
+    resolution="2k",
     submitted_at=datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc),
-)  # fmt: skip
-TASK = Task(id="7", surface="alpha", status=TaskStatus.RUNNING, progress=40, credits=4.0,
-            raw={"code": 200, "data": {"taskId": "7"}})  # fmt: skip
-FAILED = Task(id="8", surface="beta", status=TaskStatus.FAILED,
-              error=TaskError(code="content_policy", message="refused"))  # fmt: skip
+)
+TASK = Task(
+    id="7",
+    surface="alpha",
+    status=TaskStatus.RUNNING,
+    progress=40,
+    credits=4.0,
+    raw={"code": 200, "data": {"taskId": "7"}},
+)
+FAILED = Task(
+    id="8",
+    surface="beta",
+    status=TaskStatus.FAILED,
+    error=TaskError(code="content_policy", message="refused"),
+)
 REQUEST = ImageRequest("a lighthouse", "3:2", "2k")
 
 
@@ -59,29 +73,51 @@ def samples() -> dict[type[BaseException], ImggwError]:
         sdk.ImggwError("m", status_code=500, code="c", surface="alpha"),
         sdk.ConfigurationError("bad base URL", status_code=404, code="not_found", surface="beta"),
         sdk.ClientClosedError("closed", request_sent=True),
-        sdk.RequestValidationError("resolution", "4k needs 1:1", code="unsupported_combination",
-                                   errors=[("resolution", "4k needs 1:1"), ("prompt", "x")]),
+        sdk.RequestValidationError(
+            "resolution",
+            "4k needs 1:1",
+            code="unsupported_combination",
+            errors=[("resolution", "4k needs 1:1"), ("prompt", "x")],
+        ),
         sdk.APIConnectionError("no route", request_sent=True, surface="alpha"),
         sdk.APITimeoutError("slow", request_sent=False, surface="beta"),
-        *(cls("refused", **api) for cls in (  # type: ignore[arg-type]
-            sdk.APIError, sdk.InvalidRequestError, sdk.AuthenticationError,
-            sdk.InsufficientCreditsError, sdk.PermissionDeniedError, sdk.NotFoundError,
-            sdk.ConflictError, sdk.IdempotencyConflictError, sdk.RateLimitError,
-            sdk.ServerError)),
-        sdk.UnknownOutcomeError("unknown", idempotency_key="k" * 32, request=REQUEST,
-                                surface="alpha", status_code=503, code="service_unavailable"),
+        *(
+            cls("refused", **api)
+            for cls in (  # type: ignore[arg-type]
+                sdk.APIError,
+                sdk.InvalidRequestError,
+                sdk.AuthenticationError,
+                sdk.InsufficientCreditsError,
+                sdk.PermissionDeniedError,
+                sdk.NotFoundError,
+                sdk.ConflictError,
+                sdk.IdempotencyConflictError,
+                sdk.RateLimitError,
+                sdk.ServerError,
+            )
+        ),
+        sdk.UnknownOutcomeError(
+            "unknown",
+            idempotency_key="k" * 32,
+            request=REQUEST,
+            surface="alpha",
+            status_code=503,
+            code="service_unavailable",
+        ),
         sdk.TaskFailedError(FAILED),
         sdk.WaitTimeoutError("7", TASK, timeout=60.0, surface="alpha", submission=SUB),
         sdk.ResultExpiredError("gone", status_code=410, code="result_expired", surface="beta"),
         sdk.DownloadError("disk full", code="write_failed", surface="alpha"),
-        batch.BatchInputError([BadLine(3, "not JSON"), BadLine(9, "no prompt")], 12,
-                              listing=Path("out/bad-lines.txt")),
-        batch.InputChangedError([4, 5], 2, removed=[9], removed_count=1,
-                                surfaces=("alpha", "beta")),
+        batch.BatchInputError(
+            [BadLine(3, "not JSON"), BadLine(9, "no prompt")], 12, listing=Path("out/bad-lines.txt")
+        ),
+        batch.InputChangedError(
+            [4, 5], 2, removed=[9], removed_count=1, surfaces=("alpha", "beta")
+        ),
         batch.BatchLockedError("locked", code="locked"),
         batch.KeyChangedError("out", "a1" * 32, "b2" * 32),
         batch.StorageError("cannot write out/ledger.sqlite (disk full)", code="storage_failed"),
-    ]  # fmt: skip
+    ]
     return {type(err): err for err in made}
 
 
@@ -102,8 +138,9 @@ def test_every_exported_error_has_a_sample() -> None:
     assert exported - set(samples()) == set(), "add a sample of each new error above"
 
 
-@pytest.mark.parametrize("cls", sorted(samples(), key=lambda c: c.__name__),
-                         ids=lambda c: c.__name__)  # fmt: skip
+@pytest.mark.parametrize(
+    "cls", sorted(samples(), key=lambda c: c.__name__), ids=lambda c: c.__name__
+)
 def test_every_error_survives_pickle_with_all_its_fields(cls: type[ImggwError]) -> None:
     err = samples()[cls]
     err.add_note("a note goes along")
@@ -120,8 +157,11 @@ def test_the_fields_named_by_the_design_travel() -> None:
     assert (timed_out.task_id, timed_out.last_task, timed_out.surface) == ("7", TASK, "alpha")
     assert timed_out.submission.model_dump() == SUB.model_dump()
     unknown = pickle.loads(pickle.dumps(samples()[UnknownOutcomeError]))
-    assert (unknown.idempotency_key, unknown.request, unknown.surface) == ("k" * 32, REQUEST,
-                                                                           "alpha")  # fmt: skip
+    assert (unknown.idempotency_key, unknown.request, unknown.surface) == (
+        "k" * 32,
+        REQUEST,
+        "alpha",
+    )
     assert (unknown.status_code, unknown.code) == (503, "service_unavailable")
     failed = pickle.loads(pickle.dumps(samples()[imggw_client.TaskFailedError]))
     assert failed.task == FAILED
@@ -190,8 +230,9 @@ def test_a_child_process_wait_timeout_reaches_the_parent_whole(
     assert gateway.stats()["tasks_created"] == 1
 
 
-@pytest.mark.parametrize("again", [lambda err: err, lambda err: err.submission],
-                         ids=["err", "err.submission"])  # fmt: skip
+@pytest.mark.parametrize(
+    "again", [lambda err: err, lambda err: err.submission], ids=["err", "err.submission"]
+)
 def test_waiting_again_asks_the_surface_of_the_call_that_timed_out(
     gateway: MockGateway, url: str, again: Callable[[WaitTimeoutError], object]
 ) -> None:

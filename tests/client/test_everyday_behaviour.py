@@ -29,8 +29,12 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("IMGGW_LOG", "IMGGW_API_KEY")}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, check=False, env={**environ, **env}, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**environ, **env},
+        timeout=60,
+    )
 
 
 # A generate against the in-process gateway, half of whose answers are 503s (retries, said at
@@ -58,7 +62,7 @@ def test_an_application_without_logging_hears_nothing_from_the_sdk() -> None:
         assert any(type(h) is logging.NullHandler
                    for h in logging.getLogger("imggw_client").handlers)
         logging.getLogger("imggw_client").warning("a warning nobody asked to see")
-    """)  # fmt: skip
+    """)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # logging's last resort would have printed it
 
@@ -93,8 +97,14 @@ def test_an_unknown_imggw_log_level_changes_nothing() -> None:
 
 def test_tasks_hash_and_equal_tasks_hash_alike() -> None:
     def task(status: TaskStatus = TaskStatus.SUCCEEDED, **more: Any) -> Task:
-        return Task(id="42", surface="beta", status=status, image_urls=["http://x/1.png"],
-                    raw={"id": "42"}, **more)  # fmt: skip
+        return Task(
+            id="42",
+            surface="beta",
+            status=status,
+            image_urls=["http://x/1.png"],
+            raw={"id": "42"},
+            **more,
+        )
 
     assert hash(task()) == hash(task())
     assert {task(), task()} == {task()}

@@ -64,8 +64,11 @@ class Gateway:
 
     def queries_of(self, task_id: str) -> list[int]:
         with self.lock:
-            return [p for p, method, path, _ in self.seen if method == "GET" and path.endswith(
-                f"/{task_id}")]  # fmt: skip
+            return [
+                p
+                for p, method, path, _ in self.seen
+                if method == "GET" and path.endswith(f"/{task_id}")
+            ]
 
 
 def handler(gw: Gateway) -> type[BaseHTTPRequestHandler]:

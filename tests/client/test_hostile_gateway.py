@@ -86,8 +86,12 @@ def test_a_client_goes_through_the_environments_proxy_and_keeps_its_deadline_the
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HTTP_PROXY", url)
-        client = Client(api_key="k" * 12, base_url="http://gateway.test", timeout=1,
-                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+        client = Client(
+            api_key="k" * 12,
+            base_url="http://gateway.test",
+            timeout=1,
+            retry=RetryPolicy(max_attempts=1),
+        )
         with client, pytest.raises(APITimeoutError):
             client.get("1")
         gave_up_first = not whole.is_set()
@@ -268,8 +272,10 @@ async def test_alpha_result_json_nested_too_deep_gives_no_urls(kind: str) -> Non
 @pytest.mark.slow
 async def test_a_useless_retry_after_never_makes_a_wait_spin(kind: str, hint: str) -> None:
     body = json.dumps({"code": 503, "error": {"code": "busy", "message": "busy"}}).encode()
-    busy = head(503, content_type="application/json", content_length=str(len(body)),
-                retry_after=hint) + body  # fmt: skip
+    busy = (
+        head(503, content_type="application/json", content_length=str(len(body)), retry_after=hint)
+        + body
+    )
     queries: list[float] = []
 
     def answer(conn: socket.socket, n: int, request: bytes) -> None:
@@ -290,9 +296,11 @@ async def test_a_useless_retry_after_never_makes_a_wait_spin(kind: str, hint: st
 async def test_downloads_honour_the_umask(kind: str, tmp_path: Path, umask: int, mode: int) -> None:
     import os
 
-    with raw_server(lambda conn, n, req: conn.sendall(
-        head(content_type="image/png", content_length=str(len(PNG))) + PNG)
-    ) as url:  # fmt: skip
+    with raw_server(
+        lambda conn, n, req: conn.sendall(
+            head(content_type="image/png", content_length=str(len(PNG))) + PNG
+        )
+    ) as url:
         task = Task(id="9", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[f"{url}/r"])
         old = os.umask(umask)
         try:
@@ -331,11 +339,17 @@ async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the
     kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = "sk-echoed-0123456789abcdef"
-    record = {"code": 200, "data": {
-        "id": "1", "status": "failed",
-        "error": {"code": f"bad_{key}", "message": f"the key {key} is wrong"},
-        "result": {"images": [{"url": [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]}]},
-    }}  # fmt: skip
+    record = {
+        "code": 200,
+        "data": {
+            "id": "1",
+            "status": "failed",
+            "error": {"code": f"bad_{key}", "message": f"the key {key} is wrong"},
+            "result": {
+                "images": [{"url": [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]}]
+            },
+        },
+    }
     refused = {"code": 401, "error": {"code": f"no_{key}", "message": f"refused {key}"}}
     answers = [
         http_json(200, json.dumps(record).encode()),

@@ -88,12 +88,17 @@ def the_key_said(notes: list[str], caplog: pytest.LogCaptureFixture, surface: st
     """The key that the one note and the one WARNING name, after checking what they say."""
     [note] = notes
     key = KEY_IN_NOTE.findall(note)[0]
-    assert f"client.submit(PROMPT, aspect_ratio='3:2', resolution='2k', surface='{surface}', " \
-           f"idempotency_key='{key}')" in note  # fmt: skip
-    assert f"imggw submit PROMPT --surface {surface} --aspect-ratio 3:2 --resolution 2k " \
-           f"--idempotency-key {key}" in note  # fmt: skip
-    warnings = [r for r in caplog.records
-                if r.name == "imggw_client" and r.levelno >= logging.WARNING]  # fmt: skip
+    assert (
+        f"client.submit(PROMPT, aspect_ratio='3:2', resolution='2k', surface='{surface}', "
+        f"idempotency_key='{key}')" in note
+    )
+    assert (
+        f"imggw submit PROMPT --surface {surface} --aspect-ratio 3:2 --resolution 2k "
+        f"--idempotency-key {key}" in note
+    )
+    warnings = [
+        r for r in caplog.records if r.name == "imggw_client" and r.levelno >= logging.WARNING
+    ]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     said = warnings[0].getMessage()
     assert key in said
@@ -106,8 +111,9 @@ def the_key_said(notes: list[str], caplog: pytest.LogCaptureFixture, surface: st
 
 async def resend(url: str, key: str, surface: str) -> Submission:
     async with AsyncClient(api_key=KEY, base_url=url) as client:
-        return await client.submit(PROMPT, aspect_ratio="3:2", resolution="2k", surface=surface,
-                                   idempotency_key=key)  # fmt: skip
+        return await client.submit(
+            PROMPT, aspect_ratio="3:2", resolution="2k", surface=surface, idempotency_key=key
+        )
 
 
 async def wait_for(event: threading.Event) -> None:
@@ -121,9 +127,9 @@ async def test_a_cancelled_submit_names_its_key_and_the_resend_bills_nothing(
     caplog.set_level(logging.WARNING, "imggw_client")
     with held_gateway() as (gateway, holder, url):
         async with AsyncClient(api_key=KEY, base_url=url) as client:
-            call = asyncio.ensure_future(client.submit(
-                PROMPT, aspect_ratio="3:2", resolution="2k", surface=surface
-            ))  # fmt: skip
+            call = asyncio.ensure_future(
+                client.submit(PROMPT, aspect_ratio="3:2", resolution="2k", surface=surface)
+            )
             await wait_for(holder.arrived)
             assert gateway.stats()["tasks_created"] == 1  # billed: the answer is what waits
             call.cancel()
@@ -187,9 +193,9 @@ async def test_a_cancelled_generate_names_its_key_in_the_submit_phase(
     caplog.set_level(logging.WARNING, "imggw_client")
     with held_gateway() as (gateway, holder, url):
         async with AsyncClient(api_key=KEY, base_url=url) as client:
-            call = asyncio.ensure_future(client.generate(
-                PROMPT, aspect_ratio="3:2", resolution="2k", surface="alpha"
-            ))  # fmt: skip
+            call = asyncio.ensure_future(
+                client.generate(PROMPT, aspect_ratio="3:2", resolution="2k", surface="alpha")
+            )
             await wait_for(holder.arrived)
             call.cancel()
             with pytest.raises(asyncio.CancelledError) as info:
@@ -228,9 +234,9 @@ async def test_a_generate_cancelled_while_it_waits_names_its_task(
     gateway = MockGateway(api_keys=[KEY], duration_min=30, duration_max=30)
     polled = asyncio.Event()
     async with gateway.async_client() as client:
-        call = asyncio.ensure_future(client.generate(
-            PROMPT, surface="alpha", on_update=lambda task: polled.set()
-        ))  # fmt: skip
+        call = asyncio.ensure_future(
+            client.generate(PROMPT, surface="alpha", on_update=lambda task: polled.set())
+        )
         await polled.wait()  # the wait is under way
         call.cancel()
         with pytest.raises(asyncio.CancelledError) as info:
@@ -279,7 +285,8 @@ def test_an_interrupted_blocking_submit_names_its_key(caplog: pytest.LogCaptureF
                 client.submit(PROMPT, aspect_ratio="3:2", resolution="2k", surface="alpha")
             key = the_key_said(notes_of(info.value), caplog, "alpha")
             holder.release.set()
-            again = client.submit(PROMPT, aspect_ratio="3:2", resolution="2k", surface="alpha",
-                                  idempotency_key=key)  # fmt: skip
+            again = client.submit(
+                PROMPT, aspect_ratio="3:2", resolution="2k", surface="alpha", idempotency_key=key
+            )
         assert again.replayed is True
         assert gateway.stats()["tasks_created"] == 1

@@ -21,8 +21,16 @@ BASE = "https://gw.example"
 
 
 def settings() -> object:
-    return resolve_settings(KEY, BASE, surface="alpha", timeout=5.0, max_retries=0, retry=None,
-                            poll=None, rate_limit=RateLimit(store="redis://127.0.0.1:9/0"))  # fmt: skip
+    return resolve_settings(
+        KEY,
+        BASE,
+        surface="alpha",
+        timeout=5.0,
+        max_retries=0,
+        retry=None,
+        poll=None,
+        rate_limit=RateLimit(store="redis://127.0.0.1:9/0"),
+    )
 
 
 def test_a_lane_is_named_from_the_slow_fingerprint_not_a_fast_hash_of_the_key() -> None:

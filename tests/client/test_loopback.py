@@ -53,8 +53,13 @@ class TinyGateway:
         body = await asgi_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         status, payload, content_type = await self.route(scope, headers, body, receive)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", content_type.encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     async def route(
@@ -96,15 +101,21 @@ class TinyGateway:
         done = task["queries"] >= 3
         url = f"http://{headers['host']}/files/{task_id}.png"
         if path.startswith("/alpha"):
-            data = {"taskId": task_id, "state": "success" if done else "generating",
-                    "resultJson": json.dumps({"resultUrls": [url]}) if done else ""}  # fmt: skip
+            data = {
+                "taskId": task_id,
+                "state": "success" if done else "generating",
+                "resultJson": json.dumps({"resultUrls": [url]}) if done else "",
+            }
             return (
                 200,
                 json.dumps({"code": 200, "msg": "ok", "data": data}).encode(),
                 "application/json",
             )
-        data = {"id": task_id, "status": "completed" if done else "processing",
-                "result": {"images": [{"url": [url]}]} if done else None}  # fmt: skip
+        data = {
+            "id": task_id,
+            "status": "completed" if done else "processing",
+            "result": {"images": [{"url": [url]}]} if done else None,
+        }
         return 200, json.dumps({"code": 200, "data": data}).encode(), "application/json"
 
 
@@ -121,8 +132,13 @@ async def test_generate_and_download_over_loopback_with_a_lost_response(
     kind: str, surface: str, tiny: tuple[TinyGateway, str], tmp_path: Path
 ) -> None:
     app, url = tiny
-    kwargs: dict[str, Any] = {"api_key": CANARY_KEY, "base_url": url, "surface": surface,
-                              "timeout": 0.2, **FAST}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "api_key": CANARY_KEY,
+        "base_url": url,
+        "surface": surface,
+        "timeout": 0.2,
+        **FAST,
+    }
     if kind == "sync":
         with Client(**kwargs) as client:
             task = client.generate("a cat", aspect_ratio="16:9")
@@ -194,8 +210,13 @@ def test_an_http_client_made_like_the_clients_own_keeps_its_whole_request_deadli
 
     with raw_server(answer) as url:
         http = Client.make_http_client(headers={"User-Agent": "my-app/2.1"})
-        client = Client(api_key=CANARY_KEY, base_url=url, timeout=1, http_client=http,
-                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+        client = Client(
+            api_key=CANARY_KEY,
+            base_url=url,
+            timeout=1,
+            http_client=http,
+            retry=RetryPolicy(max_attempts=1),
+        )
         with client, pytest.raises(APITimeoutError):
             client.get("1")
         gave_up_first = not whole.is_set()
@@ -209,7 +230,9 @@ def test_an_http_client_made_like_the_clients_own_keeps_its_whole_request_deadli
 async def test_an_async_http_client_made_like_the_clients_own() -> None:
     http = AsyncClient.make_http_client(headers={"User-Agent": "my-app/2.1"})
     assert isinstance(http, httpx.AsyncClient)
-    async with http, AsyncClient(api_key=CANARY_KEY, base_url="http://127.0.0.1:9",
-                                 http_client=http) as client:  # fmt: skip
+    async with (
+        http,
+        AsyncClient(api_key=CANARY_KEY, base_url="http://127.0.0.1:9", http_client=http) as client,
+    ):
         assert not client.is_closed
     assert http.is_closed

@@ -20,11 +20,19 @@ pytestmark = pytest.mark.anyio
 
 # DESIGN 18: the status, and the code B sends for it.
 SAME_CODE = [
-    (400, "invalid_request"), (422, "invalid_request"), (401, "unauthorized"),
-    (402, "insufficient_credits"), (403, "forbidden"), (404, "task_not_found"),
-    (409, "idempotency_in_progress"), (429, "rate_limited"), (500, "server_error"),
-    (502, "server_error"), (503, "server_error"), (504, "server_error"),
-]  # fmt: skip
+    (400, "invalid_request"),
+    (422, "invalid_request"),
+    (401, "unauthorized"),
+    (402, "insufficient_credits"),
+    (403, "forbidden"),
+    (404, "task_not_found"),
+    (409, "idempotency_in_progress"),
+    (429, "rate_limited"),
+    (500, "server_error"),
+    (502, "server_error"),
+    (503, "server_error"),
+    (504, "server_error"),
+]
 
 
 @pytest.mark.parametrize(("status", "code"), SAME_CODE)
@@ -64,8 +72,10 @@ def test_an_answer_naming_no_reason_reads_as_its_status(
 def test_a_reason_of_its_own_is_kept() -> None:
     """The idempotency reasons lead A's message, and a message of the reason table names its
     row: the SDK can tell the rule, so the status does not decide."""
-    said = {"alpha": b'{"code":422,"msg":"idempotency_key_reused: no","data":null}',
-            "beta": b'{"code":422,"error":{"code":"idempotency_key_reused","message":"no"}}'}  # fmt: skip
+    said = {
+        "alpha": b'{"code":422,"msg":"idempotency_key_reused: no","data":null}',
+        "beta": b'{"code":422,"error":{"code":"idempotency_key_reused","message":"no"}}',
+    }
     for surface, body in said.items():
         err = surfaces.read_error(surface, Reply(422, {}, body), now=0.0)  # type: ignore[arg-type]
         assert err is not None
@@ -122,6 +132,7 @@ async def test_the_reference_gateway_gives_one_code_on_both_surfaces(
                     call()
                 errors.append(info.value)
         seen[surface] = [err.code for err in errors]
-    assert seen["alpha"] == seen["beta"] == ["unauthorized", "task_not_found",
-                                             "insufficient_credits"]  # fmt: skip
+    assert (
+        seen["alpha"] == seen["beta"] == ["unauthorized", "task_not_found", "insufficient_credits"]
+    )
     assert gateway.stats()["tasks_created"] == 0

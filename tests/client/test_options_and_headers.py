@@ -52,8 +52,9 @@ class Recording:
 
         async def record(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http":
-                pairs = [(k.decode("latin-1").lower(), v.decode("latin-1"))
-                         for k, v in scope["headers"]]  # fmt: skip
+                pairs = [
+                    (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]
+                ]
                 self.heads.append((scope["method"], scope["path"], pairs))
             await app(scope, receive, send)
 
@@ -61,8 +62,11 @@ class Recording:
 
     def values(self, name: str, path_part: str = "") -> list[list[str]]:
         """For each request whose path holds ``path_part``: the values of header ``name``."""
-        return [[v for k, v in pairs if k == name.lower()]
-                for _, path, pairs in self.heads if path_part in path]  # fmt: skip
+        return [
+            [v for k, v in pairs if k == name.lower()]
+            for _, path, pairs in self.heads
+            if path_part in path
+        ]
 
 
 @pytest.fixture
@@ -112,10 +116,17 @@ async def test_default_and_extra_headers_go_on_every_request_of_their_calls_neve
         client.get(task.id, extra_headers={"X-Call": "get"})
         client.download(task, tmp_path)
 
-    await using(kind, url, act_sync if kind == "sync" else act_async,
-                default_headers={"X-Tenant": "acme", "X-Call": "default"})  # fmt: skip
-    api = [(method, path, pairs) for method, path, pairs in recording.heads
-           if not path.startswith("/results/")]  # fmt: skip
+    await using(
+        kind,
+        url,
+        act_sync if kind == "sync" else act_async,
+        default_headers={"X-Tenant": "acme", "X-Call": "default"},
+    )
+    api = [
+        (method, path, pairs)
+        for method, path, pairs in recording.heads
+        if not path.startswith("/results/")
+    ]
     assert [m for m, _, _ in api][:2] == ["POST", "GET"]  # the submit, then the wait's queries
     for _, path, pairs in api:
         names = [k for k, _ in pairs]
@@ -160,8 +171,9 @@ def test_a_callers_user_agent_leads_ours(url: str, recording: Recording) -> None
     assert recording.values("user-agent") == [[f"my-app/3 {OURS}"], [f"my-job/7 {OURS}"]]
 
 
-@pytest.mark.parametrize("name", ["Authorization", "authorization", "Idempotency-Key",
-                                  "IDEMPOTENCY-KEY"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["Authorization", "authorization", "Idempotency-Key", "IDEMPOTENCY-KEY"]
+)
 def test_no_header_of_the_callers_replaces_the_key_or_the_idempotency_key(
     name: str, url: str, gateway: MockGateway
 ) -> None:
@@ -298,8 +310,10 @@ def test_a_copy_for_another_gateway_talks_to_it_alone_and_shares_the_journal(
     tmp_path: Path, url: str, gateway: MockGateway
 ) -> None:
     second = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
-    with second.serve() as second_url, Client(api_key=KEY, base_url=url, poll=FAST,
-                                             journal=tmp_path / "j.sqlite") as client:  # fmt: skip
+    with (
+        second.serve() as second_url,
+        Client(api_key=KEY, base_url=url, poll=FAST, journal=tmp_path / "j.sqlite") as client,
+    ):
         there = client.with_options(base_url=second_url + "/")
         assert there.base_url == second_url
         assert there._flows.budget is not client._flows.budget
@@ -319,12 +333,19 @@ def test_a_copy_for_another_gateway_talks_to_it_alone_and_shares_the_journal(
 
 @pytest.mark.parametrize(
     "changes",
-    [{"api_key": "has space"}, {"api_key": ""}, {"base_url": "ftp://x"},
-     {"base_url": "http://user:pw@host"}, {"surface": "gamma"},
-     {"default_headers": {"Authorization": "x"}}, {"default_headers": ["X-A"]},
-     {"timeout": httpx.Timeout(None)}, {"timeout": httpx.Timeout(5, read=None)},
-     {"timeout": "5"}],
-)  # fmt: skip
+    [
+        {"api_key": "has space"},
+        {"api_key": ""},
+        {"base_url": "ftp://x"},
+        {"base_url": "http://user:pw@host"},
+        {"surface": "gamma"},
+        {"default_headers": {"Authorization": "x"}},
+        {"default_headers": ["X-A"]},
+        {"timeout": httpx.Timeout(None)},
+        {"timeout": httpx.Timeout(5, read=None)},
+        {"timeout": "5"},
+    ],
+)
 def test_with_options_checks_the_new_settings_as_the_client_does(changes: dict[str, Any]) -> None:
     client = Client(api_key=KEY, base_url=BASE_URL)
     with pytest.raises(ConfigurationError) as refused:
@@ -352,21 +373,28 @@ def test_an_httpx_timeout_bounds_each_phase_and_its_largest_limit_the_whole_requ
     gateway = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
     seen = Seen(gateway)
     limits = httpx.Timeout(5, connect=2)
-    with Client(api_key=KEY, base_url=BASE_URL, timeout=limits, transport=seen,
-                poll=FAST) as client:  # fmt: skip
+    with Client(
+        api_key=KEY, base_url=BASE_URL, timeout=limits, transport=seen, poll=FAST
+    ) as client:
         assert client.timeout == limits
         assert client._settings.timeout == 5.0  # the whole request's bound, as timeout=5
         assert whole_request(client.timeout) == 5.0  # read from the public timeout alike
         client.submit("a fox")
         assert seen.requests[-1].extensions["timeout"] == {
-            "connect": 2.0, "read": 5.0, "write": 5.0, "pool": 5.0,
-        }  # fmt: skip
+            "connect": 2.0,
+            "read": 5.0,
+            "write": 5.0,
+            "pool": 5.0,
+        }
         quick = client.with_options(timeout=httpx.Timeout(10, connect=1, read=0.5))
         assert quick._settings.timeout == whole_request(quick.timeout) == 10.0
         quick.submit("a fox")
         assert seen.requests[-1].extensions["timeout"] == {
-            "connect": 1.0, "read": 0.5, "write": 10.0, "pool": 10.0,
-        }  # fmt: skip
+            "connect": 1.0,
+            "read": 0.5,
+            "write": 10.0,
+            "pool": 10.0,
+        }
         plain = client.with_options(timeout=3)
         assert whole_request(plain.timeout) == 3.0
         plain.submit("a fox")
@@ -459,7 +487,9 @@ def test_a_copy_for_another_gateway_or_key_tells_that_gateways_silence_not_this_
     same = client.with_options(timeout=5)
     client._silence.asked(0.0)  # a request to this gateway, unanswered
     assert same._silence.silent_for(100.0) == 100.0
-    for other in (client.with_options(base_url="http://127.0.0.1:9"),
-                  client.with_options(api_key="sk-another-key-5b1c")):  # fmt: skip
+    for other in (
+        client.with_options(base_url="http://127.0.0.1:9"),
+        client.with_options(api_key="sk-another-key-5b1c"),
+    ):
         assert other._silence.silent_for(100.0) == 0.0
     client.close()

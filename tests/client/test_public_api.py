@@ -137,10 +137,16 @@ def test_a_new_idempotency_key_is_fresh_and_valid() -> None:
 # Public modules beside the package face: each documented with an example, and each of their
 # functions too (their constants are described in the module's docstring).
 PUBLIC_MODULES = {
-    "imggw_client.rules": ["ASPECT_RATIOS", "COMBINATIONS_TEXT", "RESOLUTIONS", "RESULT_ROOM",
-                           "Violation", "check_prompt"],
+    "imggw_client.rules": [
+        "ASPECT_RATIOS",
+        "COMBINATIONS_TEXT",
+        "RESOLUTIONS",
+        "RESULT_ROOM",
+        "Violation",
+        "check_prompt",
+    ],
     "imggw_client.text": ["printable", "redact_url", "strict_json"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("module_name", sorted(PUBLIC_MODULES))
@@ -275,9 +281,17 @@ def test_client_signature_matches_the_design() -> None:
     for name in ("submit", "get"):
         assert inspect.signature(getattr(Client, name)).parameters["extra_headers"].default is None
     assert list(inspect.signature(Client.with_options).parameters) == [
-        "self", "api_key", "base_url", "surface", "default_headers", "timeout", "max_retries",
-        "retry", "poll", "idempotency_window",
-    ]  # fmt: skip
+        "self",
+        "api_key",
+        "base_url",
+        "surface",
+        "default_headers",
+        "timeout",
+        "max_retries",
+        "retry",
+        "poll",
+        "idempotency_window",
+    ]
     for cls in (Client, AsyncClient):
         read = inspect.signature(cls.read).parameters
         opened = inspect.signature(cls.open).parameters

@@ -62,18 +62,31 @@ def store_values(server: RedisServer) -> list[bytes]:
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://127.0.0.1:6379/0", "redis://cache", "rediss://user:pw@cache.internal:6380/2",
-     "unix:///run/redis.sock"],
-)  # fmt: skip
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://cache",
+        "rediss://user:pw@cache.internal:6380/2",
+        "unix:///run/redis.sock",
+    ],
+)
 def test_a_store_url_of_each_scheme_is_taken(url: str) -> None:
     assert RateLimit(submits_per_second=2, store=url).store == url
 
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:6379", "redis://", "redis://:6379/0", "redis://cache:port/0",
-     "redis://cache:6379/first", " redis://cache", "unix://", "", 6379],
-)  # fmt: skip
+    [
+        "http://127.0.0.1:6379",
+        "redis://",
+        "redis://:6379/0",
+        "redis://cache:port/0",
+        "redis://cache:6379/first",
+        " redis://cache",
+        "unix://",
+        "",
+        6379,
+    ],
+)
 def test_a_bad_store_url_is_a_configuration_error(url: Any) -> None:
     with pytest.raises(ConfigurationError, match=r"^RateLimit.store must be a redis://"):
         RateLimit(store=url)
@@ -92,14 +105,19 @@ def test_without_the_redis_library_the_client_says_which_extra_before_sending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "redis" else real(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "redis" else real(name, *a)
+    )
     sent: list[httpx.Request] = []
     transport = httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(500))  # type: ignore[func-returns-value]
     for make in (Client, AsyncClient):
         with pytest.raises(ConfigurationError, match=r"pip install 'imggw\[redis\]'"):
-            make(api_key=KEY, base_url="http://127.0.0.1:9", transport=transport,  # type: ignore[operator]
-                 rate_limit=RateLimit(store="redis://127.0.0.1:6379/0"))  # fmt: skip
+            make(
+                api_key=KEY,
+                base_url="http://127.0.0.1:9",
+                transport=transport,  # type: ignore[operator]
+                rate_limit=RateLimit(store="redis://127.0.0.1:6379/0"),
+            )
     assert sent == []
 
 
@@ -189,8 +207,11 @@ async def test_a_429_seen_by_one_client_pauses_another_on_the_same_store(
     base = "https://gateway.test"
     with respx.mock(base_url=base, assert_all_called=False) as gateway:
         route = gateway.post("/beta/v1/images/generations")
-        route.side_effect = [beta_error(429, "rate_limited", retry_after="1"),
-                             beta_submitted("1"), beta_submitted("2")]  # fmt: skip
+        route.side_effect = [
+            beta_error(429, "rate_limited", retry_after="1"),
+            beta_submitted("1"),
+            beta_submitted("2"),
+        ]
         ids: list[str] = []
 
         async def submit(client: AsyncClient, prompt: str) -> None:
@@ -241,11 +262,16 @@ def test_a_client_of_another_gateway_is_not_paused_by_a_429_on_this_one(redis: R
     base = "https://gateway.test"
     with respx.mock(base_url=base, assert_all_called=False) as gateway:
         route = gateway.post("/beta/v1/images/generations")
-        route.side_effect = [beta_error(429, "rate_limited", retry_after="1"),
-                             beta_submitted("1"), beta_submitted("2")]  # fmt: skip
+        route.side_effect = [
+            beta_error(429, "rate_limited", retry_after="1"),
+            beta_submitted("1"),
+            beta_submitted("2"),
+        ]
         shared = RateLimit(submits_per_second=50, store=redis.url)
-        with Client(api_key=KEY, base_url=base, rate_limit=shared) as first, \
-                Client(api_key=KEY, base_url="https://other.test", rate_limit=shared) as other:  # fmt: skip
+        with (
+            Client(api_key=KEY, base_url=base, rate_limit=shared) as first,
+            Client(api_key=KEY, base_url="https://other.test", rate_limit=shared) as other,
+        ):
             first.submit("meets the 429")
             gateway.post("https://other.test/beta/v1/images/generations").mock(
                 return_value=beta_submitted("9")
@@ -345,8 +371,11 @@ def test_a_store_that_fails_never_fails_a_request_and_warns_once(
 
     servers = {"silent": silent, "garbage": garbage}
     with contextlib.ExitStack() as stack:
-        url = free_port_url() if store == "unreachable" else stack.enter_context(
-            tcp_server(counted(servers[store])))  # fmt: skip
+        url = (
+            free_port_url()
+            if store == "unreachable"
+            else stack.enter_context(tcp_server(counted(servers[store])))
+        )
         base = stack.enter_context(gw.serve())
         limit = RateLimit(submits_per_second=4, store=url)
         began = time.monotonic()
@@ -356,8 +385,9 @@ def test_a_store_that_fails_never_fails_a_request_and_warns_once(
         else:
 
             async def submit_all() -> list[str]:
-                async with AsyncClient(api_key=KEY, base_url=base, rate_limit=limit,
-                                       timeout=0.5) as client:  # fmt: skip
+                async with AsyncClient(
+                    api_key=KEY, base_url=base, rate_limit=limit, timeout=0.5
+                ) as client:
                     return [(await client.submit(f"p{i}")).task_id for i in range(6)]
 
             ids = anyio.run(submit_all)
@@ -385,9 +415,14 @@ def test_the_client_rejoins_the_store_when_it_answers_again(
     store = RedisServer()  # not started: unreachable at first
     gw = MockGateway(api_keys=[KEY], **QUICK)
     try:
-        with gw.serve() as base, Client(api_key=KEY, base_url=base,
-                                        rate_limit=RateLimit(submits_per_second=50,
-                                                             store=store.url)) as client:  # fmt: skip
+        with (
+            gw.serve() as base,
+            Client(
+                api_key=KEY,
+                base_url=base,
+                rate_limit=RateLimit(submits_per_second=50, store=store.url),
+            ) as client,
+        ):
             client.submit("while the store is away")
             store.start()
             time.sleep(0.3)  # past REJOIN_AFTER: the next request tries the store again
@@ -419,9 +454,12 @@ def test_killing_the_store_mid_batch_loses_nothing_and_bills_nothing_twice(
     killer = threading.Thread(target=kill_after_ten)
     with gw.serve() as base:
         killer.start()
-        report = run_batch(source, tmp_path / "out", gallery=False,
-                           client_factory=lambda: AsyncClient(api_key=KEY, base_url=base,
-                                                              rate_limit=limit))  # fmt: skip
+        report = run_batch(
+            source,
+            tmp_path / "out",
+            gallery=False,
+            client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, rate_limit=limit),
+        )
         killer.join(timeout=30)
     assert report.exit_code == 0
     assert report.counts == {"saved": lines}

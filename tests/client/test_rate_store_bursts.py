@@ -58,12 +58,17 @@ def take(scripts: dict[str, Any], ticket: StoreTicket, limit: RateLimit = LIMIT)
 
 
 def finish(
-    scripts: dict[str, Any], ticket: StoreTicket, *, limited: bool = False,
+    scripts: dict[str, Any],
+    ticket: StoreTicket,
+    *,
+    limited: bool = False,
     hint: float | None = None,
-) -> float | None:  # fmt: skip
+) -> float | None:
     """Ends a request; returns the hint its retry owes (an isolated 429's)."""
-    return run(scripts, shared.finished_steps(LIMIT, ticket, limited=limited, retry_after=hint,
-                                              backoff=(0.5, 8.0)))  # fmt: skip
+    return run(
+        scripts,
+        shared.finished_steps(LIMIT, ticket, limited=limited, retry_after=hint, backoff=(0.5, 8.0)),
+    )
 
 
 def sent(scripts: dict[str, Any]) -> StoreTicket:
@@ -110,8 +115,14 @@ def test_a_store_lane_decides_as_an_in_process_lane_fed_the_same_answers(
         finish(scripts, ticket, limited=limited, hint=2.0 if limited else None)
         assert ticket.sent is not None
         B.count(twin, ticket.sent, limited=limited)
-        B.answered(twin, ticket.sent, sent=ticket.sent, limited=limited,
-                   retry_after=2.0 if limited else None, backoff=(0.5, 8.0))  # fmt: skip
+        B.answered(
+            twin,
+            ticket.sent,
+            sent=ticket.sent,
+            limited=limited,
+            retry_after=2.0 if limited else None,
+            backoff=(0.5, 8.0),
+        )
         if twin.rate is not None:
             break
     state = lane(scripts)
@@ -175,8 +186,9 @@ HOLDER = textwrap.dedent("""
 def test_a_process_killed_while_it_holds_slots_frees_them_within_its_lease(
     scripts: dict[str, Any], redis_store: RedisServer
 ) -> None:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, redis_store.url, "1.0"],
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, redis_store.url, "1.0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "holding"

@@ -68,8 +68,7 @@ async def call(kind: str, url: str, method: str, *args: Any, **kwargs: Any) -> A
 
 
 def done(url: str, *more: str, task_id: str = "1") -> Task:
-    return Task(id=task_id, surface="beta", status=TaskStatus.SUCCEEDED,
-                image_urls=[url, *more])  # fmt: skip
+    return Task(id=task_id, surface="beta", status=TaskStatus.SUCCEEDED, image_urls=[url, *more])
 
 
 def head(status: int = 200, **headers: str) -> bytes:
@@ -90,8 +89,9 @@ def served(answers: Callable[[int, bytes], bytes]) -> Callable[[socket.socket, i
 @pytest.fixture
 def gateway() -> MockGateway:
     # Tasks finish at once; links last 60 s of the gateway's own (manual) clock.
-    return MockGateway(api_keys=[KEY], duration_min=0, duration_max=0, manual_clock=True,
-                       link_ttl=60)  # fmt: skip
+    return MockGateway(
+        api_keys=[KEY], duration_min=0, duration_max=0, manual_clock=True, link_ttl=60
+    )
 
 
 @pytest.fixture
@@ -106,9 +106,13 @@ def finished_task(gateway: MockGateway, url: str) -> Task:
 
 @pytest.mark.parametrize("method", ["read", "open"])
 async def test_the_result_is_the_downloads_very_bytes_and_nothing_is_written(
-    kind: str, method: str, gateway: MockGateway, url: str, tmp_path: Path,
+    kind: str,
+    method: str,
+    gateway: MockGateway,
+    url: str,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     task = finished_task(gateway, url)
     with Client(api_key=KEY, base_url=url) as client:
         saved = client.download(task, tmp_path / "saved")[0]
@@ -151,8 +155,9 @@ async def test_a_result_gone_from_the_gateway_is_expired(
 async def test_a_large_result_is_held_in_a_temporary_file_deleted_with_the_block(
     kind: str, shared_serve: Callable[[Any], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gateway = MockGateway(api_keys=[KEY], duration_min=0, duration_max=0,
-                          result_size=HELD_IN_MEMORY + 1)  # fmt: skip
+    gateway = MockGateway(
+        api_keys=[KEY], duration_min=0, duration_max=0, result_size=HELD_IN_MEMORY + 1
+    )
     url = shared_serve(gateway)
     task = finished_task(gateway, url)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -169,8 +174,9 @@ async def test_a_large_result_is_held_in_a_temporary_file_deleted_with_the_block
 async def test_a_body_cut_short_of_its_length_is_fetched_again_then_read_whole(kind: str) -> None:
     def answer(n: int, request: bytes) -> bytes:
         body = PNG if n == 2 else PNG[:100]
-        return head(content_type="image/png", content_length=str(len(PNG)),
-                    connection="close") + body  # fmt: skip
+        return (
+            head(content_type="image/png", content_length=str(len(PNG)), connection="close") + body
+        )
 
     with raw_server(served(answer)) as url:
         assert await call(kind, url, "read", done(f"{url}/r.png")) == PNG

@@ -66,10 +66,12 @@ def test_submission_repr_holds_no_link() -> None:
 
 @pytest.mark.parametrize(
     ("link", "display"),
-    [("https://cdn.example/r/@2x.png?sig=1", "https://cdn.example/r/@2x.png"),
-     ("https://cdn.example:8443/a.png?k=1", "https://cdn.example:8443/a.png"),
-     ("not a url?k=1", "not a url")],
-)  # fmt: skip
+    [
+        ("https://cdn.example/r/@2x.png?sig=1", "https://cdn.example/r/@2x.png"),
+        ("https://cdn.example:8443/a.png?k=1", "https://cdn.example:8443/a.png"),
+        ("not a url?k=1", "not a url"),
+    ],
+)
 def test_links_without_secrets_are_shown_as_they_are_less_the_query(
     link: str, display: str
 ) -> None:

@@ -92,8 +92,9 @@ def test_a_submission_keeps_its_request_through_json_and_pickle_and_compares_by_
     odd = ImageRequest.unchecked("a cat", "7:5", "8k")
     kept = Submission.model_validate_json(sub.model_copy(update={"request": odd}).model_dump_json())
     assert kept.request == odd
-    task = Task(id="7", surface="beta", status=TaskStatus.SUCCEEDED, request=FOX,
-                idempotency_key="k-1")  # fmt: skip
+    task = Task(
+        id="7", surface="beta", status=TaskStatus.SUCCEEDED, request=FOX, idempotency_key="k-1"
+    )
     assert pickle.loads(pickle.dumps(task)) == task
     assert Task.model_validate_json(task.model_dump_json()) == task
     assert hash(task) == hash(task.model_copy(update={"request": None}))  # same sighting

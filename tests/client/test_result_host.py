@@ -90,8 +90,9 @@ async def test_a_result_host_that_cuts_the_file_short_is_named_not_the_gateway(
     def cut_short(conn: socket.socket, number: int, head: bytes) -> None:
         served.append(head.split(b"\r\n")[0])
         # No length declared, and the image ends before its end marker: a dropped connection.
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nConnection: close\r\n\r\n"
-                     + PNG[:300])  # fmt: skip
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nConnection: close\r\n\r\n" + PNG[:300]
+        )
 
     with raw_server(cut_short) as host, pytest.raises(DownloadError) as raised:
         await client.download(result(f"{host}/results/42.png?{QUERY}"), tmp_path)

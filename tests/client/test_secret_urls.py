@@ -41,8 +41,14 @@ CASES = [(pw, url) for pw in PASSWORDS for url in store_forms(pw)]
 
 def leaked(password: str, *texts: str) -> bool:
     # A password with a separator can leak as its pieces: check each side of it too.
-    pieces = {password, *(p for p in password.replace("#", "/").replace("?", "/")
-                          .replace("@", "/").split("/") if len(p) >= 3)}  # fmt: skip
+    pieces = {
+        password,
+        *(
+            p
+            for p in password.replace("#", "/").replace("?", "/").replace("@", "/").split("/")
+            if len(p) >= 3
+        ),
+    }
     return any(piece in text for piece in pieces for text in texts)
 
 
@@ -87,15 +93,25 @@ def test_the_not_usable_warning_names_the_store_without_its_password(
 
     caplog.set_level(logging.DEBUG)
     if kind == "sync":
-        with Client(api_key=KEY, base_url="http://gw.test", transport=transport_sync,
-                    rate_limit=limit, timeout=1.0) as client:  # fmt: skip
+        with Client(
+            api_key=KEY,
+            base_url="http://gw.test",
+            transport=transport_sync,
+            rate_limit=limit,
+            timeout=1.0,
+        ) as client:
             client.submit("a fox")
     else:
         import anyio
 
         async def go() -> None:
-            async with AsyncClient(api_key=KEY, base_url="http://gw.test", rate_limit=limit,
-                                   transport=httpx.MockTransport(handler), timeout=1.0) as c:  # fmt: skip
+            async with AsyncClient(
+                api_key=KEY,
+                base_url="http://gw.test",
+                rate_limit=limit,
+                transport=httpx.MockTransport(handler),
+                timeout=1.0,
+            ) as c:
                 await c.submit("a fox")
 
         anyio.run(go)
@@ -121,8 +137,11 @@ def test_a_base_url_with_userinfo_is_refused_without_its_password(
         if how == "environment":
             monkeypatch.setenv("IMGGW_BASE_URL", url)
         with pytest.raises(ConfigurationError) as caught:
-            make(api_key=KEY, base_url=url if how == "argument" else None,
-                 transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(500)))  # type: ignore[func-returns-value]  # fmt: skip
+            make(
+                api_key=KEY,
+                base_url=url if how == "argument" else None,
+                transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(500)),
+            )  # type: ignore[func-returns-value]
         assert caught.value.code == "userinfo_in_base_url"
         assert "user:password@" in str(caught.value)
         text = str(caught.value) + repr(caught.value)
@@ -146,8 +165,10 @@ def test_cli_a_base_url_with_userinfo_exits_4_without_the_password(password: str
     with gw.serve() as base:
         hostport = base.split("//")[1]
         url = f"http://user:{password}@{hostport}"
-        for args in (["-v", "submit", "a fox", "--base-url", url],
-                     ["status", "7", "--base-url", url, "--json"]):  # fmt: skip
+        for args in (
+            ["-v", "submit", "a fox", "--base-url", url],
+            ["status", "7", "--base-url", url, "--json"],
+        ):
             result = CliRunner().invoke(app, args, env={"IMGGW_API_KEY": KEY})
             assert result.exit_code == 4, result.output
             assert "user:password@" in result.stderr
@@ -159,9 +180,13 @@ def test_cli_a_base_url_with_userinfo_exits_4_without_the_password(password: str
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://cache:6379/0?db=x", "redis://:pw@cache/0?socket_timeout=soon",
-     "redis://:Zm9v/YmFy@cache:6379/0", "redis://:pa#ss@cache/0"],
-)  # fmt: skip
+    [
+        "redis://cache:6379/0?db=x",
+        "redis://:pw@cache/0?socket_timeout=soon",
+        "redis://:Zm9v/YmFy@cache:6379/0",
+        "redis://:pa#ss@cache/0",
+    ],
+)
 def test_cli_a_malformed_store_url_is_one_line_and_exit_2(url: str) -> None:
     gw = MockGateway(api_keys=[KEY])
     with gw.serve() as base:
@@ -182,10 +207,20 @@ def test_cli_a_malformed_store_url_is_one_line_and_exit_2(url: str) -> None:
 def test_cli_a_query_redis_cannot_read_exits_2_in_a_process_of_its_own() -> None:
     """As the user met it: a real process, no traceback, exit 2 (was 1 with a ValueError)."""
     done = subprocess.run(
-        [*IMGGW, "--rate-store", "redis://:s3cr3t-pw@127.0.0.1:9/0?db=x", "submit", "a fox",
-         "--base-url", "http://127.0.0.1:9"],
-        env=process_env(KEY), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            *IMGGW,
+            "--rate-store",
+            "redis://:s3cr3t-pw@127.0.0.1:9/0?db=x",
+            "submit",
+            "a fox",
+            "--base-url",
+            "http://127.0.0.1:9",
+        ],
+        env=process_env(KEY),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1

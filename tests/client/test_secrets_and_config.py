@@ -158,8 +158,12 @@ def test_async_client_wants_an_async_transport() -> None:
     with pytest.raises(ConfigurationError, match=r"httpx\.AsyncBaseTransport"):
         AsyncClient(api_key="k", base_url=BASE_URL, transport=httpx.HTTPTransport())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="not both"):
-        AsyncClient(api_key="k", base_url=BASE_URL, http_client=httpx.AsyncClient(),
-                    transport=httpx.AsyncHTTPTransport())  # fmt: skip
+        AsyncClient(
+            api_key="k",
+            base_url=BASE_URL,
+            http_client=httpx.AsyncClient(),
+            transport=httpx.AsyncHTTPTransport(),
+        )
 
 
 def test_max_retries_is_the_retry_policy_shortcut() -> None:

@@ -158,12 +158,17 @@ def test_a_generate_is_a_span_tree_under_the_applications_span(
     assert generate.attributes is not None
     assert wait.attributes is not None
     assert dict(generate.attributes) == {
-        "imggw.surface": "beta", "imggw.task_id": task.id, "imggw.status": "succeeded",
+        "imggw.surface": "beta",
+        "imggw.task_id": task.id,
+        "imggw.status": "succeeded",
         "imggw.attempts": 1 + wait.attributes["imggw.polls"],  # type: ignore[operator]
         "imggw.polls": wait.attributes["imggw.polls"],
-    }  # fmt: skip
-    assert submit.attributes == {"imggw.surface": "beta", "imggw.task_id": task.id,
-                                 "imggw.attempts": 1}  # fmt: skip
+    }
+    assert submit.attributes == {
+        "imggw.surface": "beta",
+        "imggw.task_id": task.id,
+        "imggw.attempts": 1,
+    }
     assert wait.attributes["imggw.polls"] >= 1
     assert wait.attributes["imggw.status"] == "succeeded"
     assert all(s.status.status_code is StatusCode.UNSET for s in (generate, submit, wait))
@@ -201,8 +206,12 @@ def test_each_batch_line_is_a_span_with_its_calls_beneath(
     source = tmp_path / "in.txt"
     source.write_text(f"{PROMPT} 1\n{PROMPT} 2\n{PROMPT} 3\n")
     with gw.serve() as base:
-        report = run_batch(source, tmp_path / "out", gallery=False,
-                           client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, **FAST))  # fmt: skip
+        report = run_batch(
+            source,
+            tmp_path / "out",
+            gallery=False,
+            client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, **FAST),
+        )
     assert report.exit_code == 0
     named = by_name(exporter.get_finished_spans())
     lines = {span.attributes["imggw.line"]: span for span in named["imggw.batch.line"]}  # type: ignore[index]
@@ -265,10 +274,19 @@ def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
     spans = exporter.get_finished_spans()
     assert spans
     recorded = json.dumps(
-        [[s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {})) for e in s.events],
-          dict(s.resource.attributes), s.status.description] for s in spans]
-        + [repr(points(reader))], default=str,
-    )  # fmt: skip
+        [
+            [
+                s.name,
+                dict(s.attributes or {}),
+                [(e.name, dict(e.attributes or {})) for e in s.events],
+                dict(s.resource.attributes),
+                s.status.description,
+            ]
+            for s in spans
+        ]
+        + [repr(points(reader))],
+        default=str,
+    )
     assert KEY not in recorded
     assert "canary prompt" not in recorded
     assert "93f1e0" not in recorded
@@ -296,8 +314,9 @@ def test_without_a_provider_or_the_extra_nothing_is_recorded_and_all_works(mode:
         print(_telemetry.ENABLED, task.status.value, recording)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     expected = "True succeeded False" if mode == "no provider" else "False succeeded None"
     assert done.stdout.split() == expected.split()

@@ -125,10 +125,21 @@ def test_mypy_strict_refuses_each_wrong_choice_and_accepts_the_right_ones(tmp_pa
     program = tmp_path / "typed_program.py"
     program.write_text(PROGRAM)
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--hide-error-context",
-         "--no-error-summary", program.name],
-        capture_output=True, text=True, check=False, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--hide-error-context",
+            "--no-error-summary",
+            program.name,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
     errors: dict[int, list[str]] = {}
     for line in done.stdout.splitlines():
         if re.match(r"typed_program\.py:\d+: note: ", line):  # what an error's lines go on to say
@@ -140,5 +151,7 @@ def test_mypy_strict_refuses_each_wrong_choice_and_accepts_the_right_ones(tmp_pa
     wrong = {n for n, text in enumerate(lines, 1) if text.endswith("# wrong")}
     assert set(errors) == wrong, done.stdout
     for number in wrong:
-        assert any("incompatible type" in e or "Incompatible types" in e
-                   for e in errors[number]), (lines[number - 1], errors[number])  # fmt: skip
+        assert any("incompatible type" in e or "Incompatible types" in e for e in errors[number]), (
+            lines[number - 1],
+            errors[number],
+        )

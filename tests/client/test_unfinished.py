@@ -57,11 +57,18 @@ async def test_a_submit_sent_before_the_gateway_forgot_its_key_is_held_back_unti
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = ManualClock()
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, idempotency_ttl=3600, duration_min=1,
-                     duration_max=1)  # fmt: skip
+    gw = MockGateway(
+        api_keys=[CANARY_KEY], clock=clock, idempotency_ttl=3600, duration_min=1, duration_max=1
+    )
     journal = tmp_path / "journal.sqlite"
-    client = make_client(kind, fake_time, base_url=shared_serve(gw), journal=journal,
-                         poll=FAST, idempotency_window=3600)  # fmt: skip
+    client = make_client(
+        kind,
+        fake_time,
+        base_url=shared_serve(gw),
+        journal=journal,
+        poll=FAST,
+        idempotency_window=3600,
+    )
     old, recent = "key-sent-two-hours-ago", "key-sent-just-now"
     try:
         await lost_submit(client, gw, "a fox", old)
@@ -132,8 +139,15 @@ async def test_unknown_outcomes_are_sent_again_several_at_once_each_replayed(
     # On real time: requests the budget's start window holds back wait for answers, which a
     # fake sleep on the event loop would never let come.
     cls = Client if kind == "sync" else AsyncClient
-    client = Driven(cls(CANARY_KEY, shared_serve(gathering), journal=journal, poll=FAST,
-                        retry=RetryPolicy(max_attempts=1)))  # fmt: skip
+    client = Driven(
+        cls(
+            CANARY_KEY,
+            shared_serve(gathering),
+            journal=journal,
+            poll=FAST,
+            retry=RetryPolicy(max_attempts=1),
+        )
+    )
     keys = [f"resent-{i}" for i in range(8)]
     try:
         for i, key in enumerate(keys):

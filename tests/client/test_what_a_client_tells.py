@@ -29,15 +29,18 @@ def answering(*statuses: int) -> httpx.MockTransport:
 
 
 def test_the_gateways_silence_counts_from_an_unanswered_request_until_an_answer() -> None:
-    with Client(api_key=KEY, base_url=BASE_URL, max_retries=0,
-                transport=answering(503, 200)) as client:  # fmt: skip
+    with Client(
+        api_key=KEY, base_url=BASE_URL, max_retries=0, transport=answering(503, 200)
+    ) as client:
         assert client.gateway_silent_for == 0.0  # nothing asked yet
         with pytest.raises(ServerError):
             client.get("42")
         assert client.gateway_silent_for > 0.0  # a 5xx is no answer
         assert client.with_options(timeout=5).gateway_silent_for > 0.0  # the same gateway
-        for other in (client.with_options(base_url="http://127.0.0.1:9"),
-                      client.with_options(api_key="sk-another-key-5b1c")):  # fmt: skip
+        for other in (
+            client.with_options(base_url="http://127.0.0.1:9"),
+            client.with_options(api_key="sk-another-key-5b1c"),
+        ):
             assert other.gateway_silent_for == 0.0  # another gateway's silence, not this one's
         client.get("42")
         assert client.gateway_silent_for == 0.0

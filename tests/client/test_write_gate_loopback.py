@@ -73,8 +73,12 @@ async def test_queries_held_in_the_pool_past_their_slots_reach_the_gateway_space
     one = httpx.AsyncClient(limits=httpx.Limits(max_connections=1))
     limit = RateLimit(queries_per_second=RATE)
     with serve_asgi(gateway) as url:
-        async with one, AsyncClient(api_key="test-key", base_url=url, rate_limit=limit,
-                                    http_client=one) as client:  # fmt: skip
+        async with (
+            one,
+            AsyncClient(
+                api_key="test-key", base_url=url, rate_limit=limit, http_client=one
+            ) as client,
+        ):
             task_id = (await client.submit("a fox")).task_id
             async with anyio.create_task_group() as group:
                 group.start_soon(client.submit, HELD)

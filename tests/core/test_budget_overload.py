@@ -35,14 +35,14 @@ class Watched(Budget):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 4, 32, 100]),
-       hinted=st.booleans())  # fmt: skip
+@given(
+    seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 4, 32, 100]), hinted=st.booleans()
+)
 def test_random_429s_at_3_percent_never_pace_a_lane(seed: int, workers: int, hinted: bool) -> None:
     # Two refusals anywhere used to read as overload: at 1,000 requests a second two come
     # within 70 ms, and 3 runs in 6 fell to tens a second (8.5x the clean run).
     budget = Watched(RateLimit())
-    _, limited = gateway_run(budget, 2000, workers=workers, refuse=at_random(seed),
-                             hinted=hinted)  # fmt: skip
+    _, limited = gateway_run(budget, 2000, workers=workers, refuse=at_random(seed), hinted=hinted)
     assert limited > 0
     assert not budget.paced
     assert budget._lanes[SUBMIT].paused_until == -float("inf")  # not even a pause
@@ -54,8 +54,9 @@ def test_random_429s_cost_a_retry_each_not_a_pause(hinted: bool) -> None:
     # provider gives none): within a tenth of the clean run, every seed.
     clean, _ = gateway_run(Budget(RateLimit()), 1000, workers=32, refuse=lambda _: None)
     for seed in range(6):
-        noisy, limited = gateway_run(Budget(RateLimit()), 1000, workers=32,
-                                     refuse=at_random(seed), hinted=hinted)  # fmt: skip
+        noisy, limited = gateway_run(
+            Budget(RateLimit()), 1000, workers=32, refuse=at_random(seed), hinted=hinted
+        )
         assert 15 <= limited <= 60
         assert noisy <= 1.1 * clean
 
@@ -78,8 +79,9 @@ def test_a_real_limit_paces_the_lane_within_a_few_windows(
 
     budget.finished = finished  # type: ignore[method-assign]
     n = 10 * count
-    last, limited = gateway_run(budget, n, workers=n, refuse=sliding_limit(count, seconds),
-                                hinted=hinted)  # fmt: skip
+    last, limited = gateway_run(
+        budget, n, workers=n, refuse=sliding_limit(count, seconds), hinted=hinted
+    )
     assert first_paced
     assert first_paced[0] <= seconds
     floor = (n / count - 1) * seconds

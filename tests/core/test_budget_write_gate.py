@@ -116,8 +116,9 @@ def test_requests_a_pool_held_past_their_slots_go_out_spaced_not_together() -> N
     # of them until 1.2 s (its connections busy with other requests). Out of the pool at once
     # they would all reach the gateway within that instant: 11 in one second.
     arrivals, pool = [0.0] * 11, [1.2 - 0.101 * i for i in range(11)]
-    slots, ungated = pooled_run(Budget(RateLimit(queries_per_second=10)), arrivals, pool,
-                                [0.0] * 11, gated=False)  # fmt: skip
+    slots, ungated = pooled_run(
+        Budget(RateLimit(queries_per_second=10)), arrivals, pool, [0.0] * 11, gated=False
+    )
     assert max(slots) < 1.2  # every slot came while the pool held the requests ...
     assert most_in_window(ungated, 1.0) == 11  # ... and out of it together: the hazard, shown
     _, writes = pooled_run(Budget(RateLimit(queries_per_second=10)), arrivals, pool, [0.0] * 11)
@@ -133,8 +134,9 @@ def test_a_gate_woken_late_by_a_busy_loop_keeps_its_pace() -> None:
     # requests would pile up in it).
     arrivals = [0.0] * 1000
     pool = [0.004 * ((i * 7919) % 11) / 10 for i in range(1000)]
-    slots, writes = pooled_run(Budget(RateLimit(queries_per_second=50)), arrivals, pool,
-                               [0.003] * 1000)  # fmt: skip
+    slots, writes = pooled_run(
+        Budget(RateLimit(queries_per_second=50)), arrivals, pool, [0.003] * 1000
+    )
     assert max(writes) - max(slots) < 0.01
     assert most_in_window(writes, 1.0) <= 50
 

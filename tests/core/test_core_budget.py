@@ -332,9 +332,15 @@ def test_a_high_ceiling_is_honoured_not_capped() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"submits_per_second": 0}, {"queries_per_second": -1}, {"submits_per_second": float("inf")},
-     {"queries_per_second": float("nan")}, {"submits_per_second": True}, {"queries_per_second": "5"}],
-)  # fmt: skip
+    [
+        {"submits_per_second": 0},
+        {"queries_per_second": -1},
+        {"submits_per_second": float("inf")},
+        {"queries_per_second": float("nan")},
+        {"submits_per_second": True},
+        {"queries_per_second": "5"},
+    ],
+)
 def test_rate_limit_refuses_what_is_not_a_positive_rate(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError, match="RateLimit"):
         RateLimit(**kwargs)  # type: ignore[arg-type]

@@ -96,8 +96,9 @@ def run_waits(
                 taught.append((duration, model.observations(KIND, now)[-1][0] > 0))
                 if trace is not None:
                     trace.append((i, model.first_query_at(KIND, now)))
-            done[i] = Done(created, duration, queries[i], now - created - duration, covered[i],
-                           history[i])  # fmt: skip
+            done[i] = Done(
+                created, duration, queries[i], now - created - duration, covered[i], history[i]
+            )
             continue
         sleep = plans[i].active(now, now) if learn else poll_interval(policy, n, rng)
         assert 0 < sleep <= policy.max_interval
@@ -253,8 +254,17 @@ def test_no_learned_sleep_is_shorter_than_todays_or_past_max_interval(
     model = DurationModel()
     feed(model, history)
     now = started + since
-    sleep = next_poll(policy, model, KIND, started=started, now=now, polls=polls,
-                      rng=random.Random(seed), sent=now - trip, retry_after=hint)  # fmt: skip
+    sleep = next_poll(
+        policy,
+        model,
+        KIND,
+        started=started,
+        now=now,
+        polls=polls,
+        rng=random.Random(seed),
+        sent=now - trip,
+        retry_after=hint,
+    )
     # Never shorter than today's shortest sleep (poll_interval's lowest draw), never past the cap.
     assert JITTER_LOW * today_gap(policy, polls - 1) * (1 - 1e-12) <= sleep <= policy.max_interval
 
@@ -320,12 +330,15 @@ def test_with_history_the_first_query_waits_for_the_fastest_task_seen() -> None:
     for lower in (44.0, 41.0, 60.0):
         model.observe(KIND, lower, lower + 5, now=0.0)
     for seed in range(50):
-        first = next_poll(POLICY, model, KIND, started=10.0, now=10.0, polls=0,
-                          rng=random.Random(seed))  # fmt: skip
+        first = next_poll(
+            POLICY, model, KIND, started=10.0, now=10.0, polls=0, rng=random.Random(seed)
+        )
         assert FIRST_JITTER_LOW * 41.0 <= first <= 41.0
     # A wait that begins late sleeps only what is left, and never longer than the plan.
-    assert next_poll(POLICY, model, KIND, started=10.0, now=40.0, polls=0,
-                     rng=random.Random(1)) <= 41.0 - 30.0 + 1e-9  # fmt: skip
+    assert (
+        next_poll(POLICY, model, KIND, started=10.0, now=40.0, polls=0, rng=random.Random(1))
+        <= 41.0 - 30.0 + 1e-9
+    )
     for now, most in ((90.0, 0.0), (-1e9, 41.0)):  # late; a clock that jumped back
         sleep = next_poll(POLICY, model, KIND, started=10.0, now=now, polls=0, rng=random.Random(1))
         assert 0.0 <= sleep <= most
@@ -337,8 +350,9 @@ def test_after_an_answer_the_sleep_leaves_room_for_the_trips() -> None:
     for seed in range(100):
         rng = random.Random(seed)
         sent, trip = rng.uniform(30, 300), rng.uniform(0, 0.5)
-        sleep = next_poll(POLICY, DurationModel(), KIND, started=0.0, now=sent + trip, polls=3,
-                          rng=rng, sent=sent)  # fmt: skip
+        sleep = next_poll(
+            POLICY, DurationModel(), KIND, started=0.0, now=sent + trip, polls=3, rng=rng, sent=sent
+        )
         assert trip + sleep + trip <= promise_gap(POLICY, sent) + 1e-9
         assert sleep >= JITTER_LOW * today_gap(POLICY, 2)
 
@@ -440,9 +454,18 @@ def test_only_a_wait_that_began_in_time_teaches_a_task_done_at_its_first_query()
 def test_garbage_is_dropped_or_clamped_and_never_raises() -> None:
     model = DurationModel()
     for lower, upper in [
-        (math.nan, 5.0), (1.0, math.nan), (1.0, math.inf), (-math.inf, 2.0), (5.0, 4.0),
-        (-3.0, -1.0), (None, 4.0), ("1", "x"), (True, 3.0), (1.0, 1e12), ([], {}),
-    ]:  # fmt: skip
+        (math.nan, 5.0),
+        (1.0, math.nan),
+        (1.0, math.inf),
+        (-math.inf, 2.0),
+        (5.0, 4.0),
+        (-3.0, -1.0),
+        (None, 4.0),
+        ("1", "x"),
+        (True, 3.0),
+        (1.0, 1e12),
+        ([], {}),
+    ]:
         assert not model.observe(KIND, lower, upper, now=0.0)  # type: ignore[arg-type]
     assert model.observation_count() == 0
     assert model.observe(KIND, -3.0, 4.0, now=0.0)  # a lower end below 0 counts as 0
@@ -519,8 +542,12 @@ def test_a_clock_that_jumps_forward_forgets_and_one_that_jumps_back_does_not_rew
 def test_seeds_from_a_ledger_start_a_kind_warm_and_rank_as_older() -> None:
     model = DurationModel()
     model.observe(KIND, 35.0, 36.0, now=10.0)
-    kept = model.seed(KIND, [52.0, (40.0, 44.0), math.nan, -1.0, "x", (9.0, 3.0)] * 30,  # type: ignore[list-item]
-                      now=20.0, grace=1.0)  # fmt: skip
+    kept = model.seed(
+        KIND,
+        [52.0, (40.0, 44.0), math.nan, -1.0, "x", (9.0, 3.0)] * 30,  # type: ignore[list-item]
+        now=20.0,
+        grace=1.0,
+    )
     assert kept == WINDOW
     held = model.observations(KIND, now=20.0)
     assert len(held) == WINDOW

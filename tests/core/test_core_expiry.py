@@ -21,12 +21,18 @@ CDN = "https://bucket.example/r/1.png"
     ("url", "expected"),
     [
         # AWS SigV4: signed at X-Amz-Date, valid X-Amz-Expires seconds
-        (f"{CDN}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20310506T060809Z&X-Amz-Expires=3600"
-         "&X-Amz-SignedHeaders=host&X-Amz-Signature=abc", WHEN),
+        (
+            f"{CDN}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20310506T060809Z&X-Amz-Expires=3600"
+            "&X-Amz-SignedHeaders=host&X-Amz-Signature=abc",
+            WHEN,
+        ),
         (f"{CDN}?x-amz-date=20310506T060809Z&x-amz-expires=3600", WHEN),  # any case
         # GCS V4
-        (f"{CDN}?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Date=20310506T070709Z"
-         "&X-Goog-Expires=60&X-Goog-Signature=abc", WHEN),
+        (
+            f"{CDN}?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Date=20310506T070709Z"
+            "&X-Goog-Expires=60&X-Goog-Signature=abc",
+            WHEN,
+        ),
         # CloudFront and S3 SigV2: Unix seconds
         (f"{CDN}?Expires={EPOCH}&Signature=abc&Key-Pair-Id=K", WHEN),
         (f"{CDN}?AWSAccessKeyId=A&Expires={EPOCH}&Signature=abc", WHEN),
@@ -54,7 +60,7 @@ CDN = "https://bucket.example/r/1.png"
         (f"{CDN}?X-Amz-Date=99991231T235959Z&X-Amz-Expires=86400", None),  # past year 9999
         (f"{CDN}?se=9999-12-31T23:59:59-05:00&sig=a", None),  # past year 9999 once in UTC
     ],
-)  # fmt: skip
+)
 def test_signed_links_carry_their_expiry(url: str, expected: datetime | None) -> None:
     assert expiry.from_url(url) == expected
 
@@ -111,8 +117,18 @@ SIGNED_LATER = f"{CDN}?Expires={EPOCH + 3600}&Signature=x"
         ("beta", beta({"images": [{"url": [SIGNED_LATER], "expires_at": EPOCH}]}), WHEN),
         ("beta", beta({"images": [{"url": [CDN], "expires_at": "2031-05-06T07:08:09Z"}]}), WHEN),
         # the earliest of several images
-        ("beta", beta({"images": [{"url": [CDN], "expires_at": EPOCH + 60},
-                                  {"url": [CDN + "?2"], "expires_at": EPOCH}]}), WHEN),
+        (
+            "beta",
+            beta(
+                {
+                    "images": [
+                        {"url": [CDN], "expires_at": EPOCH + 60},
+                        {"url": [CDN + "?2"], "expires_at": EPOCH},
+                    ]
+                }
+            ),
+            WHEN,
+        ),
         # nothing stated: the signed link's own expiry
         ("beta", beta({"images": [{"url": [f"{CDN}?Expires={EPOCH}&Signature=x"]}]}), WHEN),
         # stated but garbage, and no signed link: unknown
@@ -121,12 +137,16 @@ SIGNED_LATER = f"{CDN}?Expires={EPOCH + 3600}&Signature=x"
         # surface A: beside the URLs in resultJson, or on its image objects
         ("alpha", alpha({"resultUrls": [SIGNED_LATER], "expires_at": EPOCH}), WHEN),
         ("alpha", alpha({"images": [{"url": CDN, "expiresAt": EPOCH}]}), WHEN),
-        ("alpha", alpha({"resultUrls": [f"{CDN}?X-Amz-Date=20310506T060809Z&X-Amz-Expires=3600"]}), WHEN),
+        (
+            "alpha",
+            alpha({"resultUrls": [f"{CDN}?X-Amz-Date=20310506T060809Z&X-Amz-Expires=3600"]}),
+            WHEN,
+        ),
         ("alpha", alpha({"resultUrls": [CDN]}), None),
         # no links at all: nothing to expire
         ("beta", beta({"images": [], "expires_at": EPOCH}), None),
     ],
-)  # fmt: skip
+)
 def test_a_task_knows_when_its_links_die(surface: Any, reply: Reply, expected: datetime) -> None:
     task = surfaces.read_task(surface, reply, "1", now=0.0)
     assert task.expires_at == expected
@@ -138,8 +158,17 @@ def test_a_task_knows_when_its_links_die(surface: Any, reply: Reply, expected: d
 
 @pytest.mark.parametrize("value", [10**401, "9" * 401, float("inf"), "1e999", "nan", [1], "²"])
 def test_odd_numbers_in_a_record_are_unknown_never_an_error(value: object) -> None:
-    data = {"id": "1", "status": "processing", "progress": value, "cost": value,
-            "credits_cost": value}  # fmt: skip
-    task = surfaces.read_task("beta", Reply(200, {}, json.dumps({"code": 200, "data": data},
-                                                                default=str).encode()), "1", 0.0)  # fmt: skip
+    data = {
+        "id": "1",
+        "status": "processing",
+        "progress": value,
+        "cost": value,
+        "credits_cost": value,
+    }
+    task = surfaces.read_task(
+        "beta",
+        Reply(200, {}, json.dumps({"code": 200, "data": data}, default=str).encode()),
+        "1",
+        0.0,
+    )
     assert (task.progress, task.cost, task.credits) == (None, None, None)

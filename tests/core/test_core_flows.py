@@ -107,9 +107,13 @@ def test_wait_polls_on_a_bounded_jittered_schedule_until_success() -> None:
 
 def test_on_update_sees_each_change_once() -> None:
     script = Script(
-        task("pending"), task("pending"), task("processing", 10), task("processing", 10),
-        task("processing", 50), task("completed", 100),
-    )  # fmt: skip
+        task("pending"),
+        task("pending"),
+        task("processing", 10),
+        task("processing", 10),
+        task("processing", 50),
+        task("completed", 100),
+    )
     script.run(flows(script).wait("9", surface=None, timeout=600))
     assert script.updates == [
         (TaskStatus.PENDING, None),
@@ -227,9 +231,13 @@ def test_generate_is_submit_then_wait_and_never_resubmits_a_slow_task() -> None:
     with pytest.raises(WaitTimeoutError):
         script.run(
             flows(script).generate(
-                "a cat", aspect_ratio="auto", resolution="1k", surface=None,
-                idempotency_key=None, timeout=600,
+                "a cat",
+                aspect_ratio="auto",
+                resolution="1k",
+                surface=None,
+                idempotency_key=None,
+                timeout=600,
             )
-        )  # fmt: skip
+        )
     posts = [s for _, s in script.sent if s.request.method == "POST"]
     assert len(posts) == 1

@@ -210,11 +210,15 @@ def test_cancelled_without_error_gets_the_pinned_error() -> None:
     [
         ('{"resultUrls": ["https://x/1.png"]}', ["https://x/1.png"]),
         ('{"urls": ["https://x/1.png"]}', ["https://x/1.png"]),
-        ('{"images": [{"url": "https://x/1.png"}, {"url": ["https://x/2.png"]}]}',
-         ["https://x/1.png", "https://x/2.png"]),
+        (
+            '{"images": [{"url": "https://x/1.png"}, {"url": ["https://x/2.png"]}]}',
+            ["https://x/1.png", "https://x/2.png"],
+        ),
         ('{"resultUrls": "https://x/1.png"}', ["https://x/1.png"]),
-        ('{"resultUrls": ["https://x/1.png", "https://x/1.png", 3, null, "ftp://x"]}',
-         ["https://x/1.png"]),
+        (
+            '{"resultUrls": ["https://x/1.png", "https://x/1.png", 3, null, "ftp://x"]}',
+            ["https://x/1.png"],
+        ),
         ("", []),
         ("not json", []),
         ("[1, 2]", []),
@@ -223,16 +227,26 @@ def test_cancelled_without_error_gets_the_pinned_error() -> None:
         ({"resultUrls": ["https://x/1.png"]}, ["https://x/1.png"]),
         (17, []),
     ],
-)  # fmt: skip
+)
 def test_result_json_is_parsed_leniently(value: object, urls: list[str]) -> None:
     assert surfaces.result_urls(value) == urls
 
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(50, 50), ("50", 50), (49.7, 49), (150, 100), (-3, 0), ("x", None), (None, None),
-     (True, None), (float("nan"), None), ([], None)],
-)  # fmt: skip
+    [
+        (50, 50),
+        ("50", 50),
+        (49.7, 49),
+        (150, 100),
+        (-3, 0),
+        ("x", None),
+        (None, None),
+        (True, None),
+        (float("nan"), None),
+        ([], None),
+    ],
+)
 def test_progress(value: object, expected: int | None) -> None:
     assert surfaces.progress(value) == expected
 

@@ -28,8 +28,14 @@ def submission(
     """A submission just answered, as ``submit`` returns it (``how="here"``: with this process's
     monotonic stamp) or as read back from JSON in another process (``"json"``: wall time only)."""
     at = datetime.fromtimestamp(EPOCH + script.now, timezone.utc)
-    sub = Submission(task_id="9", idempotency_key="k", surface="beta", resolution=resolution,
-                     submitted_at=None if replayed else at, replayed=replayed)  # fmt: skip
+    sub = Submission(
+        task_id="9",
+        idempotency_key="k",
+        surface="beta",
+        resolution=resolution,
+        submitted_at=None if replayed else at,
+        replayed=replayed,
+    )
     if how == "here":
         sub._accepted_at = script.now
     return sub
@@ -209,8 +215,13 @@ def test_with_options_copies_share_what_the_client_learned() -> None:
 def test_a_wall_clock_from_the_future_counts_as_just_submitted() -> None:
     script = Script(lambda now: done_after(now, 5.0))
     f = learning_flows(script)
-    sub = Submission(task_id="9", idempotency_key="k", surface="beta", resolution="1k",
-                     submitted_at=datetime.fromtimestamp(EPOCH + 3600, timezone.utc))  # fmt: skip
+    sub = Submission(
+        task_id="9",
+        idempotency_key="k",
+        surface="beta",
+        resolution="1k",
+        submitted_at=datetime.fromtimestamp(EPOCH + 3600, timezone.utc),
+    )
     result = script.run(f.wait(sub, surface=None, timeout=600))
     assert result.status is TaskStatus.SUCCEEDED
     assert script.now <= 5.0 * 1.15 + 1.0

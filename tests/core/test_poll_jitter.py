@@ -35,8 +35,13 @@ def run_together(f: Flows, durations: list[float], now: list[float]) -> list[lis
     at = datetime.fromtimestamp(EPOCH + now[0], timezone.utc)
     waits = []
     for i in range(len(durations)):
-        sub = Submission(task_id=str(i + 1), idempotency_key=f"k{i}", surface="beta",
-                         resolution="1k", submitted_at=at)  # fmt: skip
+        sub = Submission(
+            task_id=str(i + 1),
+            idempotency_key=f"k{i}",
+            surface="beta",
+            resolution="1k",
+            submitted_at=at,
+        )
         sub._accepted_at = now[0]
         waits.append(f.wait(sub, surface=None, timeout=3600))
     start = now[0]

@@ -37,9 +37,23 @@ def allowed(ratio: str, res: str) -> bool:
 def test_the_sixteen_ratios_and_three_resolutions() -> None:
     assert len(RATIOS) == 16
     assert set(RATIOS) == {
-        "auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5",
-        "16:9", "9:16", "2:1", "1:2", "3:1", "1:3", "21:9", "9:21",
-    }  # fmt: skip
+        "auto",
+        "1:1",
+        "3:2",
+        "2:3",
+        "4:3",
+        "3:4",
+        "5:4",
+        "4:5",
+        "16:9",
+        "9:16",
+        "2:1",
+        "1:2",
+        "3:1",
+        "1:3",
+        "21:9",
+        "9:21",
+    }
 
 
 @pytest.mark.parametrize("ratio", RATIOS)
@@ -132,9 +146,18 @@ def test_idempotency_key_rules(key: object, ok: bool) -> None:
 
 @pytest.mark.parametrize(
     ("task_id", "ok"),
-    [("1", True), ("1234567890123", True), ("0", False), ("012", False), ("-1", False),
-     ("1a", False), ("../1", False), ("", False), (12, False)],
-)  # fmt: skip
+    [
+        ("1", True),
+        ("1234567890123", True),
+        ("0", False),
+        ("012", False),
+        ("-1", False),
+        ("1a", False),
+        ("../1", False),
+        ("", False),
+        (12, False),
+    ],
+)
 def test_task_id_rule(task_id: object, ok: bool) -> None:
     assert (rules.check_task_id(task_id) == []) is ok
 
@@ -169,8 +192,26 @@ def test_unchecked_skips_validation() -> None:
 
 # Every ECMA-262 WhiteSpace and LineTerminator character, and characters Python calls
 # whitespace (or not) where ECMA-262 disagrees.
-BLANK = ["\t", "\v", "\f", " ", "\u00a0", "\ufeff", "\n", "\r", "\u2028", "\u2029", "\u1680",
-         "\u2000", "\u2005", "\u200a", "\u202f", "\u205f", "\u3000", "\v\f\t\r\n \ufeff"]  # fmt: skip
+BLANK = [
+    "\t",
+    "\v",
+    "\f",
+    " ",
+    "\u00a0",
+    "\ufeff",
+    "\n",
+    "\r",
+    "\u2028",
+    "\u2029",
+    "\u1680",
+    "\u2000",
+    "\u2005",
+    "\u200a",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+    "\v\f\t\r\n \ufeff",
+]
 NOT_BLANK = ["\u001c", "\u001d", "\u001e", "\u001f", "\u0085", "\u180e", "\u200b", "\ufeffx\ufeff"]
 
 

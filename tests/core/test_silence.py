@@ -10,8 +10,10 @@ import pytest
 from imggw_client._core.silence import Silence, answered
 
 
-@pytest.mark.parametrize(("status", "is_answer"), [(200, True), (404, True), (429, True),
-                                                   (500, False), (503, False), (None, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("status", "is_answer"),
+    [(200, True), (404, True), (429, True), (500, False), (503, False), (None, False)],
+)
 def test_an_answer_is_any_reply_but_a_5xx(status: int | None, is_answer: bool) -> None:
     assert answered(status) is is_answer
 

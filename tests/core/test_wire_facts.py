@@ -36,33 +36,69 @@ HOMES = {"imggw_client/_core/spec.py", "imggw_client/_core/reasons.py"}
 # CLI's and the manifest's JSON fields and the ledger's columns (id, task_id, status, state,
 # progress, result, cost, error, code, message, data, input, url, urls, images, expires_at),
 # and the values of TaskStatus, which B's states share (pending, failed).
-SHARED_WORDS = frozenset({
-    "model", "prompt", "resolution", "aspect_ratio", "n", "size", "input",
-    "id", "task_id", "status", "state", "progress", "result", "cost", "error", "code", "message",
-    "data", "url", "urls", "images", "expires_at",
-    "pending", "failed",
-})  # fmt: skip
+SHARED_WORDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "resolution",
+        "aspect_ratio",
+        "n",
+        "size",
+        "input",
+        "id",
+        "task_id",
+        "status",
+        "state",
+        "progress",
+        "result",
+        "cost",
+        "error",
+        "code",
+        "message",
+        "data",
+        "url",
+        "urls",
+        "images",
+        "expires_at",
+        "pending",
+        "failed",
+    }
+)
 
 # (file under src/, literal): why it may stand there.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("imggw_client/_core/surfaces.py", "cancelled"):
-        "the SDK's own TaskError code for a cancelled task (DESIGN 8), not the wire state",
-    ("imggw_client/mock/_gateway.py", "rate_limited"):
-        "the /_mock/stats counter of requests refused by a limit: a field of the stats JSON",
-    ("imggw_client/batch/_schema.py", "submitted"):
-        "a ledger state's name in ledgers written before the states were renamed (it was beta's "
-        "wire word, with another meaning): read only to move those rows to the new name",
-    ("imggw_client/tracking/_store.py", "not_found"):
-        "the error code ledgers and manifests have always kept for an item whose task the "
-        "gateway does not know (the wire says task_not_found): a pinned manifest value",
-    ("imggw_client/_core/states.py", "not_found"):
-        "the journal's state (and event) of a task the gateway no longer knows, the same word "
-        "as the manifests' error code above (DESIGN 22 pins State.NOT_FOUND)",
-    ("imggw_cli/_journal.py", "not_found"):
-        "the --json event of a collect's task in the journal's not_found state, named as that state",
-    ("imggw_cli/_output.py", "submitted"):
-        "the CLI's progress label before the first query; imggw_cli/ is reworked separately",
-}  # fmt: skip
+    (
+        "imggw_client/_core/surfaces.py",
+        "cancelled",
+    ): "the SDK's own TaskError code for a cancelled task (DESIGN 8), not the wire state",
+    (
+        "imggw_client/mock/_gateway.py",
+        "rate_limited",
+    ): "the /_mock/stats counter of requests refused by a limit: a field of the stats JSON",
+    (
+        "imggw_client/batch/_schema.py",
+        "submitted",
+    ): "a ledger state's name in ledgers written before the states were renamed (it was beta's "
+    "wire word, with another meaning): read only to move those rows to the new name",
+    (
+        "imggw_client/tracking/_store.py",
+        "not_found",
+    ): "the error code ledgers and manifests have always kept for an item whose task the "
+    "gateway does not know (the wire says task_not_found): a pinned manifest value",
+    (
+        "imggw_client/_core/states.py",
+        "not_found",
+    ): "the journal's state (and event) of a task the gateway no longer knows, the same word "
+    "as the manifests' error code above (DESIGN 22 pins State.NOT_FOUND)",
+    (
+        "imggw_cli/_journal.py",
+        "not_found",
+    ): "the --json event of a collect's task in the journal's not_found state, named as that state",
+    (
+        "imggw_cli/_output.py",
+        "submitted",
+    ): "the CLI's progress label before the first query; imggw_cli/ is reworked separately",
+}
 
 
 def wire_facts() -> dict[str, str]:
@@ -86,13 +122,32 @@ def wire_facts() -> dict[str, str]:
         for part in (wire.record, wire.envelope):
             add("field", *(getattr(part, f.name) for f in dataclasses.fields(part)))
         add("state", *wire.states, *wire.written.values(), *wire.quirk_states.values())
-    add("path", spec.RESULTS_PREFIX, spec.OPENAPI_PATH, spec.CONTROL_PREFIX, spec.STATS_PATH,
-        spec.RESET_PATH, spec.ADVANCE_PATH)  # fmt: skip
-    headers = (spec.IDEMPOTENCY_HEADER, spec.REPLAYED_HEADER, spec.AUTHORIZATION_HEADER,
-               spec.RETRY_AFTER_HEADER)  # fmt: skip
+    add(
+        "path",
+        spec.RESULTS_PREFIX,
+        spec.OPENAPI_PATH,
+        spec.CONTROL_PREFIX,
+        spec.STATS_PATH,
+        spec.RESET_PATH,
+        spec.ADVANCE_PATH,
+    )
+    headers = (
+        spec.IDEMPOTENCY_HEADER,
+        spec.REPLAYED_HEADER,
+        spec.AUTHORIZATION_HEADER,
+        spec.RETRY_AFTER_HEADER,
+    )
     add("header", *headers, *(h.lower() for h in headers))
-    add("field", spec.RESULT_URLS, *spec.RESULT_URL_KEYS, spec.RESULT_IMAGES, spec.IMAGE_URL,
-        spec.IMAGE_EXPIRES_AT, spec.LINK_EXPIRES, spec.LINK_SIGNATURE)  # fmt: skip
+    add(
+        "field",
+        spec.RESULT_URLS,
+        *spec.RESULT_URL_KEYS,
+        spec.RESULT_IMAGES,
+        spec.IMAGE_URL,
+        spec.IMAGE_EXPIRES_AT,
+        spec.LINK_EXPIRES,
+        spec.LINK_SIGNATURE,
+    )
     add("reason", *reasons.BY_CODE)
     return facts
 
@@ -117,10 +172,28 @@ def spelled_facts() -> list[str]:
 
 def test_the_facts_are_collected() -> None:
     facts = wire_facts()
-    for fact in ("/beta/v1/tasks/{id}", "taskId", "resultJson", "creditsConsumed", "failCode",
-                 "failMsg", "credits_cost", "resultUrls", "waiting", "generating", "success",
-                 "fail", "processing", "completed", "queuing", "in_progress", "submitted",
-                 "idempotency_key_reused", "insufficient_credits", "Idempotency-Key"):  # fmt: skip
+    for fact in (
+        "/beta/v1/tasks/{id}",
+        "taskId",
+        "resultJson",
+        "creditsConsumed",
+        "failCode",
+        "failMsg",
+        "credits_cost",
+        "resultUrls",
+        "waiting",
+        "generating",
+        "success",
+        "fail",
+        "processing",
+        "completed",
+        "queuing",
+        "in_progress",
+        "submitted",
+        "idempotency_key_reused",
+        "insufficient_credits",
+        "Idempotency-Key",
+    ):
         assert fact in facts, fact
 
 

@@ -14,8 +14,14 @@ ALPHA_SUBMIT = "/alpha/api/v1/jobs/createTask"
 
 
 def beta_body(**override: Any) -> dict[str, Any]:
-    return {"model": "imagegen-2", "prompt": "a cat", "size": "16:9", "resolution": "2k",
-            "n": 1, **override}  # fmt: skip
+    return {
+        "model": "imagegen-2",
+        "prompt": "a cat",
+        "size": "16:9",
+        "resolution": "2k",
+        "n": 1,
+        **override,
+    }
 
 
 def alpha_body(**override: Any) -> dict[str, Any]:

@@ -59,21 +59,49 @@ def test_the_url_fixture(imggw_gateway_url: str) -> None:
 def test_python_dash_m_serves_until_interrupted() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "imggw_client.mock", "--port", "0", "--api-key", "k-one",
-         "--api-key", "k-two", "--seed", "3", "--duration-min", "0", "--duration-max", "0.1", "--faults", "503,lost",
-         "--submit-limit", "2/60", "--quirks", "no_retry_after", "--link-ttl", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "imggw_client.mock",
+            "--port",
+            "0",
+            "--api-key",
+            "k-one",
+            "--api-key",
+            "k-two",
+            "--seed",
+            "3",
+            "--duration-min",
+            "0",
+            "--duration-max",
+            "0.1",
+            "--faults",
+            "503,lost",
+            "--submit-limit",
+            "2/60",
+            "--quirks",
+            "no_retry_after",
+            "--link-ttl",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert child.stdout is not None
         url = child.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
         body = {"model": "imagegen-2", "prompt": "x", "size": "1:1", "resolution": "1k", "n": 1}
         answers = [
-            httpx.post(f"{url}/beta/v1/images/generations", json=body,
-                       headers={"Authorization": f"Bearer {key}"})
+            httpx.post(
+                f"{url}/beta/v1/images/generations",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+            )
             for key in ("k-one", "k-two", "k-one", "k-one")
-        ]  # fmt: skip
+        ]
         assert [a.status_code for a in answers] == [200, 200, 200, 429]  # two per key in 60 s
         assert "retry-after" not in answers[3].headers  # the quirk took
         stats = httpx.get(f"{url}/_mock/stats").json()
@@ -90,17 +118,23 @@ def test_python_dash_m_serves_until_interrupted() -> None:
 
 @pytest.mark.parametrize(
     ("args", "says"),
-    [(["--failure-rate", "3"], "failure_rate"), (["--duration-max", "0.1"], "duration_min (1)"),
-     (["--faults", "meteor"], "faults must be some of"),
-     (["--submit-limit", "0/10"], "submit_limit must be N/S"),
-     (["--link-ttl", "0"], "link_ttl must be > 0"),
-     (["--request-timeout", "-1"], "request_timeout must be > 0")],
-)  # fmt: skip
+    [
+        (["--failure-rate", "3"], "failure_rate"),
+        (["--duration-max", "0.1"], "duration_min (1)"),
+        (["--faults", "meteor"], "faults must be some of"),
+        (["--submit-limit", "0/10"], "submit_limit must be N/S"),
+        (["--link-ttl", "0"], "link_ttl must be > 0"),
+        (["--request-timeout", "-1"], "request_timeout must be > 0"),
+    ],
+)
 def test_python_dash_m_refuses_bad_settings(args: list[str], says: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "imggw_client.mock", "--port", "0", *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert says in done.stderr
     assert done.stdout == ""
@@ -115,8 +149,11 @@ def test_python_dash_m_says_when_the_port_is_taken() -> None:
         port = taken.getsockname()[1]
         done = subprocess.run(
             [sys.executable, "-m", "imggw_client.mock", "--port", str(port)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 1
     assert "port in use" in done.stderr
     assert "Traceback" not in done.stderr
@@ -137,8 +174,9 @@ NO_UVICORN = "import sys\nsys.modules['uvicorn'] = None\n"
 def test_serving_without_uvicorn_says_what_to_install(command: list[str], tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(NO_UVICORN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=60,
-                          check=False, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *command], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
     assert done.returncode == 4
     assert done.stderr.count("\n") == 1
     assert "pip install 'imggw[mock]'" in done.stderr
@@ -147,9 +185,19 @@ def test_serving_without_uvicorn_says_what_to_install(command: list[str], tmp_pa
 
 
 def test_the_new_settings_are_options() -> None:
-    done = subprocess.run([sys.executable, "-m", "imggw_client.mock", "--help"],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "imggw_client.mock", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0
-    for option in ("--submit-limit", "--query-limit", "--link-ttl", "--request-timeout",
-                   "no_retry_after"):  # fmt: skip
+    for option in (
+        "--submit-limit",
+        "--query-limit",
+        "--link-ttl",
+        "--request-timeout",
+        "no_retry_after",
+    ):
         assert option in done.stdout

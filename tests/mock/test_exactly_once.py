@@ -17,8 +17,24 @@ from .helpers import png_size
 # Seconds a test: a thousand requests under faults (the slow lane, tests/conftest.py).
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-RATIOS_1K = ["auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5", "16:9", "9:16", "2:1",
-             "1:2", "3:1", "1:3", "21:9", "9:21"]  # fmt: skip
+RATIOS_1K = [
+    "auto",
+    "1:1",
+    "3:2",
+    "2:3",
+    "4:3",
+    "3:4",
+    "5:4",
+    "4:5",
+    "16:9",
+    "9:16",
+    "2:1",
+    "1:2",
+    "3:1",
+    "1:3",
+    "21:9",
+    "9:21",
+]
 PATIENT = RetryPolicy(max_attempts=20, initial_backoff=0.005, max_backoff=0.05)
 QUICK_POLL = PollPolicy(initial_interval=0.01, max_interval=0.05)
 # A ceiling far above what these runs send keeps the budget out of the way: random 429 faults
@@ -34,8 +50,12 @@ async def run_many(
 
     async def one(i: int) -> None:
         async with limiter:
-            task = await client.generate(f"logical request {i}", aspect_ratio=RATIOS_1K[i % 16],
-                                         surface="alpha" if i % 2 else "beta", wait_timeout=120)  # fmt: skip
+            task = await client.generate(
+                f"logical request {i}",
+                aspect_ratio=RATIOS_1K[i % 16],
+                surface="alpha" if i % 2 else "beta",
+                wait_timeout=120,
+            )
             files = await client.download(task, folder)
             done[i] = (task, files)
 
@@ -69,10 +89,18 @@ def verify(gateway: MockGateway, done: dict[int, tuple[Task, Any]], n: int) -> N
 
 
 async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(tmp_path: Path) -> None:
-    gateway = MockGateway(seed=11, duration_min=0.0, duration_max=0.05, fault_rate=0.3,
-                          faults=FAULT_KINDS, latency=0.02, retry_after=0)  # fmt: skip
-    async with gateway.async_client(poll=QUICK_POLL, retry=PATIENT,
-                                    rate_limit=OUT_OF_THE_WAY) as client:  # fmt: skip
+    gateway = MockGateway(
+        seed=11,
+        duration_min=0.0,
+        duration_max=0.05,
+        fault_rate=0.3,
+        faults=FAULT_KINDS,
+        latency=0.02,
+        retry_after=0,
+    )
+    async with gateway.async_client(
+        poll=QUICK_POLL, retry=PATIENT, rate_limit=OUT_OF_THE_WAY
+    ) as client:
         done = await run_many(client, 1000, tmp_path, concurrency=64)
     faults = gateway.stats()["faults"]
     assert set(faults) == set(FAULT_KINDS)  # every kind struck
@@ -83,11 +111,24 @@ async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(tmp_pa
 
 
 async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(tmp_path: Path) -> None:
-    gateway = MockGateway(seed=12, duration_min=0.0, duration_max=0.05, fault_rate=0.3,
-                          faults=FAULT_KINDS, latency=0.3, retry_after=0)  # fmt: skip
+    gateway = MockGateway(
+        seed=12,
+        duration_min=0.0,
+        duration_max=0.05,
+        fault_rate=0.3,
+        faults=FAULT_KINDS,
+        latency=0.3,
+        retry_after=0,
+    )
     with gateway.serve() as url:
-        async with AsyncClient(api_key="test-key", base_url=url, timeout=0.15, poll=QUICK_POLL,
-                               retry=PATIENT, rate_limit=OUT_OF_THE_WAY) as client:  # fmt: skip
+        async with AsyncClient(
+            api_key="test-key",
+            base_url=url,
+            timeout=0.15,
+            poll=QUICK_POLL,
+            retry=PATIENT,
+            rate_limit=OUT_OF_THE_WAY,
+        ) as client:
             done = await run_many(client, 150, tmp_path, concurrency=16)
     verify(gateway, done, 150)
 
@@ -95,10 +136,13 @@ async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(tmp_pat
 def test_answers_that_come_too_late_are_replayed_not_rebilled() -> None:
     """The client gives up on slow answers while the gateway has already created the task:
     its retries meet 409 (still in flight) or a replay, and never a second task."""
-    gateway = MockGateway(seed=4, fault_rate=0.5, faults=["latency"], latency=0.6,
-                          duration_min=0.0, duration_max=0.01)  # fmt: skip
-    with gateway.serve() as url, Client(api_key="test-key", base_url=url, timeout=0.25,
-                                        retry=PATIENT) as client:  # fmt: skip
+    gateway = MockGateway(
+        seed=4, fault_rate=0.5, faults=["latency"], latency=0.6, duration_min=0.0, duration_max=0.01
+    )
+    with (
+        gateway.serve() as url,
+        Client(api_key="test-key", base_url=url, timeout=0.25, retry=PATIENT) as client,
+    ):
         subs = [client.submit(f"request {i}") for i in range(12)]
     stats = gateway.stats()
     assert stats["tasks_created"] == 12

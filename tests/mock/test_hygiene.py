@@ -16,8 +16,9 @@ from .helpers import KEY, beta_body, call, query, record, submit, task_id
 
 @pytest.mark.slow
 def test_tasks_and_keys_are_forgotten_past_their_ttl_so_memory_stays_bounded() -> None:
-    gw = MockGateway(manual_clock=True, duration_min=1, duration_max=1, retention=30,
-                     idempotency_ttl=20)  # fmt: skip
+    gw = MockGateway(
+        manual_clock=True, duration_min=1, duration_max=1, retention=30, idempotency_ttl=20
+    )
     first = task_id(submit(gw, idem="key-0"))
     gw.advance(1)
     first_link = record(query(gw, first))["result"]["images"][0]["url"][0]

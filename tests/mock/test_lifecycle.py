@@ -53,9 +53,14 @@ def test_same_key_different_body_is_422() -> None:
 def test_keys_are_scoped_per_api_key() -> None:
     gw = manual()
     submit(gw, idem="k")
-    call(gw, "POST", "/beta/v1/images/generations",
-         {"model": "imagegen-2", "prompt": "a cat", "size": "16:9", "resolution": "2k", "n": 1},
-         key="other-key", idem="k")  # fmt: skip
+    call(
+        gw,
+        "POST",
+        "/beta/v1/images/generations",
+        {"model": "imagegen-2", "prompt": "a cat", "size": "16:9", "resolution": "2k", "n": 1},
+        key="other-key",
+        idem="k",
+    )
     assert gw.stats()["tasks_created"] == 2
 
 
@@ -215,8 +220,10 @@ def test_fail_tag_and_failure_rate() -> None:
     coded = task_id(submit(gw, prompt="a cat #fail:nsfw_detected"))
     alpha = task_id(submit(gw, "alpha", prompt="#fail:content_policy_violation"))
     gw.advance(10)
-    assert record(query(gw, plain))["error"] == {"code": "generation_failed",
-                                                  "message": "The image could not be generated."}  # fmt: skip
+    assert record(query(gw, plain))["error"] == {
+        "code": "generation_failed",
+        "message": "The image could not be generated.",
+    }
     failed = record(query(gw, coded))
     assert (failed["status"], failed["error"]["code"]) == ("failed", "nsfw_detected")
     assert failed["result"] is None
@@ -361,9 +368,15 @@ def test_openapi_document() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"api_keys": []}, {"duration_min": 5, "duration_max": 1}, {"failure_rate": 2},
-     {"faults": ["meteor"]}, {"quirks": ["weird"]}, {"image_size": 0}],
-)  # fmt: skip
+    [
+        {"api_keys": []},
+        {"duration_min": 5, "duration_max": 1},
+        {"failure_rate": 2},
+        {"faults": ["meteor"]},
+        {"quirks": ["weird"]},
+        {"image_size": 0},
+    ],
+)
 def test_bad_settings(settings: dict[str, object]) -> None:
     from imggw_client import ConfigurationError
 

@@ -166,9 +166,23 @@ def test_limits_can_change_on_the_fly() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["0/10", "-1/10", "1.5/10", "10", "10/0", "10/-1", "a/b", "10/inf", "10/nan", "", "/",
-              "3/10/2", 3],
-)  # fmt: skip
+    "value",
+    [
+        "0/10",
+        "-1/10",
+        "1.5/10",
+        "10",
+        "10/0",
+        "10/-1",
+        "a/b",
+        "10/inf",
+        "10/nan",
+        "",
+        "/",
+        "3/10/2",
+        3,
+    ],
+)
 def test_bad_limits_are_refused_with_a_clear_message(value: object) -> None:
     with pytest.raises(ConfigurationError) as info:
         MockGateway(submit_limit=value)
@@ -185,8 +199,11 @@ def test_good_limits(value: str) -> None:
 def test_bad_limit_on_the_command_line_exits_2() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "imggw_client.mock", "--port", "0", "--query-limit", "10/0"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: query_limit must be N/S")
     assert "Traceback" not in done.stderr

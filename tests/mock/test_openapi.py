@@ -35,8 +35,12 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 DOC = openapi_document()
 load_all_checks()
 EVERY_CHECK = CHECKS.get_all()
-CONFORMANCE = [status_code_conformance, content_type_conformance, response_headers_conformance,
-               response_schema_conformance]  # fmt: skip
+CONFORMANCE = [
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 def test_the_served_document_is_valid_openapi_3_1_and_covers_the_result_links() -> None:
@@ -53,8 +57,19 @@ def test_the_document_states_the_rules_the_gateway_enforces() -> None:
     header = DOC["paths"]["/beta/v1/images/generations"]["post"]["parameters"][0]
     assert header["name"] == "Idempotency-Key"
     key = header["schema"]
-    for candidate in ["k", "a" * 255, "order-17/line 3", "~", "a" * 256, "", " lead", "trail ",
-                      "tab\there", "ключ", "\x7f"]:  # fmt: skip
+    for candidate in [
+        "k",
+        "a" * 255,
+        "order-17/line 3",
+        "~",
+        "a" * 256,
+        "",
+        " lead",
+        "trail ",
+        "tab\there",
+        "ключ",
+        "\x7f",
+    ]:
         by_schema = jsonschema.Draft202012Validator(key).is_valid(candidate)
         assert by_schema is (rules.check_idempotency_key(candidate) == []), candidate
     prompt = DOC["components"]["schemas"]["BetaSubmitRequest"]["properties"]["prompt"]
@@ -154,8 +169,10 @@ def schemathesis_schema(max_examples: int, phases: list[str] | None = None) -> A
         "generation": {"max-examples": max_examples},
     }
     if phases:
-        settings["phases"] = {name: {"enabled": name in phases}
-                              for name in ("examples", "coverage", "fuzzing", "stateful")}  # fmt: skip
+        settings["phases"] = {
+            name: {"enabled": name in phases}
+            for name in ("examples", "coverage", "fuzzing", "stateful")
+        }
     return schemathesis.openapi.from_dict(DOC, config=SchemathesisConfig.from_dict(settings))
 
 
@@ -196,9 +213,17 @@ def test_the_gateway_keeps_every_promise_of_its_document(
 @pytest.fixture(scope="module")
 def faulty() -> Iterator[str]:
     """Faults and limits on: 429 and 5xx answers must match the document too."""
-    gateway = MockGateway(seed=1, duration_min=0, duration_max=0, fault_rate=0.5,
-                          faults=["429", "500", "502", "503", "504", "latency"], latency=0.01,
-                          retry_after=0, submit_limit="5/60", query_limit="5/60")  # fmt: skip
+    gateway = MockGateway(
+        seed=1,
+        duration_min=0,
+        duration_max=0,
+        fault_rate=0.5,
+        faults=["429", "500", "502", "503", "504", "latency"],
+        latency=0.01,
+        retry_after=0,
+        submit_limit="5/60",
+        query_limit="5/60",
+    )
     with gateway.serve() as url:
         yield url
 
@@ -211,13 +236,15 @@ def test_faults_and_limits_answer_as_documented(case: Any, faulty: str) -> None:
 
 
 def test_nothing_the_fuzz_sends_makes_a_5xx_over_the_socket(served: str) -> None:
-    bodies = [b"[" * 100_000 + b"]" * 100_000, b"[" * 100_000,
-              json.dumps(beta_body()).replace('"a cat"', '"x", "prompt": "y"').encode(),
-              json.dumps(alpha_body()).replace('"a cat"', r'"\ud800"').encode()]  # fmt: skip
+    bodies = [
+        b"[" * 100_000 + b"]" * 100_000,
+        b"[" * 100_000,
+        json.dumps(beta_body()).replace('"a cat"', '"x", "prompt": "y"').encode(),
+        json.dumps(alpha_body()).replace('"a cat"', r'"\ud800"').encode(),
+    ]
     with httpx.Client(base_url=served, headers=AUTH) as http:
         for path in ("/beta/v1/images/generations", "/alpha/api/v1/jobs/createTask"):
             for body in bodies:
-                answer = http.post(path, content=body,
-                                   headers={"Content-Type": "application/json"})  # fmt: skip
+                answer = http.post(path, content=body, headers={"Content-Type": "application/json"})
                 assert 400 <= answer.status_code < 500, (path, body[:40], answer.text)
                 assert answer.headers["content-type"] == "application/json"

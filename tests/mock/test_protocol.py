@@ -26,8 +26,9 @@ from .helpers import (
 
 @pytest.fixture
 def gw() -> MockGateway:
-    return MockGateway(api_keys=[KEY, "other-key"], seed=1, manual_clock=True,
-                       duration_min=10, duration_max=10)  # fmt: skip
+    return MockGateway(
+        api_keys=[KEY, "other-key"], seed=1, manual_clock=True, duration_min=10, duration_max=10
+    )
 
 
 def error(response: Any) -> tuple[int, str, str]:
@@ -212,8 +213,9 @@ def test_quirk_beta_no_code() -> None:
 
 
 def test_quirks_extra_states_and_no_progress() -> None:
-    quirky = MockGateway(quirks=["extra_states", "no_progress"], manual_clock=True,
-                         duration_min=10, duration_max=10)  # fmt: skip
+    quirky = MockGateway(
+        quirks=["extra_states", "no_progress"], manual_clock=True, duration_min=10, duration_max=10
+    )
     tid_b = task_id(submit(quirky))
     tid_a = task_id(submit(quirky, "alpha"))
     seen_b, seen_a = set(), set()
@@ -278,17 +280,21 @@ def test_prompts_with_lone_surrogates_are_refused_and_not_billed(
 
 @pytest.mark.parametrize(
     "raw",
-    [b'{"model":"imagegen-2","prompt":"x","prompt":"y","size":"1:1","resolution":"1k","n":1}',
-     b'{"model":"imagegen-2","prompt":"x","size":"1:1","resolution":"1k","n":1,"n":1}'],
-)  # fmt: skip
+    [
+        b'{"model":"imagegen-2","prompt":"x","prompt":"y","size":"1:1","resolution":"1k","n":1}',
+        b'{"model":"imagegen-2","prompt":"x","size":"1:1","resolution":"1k","n":1,"n":1}',
+    ],
+)
 def test_repeated_keys_are_invalid_json(gw: MockGateway, raw: bytes) -> None:
     assert error(call(gw, "POST", BETA_SUBMIT, raw=raw))[:2] == (400, "invalid_json")
     assert gw.stats()["tasks_created"] == 0
 
 
 def test_repeated_keys_inside_alpha_input_are_invalid_json(gw: MockGateway) -> None:
-    raw = (b'{"model":"imagegen-2-text-to-image","input":{"prompt":"x","prompt":"y",'
-           b'"resolution":"1K","aspect_ratio":"1:1"}}')  # fmt: skip
+    raw = (
+        b'{"model":"imagegen-2-text-to-image","input":{"prompt":"x","prompt":"y",'
+        b'"resolution":"1K","aspect_ratio":"1:1"}}'
+    )
     body = json.loads(call(gw, "POST", ALPHA_SUBMIT, raw=raw).body)
     assert (body["code"], body["data"]) == (400, None)
     assert gw.stats()["tasks_created"] == 0
@@ -297,11 +303,13 @@ def test_repeated_keys_inside_alpha_input_are_invalid_json(gw: MockGateway) -> N
 @pytest.mark.parametrize("path", [ALPHA_SUBMIT, BETA_SUBMIT])
 @pytest.mark.parametrize(
     "raw",
-    [b"[" * 100_000 + b"]" * 100_000,  # 200 KB, under the 256 KiB limit
-     b"[" * 100_000,
-     b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
-     b'{"a": ' * 30_000 + b"1" + b"}" * 30_000],
-)  # fmt: skip
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # 200 KB, under the 256 KiB limit
+        b"[" * 100_000,
+        b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"a": ' * 30_000 + b"1" + b"}" * 30_000,
+    ],
+)
 def test_deeply_nested_bodies_are_400_never_500(gw: MockGateway, path: str, raw: bytes) -> None:
     assert len(raw) < 256 * 1024
     answer = call(gw, "POST", path, raw=raw, idem="nested")

@@ -48,8 +48,22 @@ def post(path: str, body: bytes, idem: str | None = None) -> Any:
 # Characters where ECMA-262 and Python disagree about whitespace, and lone surrogates (which
 # JSON escapes can carry but no encoder can send on; a high one never directly precedes a low
 # one here, or the escapes would make a proper pair on the wire).
-tricky = st.sampled_from(["\x1c", "\x1f", "\x85", "\ufeff", "\u180e", "\u2028", "\u3000", "\u200b",
-                          "\ud800", "x\udfff", " ", "x"])  # fmt: skip
+tricky = st.sampled_from(
+    [
+        "\x1c",
+        "\x1f",
+        "\x85",
+        "\ufeff",
+        "\u180e",
+        "\u2028",
+        "\u3000",
+        "\u200b",
+        "\ud800",
+        "x\udfff",
+        " ",
+        "x",
+    ]
+)
 prompts = st.one_of(
     st.text(max_size=30),
     st.sampled_from(["", " ", "\t\n", "a cat"]),
@@ -76,8 +90,10 @@ def test_image_request_and_gateway_accept_and_reject_the_same_requests(
     # The SDK sends each surface's wire form of the resolution.
     wire_res = resolution.upper() if surface == "alpha" else resolution.lower()
     if surface == "alpha":
-        body = {"model": "imagegen-2-text-to-image",
-                "input": {"prompt": prompt, "resolution": wire_res, "aspect_ratio": ratio}}  # fmt: skip
+        body = {
+            "model": "imagegen-2-text-to-image",
+            "input": {"prompt": prompt, "resolution": wire_res, "aspect_ratio": ratio},
+        }
         path = "/alpha/api/v1/jobs/createTask"
     else:
         body = {
@@ -95,15 +111,20 @@ def test_image_request_and_gateway_accept_and_reject_the_same_requests(
 
 @pytest.mark.parametrize(
     ("path", "request_schema", "response_schema"),
-    [("/beta/v1/images/generations", "BetaSubmitRequest", "BetaSubmitResponse"),
-     ("/alpha/api/v1/jobs/createTask", "AlphaSubmitRequest", "AlphaSubmitResponse")],
-)  # fmt: skip
+    [
+        ("/beta/v1/images/generations", "BetaSubmitRequest", "BetaSubmitResponse"),
+        ("/alpha/api/v1/jobs/createTask", "AlphaSubmitRequest", "AlphaSubmitResponse"),
+    ],
+)
 @pytest.mark.slow
 def test_every_body_the_schema_allows_is_accepted(
     path: str, request_schema: str, response_schema: str
 ) -> None:
-    @settings(max_examples=120, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
+    @settings(
+        max_examples=120,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     @given(from_schema(resolved(request_schema)))
     def check(body: dict[str, Any]) -> None:
         answer = post(path, json.dumps(body).encode())
@@ -207,8 +228,10 @@ def test_records_match_their_schemas() -> None:
         {"model": "imagegen-2", "prompt": "x", "size": "1:1", "resolution": "1k", "n": 1}
     )
     gateway.handle(MockRequest("POST", "/beta/v1/images/generations", {}, headers, body.encode()))
-    alpha = {"model": "imagegen-2-text-to-image", "input": {"prompt": "x #fail", "resolution": "1K",
-                                                             "aspect_ratio": "1:1"}}  # fmt: skip
+    alpha = {
+        "model": "imagegen-2-text-to-image",
+        "input": {"prompt": "x #fail", "resolution": "1K", "aspect_ratio": "1:1"},
+    }
     gateway.handle(
         MockRequest(
             "POST", "/alpha/api/v1/jobs/createTask", {}, headers, json.dumps(alpha).encode()

@@ -30,8 +30,10 @@ from .helpers import png_size
 
 pytestmark = pytest.mark.anyio
 
-FAST = {"poll": PollPolicy(initial_interval=0.01, max_interval=0.05),
-        "retry": RetryPolicy(max_attempts=6, initial_backoff=0.01, max_backoff=0.05)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.01, max_interval=0.05),
+    "retry": RetryPolicy(max_attempts=6, initial_backoff=0.01, max_backoff=0.05),
+}
 QUICK = {"duration_min": 0.02, "duration_max": 0.1}
 
 
@@ -90,8 +92,13 @@ async def test_generate_and_download(
     client: Driven, surface: str, tmp_path: Path, gateway: MockGateway
 ) -> None:
     updates: list[TaskStatus] = []
-    task = await client.generate("a red fox", aspect_ratio="3:2", resolution="2k", surface=surface,
-                                 on_update=lambda t: updates.append(t.status))  # fmt: skip
+    task = await client.generate(
+        "a red fox",
+        aspect_ratio="3:2",
+        resolution="2k",
+        surface=surface,
+        on_update=lambda t: updates.append(t.status),
+    )
     assert task.status is TaskStatus.SUCCEEDED
     assert task.surface == surface
     assert updates[-1] is TaskStatus.SUCCEEDED
@@ -129,9 +136,14 @@ async def test_errors_map_to_the_sdk_tree(client: Driven, make: Make, gateway: M
 
 @pytest.mark.parametrize(
     "quirks",
-    [["alpha_http200"], ["beta_no_code"], ["extra_states"], ["no_progress"],
-     ["alpha_http200", "beta_no_code", "extra_states", "no_progress"]],
-)  # fmt: skip
+    [
+        ["alpha_http200"],
+        ["beta_no_code"],
+        ["extra_states"],
+        ["no_progress"],
+        ["alpha_http200", "beta_no_code", "extra_states", "no_progress"],
+    ],
+)
 @pytest.mark.parametrize("surface", ["alpha", "beta"])
 async def test_the_sdk_copes_with_every_quirk(
     client: Driven, gateway: MockGateway, quirks: list[str], surface: str

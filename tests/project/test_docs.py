@@ -202,8 +202,11 @@ def free_names(code: str) -> set[str]:
     while tables:
         table = tables.pop()
         tables.extend(table.get_children())
-        read |= {s.get_name() for s in table.get_symbols()
-                 if s.is_referenced() and (table is top or s.is_global())}  # fmt: skip
+        read |= {
+            s.get_name()
+            for s in table.get_symbols()
+            if s.is_referenced() and (table is top or s.is_global())
+        }
     return read - bound - set(dir(builtins))
 
 
@@ -248,10 +251,23 @@ def type_errors(pages: list[Path], folder: Path) -> list[str]:
     written = typed_modules(pages, folder)
     (folder / "mypy.ini").write_text(MYPY_INI)
     checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", ".cache",
-         "--no-error-summary", "docblocks"],
-        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            "mypy.ini",
+            "--cache-dir",
+            ".cache",
+            "--no-error-summary",
+            "docblocks",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert checked.returncode in (0, 1), checked.stdout + checked.stderr
     errors = []
     for line in checked.stdout.splitlines():
@@ -292,8 +308,14 @@ def test_every_example_has_a_test_that_runs_it() -> None:
 def test_every_public_name_has_its_entry_in_the_api_reference() -> None:
     reference = "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md"))
     entries = set(re.findall(r"^::: ([\w.]+)", reference, re.M))
-    for module_name in ("imggw_client", "imggw_client.tracking", "imggw_client.batch",
-                        "imggw_client.mock", "imggw_client.rules", "imggw_client.text"):  # fmt: skip
+    for module_name in (
+        "imggw_client",
+        "imggw_client.tracking",
+        "imggw_client.batch",
+        "imggw_client.mock",
+        "imggw_client.rules",
+        "imggw_client.text",
+    ):
         module = importlib.import_module(module_name)
         if module_name in entries and module_name != "imggw_client":
             continue  # the whole module, every name of its __all__
@@ -339,12 +361,26 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     site = tmp_path / "site"
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+    )
     assert built.returncode == 0, built.stdout + built.stderr
-    for page in ("client", "apps", "shell", "batches", "collecting", "scale-out", "production",
-                 "gateway", "development", "reference/client"):  # fmt: skip
+    for page in (
+        "client",
+        "apps",
+        "shell",
+        "batches",
+        "collecting",
+        "scale-out",
+        "production",
+        "gateway",
+        "development",
+        "reference/client",
+    ):
         assert (site / page / "index.html").is_file(), page
     reference = (site / "reference" / "client" / "index.html").read_text()
     for name in ("Client.with_options", "AsyncClient.read", "Client.open", "Surface"):

@@ -24,8 +24,12 @@ def run(script: str, *args: str, url: str, key: str = KEY) -> subprocess.Complet
     environment = {**os.environ, "IMGGW_API_KEY": key, "IMGGW_BASE_URL": url}
     return subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
-        capture_output=True, text=True, timeout=120, env=environment, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -77,10 +81,12 @@ def test_errors_and_resume_waits_again_on_the_same_task() -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "key", "code", "says"),
-    [("a cat #fail:nsfw", KEY, 1, "the task failed: nsfw"),
-     ("   ", KEY, 2, "fix the request: prompt"),
-     ("a cat", "wrong-key", 4, "check IMGGW_API_KEY")],
-)  # fmt: skip
+    [
+        ("a cat #fail:nsfw", KEY, 1, "the task failed: nsfw"),
+        ("   ", KEY, 2, "fix the request: prompt"),
+        ("a cat", "wrong-key", 4, "check IMGGW_API_KEY"),
+    ],
+)
 def test_errors_and_resume_reports_each_outcome(
     gateway: tuple[MockGateway, str], prompt: str, key: str, code: int, says: str
 ) -> None:
@@ -93,8 +99,11 @@ def test_errors_and_resume_reports_each_outcome(
 def test_quickstart_saves_a_real_png(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "quickstart.py"), "a red fox", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     (png,) = tmp_path.glob("*.png")
     content = png.read_bytes()

@@ -27,8 +27,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "hatchling", "build", "-d", str(out)],
-        cwd=ROOT, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")
     return wheel, sdist
@@ -82,9 +85,13 @@ def test_an_installed_wheel_writes_its_gallery(built: tuple[Path, Path], tmp_pat
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(output)],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert Path(done.stdout.strip()).is_relative_to(site)
     markup = (output / "index.html").read_text(encoding="utf-8")
     assert f"<style>{source('gallery.css')}</style>" in markup

@@ -21,10 +21,22 @@ REQUESTS = 80
 
 def test_short_soak_bills_once_loses_nothing_and_verifies_every_file() -> None:
     done = subprocess.run(
-        [sys.executable, str(SOAK), "--requests", str(REQUESTS), "--seconds", "60", "--seed", "5",
-         "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SOAK),
+            "--requests",
+            str(REQUESTS),
+            "--seconds",
+            "60",
+            "--seed",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["requests"] == REQUESTS

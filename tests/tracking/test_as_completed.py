@@ -40,8 +40,7 @@ FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 
 @pytest.fixture
 def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.05, duration_max=0.5,
-                     failure_rate=0.3)  # fmt: skip
+    gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.05, duration_max=0.5, failure_rate=0.3)
     with gw.serve() as url:
         yield gw, url
 
@@ -178,8 +177,7 @@ async def test_its_timeout_error_names_every_task_left_running_and_carries_their
 async def test_one_task_left_running_is_named_as_a_single_wait_names_it(
     kind: str, fake_time: FakeTime, shared_serve: Any
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=60,
-                     duration_max=60)  # fmt: skip
+    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=60, duration_max=60)
     client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
     try:
         sub = await client.submit("slow")
@@ -249,8 +247,9 @@ async def test_the_start_up_pattern_saves_every_result_left_and_reports_the_rest
     try:
         forgotten = [await made.submit(f"forgotten {i}") for i in range(2)]
         clock = ManualClock()
-        gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1,
-                         retention=100)  # fmt: skip
+        gw = MockGateway(
+            api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1, retention=100
+        )
         assert shared_serve(gw) == url  # the same gateway, as far as the journal knows
         stale = await made.submit("kept too long")
         clock.advance(150)  # done long ago: its result is past retention, its link dead

@@ -56,8 +56,11 @@ def test_a_killed_app_leaves_every_paid_task_to_the_next_process(seed: int, tmp_
     hold = rng.randint(1, 12)
     journal = tmp_path / "state" / "journal.sqlite"
     with gateway(hold, seed) as (gw, holder, url):
-        app = subprocess.Popen([sys.executable, "-c", APP, KEY, url, str(journal)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        app = subprocess.Popen(
+            [sys.executable, "-c", APP, KEY, url, str(journal)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert holder.arrived.wait(60), "the held submit never arrived"
             # Killed while that submit is held, or a little later (seed 1: at once).

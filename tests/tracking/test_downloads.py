@@ -21,8 +21,12 @@ pytestmark = pytest.mark.anyio
 async def test_the_result_whose_links_die_first_is_downloaded_first() -> None:
     queue = DownloadQueue()
     now = time.time()
-    rows = [row(1, expires_at=None), row(2, expires_at=now + 600), row(3, expires_at=now + 60),
-            row(4, expires_at=None)]  # fmt: skip
+    rows = [
+        row(1, expires_at=None),
+        row(2, expires_at=now + 600),
+        row(3, expires_at=now + 60),
+        row(4, expires_at=None),
+    ]
     served: list[int] = []
 
     async def save(saved: Row) -> None:

@@ -80,8 +80,10 @@ def test_entries_say_what_the_design_pins_newest_first(
         newest, oldest = entries
         assert isinstance(newest, JournalEntry)
         assert (newest.status, newest.surface, newest.idempotency_key) == (
-            "pending", "beta", second.idempotency_key,
-        )  # fmt: skip
+            "pending",
+            "beta",
+            second.idempotency_key,
+        )
         assert oldest.status == "succeeded"
         assert oldest.request.resolution == "2k"
         assert oldest.request.aspect_ratio == "3:2"
@@ -205,8 +207,12 @@ def test_processes_share_one_journal_without_locking_errors(
         "    for i in range(15):\n"
         "        c.submit(f'p{sys.argv[4]}-{i}')\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, KEY, url, str(path), str(n)],
-                              stderr=subprocess.PIPE) for n in range(4)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, KEY, url, str(path), str(n)], stderr=subprocess.PIPE
+        )
+        for n in range(4)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()
@@ -266,8 +272,13 @@ def test_mark_saved_keeps_urls_and_paths_as_given(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.sqlite")
     journal.record(Sending("k", "beta", ImageRequest("a fox")), scope)
     journal.record(Accepted(Submission(task_id="7", idempotency_key="k", surface="beta")), scope)
-    done = Task(id="7", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=["https://x/a"],
-                expires_at=datetime.now(timezone.utc))  # fmt: skip
+    done = Task(
+        id="7",
+        surface="beta",
+        status=TaskStatus.SUCCEEDED,
+        image_urls=["https://x/a"],
+        expires_at=datetime.now(timezone.utc),
+    )
     journal.record(Seen(done), scope)
     given = ["s3://bucket/p.png", "gs://b/k//double.png", "relative/q.png"]
     journal.mark_saved("7", "beta", [*given, tmp_path / "r.png"], scope=scope)

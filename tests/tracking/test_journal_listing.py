@@ -23,16 +23,17 @@ def _task(journal: Journal, n: int, scope: Scope = SCOPE) -> str:
     """A journaled task, id ``n``, pending."""
     key = f"key-{n:06d}-{scope.key_fingerprint[:4]}"
     journal.record(Sending(key, "beta", ImageRequest(f"p{n}")), scope)
-    journal.record(Accepted(Submission(task_id=str(n), idempotency_key=key, surface="beta")),
-                   scope)  # fmt: skip
+    journal.record(Accepted(Submission(task_id=str(n), idempotency_key=key, surface="beta")), scope)
     return str(n)
 
 
 def _age(path: Path, task_id: str, days: float) -> None:
     """Moves a row's last change ``days`` into the past."""
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE tasks SET changed = changed - ?, created = created - ? WHERE "
-                   "task_id = ?", (days * DAY, days * DAY, task_id))  # fmt: skip
+        db.execute(
+            "UPDATE tasks SET changed = changed - ?, created = created - ? WHERE task_id = ?",
+            (days * DAY, days * DAY, task_id),
+        )
 
 
 def test_tasks_filters_and_cuts_newest_first_and_count_agrees(tmp_path: Path) -> None:
@@ -92,13 +93,17 @@ def test_the_newest_fifty_of_a_hundred_thousand_come_at_once(tmp_path: Path) -> 
             "INSERT INTO tasks (gateway, key_fp, surface, idempotency_key, task_id, state, "
             "prompt, aspect_ratio, resolution, created, files) "
             "VALUES (?, ?, 'beta', ?, ?, 'saved', 'a fox', 'auto', '1k', ?, '[]')",
-            ((SCOPE.gateway, SCOPE.key_fingerprint, f"k{n}", str(n), now - 100_000 + n)
-             for n in range(1, 100_001)),
-        )  # fmt: skip
+            (
+                (SCOPE.gateway, SCOPE.key_fingerprint, f"k{n}", str(n), now - 100_000 + n)
+                for n in range(1, 100_001)
+            ),
+        )
     journal = Journal(path)
     with sqlite3.connect(path) as db:  # read from the end of the table: no sort, no full read
-        plan = " ".join(r[-1] for r in db.execute(
-            "EXPLAIN QUERY PLAN SELECT * FROM tasks ORDER BY row DESC LIMIT 50"))  # fmt: skip
+        plan = " ".join(
+            r[-1]
+            for r in db.execute("EXPLAIN QUERY PLAN SELECT * FROM tasks ORDER BY row DESC LIMIT 50")
+        )
     assert "TEMP B-TREE" not in plan
     for scope in (None, SCOPE):
         took = []

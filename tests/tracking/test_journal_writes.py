@@ -138,8 +138,9 @@ def test_try_record_declines_at_once_while_another_writer_holds_the_file(tmp_pat
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     answer: list[bool] = []
-    attempt = threading.Thread(target=lambda: answer.append(journal.try_record(sending("k2"),
-                                                                               SCOPE)))  # fmt: skip
+    attempt = threading.Thread(
+        target=lambda: answer.append(journal.try_record(sending("k2"), SCOPE))
+    )
     attempt.start()
     attempt.join(timeout=10)  # a guard: waiting would take the 30 s busy timeout
     assert answer == [False]
@@ -270,8 +271,13 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
     assert os.waitstatus_to_exitcode(status) == 0
     assert journal.try_record(sending("parent-4"), SCOPE)  # the parent's handles still work
     assert sorted(r["idempotency_key"] for r in rows(path)) == [
-        "child-1", "child-2", "parent-1", "parent-2", "parent-3", "parent-4",
-    ]  # fmt: skip
+        "child-1",
+        "child-2",
+        "parent-1",
+        "parent-2",
+        "parent-3",
+        "parent-4",
+    ]
     journal.close()
 
 

@@ -59,8 +59,7 @@ def test_an_unknown_submit_older_than_the_gateways_key_memory_is_reported_never_
             bare.submit("a fox", idempotency_key=key)
         with Client(KEY, url, journal=path) as client:
             assert client.journal is not None
-            client.journal.record(Sending(key, "beta", ImageRequest("a fox")),
-                                  client.journal_scope)  # fmt: skip
+            client.journal.record(Sending(key, "beta", ImageRequest("a fox")), client.journal_scope)
         _age(path, 2 * HOUR)
         gw.advance(2 * HOUR)  # the gateway forgot the key: a resend would make a second task
         before = posts(gw)
@@ -89,8 +88,9 @@ def test_within_the_window_the_same_row_is_resent_and_billed_once(tmp_path: Path
             bare.submit("an owl", idempotency_key=key)
         with Client(KEY, url, journal=path) as client:
             assert client.journal is not None
-            client.journal.record(Sending(key, "beta", ImageRequest("an owl")),
-                                  client.journal_scope)  # fmt: skip
+            client.journal.record(
+                Sending(key, "beta", ImageRequest("an owl")), client.journal_scope
+            )
         _age(path, HOUR / 2)
         report = _collect(url, path, tmp_path / "out", idempotency_window=HOUR)
         assert gw.stats()["tasks_created"] == 1  # the key replayed the task
@@ -128,8 +128,14 @@ def _lines(folder: Path) -> list[tuple[str, str, float | None]]:
 def test_a_batch_line_whose_key_may_be_forgotten_is_held_back_until_the_window_allows(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.01, duration_max=0.02, retry_after=0,
-                     fault_rate=1.0, faults=["lost"])  # fmt: skip
+    gw = MockGateway(
+        api_keys=[KEY],
+        duration_min=0.01,
+        duration_max=0.02,
+        retry_after=0,
+        fault_rate=1.0,
+        faults=["lost"],
+    )
     source = tmp_path / "in.txt"
     source.write_text("a fox\nan owl\n")
     out = tmp_path / "out"
@@ -137,8 +143,14 @@ def test_a_batch_line_whose_key_may_be_forgotten_is_held_back_until_the_window_a
     with gw.serve() as url:
 
         def run(window: float) -> BatchReport:
-            return run_batch(source, out, timeout=1.0, client_factory=lambda: AsyncClient(
-                KEY, url, poll=FAST, retry=quick, idempotency_window=window))  # fmt: skip
+            return run_batch(
+                source,
+                out,
+                timeout=1.0,
+                client_factory=lambda: AsyncClient(
+                    KEY, url, poll=FAST, retry=quick, idempotency_window=window
+                ),
+            )
 
         before = time.time()
         first = run(HOUR)  # every answer lost: two tasks made and billed, their ids unknown
@@ -146,8 +158,9 @@ def test_a_batch_line_whose_key_may_be_forgotten_is_held_back_until_the_window_a
         assert gw.stats()["tasks_created"] == 2
         sent = _lines(out)
         # Each line's first send is kept, once, however many tries followed it.
-        assert all(state == "unknown" and when is not None and when >= before
-                   for _, state, when in sent)  # fmt: skip
+        assert all(
+            state == "unknown" and when is not None and when >= before for _, state, when in sent
+        )
 
         gw.configure(fault_rate=0.0)
         _age_lines(out, 2 * HOUR)

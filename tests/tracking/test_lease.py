@@ -50,8 +50,11 @@ anyio.run(main)
 @contextlib.contextmanager
 def app(url: str, journal: Path, out: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The application, in a process of its own, once its ten submits were answered."""
-    proc = subprocess.Popen([sys.executable, "-c", APP, KEY, url, str(journal), str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", APP, KEY, url, str(journal), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         for _ in range(10):

@@ -57,8 +57,9 @@ async def test_no_more_lines_are_in_flight_than_the_window_holds(
     source = [f"p{n}" for n in range(10)]
     client = AsyncClient(api_key=gw.config.api_keys[0], base_url=IN_PROCESS_URL, transport=held)
     async with client, anyio.create_task_group() as group:
-        group.start_soon(functools.partial(arun_batch, source, tmp_path / "out",
-                                           client=client, concurrency=2))  # fmt: skip
+        group.start_soon(
+            functools.partial(arun_batch, source, tmp_path / "out", client=client, concurrency=2)
+        )
         with anyio.fail_after(60):  # a run that never sends three fails, never hangs
             while gw.stats()["tasks_created"] < 3:
                 await anyio.sleep(0.01)
@@ -182,11 +183,12 @@ async def test_what_an_item_is_says_what_the_loop_does_with_it(tmp_path: Path) -
         fields = {"prompt": "a fox", "aspect_ratio": "auto", "resolution": "1k"}
         items = [
             _Item(1, fields, "key-fox"),
-            _Item(2, {}, None, task_id=made_elsewhere.task_id, made_here=False,
-                  state=State.RUNNING),
+            _Item(
+                2, {}, None, task_id=made_elsewhere.task_id, made_here=False, state=State.RUNNING
+            ),
             _Item(3, {}, None, task_id="888888", made_here=False, state=State.RUNNING),
             _Item(4, {"resolution": "1k"}, "key-gone", task_id="999999", state=State.RUNNING),
-        ]  # fmt: skip
+        ]
         memory = _Memory(items, tmp_path)
         course = Course(deadline=math.inf, line_timeout=None, redact=client.redact)
         await _loop.Loop(client, memory, memory, course, concurrency=2).run()

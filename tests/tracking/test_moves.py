@@ -68,11 +68,15 @@ def test_a_retyped_prompt_reusing_a_journaled_key_is_refused_before_sending_and_
         bare.submit("a fox", idempotency_key=key)
     with Client(KEY, url, poll=FAST, journal=path) as client:
         assert client.journal is not None
-        client.journal.record(Sending(key, "beta", ImageRequest("a fox"), "lost-call"),
-                              client.journal_scope)  # fmt: skip
+        client.journal.record(
+            Sending(key, "beta", ImageRequest("a fox"), "lost-call"), client.journal_scope
+        )
         before = posts(gw)
-        for retyped in ({"prompt": "a fox!"}, {"prompt": "a fox", "aspect_ratio": "16:9"},
-                        {"prompt": "a fox", "aspect_ratio": "1:1", "resolution": "2k"}):  # fmt: skip
+        for retyped in (
+            {"prompt": "a fox!"},
+            {"prompt": "a fox", "aspect_ratio": "16:9"},
+            {"prompt": "a fox", "aspect_ratio": "1:1", "resolution": "2k"},
+        ):
             with pytest.raises(IdempotencyConflictError) as refused:
                 client.submit(**retyped, idempotency_key=key)  # type: ignore[arg-type]
             assert refused.value.code == "idempotency_key_reused"

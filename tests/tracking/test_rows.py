@@ -41,16 +41,23 @@ def plant(path: Path, key: str, **columns: Any) -> None:
     garbage = columns.pop("garbage", None)
     with sqlite3.connect(path) as db:
         names = [r[1] for r in db.execute("PRAGMA table_info(tasks)") if r[1] != "row"]
-        values = dict(zip(names, db.execute(f"SELECT {','.join(names)} FROM tasks WHERE row = 1")
-                          .fetchone(), strict=True))  # fmt: skip
+        values = dict(
+            zip(
+                names,
+                db.execute(f"SELECT {','.join(names)} FROM tasks WHERE row = 1").fetchone(),
+                strict=True,
+            )
+        )
         values.update(columns, idempotency_key=key, task_id=columns.get("task_id", f"9{len(key)}"))
         marks = ",".join("?" * len(values))
         db.execute(
             f"INSERT INTO tasks ({','.join(values)}) VALUES ({marks})", list(values.values())
         )
         if garbage is not None:
-            db.execute("UPDATE tasks SET prompt = CAST(? AS TEXT) WHERE idempotency_key = ?",
-                       (garbage, key))  # fmt: skip
+            db.execute(
+                "UPDATE tasks SET prompt = CAST(? AS TEXT) WHERE idempotency_key = ?",
+                (garbage, key),
+            )
 
 
 @pytest.fixture
@@ -115,7 +122,9 @@ def test_unfinished_and_a_collect_work_beside_damaged_rows(
     assert gw.stats()["tasks_created"] == 2
     with sqlite3.connect(path) as db:
         db.text_factory = bytes  # a row holds bytes that are not text
-        states = {k.decode(errors="replace"): s.decode()
-                  for k, s in db.execute("SELECT idempotency_key, state FROM tasks")}  # fmt: skip
+        states = {
+            k.decode(errors="replace"): s.decode()
+            for k, s in db.execute("SELECT idempotency_key, state FROM tasks")
+        }
     assert states["k-state"] == "zombie"  # left as it was
     assert [states[k] for k in states if not k.startswith("k-")] == ["saved", "saved"]

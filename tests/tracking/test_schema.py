@@ -38,9 +38,11 @@ def test_a_first_format_journal_opens_with_its_rows_and_works_on(tmp_path: Path)
             "INSERT INTO tasks (gateway, key_fp, surface, idempotency_key, task_id, state, "
             "prompt, aspect_ratio, resolution, created) VALUES (?, ?, 'beta', ?, ?, ?, ?, "
             "'auto', '1k', 1700000000)",
-            [(SCOPE.gateway, SCOPE.key_fingerprint, "k-old", None, "unknown", "a fox"),
-             (SCOPE.gateway, SCOPE.key_fingerprint, "k-done", "5", "saved", "an owl")],
-        )  # fmt: skip
+            [
+                (SCOPE.gateway, SCOPE.key_fingerprint, "k-old", None, "unknown", "a fox"),
+                (SCOPE.gateway, SCOPE.key_fingerprint, "k-done", "5", "saved", "an owl"),
+            ],
+        )
     journal = Journal(path)
     assert [(e.idempotency_key, e.state) for e in journal.tasks()] == [
         ("k-done", "saved"),
@@ -50,8 +52,9 @@ def test_a_first_format_journal_opens_with_its_rows_and_works_on(tmp_path: Path)
     journal.record(Refused("k-old", "beta", ""), SCOPE)
     journal.record(NotSent("k-old", "beta", "some-call"), SCOPE)
     journal.record(Sending("k-old", "beta", ImageRequest("a fox"), "call-2"), SCOPE)
-    journal.record(Accepted(Submission(task_id="6", idempotency_key="k-old", surface="beta")),
-                   SCOPE)  # fmt: skip
+    journal.record(
+        Accepted(Submission(task_id="6", idempotency_key="k-old", surface="beta")), SCOPE
+    )
     assert [(e.task_id, e.state) for e in journal.tasks()] == [("5", "saved"), ("6", "pending")]
     journal.close()
     with sqlite3.connect(path) as db:

@@ -65,8 +65,9 @@ async def test_a_retry_that_would_sleep_past_its_deadline_is_not_tried() -> None
 
 
 async def test_what_is_tried_again_later_and_what_ends_the_run() -> None:
-    lost = UnknownOutcomeError("lost", idempotency_key="k", request=ImageRequest("a fox"),
-                               surface="beta")  # fmt: skip
+    lost = UnknownOutcomeError(
+        "lost", idempotency_key="k", request=ImageRequest("a fox"), surface="beta"
+    )
     assert retry_later(lost)  # the key replays it
     assert retry_later(DownloadError("reset", code="download_failed"))
     assert not retry_later(DownloadError("a page", code="not_an_image"))

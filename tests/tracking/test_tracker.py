@@ -80,8 +80,17 @@ def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
                 assert journal is not None
                 journal.record(Sending("k-gone", "beta", ImageRequest("gone")), scope)
                 when = datetime.now(timezone.utc)
-                journal.record(Accepted(Submission(task_id="999999", idempotency_key="k-gone",
-                                                   surface="beta", submitted_at=when)), scope)  # fmt: skip
+                journal.record(
+                    Accepted(
+                        Submission(
+                            task_id="999999",
+                            idempotency_key="k-gone",
+                            surface="beta",
+                            submitted_at=when,
+                        )
+                    ),
+                    scope,
+                )
 
         anyio.run(submit)
         report, seen = _collect(url, path, tmp_path / "out", wait=False)
@@ -110,8 +119,9 @@ def test_an_unexpected_fault_is_logged_without_the_key(
     from imggw_client.tracking._tracker import _Entry, _JournalRun
 
     client = AsyncClient(KEY, "http://127.0.0.1:9")
-    entry = _Entry(line=1, surface="beta", idempotency_key="k", task_id="7", submitted_at=None,
-                   fields={})  # fmt: skip
+    entry = _Entry(
+        line=1, surface="beta", idempotency_key="k", task_id="7", submitted_at=None, fields={}
+    )
     run = _JournalRun([entry], tmp_path, None, client.redact, client.surface)
     run.unexpected_fault(entry, RuntimeError(f"header Authorization: Bearer {KEY} refused"))
     anyio.run(client.close)

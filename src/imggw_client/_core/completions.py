@@ -187,8 +187,9 @@ class Completions:
                 self._error = err
             return
         if isinstance(action, Sleep):
-            heapq.heappush(self._sleeping, (self._clock() + action.seconds, next(self._order),
-                                            index))  # fmt: skip
+            heapq.heappush(
+                self._sleeping, (self._clock() + action.seconds, next(self._order), index)
+            )
         else:
             self._ready.append((index, action))
 

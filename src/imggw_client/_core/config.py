@@ -487,8 +487,9 @@ def updated(
         changes["headers"] = checked_headers(default_headers, settings.headers)
     if idempotency_window is not None:
         changes["idempotency_window"] = _checked_window(idempotency_window)
-    return replace(settings, timeout=new_timeout, http_timeout=given, retry=new_retry,
-                   poll=new_poll, **changes)  # fmt: skip
+    return replace(
+        settings, timeout=new_timeout, http_timeout=given, retry=new_retry, poll=new_poll, **changes
+    )
 
 
 def _window(given: object) -> float:

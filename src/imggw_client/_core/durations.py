@@ -108,8 +108,10 @@ class DurationModel:
         if not (isinstance(max_kinds, int) and max_kinds >= 1):
             raise ValueError("max_kinds must be an integer >= 1")
         for name, value in (
-            ("half_life", half_life), ("max_age", max_age), ("max_duration", max_duration)
-        ):  # fmt: skip
+            ("half_life", half_life),
+            ("max_age", max_age),
+            ("max_duration", max_duration),
+        ):
             if not (_number(value) is not None and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0")
         self.window = window

@@ -130,8 +130,10 @@ class Flows(Attempts):
         surface, so the gateway replays the task the first one may have made. ``surface`` and
         ``idempotency_key``, if given, must be the error's own: another would bill anew."""
         extra = _checked_headers(extra_headers)
-        asked = (("surface", surface, err.surface),
-                 ("idempotency_key", idempotency_key, err.idempotency_key))  # fmt: skip
+        asked = (
+            ("surface", surface, err.surface),
+            ("idempotency_key", idempotency_key, err.idempotency_key),
+        )
         for name, given, own in asked:
             if given is not None and given != own:
                 rule = f"must be the error's own ({own!r}) to resend its submit, or left out"

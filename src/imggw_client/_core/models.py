@@ -72,8 +72,11 @@ class ImageRequest(BaseModel):
             req = ImageRequest.unchecked("a cat", "7:5", "8k")   # the gateway will judge it
         """
         # The gateway judges the values; they must still be text to be sent at all.
-        for field, value in (("prompt", prompt), ("aspect_ratio", aspect_ratio),
-                             ("resolution", resolution)):  # fmt: skip
+        for field, value in (
+            ("prompt", prompt),
+            ("aspect_ratio", aspect_ratio),
+            ("resolution", resolution),
+        ):
             if not isinstance(value, str):
                 raise RequestValidationError(field, "must be a string")
         return cls.model_construct(prompt=prompt, aspect_ratio=aspect_ratio, resolution=resolution)

@@ -212,8 +212,15 @@ def plan_wait(
     if not policy.learn or kind is None or started is None:
         first = 0.0 if accepted is None else poll_interval(policy, 0, rng) - (now - accepted)
         return TodayWait(policy, rng, first)
-    return LearnedWait(policy, model, kind, started=started, now=now, rng=rng,
-                       pending=poll_interval(policy, 0, rng))  # fmt: skip
+    return LearnedWait(
+        policy,
+        model,
+        kind,
+        started=started,
+        now=now,
+        rng=rng,
+        pending=poll_interval(policy, 0, rng),
+    )
 
 
 class LearnedWait:
@@ -272,9 +279,16 @@ class LearnedWait:
         if math.isfinite(seen) and (self._last_active is None or seen > self._last_active):
             self._last_active = seen
         return next_poll(
-            self.policy, self.model, self.kind, started=self.started, now=now,
-            polls=self.polls, rng=self.rng, sent=sent, retry_after=retry_after,
-        )  # fmt: skip
+            self.policy,
+            self.model,
+            self.kind,
+            started=self.started,
+            now=now,
+            polls=self.polls,
+            rng=self.rng,
+            sent=sent,
+            retry_after=retry_after,
+        )
 
     def finished(self, now: float) -> bool:
         """The answer at ``now`` saw the task finished: teaches the model (once); True if

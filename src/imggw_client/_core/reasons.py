@@ -85,147 +85,291 @@ _ANY = _on(SUBMIT, QUERY, RESULT)
 _NEVER = Retry.NEVER
 
 INVALID_REQUEST = Reason(
-    "invalid_request", 400, "The request is invalid.", _NEVER,
+    "invalid_request",
+    400,
+    "The request is invalid.",
+    _NEVER,
     "a request refused as invalid (400 or 422) with no more particular reason; also the code of "
     "the SDK's own refusals that name none",
-)  # fmt: skip
+)
 INVALID_JSON = Reason(
-    "invalid_json", 400, "the body must be one JSON object without repeated keys", _NEVER,
+    "invalid_json",
+    400,
+    "the body must be one JSON object without repeated keys",
+    _NEVER,
     "the body is not one well-formed JSON object (bad syntax or encoding, nesting too deep to "
-    "parse, a repeated key)", _on(SUBMIT),
-)  # fmt: skip
+    "parse, a repeated key)",
+    _on(SUBMIT),
+)
 INVALID_IDEMPOTENCY_KEY = Reason(
-    "invalid_idempotency_key", 400, "The Idempotency-Key header breaks a rule.", _NEVER,
+    "invalid_idempotency_key",
+    400,
+    "The Idempotency-Key header breaks a rule.",
+    _NEVER,
     "the Idempotency-Key is empty, longer than 255 characters, or not printable ASCII without "
-    "surrounding spaces", _on(SUBMIT),
-)  # fmt: skip
+    "surrounding spaces",
+    _on(SUBMIT),
+)
 INVALID_TASK_ID = Reason(
-    "invalid_task_id", 400, "Invalid task id.", _NEVER,
-    "the task id is not a positive decimal number without leading zeros", _on(QUERY),
-)  # fmt: skip
+    "invalid_task_id",
+    400,
+    "Invalid task id.",
+    _NEVER,
+    "the task id is not a positive decimal number without leading zeros",
+    _on(QUERY),
+)
 UNAUTHORIZED = Reason(
-    "unauthorized", 401, "A valid Bearer API key is required.", _NEVER,
-    "no Authorization: Bearer header, or an unknown key", _on(SUBMIT, QUERY),
-)  # fmt: skip
+    "unauthorized",
+    401,
+    "A valid Bearer API key is required.",
+    _NEVER,
+    "no Authorization: Bearer header, or an unknown key",
+    _on(SUBMIT, QUERY),
+)
 INSUFFICIENT_CREDITS = Reason(
-    "insufficient_credits", 402, "The account's credits do not cover this request.", _NEVER,
-    "the key's balance cannot pay for the request (nothing is created)", _on(SUBMIT),
-)  # fmt: skip
+    "insufficient_credits",
+    402,
+    "The account's credits do not cover this request.",
+    _NEVER,
+    "the key's balance cannot pay for the request (nothing is created)",
+    _on(SUBMIT),
+)
 FORBIDDEN = Reason(
-    "forbidden", 403, "The key may not do this.", _NEVER, "the key is not allowed this request",
-)  # fmt: skip
+    "forbidden",
+    403,
+    "The key may not do this.",
+    _NEVER,
+    "the key is not allowed this request",
+)
 TASK_NOT_FOUND = Reason(
-    "task_not_found", 404, "No such task.", _NEVER,
-    "an unknown task, or another key's task (indistinguishable)", _on(QUERY),
-)  # fmt: skip
+    "task_not_found",
+    404,
+    "No such task.",
+    _NEVER,
+    "an unknown task, or another key's task (indistinguishable)",
+    _on(QUERY),
+)
 NOT_FOUND = Reason("not_found", 404, "No such route.", _NEVER, "no such route")
 METHOD_NOT_ALLOWED = Reason(
-    "method_not_allowed", 405, "The route does not take this method.", _NEVER,
+    "method_not_allowed",
+    405,
+    "The route does not take this method.",
+    _NEVER,
     "a route called with another method (the Allow header names the right one)",
-)  # fmt: skip
+)
 IDEMPOTENCY_IN_PROGRESS = Reason(
-    "idempotency_in_progress", 409, "A request with this Idempotency-Key is in progress.",
-    Retry.RETRIED, "the first request with the same key is still being processed",
-    _on(SUBMIT), retry_after=True,
-)  # fmt: skip
+    "idempotency_in_progress",
+    409,
+    "A request with this Idempotency-Key is in progress.",
+    Retry.RETRIED,
+    "the first request with the same key is still being processed",
+    _on(SUBMIT),
+    retry_after=True,
+)
 RESULT_EXPIRED = Reason(
-    "result_expired", 410, "The result is no longer kept.", _NEVER,
+    "result_expired",
+    410,
+    "The result is no longer kept.",
+    _NEVER,
     "a result past its retention window (result links answer it in plain text)",
-)  # fmt: skip
+)
 BODY_TOO_LARGE = Reason(
-    "body_too_large", 413, "The request body is too large.", _NEVER,
-    "the body exceeds 256 KiB", _on(SUBMIT),
-)  # fmt: skip
+    "body_too_large",
+    413,
+    "The request body is too large.",
+    _NEVER,
+    "the body exceeds 256 KiB",
+    _on(SUBMIT),
+)
 UNKNOWN_FIELD = Reason(
-    "unknown_field", 422, "A field the schema does not define.", _NEVER,
-    "a field the schema does not define", _on(SUBMIT),
-)  # fmt: skip
+    "unknown_field",
+    422,
+    "A field the schema does not define.",
+    _NEVER,
+    "a field the schema does not define",
+    _on(SUBMIT),
+)
 MISSING_FIELD = Reason(
-    "missing_field", 422, "A required field is missing.", _NEVER,
-    "a required field is absent (or A's input is not an object)", _on(SUBMIT),
-)  # fmt: skip
+    "missing_field",
+    422,
+    "A required field is missing.",
+    _NEVER,
+    "a required field is absent (or A's input is not an object)",
+    _on(SUBMIT),
+)
 INVALID_MODEL = Reason(
-    "invalid_model", 422, "The model is not this surface's model.", _NEVER,
-    "the model constant is wrong", _on(SUBMIT),
-)  # fmt: skip
+    "invalid_model",
+    422,
+    "The model is not this surface's model.",
+    _NEVER,
+    "the model constant is wrong",
+    _on(SUBMIT),
+)
 INVALID_N = Reason(
-    "invalid_n", 422, "n must be 1.", _NEVER, "n is not the integer 1 (B)", _on(SUBMIT),
-)  # fmt: skip
+    "invalid_n",
+    422,
+    "n must be 1.",
+    _NEVER,
+    "n is not the integer 1 (B)",
+    _on(SUBMIT),
+)
 INVALID_PROMPT = Reason(
-    "invalid_prompt", 422, "The prompt breaks a rule.", _NEVER,
-    "prompt length, type, blankness (ECMA-262 \\S) or surrogate code points", _on(SUBMIT),
-)  # fmt: skip
+    "invalid_prompt",
+    422,
+    "The prompt breaks a rule.",
+    _NEVER,
+    "prompt length, type, blankness (ECMA-262 \\S) or surrogate code points",
+    _on(SUBMIT),
+)
 INVALID_ASPECT_RATIO = Reason(
-    "invalid_aspect_ratio", 422, "The aspect ratio is not one of the 16 allowed.", _NEVER,
-    "the aspect ratio is outside the 16", _on(SUBMIT),
-)  # fmt: skip
+    "invalid_aspect_ratio",
+    422,
+    "The aspect ratio is not one of the 16 allowed.",
+    _NEVER,
+    "the aspect ratio is outside the 16",
+    _on(SUBMIT),
+)
 INVALID_RESOLUTION = Reason(
-    "invalid_resolution", 422, "The resolution is not in this surface's wire form.", _NEVER,
-    "the resolution is not the surface's exact wire form", _on(SUBMIT),
-)  # fmt: skip
+    "invalid_resolution",
+    422,
+    "The resolution is not in this surface's wire form.",
+    _NEVER,
+    "the resolution is not the surface's exact wire form",
+    _on(SUBMIT),
+)
 UNSUPPORTED_COMBINATION = Reason(
-    "unsupported_combination", 422, "The aspect ratio does not allow this resolution.", _NEVER,
-    "a resolution the aspect ratio does not allow", _on(SUBMIT),
-)  # fmt: skip
+    "unsupported_combination",
+    422,
+    "The aspect ratio does not allow this resolution.",
+    _NEVER,
+    "a resolution the aspect ratio does not allow",
+    _on(SUBMIT),
+)
 IDEMPOTENCY_KEY_REUSED = Reason(
-    "idempotency_key_reused", 422, "This Idempotency-Key was used with a different request.",
-    _NEVER, "the key is bound to another request, on either surface (some gateways say 409)",
-    _on(SUBMIT), decides=True,
-)  # fmt: skip
+    "idempotency_key_reused",
+    422,
+    "This Idempotency-Key was used with a different request.",
+    _NEVER,
+    "the key is bound to another request, on either surface (some gateways say 409)",
+    _on(SUBMIT),
+    decides=True,
+)
 RATE_LIMITED = Reason(
-    "rate_limited", 429, "Too many requests; slow down.", Retry.RETRIED_NOT_EXECUTED,
-    "over the key's request limit, or injected", _ANY, retry_after=True,
-)  # fmt: skip
+    "rate_limited",
+    429,
+    "Too many requests; slow down.",
+    Retry.RETRIED_NOT_EXECUTED,
+    "over the key's request limit, or injected",
+    _ANY,
+    retry_after=True,
+)
 INTERNAL_ERROR = Reason(
-    "internal_error", 500, "The gateway failed.", Retry.RETRIED,
-    "the gateway failed (injected; nothing was processed)", _ANY,
-)  # fmt: skip
+    "internal_error",
+    500,
+    "The gateway failed.",
+    Retry.RETRIED,
+    "the gateway failed (injected; nothing was processed)",
+    _ANY,
+)
 IDEMPOTENCY_RESULT_INDETERMINATE = Reason(
-    "idempotency_result_indeterminate", 500,
+    "idempotency_result_indeterminate",
+    500,
     "The outcome of the first request with this Idempotency-Key is unknown.",
-    Retry.STOP_UNKNOWN, "the gateway cannot tell whether the key's request was applied",
+    Retry.STOP_UNKNOWN,
+    "the gateway cannot tell whether the key's request was applied",
     decides=True,
-)  # fmt: skip
+)
 SERVER_ERROR = Reason(
-    "server_error", 500, "The server failed.", Retry.RETRIED,
+    "server_error",
+    500,
+    "The server failed.",
+    Retry.RETRIED,
     "a 5xx with no more particular reason (a proxy's error page, say)",
-)  # fmt: skip
+)
 BAD_GATEWAY = Reason(
-    "bad_gateway", 502, "The upstream provider failed.", Retry.RETRIED,
-    "the upstream provider failed (injected; nothing was processed)", _ANY,
-)  # fmt: skip
+    "bad_gateway",
+    502,
+    "The upstream provider failed.",
+    Retry.RETRIED,
+    "the upstream provider failed (injected; nothing was processed)",
+    _ANY,
+)
 SERVICE_UNAVAILABLE = Reason(
-    "service_unavailable", 503, "The gateway is overloaded.", Retry.RETRIED,
-    "the gateway is overloaded (injected; nothing was processed)", _ANY,
-)  # fmt: skip
+    "service_unavailable",
+    503,
+    "The gateway is overloaded.",
+    Retry.RETRIED,
+    "the gateway is overloaded (injected; nothing was processed)",
+    _ANY,
+)
 IDEMPOTENCY_UNAVAILABLE = Reason(
-    "idempotency_unavailable", 503, "The request was not executed; try again.",
-    Retry.RETRIED_NOT_EXECUTED, "the gateway could not check the key and did nothing",
+    "idempotency_unavailable",
+    503,
+    "The request was not executed; try again.",
+    Retry.RETRIED_NOT_EXECUTED,
+    "the gateway could not check the key and did nothing",
     decides=True,
-)  # fmt: skip
+)
 GATEWAY_TIMEOUT = Reason(
-    "gateway_timeout", 504, "The upstream provider timed out.", Retry.RETRIED,
-    "the upstream provider timed out (injected; nothing was processed)", _ANY,
-)  # fmt: skip
+    "gateway_timeout",
+    504,
+    "The upstream provider timed out.",
+    Retry.RETRIED,
+    "the upstream provider timed out (injected; nothing was processed)",
+    _ANY,
+)
 
 REASONS: tuple[Reason, ...] = (
-    INVALID_REQUEST, INVALID_JSON, INVALID_IDEMPOTENCY_KEY, INVALID_TASK_ID, UNAUTHORIZED,
-    INSUFFICIENT_CREDITS, FORBIDDEN, TASK_NOT_FOUND, NOT_FOUND, METHOD_NOT_ALLOWED,
-    IDEMPOTENCY_IN_PROGRESS, RESULT_EXPIRED, BODY_TOO_LARGE, UNKNOWN_FIELD, MISSING_FIELD,
-    INVALID_MODEL, INVALID_N, INVALID_PROMPT, INVALID_ASPECT_RATIO, INVALID_RESOLUTION,
-    UNSUPPORTED_COMBINATION, IDEMPOTENCY_KEY_REUSED, RATE_LIMITED, INTERNAL_ERROR,
-    SERVER_ERROR, IDEMPOTENCY_RESULT_INDETERMINATE, BAD_GATEWAY, SERVICE_UNAVAILABLE,
-    IDEMPOTENCY_UNAVAILABLE, GATEWAY_TIMEOUT,
-)  # fmt: skip
+    INVALID_REQUEST,
+    INVALID_JSON,
+    INVALID_IDEMPOTENCY_KEY,
+    INVALID_TASK_ID,
+    UNAUTHORIZED,
+    INSUFFICIENT_CREDITS,
+    FORBIDDEN,
+    TASK_NOT_FOUND,
+    NOT_FOUND,
+    METHOD_NOT_ALLOWED,
+    IDEMPOTENCY_IN_PROGRESS,
+    RESULT_EXPIRED,
+    BODY_TOO_LARGE,
+    UNKNOWN_FIELD,
+    MISSING_FIELD,
+    INVALID_MODEL,
+    INVALID_N,
+    INVALID_PROMPT,
+    INVALID_ASPECT_RATIO,
+    INVALID_RESOLUTION,
+    UNSUPPORTED_COMBINATION,
+    IDEMPOTENCY_KEY_REUSED,
+    RATE_LIMITED,
+    INTERNAL_ERROR,
+    SERVER_ERROR,
+    IDEMPOTENCY_RESULT_INDETERMINATE,
+    BAD_GATEWAY,
+    SERVICE_UNAVAILABLE,
+    IDEMPOTENCY_UNAVAILABLE,
+    GATEWAY_TIMEOUT,
+)
 BY_CODE: Mapping[str, Reason] = MappingProxyType({r.code: r for r in REASONS})
 
 # The reason B sends for each status when it has no more particular one (DESIGN 18): what an
 # error answer that names no reason means, on either surface. Any other 5xx is SERVER_ERROR.
-BY_STATUS: Mapping[int, Reason] = MappingProxyType({
-    400: INVALID_REQUEST, 401: UNAUTHORIZED, 402: INSUFFICIENT_CREDITS, 403: FORBIDDEN,
-    404: TASK_NOT_FOUND, 405: METHOD_NOT_ALLOWED, 409: IDEMPOTENCY_IN_PROGRESS,
-    410: RESULT_EXPIRED, 413: BODY_TOO_LARGE, 422: INVALID_REQUEST, 429: RATE_LIMITED,
-})  # fmt: skip
+BY_STATUS: Mapping[int, Reason] = MappingProxyType(
+    {
+        400: INVALID_REQUEST,
+        401: UNAUTHORIZED,
+        402: INSUFFICIENT_CREDITS,
+        403: FORBIDDEN,
+        404: TASK_NOT_FOUND,
+        405: METHOD_NOT_ALLOWED,
+        409: IDEMPOTENCY_IN_PROGRESS,
+        410: RESULT_EXPIRED,
+        413: BODY_TOO_LARGE,
+        422: INVALID_REQUEST,
+        429: RATE_LIMITED,
+    }
+)
 _BY_MESSAGE: Mapping[tuple[int, str], Reason] = MappingProxyType(
     {(r.status, r.message): r for r in REASONS}
 )
@@ -254,10 +398,14 @@ def for_status(status: int, message: str | None = None) -> Reason | None:
 def table(rows: Iterable[Reason] = REASONS) -> str:
     """The rows as a reStructuredText table: code, status, retry class, when."""
     lines = [
-        (f"``{r.code}``" + (" (decides)" if r.decides else ""), str(r.status), r.retry.value,
-         r.when)
+        (
+            f"``{r.code}``" + (" (decides)" if r.decides else ""),
+            str(r.status),
+            r.retry.value,
+            r.when,
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     heads = ("code", "status", "retry", "when")
     widths = [max(len(head), *(len(line[i]) for line in lines)) for i, head in enumerate(heads)]
     rule = "  ".join("=" * w for w in widths)

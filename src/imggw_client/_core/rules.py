@@ -17,9 +17,23 @@ from . import reasons, spec
 # ``Resolution``): a type checker refuses a ratio or resolution the gateway would. The tuples
 # below are read from them, so each value is spelled once.
 AspectRatio = Literal[
-    "auto", "1:1", "3:2", "2:3", "4:3", "3:4", "5:4", "4:5",
-    "16:9", "9:16", "2:1", "1:2", "3:1", "1:3", "21:9", "9:21",
-]  # fmt: skip
+    "auto",
+    "1:1",
+    "3:2",
+    "2:3",
+    "4:3",
+    "3:4",
+    "5:4",
+    "4:5",
+    "16:9",
+    "9:16",
+    "2:1",
+    "1:2",
+    "3:1",
+    "1:3",
+    "21:9",
+    "9:21",
+]
 # Either case, as ImageRequest accepts them (stored and sent in each surface's own case).
 Resolution = Literal["1k", "2k", "4k", "1K", "2K", "4K"]
 ASPECT_RATIOS: tuple[str, ...] = get_args(AspectRatio)
@@ -178,8 +192,10 @@ def check_headers(headers: object, field: str) -> list[Violation]:
         if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
             rule = "has a header name that is not an HTTP token (letters, digits, -, ...)"
         elif name.lower() in PROTECTED_HEADERS:
-            rule = (f"may not set {name}: the SDK sets it (pass "
-                    f"{PROTECTED_HEADERS[name.lower()]} instead)")  # fmt: skip
+            rule = (
+                f"may not set {name}: the SDK sets it (pass "
+                f"{PROTECTED_HEADERS[name.lower()]} instead)"
+            )
         elif name.lower() in FRAMING_HEADERS:
             rule = f"may not set {name}: the HTTP stack sets it for the body it sends"
         elif not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):

@@ -202,32 +202,47 @@ return {'1'}
 def _filled(body: str) -> str:
     """A script with the budget's constants written in: one source for every budget."""
     script = _HEAD + body
-    numbers = {"GUARD": rules.GUARD, "START_WINDOW": rules.START_WINDOW, "RECENT": rules.RECENT,
-               "RTT_GUESS": rules.RTT_GUESS, "MIN_WAIT": rules.MIN_WAIT}  # fmt: skip
+    numbers = {
+        "GUARD": rules.GUARD,
+        "START_WINDOW": rules.START_WINDOW,
+        "RECENT": rules.RECENT,
+        "RTT_GUESS": rules.RTT_GUESS,
+        "MIN_WAIT": rules.MIN_WAIT,
+    }
     for name, value in numbers.items():
         script = script.replace("{" + name + "}", repr(float(value)))
     script = script.replace("{FIELDS}", ", ".join(f"'{name}'" for name in FIELDS))
     return script.replace("{LANE_TTL}", str(LANE_TTL))
 
 
-SCRIPTS = {name: _filled(body) for name, body in
-           [("take", _TAKE), ("release", _RELEASE), ("answer", _ANSWER), ("set", _SET),
-            ("renew", _RENEW)]}  # fmt: skip
+SCRIPTS = {
+    name: _filled(body)
+    for name, body in [
+        ("take", _TAKE),
+        ("release", _RELEASE),
+        ("answer", _ANSWER),
+        ("set", _SET),
+        ("renew", _RENEW),
+    ]
+}
 
 # ------------------------------------------------------------------------ the steps
 # Each operation is a generator of script calls, (name, arguments), that receives each
 # call's answer: the drivers run it, blocking or awaited. A bad answer raises StoreAnswerError.
 
 
-def take_steps(limit: RateLimit, ticket: StoreTicket) -> Generator[tuple[str, list[str]], object,
-                                                                   float]:  # fmt: skip
+def take_steps(
+    limit: RateLimit, ticket: StoreTicket
+) -> Generator[tuple[str, list[str]], object, float]:
     """A place for ``ticket`` (a new one, or the one it holds): the seconds still to wait."""
     first = rules.lane_of(rate_of(limit, ticket.kind))
     rate = "" if first.rate is None else repr(first.rate)
     if first.ceiling is not None:
         ticket.token = ""  # a ceiling spaces its requests: no window, nothing counted in flight
-    answer = yield "take", [str(ticket.epoch), repr(ticket.slot), ticket.token, repr(LEASE),
-                            first.mode, rate]  # fmt: skip
+    answer = yield (
+        "take",
+        [str(ticket.epoch), repr(ticket.slot), ticket.token, repr(LEASE), first.mode, rate],
+    )
     wait, epoch, slot, now, due = _numbers(answer, 5)
     if wait < 0 or epoch != int(epoch) or epoch < 0:
         raise StoreAnswerError("the store's answer is out of range")
@@ -248,8 +263,9 @@ def release_args(ticket: StoreTicket) -> list[str]:
     return [str(ticket.epoch), repr(ticket.slot), ticket.token]
 
 
-def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
-                   ) -> Generator[tuple[str, list[str]], object, float | None]:  # fmt: skip
+def finished_steps(
+    limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
+) -> Generator[tuple[str, list[str]], object, float | None]:
     """The request of ``ticket`` ended: the answer counted, then the policy's decision written
     (read again and decided anew if another process wrote between, for a 429). Returns an
     isolated 429's ``Retry-After``, which this process's next request of the kind waits."""
@@ -265,9 +281,16 @@ def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
         retry_after = ended["retry_after"]
         if retry_after is not None and not math.isfinite(retry_after):
             retry_after = None
-        anew = rules.answered(pacing, now, sent=sent, limited=limited, retry_after=retry_after,
-                              backoff=ended["backoff"], took=took,
-                              used=2 * flying >= pacing.window)  # fmt: skip
+        anew = rules.answered(
+            pacing,
+            now,
+            sent=sent,
+            limited=limited,
+            retry_after=retry_after,
+            backoff=ended["backoff"],
+            took=took,
+            used=2 * flying >= pacing.window,
+        )
         owed = retry_after if limited and pacing.mode == rules.STARTING else None
         args = _set_args(version, anew, pacing, old)
         if args is None:
@@ -278,14 +301,14 @@ def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
     return None
 
 
-def read_lane(limit: RateLimit, kind: str, answer: object
-              ) -> tuple[Pacing, str, float, int, bool]:  # fmt: skip
+def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str, float, int, bool]:
     """The lane's pacing as the answer script returned it, its version, the store's clock,
     the requests in flight before the answer, and whether requests queued for the pace."""
     if not isinstance(answer, list) or len(answer) != len(FIELDS) + 4:
         raise StoreAnswerError("the store's answer is not the script's")
-    texts = [item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
-             for item in answer]  # fmt: skip
+    texts = [
+        item.decode("ascii", "replace") if isinstance(item, bytes) else str(item) for item in answer
+    ]
     pacing = rules.lane_of(rate_of(limit, kind))
     for name, text in zip(FIELDS, texts, strict=False):
         if text == "":
@@ -296,8 +319,15 @@ def read_lane(limit: RateLimit, kind: str, answer: object
             pacing.mode = text
             continue
         value = _number(text)
-        if name in ("window", "round_window", "strikes", "second", "accepted",
-                    "accepted_before", "taken"):  # fmt: skip
+        if name in (
+            "window",
+            "round_window",
+            "strikes",
+            "second",
+            "accepted",
+            "accepted_before",
+            "taken",
+        ):
             setattr(pacing, name, int(value))
         else:
             setattr(pacing, name, value)

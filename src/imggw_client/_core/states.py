@@ -82,8 +82,12 @@ class Work(str, Enum):
 
 
 _ALIVE = (State.UNKNOWN, State.PENDING, State.RUNNING)
-_STATUS_EVENTS = {Event.PENDING: State.PENDING, Event.RUNNING: State.RUNNING,
-                  Event.SUCCEEDED: State.SUCCEEDED, Event.FAILED: State.FAILED}  # fmt: skip
+_STATUS_EVENTS = {
+    Event.PENDING: State.PENDING,
+    Event.RUNNING: State.RUNNING,
+    Event.SUCCEEDED: State.SUCCEEDED,
+    Event.FAILED: State.FAILED,
+}
 
 # (state, event) -> next state; None as a state: no row. The only table of moves.
 MOVES: dict[tuple[State | None, Event], State | None] = {
@@ -92,8 +96,12 @@ MOVES: dict[tuple[State | None, Event], State | None] = {
     (State.UNKNOWN, Event.REFUSED): None,
     (State.UNKNOWN, Event.NOT_SENT): None,
     # A task's status moves forward only: pending -> running -> succeeded | failed.
-    **{(state, event): target for state in _ALIVE for event, target in _STATUS_EVENTS.items()
-       if not (state is State.RUNNING and target is State.PENDING)},
+    **{
+        (state, event): target
+        for state in _ALIVE
+        for event, target in _STATUS_EVENTS.items()
+        if not (state is State.RUNNING and target is State.PENDING)
+    },
     (State.SUCCEEDED, Event.SUCCEEDED): State.SUCCEEDED,
     (State.SUCCEEDED, Event.SAVED): State.SAVED,
     (State.SUCCEEDED, Event.EXPIRED): State.EXPIRED,
@@ -102,7 +110,7 @@ MOVES: dict[tuple[State | None, Event], State | None] = {
     # A task the gateway forgot ends there: nothing more to ask (its results, if any, are gone).
     (State.PENDING, Event.NOT_FOUND): State.NOT_FOUND,
     (State.RUNNING, Event.NOT_FOUND): State.NOT_FOUND,
-}  # fmt: skip
+}
 
 # What each state still needs; a state with no work is final for the journal.
 WORK: dict[State, Work | None] = {

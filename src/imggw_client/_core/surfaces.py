@@ -305,8 +305,11 @@ def _checked_reply(
         raise transport_error(surface, outcome) from outcome.error
     if 300 <= outcome.status < 400:  # never followed: a paid request goes where it was aimed
         where = link_for_display(outcome.headers.get("location", ""))
-        raise malformed(surface, outcome.status, f"a redirect to {printable(where, 120)!r}, never "
-                        "followed: check base_url")  # fmt: skip
+        raise malformed(
+            surface,
+            outcome.status,
+            f"a redirect to {printable(where, 120)!r}, never followed: check base_url",
+        )
     body = _json(outcome.content)
     error = read_error(surface, outcome, now, secrets, body)
     if error is not None:
@@ -343,10 +346,13 @@ def read_submit(
         raise malformed(surface, reply.status, "no valid task id")
     replayed = reply.headers.get(spec.REPLAYED_HEADER.lower(), "").strip().lower() == "true"
     return Submission(
-        task_id=task_id, idempotency_key=idempotency_key, surface=surface, replayed=replayed,
+        task_id=task_id,
+        idempotency_key=idempotency_key,
+        surface=surface,
+        replayed=replayed,
         resolution=resolution,
         submitted_at=None if replayed else datetime.fromtimestamp(now, timezone.utc),
-    )  # fmt: skip
+    )
 
 
 def poll_hint(outcome: Reply | TransportFailure, now: float) -> float | None:
@@ -506,8 +512,11 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
         shown = redact_url(printable(link_for_display(unusable[0]), 120), secrets)  # no query
         log.warning("%d result URL(s) not usable, left out (the first: %s)", len(unusable), shown)
     if len(urls) > MAX_RESULT_URLS:
-        log.warning("a task record lists over %d result URLs; using the first %d",
-                    MAX_RESULT_URLS, MAX_RESULT_URLS)  # fmt: skip
+        log.warning(
+            "a task record lists over %d result URLs; using the first %d",
+            MAX_RESULT_URLS,
+            MAX_RESULT_URLS,
+        )
     kept = list(urls)[:MAX_RESULT_URLS]
     hosts = sorted({_host(url) for url in kept if carries_secret(url, secrets)})
     hosts = [h for h in hosts if h not in _key_hosts_told]

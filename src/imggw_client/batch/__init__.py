@@ -61,9 +61,14 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time they load on fir
 
 # The Dask engine's names, imported on first use: the SDK never loads Dask unasked.
 _DASK_NAMES = (
-    "DEFAULT_SHARD_SIZE", "ClientSpec", "ShardOutcome", "ShardedProgress", "ShardedReport",
-    "arun_sharded", "run_sharded",
-)  # fmt: skip
+    "DEFAULT_SHARD_SIZE",
+    "ClientSpec",
+    "ShardOutcome",
+    "ShardedProgress",
+    "ShardedReport",
+    "arun_sharded",
+    "run_sharded",
+)
 
 
 def __getattr__(name: str) -> Any:

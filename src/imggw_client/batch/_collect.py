@@ -51,8 +51,9 @@ async def acollect_tasks(
             report = await acollect_tasks("ids.txt", "out/", client=client, concurrency=16)
     """
     chosen = BatchOptions.of(options)
-    return await run_in_folder(source, out_dir, client=client, options=chosen,
-                               on_progress=on_progress, tasks=True)  # fmt: skip
+    return await run_in_folder(
+        source, out_dir, client=client, options=chosen, on_progress=on_progress, tasks=True
+    )
 
 
 def collect_tasks(
@@ -72,5 +73,12 @@ def collect_tasks(
         report = collect_tasks(["123", {"task_id": "77", "surface": "alpha"}], "out/")
         sys.exit(report.exit_code)
     """
-    return run_blocking(source, out_dir, client_factory=client_factory, rate_limit=rate_limit,
-                        on_progress=on_progress, options=options, tasks=True)  # fmt: skip
+    return run_blocking(
+        source,
+        out_dir,
+        client_factory=client_factory,
+        rate_limit=rate_limit,
+        on_progress=on_progress,
+        options=options,
+        tasks=True,
+    )

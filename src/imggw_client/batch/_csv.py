@@ -245,8 +245,9 @@ def _csv_header(record: CsvRecord, number: int, name: str) -> list[str]:
                 problem = f"the header row names an unknown column {shown!r} (column {column})"
             elif names.index(column_name) != column - 1:
                 first = names.index(column_name) + 1
-                problem = (f"the header row names {column_name!r} twice (columns {first} and "
-                           f"{column})")  # fmt: skip
+                problem = (
+                    f"the header row names {column_name!r} twice (columns {first} and {column})"
+                )
             if problem is not None:
                 break
         else:

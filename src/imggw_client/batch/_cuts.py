@@ -118,8 +118,7 @@ def write_slices(
     first_entries = []
     entries = 0
     kinds = line_kinds(source, format=format)
-    header = next((raw for raw, kind in line_kinds(source, format=format) if kind == HEADER),
-                  None)  # fmt: skip
+    header = next((raw for raw, kind in line_kinds(source, format=format) if kind == HEADER), None)
     ahead: deque[tuple[str, str]] = deque()  # lines read past a slice, to place in the next
     for index in range(1, count + 1):
         first_entries.append(entries + 1)

@@ -143,9 +143,16 @@ def _prepare(
             found = scan.plan.input_digest
             run = _identity.load_stored(storage)
             if run is None:
-                made = _identity.claim(storage, scan.digests, found, run_id=run_id(),
-                                       surface=surface, key_fingerprint=fingerprint,
-                                       name=options.name, input_path=origin)  # fmt: skip
+                made = _identity.claim(
+                    storage,
+                    scan.digests,
+                    found,
+                    run_id=run_id(),
+                    surface=surface,
+                    key_fingerprint=fingerprint,
+                    name=options.name,
+                    input_path=origin,
+                )
                 run, created = made
                 if not created and run.input_digest != found:
                     continue  # compare again, with the record its maker published
@@ -224,9 +231,10 @@ async def arun_sharded(
     """
     if (address is None) == (workers is None):
         raise RequestValidationError(
-            "engine", "give the cluster's address or a number of workers (one of them)",
+            "engine",
+            "give the cluster's address or a number of workers (one of them)",
             code="invalid_option",
-        )  # fmt: skip
+        )
     counts = {"shard_size": (shard_size, 1), "shard_retries": (shard_retries, 0)}
     _check_counts(**counts, **({"workers": (workers, 1)} if workers is not None else {}))
     _check_seconds(checkpoint_every=checkpoint_every, progress_every=progress_every)
@@ -246,28 +254,47 @@ async def arun_sharded(
     run_id = functools.partial(env_run_id, storage, spec.base_url)
     try:
         fingerprint = await anyio.to_thread.run_sync(env_fingerprint)  # slow, once
-        prepared = await anyio.to_thread.run_sync(functools.partial(
-            _prepare, source, storage, work, surface=surface, shard_size=shard_size,
-            options=chosen, run_id=run_id, with_entries=on_progress is not None,
-            fingerprint=fingerprint,
-        ))  # fmt: skip
+        prepared = await anyio.to_thread.run_sync(
+            functools.partial(
+                _prepare,
+                source,
+                storage,
+                work,
+                surface=surface,
+                shard_size=shard_size,
+                options=chosen,
+                run_id=run_id,
+                with_entries=on_progress is not None,
+                fingerprint=fingerprint,
+            )
+        )
     finally:
         await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, work, ignore_errors=True))
     # Every shard takes the lines the driver accepted: changes were allowed here, or refused.
     template = ShardSpec(
-        source="", dest=dest, index=1, count=prepared.count, sliced=True,
+        source="",
+        dest=dest,
+        index=1,
+        count=prepared.count,
+        sliced=True,
         options=replace(chosen, surface=surface, allow_changes=True),
         storage_options=dict(storage_options or {}),
-        scratch=None if scratch is None else os.fspath(scratch), checkpoint_every=checkpoint_every,
-    )  # fmt: skip
+        scratch=None if scratch is None else os.fspath(scratch),
+        checkpoint_every=checkpoint_every,
+    )
     dispatch = Dispatch(prepared, slice_name(source), template, spec, shard_retries, on_shard)
     # One count for the whole run, on the scheduler, from what the folder's run was charged.
     dispatch.charged = await anyio.to_thread.run_sync(charges, storage)
     progress = None
     if on_progress is not None:
         names = [shard_name(i, prepared.count) for i in range(1, prepared.count + 1)]
-        reader = ProgressReader(storage, names, prepared.entries, prepared.scan.plan.bad_count,
-                                checkpoint_every=checkpoint_every)  # fmt: skip
+        reader = ProgressReader(
+            storage,
+            names,
+            prepared.entries,
+            prepared.scan.plan.bad_count,
+            checkpoint_every=checkpoint_every,
+        )
         progress = (reader, progress_every, on_progress)
     startup = await dispatch.run(address, workers, rate_limit, cluster_options or {}, progress)
     for outcome in dispatch.outcomes:  # a failure no rerun can mend ends the run as one would
@@ -278,11 +305,17 @@ async def arun_sharded(
     )
     plan = prepared.scan.plan
     return ShardedReport(
-        shards=dispatch.outcomes, merged=merged, elapsed=time.monotonic() - started,
-        startup=startup, changed_lines=plan.changed, changed_count=plan.changed_count,
-        bad_count=plan.bad_count, stopped_by=dispatch.stopped_by,
-        stop_reason=dispatch.stop_reason, comments=plan.comments,
-    )  # fmt: skip
+        shards=dispatch.outcomes,
+        merged=merged,
+        elapsed=time.monotonic() - started,
+        startup=startup,
+        changed_lines=plan.changed,
+        changed_count=plan.changed_count,
+        bad_count=plan.bad_count,
+        stopped_by=dispatch.stopped_by,
+        stop_reason=dispatch.stop_reason,
+        comments=plan.comments,
+    )
 
 
 def _blocking(run: Callable[P, Awaitable[R]]) -> Callable[P, R]:

@@ -31,8 +31,14 @@ from ._spending import Caps, Spending
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["GUARD_HANDLER", "HANDLER", "PLUGIN_NAME", "BudgetPlugin", "SchedulerBudget",
-           "scheduler_guard"]  # fmt: skip
+__all__ = [
+    "GUARD_HANDLER",
+    "HANDLER",
+    "PLUGIN_NAME",
+    "BudgetPlugin",
+    "SchedulerBudget",
+    "scheduler_guard",
+]
 
 PLUGIN_NAME = "imggw-budgets"
 HANDLER = "imggw_budget"
@@ -104,8 +110,9 @@ class BudgetPlugin(SchedulerPlugin):
         far and the highest charge per resolution), then asked by every shard's engine."""
         if action == "open":
             caps, spent = message.get("caps") or [None, None, None], message.get("spent")
-            prices = {str(res): charge_of(charge) for res, charge in
-                      (message.get("prices") or {}).items()}  # fmt: skip
+            prices = {
+                str(res): charge_of(charge) for res, charge in (message.get("prices") or {}).items()
+            }
             self.guards[run] = Spending(Caps(*caps), spent=charge_of(spent), prices=prices)
             return {"ok": True}
         return handle(self.guards.setdefault(run, Spending(Caps())), action, **message)
@@ -130,10 +137,12 @@ class BudgetPlugin(SchedulerPlugin):
         if action == "open":
             if budget not in self.budgets:
                 rates = limit or {}
-                self.budgets[budget] = Budget(RateLimit(
-                    submits_per_second=rates.get("submits_per_second"),
-                    queries_per_second=rates.get("queries_per_second"),
-                ))  # fmt: skip
+                self.budgets[budget] = Budget(
+                    RateLimit(
+                        submits_per_second=rates.get("submits_per_second"),
+                        queries_per_second=rates.get("queries_per_second"),
+                    )
+                )
             return {"ok": True}
         held = self.budgets.setdefault(budget, Budget(RateLimit()))
         if action == "reserve":
@@ -153,8 +162,9 @@ class BudgetPlugin(SchedulerPlugin):
             held.release(slot)
         else:
             first, longest = backoff or DEFAULT_BACKOFF
-            held.finished(slot, now, limited=limited, retry_after=retry_after,
-                          backoff=(first, longest))  # fmt: skip
+            held.finished(
+                slot, now, limited=limited, retry_after=retry_after, backoff=(first, longest)
+            )
         self._wake()
         return {"ok": True}
 

@@ -58,9 +58,12 @@ __all__ = ["RUN_FATAL", "ClientSpec", "Prepared", "ShardError", "ShardOutcome"]
 
 # Failures that no rerun of a shard can mend: the driver reports them at once.
 RUN_FATAL = (
-    AuthenticationError, PermissionDeniedError, InsufficientCreditsError, ConfigurationError,
+    AuthenticationError,
+    PermissionDeniedError,
+    InsufficientCreditsError,
+    ConfigurationError,
     RequestValidationError,
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,13 @@ class ClientSpec:
     rate_limit: RateLimit | None = None
 
     def make(self) -> AsyncClient:
-        options: dict[str, Any] = {"base_url": self.base_url, "surface": self.surface,
-                                   "timeout": self.timeout, "retry": self.retry,
-                                   "rate_limit": self.rate_limit}  # fmt: skip
+        options: dict[str, Any] = {
+            "base_url": self.base_url,
+            "surface": self.surface,
+            "timeout": self.timeout,
+            "retry": self.retry,
+            "rate_limit": self.rate_limit,
+        }
         if self.poll is not None:
             options["poll"] = self.poll
         return AsyncClient(**options)
@@ -212,8 +219,13 @@ class Dispatch:
         if workers is not None:
             # Loopback only, and a free port: its HTTP endpoints (and the dashboard, with
             # bokeh) are for this machine, and a second cluster never fights for port 8787.
-            settings = {"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                        "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"}  # fmt: skip
+            settings = {
+                "n_workers": workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "dashboard_address": "127.0.0.1:0",
+                "host": "127.0.0.1",
+            }
             cluster = await LocalCluster(  # type: ignore[no-untyped-call]
                 asynchronous=True, **{**settings, **cluster_options}
             )
@@ -226,25 +238,37 @@ class Dispatch:
                 await dask.register_plugin(BudgetPlugin(), name=PLUGIN_NAME)
                 run_id = self.prepared.run.run_id
                 await getattr(dask.scheduler, HANDLER)(
-                    budget=run_id, action="open",
-                    limit={"submits_per_second": limit.submits_per_second,
-                           "queries_per_second": limit.queries_per_second},
-                )  # fmt: skip
+                    budget=run_id,
+                    action="open",
+                    limit={
+                        "submits_per_second": limit.submits_per_second,
+                        "queries_per_second": limit.queries_per_second,
+                    },
+                )
                 spent, prices = self.charged
                 caps = self.template.options.caps
                 await getattr(dask.scheduler, GUARD_HANDLER)(
-                    run=run_id, action="open",
+                    run=run_id,
+                    action="open",
                     caps=[caps.max_credits, caps.max_cost, caps.max_failures],
                     spent=[spent.credits, spent.cost],
                     prices={res: [c.credits, c.cost] for res, c in prices.items()},
-                )  # fmt: skip
+                )
                 startup = time.monotonic() - began
                 async with anyio.create_task_group() as watching:
                     if progress is not None:
                         reader, every, on_progress = progress
                         ended = lambda: {o.name for o in self.outcomes if o.ended}  # noqa: E731
-                        watching.start_soon(watch_progress, dask, reader, ended, run_id,
-                                            time.monotonic(), every, on_progress)  # fmt: skip
+                        watching.start_soon(
+                            watch_progress,
+                            dask,
+                            reader,
+                            ended,
+                            run_id,
+                            time.monotonic(),
+                            every,
+                            on_progress,
+                        )
                     async with anyio.create_task_group() as group:
                         for outcome in self.outcomes:
                             group.start_soon(self.one, dask, outcome, run_id)
@@ -258,10 +282,12 @@ class Dispatch:
 
     async def one(self, dask: DaskClient, outcome: ShardOutcome, budget: str) -> None:
         spec = replace(
-            self.template, source=f"{shard_folder(outcome.index, outcome.count)}/"
-            f"{self.slice_file}", index=outcome.index, lines=outcome.lines,
+            self.template,
+            source=f"{shard_folder(outcome.index, outcome.count)}/{self.slice_file}",
+            index=outcome.index,
+            lines=outcome.lines,
             first_entry=self.prepared.first_entries[outcome.index - 1],
-        )  # fmt: skip
+        )
         try:
             outcome.report = await self.tries(dask, outcome, spec, budget)
         except _ShardCrashed as crash:
@@ -284,8 +310,9 @@ class Dispatch:
         ):
             with attempt:
                 outcome.attempts += 1
-                key = (f"{SHARD_KEY}{spec.name}-{budget[:8]}-{outcome.attempts}-"
-                       f"{secrets.token_hex(3)}")  # fmt: skip
+                key = (
+                    f"{SHARD_KEY}{spec.name}-{budget[:8]}-{outcome.attempts}-{secrets.token_hex(3)}"
+                )
                 future = dask.submit(_shard_task, spec, self.client, budget, key=key, pure=False)
                 try:
                     result: Any = await future

@@ -72,8 +72,15 @@ class ProgressReader:
     no sooner than a new checkpoint can be there. A shard that cannot be read now keeps what
     was read before, and is read again the next time."""
 
-    def __init__(self, storage: Storage, names: list[str], entries: list[int], bad: int,
-                 *, checkpoint_every: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        storage: Storage,
+        names: list[str],
+        entries: list[int],
+        bad: int,
+        *,
+        checkpoint_every: float,
+    ) -> None:
         self.storage = storage
         self.names = names
         self.total = max(0, sum(entries) - bad)
@@ -142,9 +149,14 @@ class ProgressReader:
         took = elapsed - self.first[0]
         throughput = (finished - self.first[1]) / took if took > 0 else 0.0
         return ShardedProgress(
-            total=self.total, counts=counts, bad=self.bad, shards=len(self.names),
-            shards_ended=ended, elapsed=elapsed, throughput=max(0.0, throughput),
-        )  # fmt: skip
+            total=self.total,
+            counts=counts,
+            bad=self.bad,
+            shards=len(self.names),
+            shards_ended=ended,
+            elapsed=elapsed,
+            throughput=max(0.0, throughput),
+        )
 
 
 def entries(source: str, count: int, total: int, *, format: str | None = None) -> list[int]:

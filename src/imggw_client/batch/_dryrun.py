@@ -105,8 +105,9 @@ def plan_batch(
                 def look(planned: Ledger, plan: Plan) -> None:
                     found.append(_look(planned, plan, chosen))
 
-                plan_run(source, folder, ledger, identity, surface=surface, options=chosen,
-                         dry=look)  # fmt: skip
+                plan_run(
+                    source, folder, ledger, identity, surface=surface, options=chosen, dry=look
+                )
             finally:
                 ledger.discard()  # only if this dry run made it
     finally:

@@ -81,20 +81,32 @@ def _finish(run: RunLines, work: Workspace) -> Path:
     return work.write_outputs(run.stopped_by)
 
 
-def _report(run: RunLines, options: BatchOptions, plan: Plan, manifest: Path,
-            elapsed: float) -> BatchReport:  # fmt: skip
+def _report(
+    run: RunLines, options: BatchOptions, plan: Plan, manifest: Path, elapsed: float
+) -> BatchReport:
     """What the run did, for its caller."""
     return BatchReport(
         counts=line_counts(run.counts),
-        bad_lines=plan.bad, changed_lines=plan.changed, manifest=manifest, elapsed=elapsed,
-        credits=run.credits, cost=round(run.cost, 6), bad_count=plan.bad_count,
-        changed_count=plan.changed_count, removed_lines=plan.removed,
-        removed_count=plan.removed_count, bad_lines_file=plan.bad_file,
-        previous_surface=plan.previous_surface, cost_unknown=run.cost_unknown,
-        stopped_by=run.stopped_by, stop_reason=run.stop_reason,
-        max_credits=options.max_credits, max_cost=options.max_cost,
-        max_failures=options.max_failures, comments=plan.comments,
-    )  # fmt: skip
+        bad_lines=plan.bad,
+        changed_lines=plan.changed,
+        manifest=manifest,
+        elapsed=elapsed,
+        credits=run.credits,
+        cost=round(run.cost, 6),
+        bad_count=plan.bad_count,
+        changed_count=plan.changed_count,
+        removed_lines=plan.removed,
+        removed_count=plan.removed_count,
+        bad_lines_file=plan.bad_file,
+        previous_surface=plan.previous_surface,
+        cost_unknown=run.cost_unknown,
+        stopped_by=run.stopped_by,
+        stop_reason=run.stop_reason,
+        max_credits=options.max_credits,
+        max_cost=options.max_cost,
+        max_failures=options.max_failures,
+        comments=plan.comments,
+    )
 
 
 async def execute(
@@ -116,9 +128,17 @@ async def execute(
     started = time.monotonic()
     surface = check_surface(options.surface or client.surface)
     ledger = work.ledger
-    planning = functools.partial(plan_run, source, work.folder, ledger, work.identity,
-                                 surface=surface, options=options, part=work.part,
-                                 tasks=tasks)  # fmt: skip
+    planning = functools.partial(
+        plan_run,
+        source,
+        work.folder,
+        ledger,
+        work.identity,
+        surface=surface,
+        options=options,
+        part=work.part,
+        tasks=tasks,
+    )
     try:
         plan: Plan = await anyio.to_thread.run_sync(planning)
     except BaseException:
@@ -131,20 +151,33 @@ async def execute(
         guard = await anyio.to_thread.run_sync(local_guard, ledger, totals, options)
     run: RunLines
     room = Room(work.folder, flying=lambda: run.unsaved)
-    run = RunLines(ledger, totals, room, deadline=started + options.seconds,
-                   line_timeout=options.line_timeout, redact=client.redact)  # fmt: skip
+    run = RunLines(
+        ledger,
+        totals,
+        room,
+        deadline=started + options.seconds,
+        line_timeout=options.line_timeout,
+        redact=client.redact,
+    )
     hooks = BatchHooks(run, guard, room, GalleryPace(work))
-    loop = Loop(client, LedgerStore(run, work, surface, options.template), hooks, run,
-                concurrency=options.concurrency, wait=options.wait,
-                guarded=options.caps != Caps())  # fmt: skip
+    loop = Loop(
+        client,
+        LedgerStore(run, work, surface, options.template),
+        hooks,
+        run,
+        concurrency=options.concurrency,
+        wait=options.wait,
+        guarded=options.caps != Caps(),
+    )
     progress = Progress(on_progress, client, run, loop.queue, options, surface)
     hooks.progress, run.on_move = progress, progress.report
     await _count_in_flight(ledger, guard)
     await room.count_unsaved(ledger)
     await learn_from_ledger(client, ledger)
     await anyio.to_thread.run_sync(work.sweep_partial_files)
-    await anyio.to_thread.run_sync(functools.partial(_verify_files, run, work,
-                                                     hashes=options.verify))  # fmt: skip
+    await anyio.to_thread.run_sync(
+        functools.partial(_verify_files, run, work, hashes=options.verify)
+    )
     progress.report(force=True)
     try:
         seconds = options.seconds

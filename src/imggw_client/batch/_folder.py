@@ -129,8 +129,14 @@ def _sources(
             sources.append(_manifest_rows(manifest, where))
         if ledger is not None:
             sources.append(_ledger_rows(ledger))
-        shards.append({"shard": name, "index": int(match[1]), "count": int(match[2]),
-                       "ended": manifest is not None})  # fmt: skip
+        shards.append(
+            {
+                "shard": name,
+                "index": int(match[1]),
+                "count": int(match[2]),
+                "ended": manifest is not None,
+            }
+        )
     return sources, shards
 
 
@@ -198,14 +204,22 @@ class RunStatus:
 
     def as_dict(self) -> dict[str, Any]:
         spent = {"credits": self.spent.credits, "cost": self.spent.cost}
-        return {"total": self.total, "counts": self.counts, "expired": self.expired,
-                "bad": self.bad, "shards": self.shards, "spent": spent,
-                "stopped_by": self.stopped_by, "active": self.active,
-                "soonest_expiry": self.soonest_expiry}  # fmt: skip
+        return {
+            "total": self.total,
+            "counts": self.counts,
+            "expired": self.expired,
+            "bad": self.bad,
+            "shards": self.shards,
+            "spent": spent,
+            "stopped_by": self.stopped_by,
+            "active": self.active,
+            "soonest_expiry": self.soonest_expiry,
+        }
 
 
-def _opened(dest: str | os.PathLike[str], options: dict[str, Any] | None, *,
-            ledger_will_do: bool) -> Storage:  # fmt: skip
+def _opened(
+    dest: str | os.PathLike[str], options: dict[str, Any] | None, *, ledger_will_do: bool
+) -> Storage:
     storage = open_storage(os.fspath(dest), options)
     known = _identity.load_stored(storage) is not None
     if not known and not (ledger_will_do and storage.size(LEDGER_NAME) is not None):
@@ -278,9 +292,17 @@ def status(
         snap.close()
     ordered = {word: counts.get(word, 0) for word in STATUSES}
     spent = Charge(credits, round(cost, 6) if seen_cost else None)
-    return RunStatus(sum(ordered.values()) + expired, ordered, bad, shards, spent, stopped_by,
-                     expired=expired, active=held(storage, shards),
-                     soonest_expiry=soonest)  # fmt: skip
+    return RunStatus(
+        sum(ordered.values()) + expired,
+        ordered,
+        bad,
+        shards,
+        spent,
+        stopped_by,
+        expired=expired,
+        active=held(storage, shards),
+        soonest_expiry=soonest,
+    )
 
 
 def held(storage: Storage, shards: list[dict[str, Any]]) -> bool | None:

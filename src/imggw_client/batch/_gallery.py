@@ -97,8 +97,11 @@ def write_gallery(
     except BaseException:
         shutil.rmtree(part, ignore_errors=True)
         raise
-    summary.update(title=_text(title, TEXT_CHARS) or "", generation=generation,
-                   written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))  # fmt: skip
+    summary.update(
+        title=_text(title, TEXT_CHARS) or "",
+        generation=generation,
+        written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
     page = folder / GALLERY_NAME
     with atomic_write(page) as handle:
         handle.write(_page_html(summary).encode("utf-8"))

@@ -47,9 +47,15 @@ class Guard:
         failed: bool = False,
     ) -> None:
         """The charge of ``line`` is now ``now`` (see :meth:`Spending.charged`)."""
-        await self.tell("charged", line=line, resolution=resolution,
-                        before=[before.credits, before.cost], now=[now.credits, now.cost],
-                        final=final, failed=failed)  # fmt: skip
+        await self.tell(
+            "charged",
+            line=line,
+            resolution=resolution,
+            before=[before.credits, before.cost],
+            now=[now.credits, now.cost],
+            final=final,
+            failed=failed,
+        )
 
     async def flying(self, line: Hashable, resolution: str) -> None:
         """``line`` was sent by an earlier run and its charge is not known yet."""
@@ -137,9 +143,14 @@ def handle(spending: Spending, action: str, **message: object) -> dict[str, obje
         return {"verdict": spending.admit(line, resolution).value}
     if action == "charged":
         before, now = message["before"], message["now"]
-        spending.charged(line, resolution, charge_of(before), charge_of(now),
-                         final=bool(message.get("final")),
-                         failed=bool(message.get("failed")))  # fmt: skip
+        spending.charged(
+            line,
+            resolution,
+            charge_of(before),
+            charge_of(now),
+            final=bool(message.get("final")),
+            failed=bool(message.get("failed")),
+        )
     elif action == "flying":
         spending.flying(line, resolution)
     elif action == "release":

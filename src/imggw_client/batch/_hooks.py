@@ -107,8 +107,9 @@ class BatchHooks:
         if row.made_here and (now != before or final):
             resolution = str(row.fields.get("resolution", ""))
             failed = task.status is TaskStatus.FAILED
-            await self.guard.charged(row.identity, resolution, before, now, final=final,
-                                     failed=failed)  # fmt: skip
+            await self.guard.charged(
+                row.identity, resolution, before, now, final=final, failed=failed
+            )
 
     async def ended(self, row: Row, task: Task) -> None:
         """A failed task of the run's own counts for the failure guard."""

@@ -463,8 +463,9 @@ def claim(
     other loads its run id; each derives the same id, so none depends on which wins). Returns
     it and whether it was made here; its maker publishes the input's record at once. ``name``
     and ``input_path`` are kept for a rerun as a single run keeps them."""
-    identity = RunIdentity(run_id, input_digest, surface, key_fingerprint, name=name,
-                           input_path=input_path)  # fmt: skip
+    identity = RunIdentity(
+        run_id, input_digest, surface, key_fingerprint, name=name, input_path=input_path
+    )
     if storage.create(RUN_NAME, identity_bytes(identity)):
         publish_lines(storage, digests)
         return identity, True

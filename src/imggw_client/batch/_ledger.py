@@ -178,9 +178,13 @@ class Ledger:
                 old.line, old.fields = row.line, row.fields or old.fields
                 self._db.execute(
                     "UPDATE lines SET line=?, fields=?, planned=? WHERE identity=?",
-                    (old.line, json.dumps(old.fields, ensure_ascii=False), self._plan,
-                     old.identity),
-                )  # fmt: skip
+                    (
+                        old.line,
+                        json.dumps(old.fields, ensure_ascii=False),
+                        self._plan,
+                        old.identity,
+                    ),
+                )
                 return old, False
         self._db.execute(
             f"INSERT OR REPLACE INTO lines ({', '.join(COLUMNS)}, planned, created_at, "

@@ -26,8 +26,9 @@ def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int, int] | Non
     try:
         # A reader left half-read (a merge that stopped early) is closed when the garbage
         # collector finds it, in whatever thread runs then: a read-only connection may be.
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0,
-                             check_same_thread=False)  # fmt: skip
+        db = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0, check_same_thread=False
+        )
     except sqlite3.Error:
         yield None
         return

@@ -48,8 +48,9 @@ class LedgerStore:
     own); ``template`` names the files (default: ``{task_id}-{index}``).
     """
 
-    def __init__(self, run: RunLines, work: Workspace, surface: str,
-                 template: NameTemplate | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, run: RunLines, work: Workspace, surface: str, template: NameTemplate | None = None
+    ) -> None:
         self.run = run
         self.space = work
         self.surface = surface

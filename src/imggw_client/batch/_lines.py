@@ -62,8 +62,13 @@ class InputLine:
         request (and a new idempotency key)."""
         if self.request is not None:
             r = self.request
-            what: list[str] = [GENERATE, r.prompt, r.aspect_ratio, r.resolution.lower(),
-                               self.surface or surface]  # fmt: skip
+            what: list[str] = [
+                GENERATE,
+                r.prompt,
+                r.aspect_ratio,
+                r.resolution.lower(),
+                self.surface or surface,
+            ]
         else:
             what = [COLLECT, self.task_id or "", self.surface or surface]
         return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()

@@ -140,16 +140,18 @@ class NameTemplate:
 
     def render_fields(self, *, task_id: str, index: int, line: int, caller_id: str) -> str:
         """The stem for these values, made safe (see :func:`safe_stem`)."""
-        stem = self.text.format(task_id=safe_part(task_id), index=index, line=line,
-                                id=safe_part(caller_id))  # fmt: skip
+        stem = self.text.format(
+            task_id=safe_part(task_id), index=index, line=line, id=safe_part(caller_id)
+        )
         if "index" not in self.fields and index:
             stem = f"{stem}-{index}"
         return safe_stem(stem)
 
     def render(self, row: Row, index: int) -> str:
         """The stem of result ``index`` of the row's task (``{task_id}`` needs its task)."""
-        return self.render_fields(task_id=row.task_id or "", index=index, line=row.line,
-                                  caller_id=row.caller_id or "")  # fmt: skip
+        return self.render_fields(
+            task_id=row.task_id or "", index=index, line=row.line, caller_id=row.caller_id or ""
+        )
 
     def check(self, rows: Iterable[Row]) -> None:
         """Refuses (:class:`BatchInputError`, nothing sent) lines whose first result would share
@@ -175,9 +177,10 @@ class NameTemplate:
                 seen[folded] = row.line
         if bad:
             raise BatchInputError(
-                bad[:1000], len(bad),
+                bad[:1000],
+                len(bad),
                 message=_collisions(bad, self.text) + "; nothing was sent",
-            )  # fmt: skip
+            )
 
 
 def _collisions(bad: list[BadLine], text: str) -> str:

@@ -114,9 +114,10 @@ class BatchOptions:
             or timeout < 0
         ):
             raise RequestValidationError(
-                "timeout", "must be a finite number of seconds >= 0, or None for no limit",
+                "timeout",
+                "must be a finite number of seconds >= 0, or None for no limit",
                 code="invalid_option",
-            )  # fmt: skip
+            )
         if self.surface is not None:
             check_surface(self.surface)
         if self.format is not None and self.format not in FORMATS:
@@ -125,9 +126,10 @@ class BatchOptions:
             )
         if self.line_timeout is not None and not _positive(self.line_timeout):
             raise RequestValidationError(
-                "line_timeout", "must be a finite number of seconds > 0, or None for no limit",
+                "line_timeout",
+                "must be a finite number of seconds > 0, or None for no limit",
                 code="invalid_option",
-            )  # fmt: skip
+            )
         for name in ("max_credits", "max_cost"):
             cap = getattr(self, name)
             if cap is not None and not _positive(cap):
@@ -139,9 +141,10 @@ class BatchOptions:
             isinstance(failures, bool) or not isinstance(failures, int) or failures < 1
         ):
             raise RequestValidationError(
-                "max_failures", "must be an integer >= 1, or None for no limit",
+                "max_failures",
+                "must be an integer >= 1, or None for no limit",
                 code="invalid_option",
-            )  # fmt: skip
+            )
         NameTemplate.parse(self.name)
         for name in ("skip_bad_lines", "allow_changes", "wait", "verify", "gallery", "new_run"):
             if not isinstance(getattr(self, name), bool):

@@ -19,10 +19,23 @@ from ._lines import REQUEST_FIELDS, InputLine, Unreadable
 # What a collect line may carry besides task_id: what submit/status/poll print, a manifest's
 # fields, and the request it came from (kept for the manifest and the gallery).
 _COLLECT_FIELDS = {
-    "task_id", "surface", "id", "prompt", "aspect_ratio", "resolution", "idempotency_key",
-    "line", "status", "progress", "image_urls", "error", "files", "cost", "credits",
+    "task_id",
+    "surface",
+    "id",
+    "prompt",
+    "aspect_ratio",
+    "resolution",
+    "idempotency_key",
+    "line",
+    "status",
+    "progress",
+    "image_urls",
+    "error",
+    "files",
+    "cost",
+    "credits",
     "expires_at",
-}  # fmt: skip
+}
 _KEPT = ("prompt", "aspect_ratio", "resolution")
 
 
@@ -158,5 +171,8 @@ def parse_collect(number: int, item: Any) -> InputLine | None:
 
 
 def _fields(request: ImageRequest) -> dict[str, str]:
-    return {"prompt": request.prompt, "aspect_ratio": request.aspect_ratio,
-            "resolution": request.resolution}  # fmt: skip
+    return {
+        "prompt": request.prompt,
+        "aspect_ratio": request.aspect_ratio,
+        "resolution": request.resolution,
+    }

@@ -168,8 +168,9 @@ class FolderIdentity:
             or (run.name, run.input_path) != (name, source)
         ):
             # Before anything is sent: the keys of every line follow from this run id.
-            kept = _identity.RunIdentity(self.run_id, input_digest, self.surface, fingerprint,
-                                         name=name, input_path=source)  # fmt: skip
+            kept = _identity.RunIdentity(
+                self.run_id, input_digest, self.surface, fingerprint, name=name, input_path=source
+            )
             _identity.save(self.folder, kept)
             digests.commit()
 
@@ -257,20 +258,35 @@ def new_row(item: InputLine, default_surface: str, run_id: str | None) -> Row:
     if item.kind != COLLECT and run_id is not None:
         key = _identity.idempotency_key(run_id, identity, digest)
     return Row(
-        identity=identity, line=item.line, caller_id=item.caller_id, kind=item.kind,
-        digest=digest, fields=item.fields, surface=surface, idempotency_key=key,
-        task_id=item.task_id, state=RUNNING if item.kind == COLLECT else UNKNOWN,
-    )  # fmt: skip
+        identity=identity,
+        line=item.line,
+        caller_id=item.caller_id,
+        kind=item.kind,
+        digest=digest,
+        fields=item.fields,
+        surface=surface,
+        idempotency_key=key,
+        task_id=item.task_id,
+        state=RUNNING if item.kind == COLLECT else UNKNOWN,
+    )
 
 
 def bad_row(bad: BadLine, surface: str) -> Row:
     """The ledger row of a bad input line: failed, with its reason."""
     return Row(
-        identity=f"bad:{bad.line}", line=bad.line, caller_id=None, kind=BAD,
-        digest=hashlib.sha256(bad.reason.encode()).hexdigest(), fields={}, surface=surface,
-        idempotency_key=None, task_id=None, state=FAILED, error_code=INVALID_LINE,
+        identity=f"bad:{bad.line}",
+        line=bad.line,
+        caller_id=None,
+        kind=BAD,
+        digest=hashlib.sha256(bad.reason.encode()).hexdigest(),
+        fields={},
+        surface=surface,
+        idempotency_key=None,
+        task_id=None,
+        state=FAILED,
+        error_code=INVALID_LINE,
         error_message=bad.reason,
-    )  # fmt: skip
+    )
 
 
 def _scan(
@@ -329,9 +345,11 @@ def _refuse(plan: Plan, options: BatchOptions) -> None:
         raise BatchInputError(plan.bad, plan.bad_count, listing=plan.bad_file)
     if plan.changed_count + plan.removed_count and not options.allow_changes:
         raise _identity.InputChangedError(
-            plan.changed, plan.changed_count, removed=plan.removed,
+            plan.changed,
+            plan.changed_count,
+            removed=plan.removed,
             removed_count=plan.removed_count,
-        )  # fmt: skip
+        )
 
 
 def plan_run(
@@ -367,9 +385,17 @@ def plan_run(
     ledger.begin_plan()
     ok = False
     try:
-        plan = _scan(source, digests, _Ledgered(ledger), surface=surface,
-                     run_id=identity.run_id, options=options, part=part,
-                     listing=listing, tasks=tasks)  # fmt: skip
+        plan = _scan(
+            source,
+            digests,
+            _Ledgered(ledger),
+            surface=surface,
+            run_id=identity.run_id,
+            options=options,
+            part=part,
+            listing=listing,
+            tasks=tasks,
+        )
         if moved:
             plan.previous_surface = plan_surface
         _refuse(plan, options)
@@ -420,8 +446,16 @@ def scan_input(
     seen_path = work / f".ids.{secrets.token_hex(16)}.sqlite"
     try:
         with closing(sqlite3.connect(seen_path)) as db:
-            plan = _scan(source, digests, _Seen(db), surface=surface, run_id=None,
-                         options=options, part=WHOLE, listing=None)  # fmt: skip
+            plan = _scan(
+                source,
+                digests,
+                _Seen(db),
+                surface=surface,
+                run_id=None,
+                options=options,
+                part=WHOLE,
+                listing=None,
+            )
         if refuse:
             _refuse(plan, options)
     except BaseException:

@@ -124,10 +124,12 @@ class RunLines(Course):
         # Only the type, place and a cleaned message: an exception's text may quote a header.
         log.error(
             "line %d: unexpected %s%s: %s; the line stays unfinished for the next run%s",
-            row.line, type(exc).__name__, where,
+            row.line,
+            type(exc).__name__,
+            where,
             safe_message(self.redact(str(exc))) or "",
             "; later ones are counted, not logged" if self.unexpected == UNEXPECTED_LOGGED else "",
-        )  # fmt: skip
+        )
 
     def left_for_next_run(self, row: Row, why: str) -> None:
         """The line keeps its state (and its key) for the next run, which takes it up again:
@@ -136,6 +138,9 @@ class RunLines(Course):
         if self.left <= LEFT_LOGGED:
             log.warning(
                 "line %d (task %s): %s; it stays %s for the next run%s",
-                row.line, row.task_id, why, line_state(row.state),
+                row.line,
+                row.task_id,
+                why,
+                line_state(row.state),
                 "; later ones are counted, not logged" if self.left == LEFT_LOGGED else "",
-            )  # fmt: skip
+            )

@@ -36,10 +36,28 @@ RENAMED: dict[str, State] = {
 BAD = "bad"  # the kind of a bad input line's row (the others: _lines.GENERATE, COLLECT)
 
 COLUMNS = (
-    "identity", "line", "caller_id", "kind", "digest", "fields", "surface", "idempotency_key",
-    "task_id", "state", "urls", "expires_at", "error_code", "error_message", "files",
-    "credits", "cost", "finished_at", "submitted_at", "completed_at", "first_sent",
-)  # fmt: skip
+    "identity",
+    "line",
+    "caller_id",
+    "kind",
+    "digest",
+    "fields",
+    "surface",
+    "idempotency_key",
+    "task_id",
+    "state",
+    "urls",
+    "expires_at",
+    "error_code",
+    "error_message",
+    "files",
+    "credits",
+    "cost",
+    "finished_at",
+    "submitted_at",
+    "completed_at",
+    "first_sent",
+)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (
     identity        TEXT PRIMARY KEY,
@@ -72,10 +90,15 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Columns that earlier formats lack, with how they are added.
 _ADDED = {
-    "kind": "TEXT NOT NULL DEFAULT 'generate'", "fields": "TEXT NOT NULL DEFAULT '{}'",
-    "expires_at": "REAL", "finished_at": "REAL", "planned": "INTEGER NOT NULL DEFAULT 0",
-    "submitted_at": "REAL", "completed_at": "REAL", "first_sent": "REAL",
-}  # fmt: skip
+    "kind": "TEXT NOT NULL DEFAULT 'generate'",
+    "fields": "TEXT NOT NULL DEFAULT '{}'",
+    "expires_at": "REAL",
+    "finished_at": "REAL",
+    "planned": "INTEGER NOT NULL DEFAULT 0",
+    "submitted_at": "REAL",
+    "completed_at": "REAL",
+    "first_sent": "REAL",
+}
 
 
 # What SQLite says of a file that is no (whole) database: damaged, as a kill -9 mid-write on a
@@ -146,12 +169,28 @@ class Row:
 
     def values(self) -> tuple[Any, ...]:
         return (
-            self.identity, self.line, self.caller_id, self.kind, self.digest,
-            json.dumps(self.fields, ensure_ascii=False), self.surface, self.idempotency_key,
-            self.task_id, self.state.value, json.dumps(self.urls), self.expires_at,
-            self.error_code, self.error_message, json.dumps(self.files), self.credits, self.cost,
-            self.finished_at, self.submitted_at, self.completed_at, self.first_sent,
-        )  # fmt: skip
+            self.identity,
+            self.line,
+            self.caller_id,
+            self.kind,
+            self.digest,
+            json.dumps(self.fields, ensure_ascii=False),
+            self.surface,
+            self.idempotency_key,
+            self.task_id,
+            self.state.value,
+            json.dumps(self.urls),
+            self.expires_at,
+            self.error_code,
+            self.error_message,
+            json.dumps(self.files),
+            self.credits,
+            self.cost,
+            self.finished_at,
+            self.submitted_at,
+            self.completed_at,
+            self.first_sent,
+        )
 
     @classmethod
     def from_values(cls, values: tuple[Any, ...], version: int = SCHEMA_VERSION) -> Row:

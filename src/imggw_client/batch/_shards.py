@@ -68,9 +68,14 @@ if TYPE_CHECKING:
     from ._options import RunOptions
 
 __all__ = [
-    "CHECKPOINT_EVERY", "ShardReport", "ShardSpec", "arun_shard", "env_fingerprint", "env_run_id",
+    "CHECKPOINT_EVERY",
+    "ShardReport",
+    "ShardSpec",
+    "arun_shard",
+    "env_fingerprint",
+    "env_run_id",
     "run_shard",
-]  # fmt: skip
+]
 
 log = logging.getLogger("imggw_client")
 CHECKPOINT_EVERY = 30.0  # seconds between checkpoints of a remote shard's ledger
@@ -131,8 +136,14 @@ class ShardReport(RunOutcome):
     @classmethod
     def of(cls, spec: ShardSpec, lines: range, report: BatchReport, manifest: str) -> ShardReport:
         shared = {f.name: getattr(report, f.name) for f in fields(RunOutcome)}
-        return cls(index=spec.index, count=spec.count, lines=lines, folder=spec.folder,
-                   manifest=manifest, **shared)  # fmt: skip
+        return cls(
+            index=spec.index,
+            count=spec.count,
+            lines=lines,
+            folder=spec.folder,
+            manifest=manifest,
+            **shared,
+        )
 
 
 def env_run_id(storage: Storage, base_url: str | None = None) -> str:
@@ -157,8 +168,14 @@ class ShardIdentity:
     """A shard's record of its range of the input: its own ``lines.fp`` if it accepted one,
     else the run's, cut to its range. The run id and surface are the run's."""
 
-    def __init__(self, storage: Storage, spec: ShardSpec, work: Path,
-                 run: _identity.RunIdentity, lines: range) -> None:  # fmt: skip
+    def __init__(
+        self,
+        storage: Storage,
+        spec: ShardSpec,
+        work: Path,
+        run: _identity.RunIdentity,
+        lines: range,
+    ) -> None:
         self.storage, self.spec, self.work, self.lines = storage, spec, work, lines
         self.run_id, self.surface = run.run_id, run.surface
         own = f"{spec.folder}/{_identity.LINES_NAME}"
@@ -212,8 +229,9 @@ class ShardStore:
                     except StorageError as err:
                         log.warning("shard %s: %s", self.spec.name, err.message)
 
-            self.thread = threading.Thread(target=checkpoints, name="imggw-checkpoints",
-                                           daemon=True)  # fmt: skip
+            self.thread = threading.Thread(
+                target=checkpoints, name="imggw-checkpoints", daemon=True
+            )
             self.thread.start()
 
     def close(self) -> None:
@@ -299,13 +317,20 @@ def _prepare(
     if run is None:
         # A fresh folder: the whole input is checked first, so that whichever shard makes the
         # run id publishes the record of its input at once.
-        scan = scan_input(spec.source, work, surface=surface, record=None, options=spec.options,
-                          refuse=False)  # fmt: skip
+        scan = scan_input(
+            spec.source, work, surface=surface, record=None, options=spec.options, refuse=False
+        )
         try:
-            run, _ = _identity.claim(storage, scan.digests, scan.plan.input_digest,
-                                     run_id=derive(), surface=surface,
-                                     key_fingerprint=fingerprint, name=spec.options.name,
-                                     input_path=os.path.abspath(spec.source))  # fmt: skip
+            run, _ = _identity.claim(
+                storage,
+                scan.digests,
+                scan.plan.input_digest,
+                run_id=derive(),
+                surface=surface,
+                key_fingerprint=fingerprint,
+                name=spec.options.name,
+                input_path=os.path.abspath(spec.source),
+            )
         finally:
             scan.discard()
     run = _identity.adopt_key(storage, run, fingerprint)
@@ -336,9 +361,11 @@ async def arun_shard(
     storage = open_storage(spec.dest, spec.storage_options)
     surface = check_surface(options.surface or client.surface)
     local = storage.local
-    work = local / spec.folder if local is not None else (
-        scratch_folder(storage.url, spec.scratch) / spec.name
-    )  # fmt: skip
+    work = (
+        local / spec.folder
+        if local is not None
+        else (scratch_folder(storage.url, spec.scratch) / spec.name)
+    )
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -354,13 +381,20 @@ async def arun_shard(
         store.start(ledger)
         try:
             # A shard reads its part as a plain run (its gallery is the merge's).
-            shard_options = BatchOptions.of({**options.as_keywords(), "gallery": False,
-                                             "wait": True})  # fmt: skip
+            shard_options = BatchOptions.of(
+                {**options.as_keywords(), "gallery": False, "wait": True}
+            )
             if guard is None:
                 shard_options = _share_of(shard_options, spec.count)
             space = Workspace(work, ledger, identity, store, part)
-            report = await execute(source, space, client=client, options=shard_options,
-                                   on_progress=on_progress, guard=guard)  # fmt: skip
+            report = await execute(
+                source,
+                space,
+                client=client,
+                options=shard_options,
+                on_progress=on_progress,
+                guard=guard,
+            )
         finally:
             store.close()
     if local is None and report.exit_code != ExitCode.UNFINISHED:  # nothing left to resume
@@ -410,10 +444,14 @@ def run_shard(
     """
     make = client_maker(client_factory, rate_limit)
     spec = ShardSpec(
-        source=os.fspath(source), dest=os.fspath(dest), index=index, count=count,
-        options=BatchOptions.of(options), storage_options=dict(storage_options or {}),
+        source=os.fspath(source),
+        dest=os.fspath(dest),
+        index=index,
+        count=count,
+        options=BatchOptions.of(options),
+        storage_options=dict(storage_options or {}),
         scratch=None if scratch is None else os.fspath(scratch),
-    )  # fmt: skip
+    )
 
     async def main() -> ShardReport:
         async with make() as client:

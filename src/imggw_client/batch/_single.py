@@ -35,16 +35,29 @@ if TYPE_CHECKING:
     from ._options import RunOptions
 
 __all__ = [
-    "arun_batch", "client_maker", "run_batch", "run_blocking", "run_id_for", "run_in_folder",
-]  # fmt: skip
+    "arun_batch",
+    "client_maker",
+    "run_batch",
+    "run_blocking",
+    "run_id_for",
+    "run_in_folder",
+]
 
 # The files a run writes into its folder: a symbolic link planted at any of them stops the run
 # before it plans (imggw writes through none: see _storage.atomic_write).
 FOLDER_FILES = (
-    LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", LOCK_NAME, MANIFEST_NAME,
-    _identity.RUN_NAME, _identity.LINES_NAME, GALLERY_NAME, GALLERY_DIR, BAD_LINES_NAME,
+    LEDGER_NAME,
+    f"{LEDGER_NAME}-wal",
+    f"{LEDGER_NAME}-shm",
+    LOCK_NAME,
+    MANIFEST_NAME,
+    _identity.RUN_NAME,
+    _identity.LINES_NAME,
+    GALLERY_NAME,
+    GALLERY_DIR,
+    BAD_LINES_NAME,
     INCOMING_DIR,
-)  # fmt: skip
+)
 
 
 def run_id_for(dest: str | Path, client: AsyncClient) -> str:
@@ -93,8 +106,9 @@ async def arun_batch(
             report = await arun_batch("prompts.jsonl", "out/", client=client, concurrency=16)
     """
     chosen = BatchOptions.of(options)
-    return await run_in_folder(source, out_dir, client=client, options=chosen,
-                               on_progress=on_progress)  # fmt: skip
+    return await run_in_folder(
+        source, out_dir, client=client, options=chosen, on_progress=on_progress
+    )
 
 
 async def run_in_folder(
@@ -120,9 +134,15 @@ async def run_in_folder(
         derive = lambda: run_id_for(folder, client)  # noqa: E731 - called once, if at all
         # The run's template and input, for a rerun and its resume hint (`batch status`).
         source_path = os.path.abspath(str(source)) if named else None
-        return FolderIdentity(folder, surface=surface, derive=derive, new_run=options.new_run,
-                              key_fingerprint=client.key_fingerprint, name=options.name,
-                              input_path=source_path)  # fmt: skip
+        return FolderIdentity(
+            folder,
+            surface=surface,
+            derive=derive,
+            new_run=options.new_run,
+            key_fingerprint=client.key_fingerprint,
+            name=options.name,
+            input_path=source_path,
+        )
 
     try:
         refuse_links(folder, FOLDER_FILES)  # before anything is planned or paid for
@@ -132,12 +152,18 @@ async def run_in_folder(
             except BaseException:
                 ledger.discard()
                 raise
-            work = Workspace(folder, ledger, kept, LocalStore(folder),
-                             gallery=title if options.gallery else None)  # fmt: skip
-            return await execute(source, work, client=client, options=options,
-                                 on_progress=on_progress, tasks=tasks)  # fmt: skip
-    except (BatchInputError, _identity.InputChangedError, RequestValidationError,
-            _identity.KeyChangedError):  # fmt: skip
+            work = Workspace(
+                folder, ledger, kept, LocalStore(folder), gallery=title if options.gallery else None
+            )
+            return await execute(
+                source, work, client=client, options=options, on_progress=on_progress, tasks=tasks
+            )
+    except (
+        BatchInputError,
+        _identity.InputChangedError,
+        RequestValidationError,
+        _identity.KeyChangedError,
+    ):
         if made:  # refused before anything was kept: no empty folder left behind either
             remove_if_empty(folder)
         raise
@@ -176,8 +202,14 @@ def run_batch(
         report = run_batch("prompts.jsonl", "out/", concurrency=16, timeout=3600)
         sys.exit(report.exit_code)
     """
-    return run_blocking(source, out_dir, client_factory=client_factory, rate_limit=rate_limit,
-                        on_progress=on_progress, options=options)  # fmt: skip
+    return run_blocking(
+        source,
+        out_dir,
+        client_factory=client_factory,
+        rate_limit=rate_limit,
+        on_progress=on_progress,
+        options=options,
+    )
 
 
 def run_blocking(
@@ -198,7 +230,8 @@ def run_blocking(
 
     async def main() -> BatchReport:
         async with make() as client:
-            return await run_in_folder(source, out_dir, client=client, options=chosen,
-                                       on_progress=on_progress, tasks=tasks)  # fmt: skip
+            return await run_in_folder(
+                source, out_dir, client=client, options=chosen, on_progress=on_progress, tasks=tasks
+            )
 
     return anyio.run(main)

@@ -162,8 +162,10 @@ class Spending:
             # A resolution no price was seen for yet: its first line goes alone, at the most it
             # could cost, until its own price is known.
             return Verdict.WAIT
-        for cap, spent, unit in ((MAX_CREDITS, self._credits, "credits"),
-                                 (MAX_COST, self._cost, "cost")):  # fmt: skip
+        for cap, spent, unit in (
+            (MAX_CREDITS, self._credits, "credits"),
+            (MAX_COST, self._cost, "cost"),
+        ):
             limit = getattr(self.caps, cap)
             if limit is None:
                 continue

@@ -44,9 +44,11 @@ def parser(prog: str = "python -m imggw_client.mock") -> argparse.ArgumentParser
             listed = ",".join(default) or "none"
             choices = ", ".join(meta.get("choices", ()))
             p.add_argument(
-                flag, type=_list, default=default,
+                flag,
+                type=_list,
+                default=default,
                 help=f"{text}, comma-separated: {choices} [{listed}]",
-            )  # fmt: skip
+            )
         elif default is None:  # the help text says what no value means
             p.add_argument(flag, type=meta["type"], default=None, help=text)
         else:
@@ -85,8 +87,10 @@ def serve_forever(chosen: Mapping[str, Any], *, host: str = "127.0.0.1", port: i
     try:
         import uvicorn  # noqa: F401  (imported again where it serves; here only to ask)
     except ImportError:
-        print("error: serving the reference gateway needs uvicorn: pip install 'imggw[mock]'",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "error: serving the reference gateway needs uvicorn: pip install 'imggw[mock]'",
+            file=sys.stderr,
+        )
         return 4
     keys = len(gateway.config.api_keys)
     with contextlib.ExitStack() as stack:
@@ -96,8 +100,11 @@ def serve_forever(chosen: Mapping[str, Any], *, host: str = "127.0.0.1", port: i
             print(f"error: {exc} (is the port in use?)", file=sys.stderr)
             return 1
         # The keys are the caller's own; say how many, never which.
-        print(f"imggw reference gateway on {url} ({keys} API key(s)); Ctrl-C stops it",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"imggw reference gateway on {url} ({keys} API key(s)); Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
         print(url, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()

@@ -72,8 +72,13 @@ class ASGIApp:
         if answer.drop:
             # ASGI cannot close a socket; promising a body and abandoning it makes the
             # server close the connection, which the client sees as a lost answer.
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-length", b"1")]})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"1")],
+                }
+            )
             raise DroppedConnection
         out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers]
         out.append((b"content-length", str(len(answer.body)).encode()))

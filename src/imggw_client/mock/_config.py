@@ -90,13 +90,15 @@ class MockConfig:
     first_task_id: int = _option(1, "id of the first task; ids count up from it")
     result_size: int = _option(0, "pad result PNGs to at least this many bytes (benchmarks)")
     submit_limit: str | None = _option(
-        None, "at most N submits per API key in any S seconds, both surfaces: N/S [no limit]",
+        None,
+        "at most N submits per API key in any S seconds, both surfaces: N/S [no limit]",
         type=str,
-    )  # fmt: skip
+    )
     query_limit: str | None = _option(
-        None, "at most N queries per API key in any S seconds, both surfaces: N/S [no limit]",
+        None,
+        "at most N queries per API key in any S seconds, both surfaces: N/S [no limit]",
         type=str,
-    )  # fmt: skip
+    )
     credits: float | None = _option(
         None,
         "every API key's balance of credits; a submit it cannot cover answers 402 "
@@ -114,29 +116,39 @@ class MockConfig:
         object.__setattr__(self, "faults", tuple(self.faults))
         object.__setattr__(self, "quirks", tuple(self.quirks))
         checks = [
-            (bool(keys) and all(isinstance(k, str) and k.strip() == k and k for k in keys),
-             "api_keys must be non-empty strings without surrounding spaces"),
-            (0 <= self.duration_min <= self.duration_max and math.isfinite(self.duration_max),
-             f"need 0 <= duration_min ({self.duration_min:g}) <= duration_max "
-             f"({self.duration_max:g}); set both"),
+            (
+                bool(keys) and all(isinstance(k, str) and k.strip() == k and k for k in keys),
+                "api_keys must be non-empty strings without surrounding spaces",
+            ),
+            (
+                0 <= self.duration_min <= self.duration_max and math.isfinite(self.duration_max),
+                f"need 0 <= duration_min ({self.duration_min:g}) <= duration_max "
+                f"({self.duration_max:g}); set both",
+            ),
             (0 <= self.failure_rate <= 1, "failure_rate must be within 0..1"),
             (0 <= self.fault_rate <= 1, "fault_rate must be within 0..1"),
-            (bool(self.faults) and set(self.faults) <= set(FAULT_KINDS),
-             f"faults must be some of {', '.join(FAULT_KINDS)}"),
+            (
+                bool(self.faults) and set(self.faults) <= set(FAULT_KINDS),
+                f"faults must be some of {', '.join(FAULT_KINDS)}",
+            ),
             (set(self.quirks) <= set(QUIRKS), f"quirks must be some of {', '.join(QUIRKS)}"),
             (0 <= self.retention < math.inf, "retention must be a finite number >= 0"),
             (self.link_ttl is None or self.link_ttl > 0, "link_ttl must be > 0 seconds"),
-            (math.isfinite(self.request_timeout) and self.request_timeout > 0,
-             "request_timeout must be > 0 seconds"),
+            (
+                math.isfinite(self.request_timeout) and self.request_timeout > 0,
+                "request_timeout must be > 0 seconds",
+            ),
             (self.latency >= 0, "latency must be >= 0"),
             (self.retry_after >= 0, "retry_after must be >= 0"),
             (self.idempotency_ttl >= 0, "idempotency_ttl must be >= 0"),
             (1 <= self.image_size <= 8192, "image_size must be within 1..8192"),
             (self.first_task_id >= 1, "first_task_id must be >= 1"),
             (0 <= self.result_size < 2**31, "result_size must be within 0..2**31-1"),
-            (self.credits is None or (math.isfinite(self.credits) and self.credits >= 0),
-             "credits must be a number >= 0, or None for no limit"),
-        ]  # fmt: skip
+            (
+                self.credits is None or (math.isfinite(self.credits) and self.credits >= 0),
+                "credits must be a number >= 0, or None for no limit",
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ConfigurationError(message)

@@ -79,8 +79,9 @@ QUEUE_SHARE = 0.2  # the first fifth of a task's duration is spent pending
 FORGET_MARGIN = 60.0
 # Stats name the standard methods; any other is counted as OTHER, so a client inventing
 # methods cannot grow the stats without bound.
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE",
-                      "CONNECT"})  # fmt: skip
+_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
 _LINK_QUERY = re.compile(r"[0-9]{1,20}")
 FAIL_TAG = re.compile(r"#fail(?::([a-z0-9_]{1,64}))?")
 PUBLIC_FAILURES = {
@@ -91,9 +92,13 @@ PUBLIC_FAILURES = {
 # The injected server faults, by the fault kind that names their status.
 _SERVER_FAULTS = {
     str(reason.status): refuse(reason)
-    for reason in (reasons.INTERNAL_ERROR, reasons.BAD_GATEWAY, reasons.SERVICE_UNAVAILABLE,
-                   reasons.GATEWAY_TIMEOUT)
-}  # fmt: skip
+    for reason in (
+        reasons.INTERNAL_ERROR,
+        reasons.BAD_GATEWAY,
+        reasons.SERVICE_UNAVAILABLE,
+        reasons.GATEWAY_TIMEOUT,
+    )
+}
 _JSON = JSON_CONTENT
 _RETRY_AFTER = spec.RETRY_AFTER_HEADER.lower()
 _TEXT = ("content-type", "text/plain; charset=utf-8")
@@ -548,8 +553,18 @@ class MockGateway:
             failure = TaskError(code=code, message=PUBLIC_FAILURES[code])
         credits = _credits(request)
         token = hmac.new(self._token_secret, f"{surface}/{task_id}".encode(), "sha256").hexdigest()
-        task = _Task(task_id, surface, owner, request, now, duration, failure, token[:32],
-                     credits, credits * 0.0025)  # fmt: skip
+        task = _Task(
+            task_id,
+            surface,
+            owner,
+            request,
+            now,
+            duration,
+            failure,
+            token[:32],
+            credits,
+            credits * 0.0025,
+        )
         self._tasks[(surface, task_id)] = task
         self._tokens[task.token] = task
         self._task_queue.append(task)
@@ -615,9 +630,17 @@ class MockGateway:
         credits, cost = task.credits, task.cost
         if "charge_at_end" in self._quirks and elapsed < task.duration:
             credits, cost = 0.0, 0.0  # billed at submit all the same
-        return TaskView(task.id, status, progress, urls, credits, cost,
-                        task.failure if status is TaskStatus.FAILED else None, late,
-                        expires_at)  # fmt: skip
+        return TaskView(
+            task.id,
+            status,
+            progress,
+            urls,
+            credits,
+            cost,
+            task.failure if status is TaskStatus.FAILED else None,
+            late,
+            expires_at,
+        )
 
     # ------------------------------------------------------------------------ result links
 

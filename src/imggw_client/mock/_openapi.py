@@ -129,23 +129,31 @@ def _request(wire: SurfaceSpec) -> dict[str, Any]:
             name: by_path[prefix + name] if inner is None else shape(inner, f"{prefix}{name}.")
             for name, inner in tree.items()
         }
-        return {"type": "object", "additionalProperties": False, "required": list(tree),
-                "properties": properties}  # fmt: skip
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": list(tree),
+            "properties": properties,
+        }
 
     return {**shape(request_shape(wire.name), ""), "allOf": _combination_rules(wire)}
 
 
-def _envelope(wire: SurfaceSpec, data: dict[str, Any], code: dict[str, Any] | None = None
-              ) -> dict[str, Any]:  # fmt: skip
+def _envelope(
+    wire: SurfaceSpec, data: dict[str, Any], code: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An answer's schema around the schema of its ``data``."""
     envelope = wire.envelope
     if isinstance(envelope, MessageEnvelope):
         return {
             "type": "object",
             "required": [envelope.code, envelope.message, envelope.data],
-            "properties": {envelope.code: code or {"type": "integer"},
-                           envelope.message: {"type": "string"}, envelope.data: data},
-        }  # fmt: skip
+            "properties": {
+                envelope.code: code or {"type": "integer"},
+                envelope.message: {"type": "string"},
+                envelope.data: data,
+            },
+        }
     return {
         "type": "object",
         "required": [envelope.code, envelope.data],
@@ -171,8 +179,10 @@ def _submit_answer(wire: SurfaceSpec) -> dict[str, Any]:
 def _result(wire: SurfaceSpec) -> dict[str, Any]:
     fields = wire.record
     if fields.result_as_text:
-        return {"type": "string",
-                "description": f'On success: {{"{spec.RESULT_URLS}": [url, ...]}}'}  # fmt: skip
+        return {
+            "type": "string",
+            "description": f'On success: {{"{spec.RESULT_URLS}": [url, ...]}}',
+        }
     image = {
         spec.IMAGE_URL: {"type": "array", "items": {"type": "string"}},
         spec.IMAGE_EXPIRES_AT: {

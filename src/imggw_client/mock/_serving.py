@@ -150,8 +150,9 @@ def read_submit_request(surface: Surface, body: bytes) -> ImageRequest | Refusal
         n = _field(data, path["n"])
         if type(n) is not int or n != spec.N:
             return refuse(reasons.INVALID_N, f"{path['n']}: must be {spec.N}")
-    prompt, ratio, resolution = (_field(data, path[name]) for name in
-                                 ("prompt", "aspect_ratio", "resolution"))  # fmt: skip
+    prompt, ratio, resolution = (
+        _field(data, path[name]) for name in ("prompt", "aspect_ratio", "resolution")
+    )
     wire_resolutions = tuple(wire.wire_resolution(r) for r in rules.RESOLUTIONS)
     violations = rules.check_prompt(prompt) + rules.check_image(
         ratio, resolution, resolutions=wire_resolutions
@@ -296,8 +297,11 @@ def error_body(
         if refusal.code.startswith(envelope.leading_reasons):
             # No string reason in this envelope: the reason leads the message (DESIGN 8).
             message = f"{refusal.code}: {message}"
-        body: dict[str, Any] = {envelope.code: refusal.status, envelope.message: message,
-                                envelope.data: None}  # fmt: skip
+        body: dict[str, Any] = {
+            envelope.code: refusal.status,
+            envelope.message: message,
+            envelope.data: None,
+        }
         return (200 if http_200 else refusal.status), encode_json(body)
     detail = {envelope.error_code: refusal.code, envelope.error_message: refusal.message}
     body = {envelope.error: detail}

@@ -29,8 +29,12 @@ from .._core.config import PollPolicy, RetryPolicy
 from ._gateway import MockGateway
 
 # Fast enough for a test suite, slow enough to see tasks move through their states.
-TEST_DEFAULTS: dict[str, Any] = {"duration_min": 0.05, "duration_max": 0.2, "latency": 0.05,
-                                 "retry_after": 0}  # fmt: skip
+TEST_DEFAULTS: dict[str, Any] = {
+    "duration_min": 0.05,
+    "duration_max": 0.2,
+    "latency": 0.05,
+    "retry_after": 0,
+}
 FAST_POLL = PollPolicy(initial_interval=0.02, max_interval=0.1, multiplier=1.5)
 FAST_RETRY = RetryPolicy(max_attempts=8, initial_backoff=0.01, max_backoff=0.1)
 

@@ -72,8 +72,13 @@ class DownloadQueue:
     async def put(self, item: Any) -> None:
         """Queues the item (anything with an ``expires_at``: Unix seconds or None) for a
         download slot and waits for its turn to end."""
-        queued = _Queued(item.expires_at or math.inf, next(self._order), item, anyio.Event(),
-                         _telemetry.current())  # fmt: skip
+        queued = _Queued(
+            item.expires_at or math.inf,
+            next(self._order),
+            item,
+            anyio.Event(),
+            _telemetry.current(),
+        )
         heapq.heappush(self._heap, queued)
         self._ready.release()
         await queued.done.wait()

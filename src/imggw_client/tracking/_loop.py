@@ -300,8 +300,9 @@ class Loop(Generic[ItemT]):
                     if not task.is_terminal:
                         await self.hooks.charged(item, task, final=False)
 
-                return await self.client.wait(waited(item), surface=surface,
-                                              wait_timeout=remaining, on_update=seen)  # fmt: skip
+                return await self.client.wait(
+                    waited(item), surface=surface, wait_timeout=remaining, on_update=seen
+                )
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def record(self, event: object) -> None:
@@ -398,8 +399,10 @@ def waited(item: ItemT) -> Submission | str:
         return item.task_id
     started = item.submitted_at
     return Submission(
-        task_id=item.task_id, idempotency_key=item.idempotency_key,
+        task_id=item.task_id,
+        idempotency_key=item.idempotency_key,
         surface=check_surface(item.surface),
-        resolution=item.fields.get("resolution"), replayed=started is None,
+        resolution=item.fields.get("resolution"),
+        replayed=started is None,
         submitted_at=None if started is None else datetime.fromtimestamp(started, timezone.utc),
-    )  # fmt: skip
+    )

@@ -107,9 +107,18 @@ def _send(
         "INSERT INTO tasks (gateway, key_fp, surface, idempotency_key, state, prompt,"
         " aspect_ratio, resolution, created, attempt, changed, lease_owner, lease_until)"
         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-        (*base, event.surface, event.key, State.UNKNOWN.value, *asked, now, event.attempt, now,
-         *lease),
-    ).rowcount  # fmt: skip
+        (
+            *base,
+            event.surface,
+            event.key,
+            State.UNKNOWN.value,
+            *asked,
+            now,
+            event.attempt,
+            now,
+            *lease,
+        ),
+    ).rowcount
     if made:
         return
     row, *journaled = db.execute(

@@ -191,9 +191,12 @@ class _JournalRun:
         log.warning("%s: %s; a later collect takes it up again", what, why)
 
     def unexpected_fault(self, entry: _Entry, exc: Exception) -> None:
-        log.error("task %s: unexpected %s: %s; a later collect takes it up again",
-                  entry.task_id, type(exc).__name__,
-                  safe_message(self.redact(str(exc))) or "")  # fmt: skip
+        log.error(
+            "task %s: unexpected %s: %s; a later collect takes it up again",
+            entry.task_id,
+            type(exc).__name__,
+            safe_message(self.redact(str(exc))) or "",
+        )
 
     def landing(self, entry: _Entry) -> Path:
         return self.dest
@@ -287,8 +290,7 @@ class Tracker:
         entries = [_Entry.of(line, entry) for line, entry in enumerate(claimed, 1)]
         run = _JournalRun(entries, dest, on_task, client.redact, client.surface)
         limit = math.inf if timeout is None or not wait else timeout
-        course = Course(deadline=time.monotonic() + limit, line_timeout=None,
-                        redact=client.redact)  # fmt: skip
+        course = Course(deadline=time.monotonic() + limit, line_timeout=None, redact=client.redact)
         loop = Loop(client, run, run, course, concurrency=DOWNLOAD_SLOTS, wait=wait)
         await loop.run()
         if course.fatal is not None:

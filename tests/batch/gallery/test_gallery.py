@@ -44,9 +44,19 @@ RAW_IN_DATA = ("<", ">", "&", "\u2028", "\u2029")
 
 
 def hostile_record(line: int, text: str) -> dict[str, Any]:
-    return record(line, id=text, task_id=text, prompt=text, aspect_ratio=text, resolution=text,
-                  expires_at=text, status="failed", files=[{"path": text}], surface=text,
-                  error={"code": text, "message": text})  # fmt: skip
+    return record(
+        line,
+        id=text,
+        task_id=text,
+        prompt=text,
+        aspect_ratio=text,
+        resolution=text,
+        expires_at=text,
+        status="failed",
+        files=[{"path": text}],
+        surface=text,
+        error={"code": text, "message": text},
+    )
 
 
 def test_hostile_text_in_every_field_stays_data(tmp_path: Path) -> None:
@@ -73,11 +83,27 @@ def test_hostile_text_in_every_field_stays_data(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/etc/passwd", "../secret.png", "a/../../b.png", "a/./../b.png", "javascript:alert(1)",
-     "JavaScript:alert(1)", "data:image/png;base64,AAAA", "http://example.invalid/x.png",
-     "//example.invalid/x.png", "C:\\x.png", "c:/x.png", "a\\..\\b.png", "a//b.png", "",
-     "x\n.png", "..", 7, None],
-)  # fmt: skip
+    [
+        "/etc/passwd",
+        "../secret.png",
+        "a/../../b.png",
+        "a/./../b.png",
+        "javascript:alert(1)",
+        "JavaScript:alert(1)",
+        "data:image/png;base64,AAAA",
+        "http://example.invalid/x.png",
+        "//example.invalid/x.png",
+        "C:\\x.png",
+        "c:/x.png",
+        "a\\..\\b.png",
+        "a//b.png",
+        "",
+        "x\n.png",
+        "..",
+        7,
+        None,
+    ],
+)
 def test_paths_outside_the_folder_are_never_linked(tmp_path: Path, path: object) -> None:
     write_gallery(tmp_path, [record(1, files=[{"path": path, "sha256": "0", "size": 1}])])
     ((row),) = rows(tmp_path)
@@ -114,10 +140,8 @@ def test_counts_totals_and_the_filter_of_each_line(tmp_path: Path) -> None:
     ]
     write_gallery(tmp_path, records)
     data = summary(tmp_path)
-    assert data["counts"] == {"all": 8, "succeeded": 2, "failed": 2, "expired": 1,
-                              "unfinished": 3}  # fmt: skip
-    assert data["pages"] == {"all": 1, "succeeded": 1, "failed": 1, "expired": 1,
-                             "unfinished": 1}  # fmt: skip
+    assert data["counts"] == {"all": 8, "succeeded": 2, "failed": 2, "expired": 1, "unfinished": 3}
+    assert data["pages"] == {"all": 1, "succeeded": 1, "failed": 1, "expired": 1, "unfinished": 1}
     assert data["credits"] == 4 * 4 + 2.5
     assert data["cost"] == pytest.approx(4 * 0.04 + 0.1)
     assert [row[LINE] for row in rows(tmp_path)] == list(range(1, 9))
@@ -149,14 +173,45 @@ def test_empty_batch(tmp_path: Path) -> None:
 
 
 def test_old_manifest_records_and_garbage_fields(tmp_path: Path) -> None:
-    pinned_only = {"line": 3, "task_id": "9", "status": "succeeded", "error": None,
-                   "files": [{"path": "9-0.png", "sha256": "0" * 64, "size": 10}]}  # fmt: skip
-    odd = {"line": True, "status": ["x"], "files": "nope", "error": "boom", "cost": math.nan,
-           "credits": "4", "aspect_ratio": "0:9", "prompt": {"a": 1}}  # fmt: skip
+    pinned_only = {
+        "line": 3,
+        "task_id": "9",
+        "status": "succeeded",
+        "error": None,
+        "files": [{"path": "9-0.png", "sha256": "0" * 64, "size": 10}],
+    }
+    odd = {
+        "line": True,
+        "status": ["x"],
+        "files": "nope",
+        "error": "boom",
+        "cost": math.nan,
+        "credits": "4",
+        "aspect_ratio": "0:9",
+        "prompt": {"a": 1},
+    }
     write_gallery(tmp_path, [pinned_only, {}, odd, "not a dict"])  # type: ignore[list-item]
     first, empty, garbage, not_a_dict = rows(tmp_path)
-    assert first == [3, None, "9", "succeeded", "succeeded", None, None, None, None, None, None,
-                     [["9-0.png", 10]], 320, 320, None, None, None, None]  # fmt: skip
+    assert first == [
+        3,
+        None,
+        "9",
+        "succeeded",
+        "succeeded",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        [["9-0.png", 10]],
+        320,
+        320,
+        None,
+        None,
+        None,
+        None,
+    ]
     assert empty[STATUS] == "pending"
     assert empty[CATEGORY] == "unfinished"
     assert garbage[LINE] is None
@@ -201,8 +256,12 @@ def test_each_card_row_carries_the_surface_of_its_task(tmp_path: Path) -> None:
 def ten_thousand() -> Iterator[dict[str, Any]]:
     for line in range(1, 10_001):
         if line % 50 == 0:
-            yield record(line, status="failed", files=[],
-                         error={"code": "content_policy", "message": "refused " * 20})  # fmt: skip
+            yield record(
+                line,
+                status="failed",
+                files=[],
+                error={"code": "content_policy", "message": "refused " * 20},
+            )
         else:
             yield record(line, prompt=f"prompt {line}: " + "a long scene description, " * 8)
 
@@ -232,8 +291,7 @@ def test_ten_thousand_lines_make_small_pages_in_bounded_memory(
     assert peak < 2_000_000
     data = summary(tmp_path)
     assert data["counts"]["all"] == 10_000
-    assert data["pages"] == {"all": 50, "succeeded": 49, "failed": 1, "expired": 0,
-                             "unfinished": 0}  # fmt: skip
+    assert data["pages"] == {"all": 50, "succeeded": 49, "failed": 1, "expired": 0, "unfinished": 0}
     assert (tmp_path / GALLERY_NAME).stat().st_size < 64_000
     generation = tmp_path / GALLERY_DIR / data["generation"]
     sizes = [path.stat().st_size for path in generation.rglob("*.js")]

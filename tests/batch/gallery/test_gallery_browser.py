@@ -34,8 +34,16 @@ from imggw_client.mock._png import png
 from .helpers import record
 
 CHROMIUM = os.environ.get("IMGGW_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 FAST_POLL = PollPolicy(initial_interval=0.02, max_interval=0.1)
 VIEWPORT = {"width": 1366, "height": 900}
 ON_SCREEN = (
@@ -146,8 +154,13 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     out = folder / "out"
     # In a thread of its own: Playwright's sync API keeps an event loop running in this one.
     with ThreadPoolExecutor(1) as pool:
-        report = pool.submit(run_batch, source, out, skip_bad_lines=True,
-                             client_factory=lambda: gateway.async_client(poll=FAST_POLL)).result()  # fmt: skip
+        report = pool.submit(
+            run_batch,
+            source,
+            out,
+            skip_bad_lines=True,
+            client_factory=lambda: gateway.async_client(poll=FAST_POLL),
+        ).result()
     assert report.counts == {"saved": 5, "failed": 1}
     assert (out / "index.html").is_file()  # the batch writes its gallery itself ...
     # ... and `imggw gallery` rewrites it from the manifest, here under a title of our own.
@@ -357,8 +370,10 @@ def test_bidi_controls_and_invisible_characters_show_as_codes_in_logical_order(
 
 def test_cut_prompts_are_described_by_one_rule(browser: Browser, tmp_path: Path) -> None:
     foxes = "\U0001f98a" * 20_000  # two UTF-16 units each: still 20,000 characters
-    write_gallery(tmp_path, [record(1, prompt=foxes), record(2, prompt="x" * 18_704),
-                             record(3, prompt="short")])  # fmt: skip
+    write_gallery(
+        tmp_path,
+        [record(1, prompt=foxes), record(2, prompt="x" * 18_704), record(3, prompt="short")],
+    )
     opened = open_gallery(browser, tmp_path)
     opened.shown("all/1")
     page = opened.page
@@ -434,12 +449,19 @@ def big_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def records() -> Iterator[dict[str, Any]]:
         for line in range(1, 10_001):
             if line % 50 == 0:
-                yield record(line, status="failed", files=[],
-                             error={"code": "content_policy", "message": "refused"})  # fmt: skip
+                yield record(
+                    line,
+                    status="failed",
+                    files=[],
+                    error={"code": "content_policy", "message": "refused"},
+                )
             else:
                 n = line % len(ratios)
-                yield record(line, aspect_ratio=ratios[n],
-                             files=[{"path": f"{n}.png", "sha256": "0" * 64, "size": 1}])  # fmt: skip
+                yield record(
+                    line,
+                    aspect_ratio=ratios[n],
+                    files=[{"path": f"{n}.png", "sha256": "0" * 64, "size": 1}],
+                )
 
     write_gallery(folder, records())
     return folder

@@ -26,13 +26,18 @@ WORKER_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-FAST = {"poll": PollPolicy(initial_interval=0.05, max_interval=0.2),
-        "retry": RetryPolicy(max_attempts=6, initial_backoff=0.02, max_backoff=0.2)}  # fmt: skip
+FAST = {
+    "poll": PollPolicy(initial_interval=0.05, max_interval=0.2),
+    "retry": RetryPolicy(max_attempts=6, initial_backoff=0.02, max_backoff=0.2),
+}
 
 
 def write_prompts(path: Path, count: int, *, tag: str = "image") -> Path:
-    path.write_text("".join(json.dumps({"prompt": f"{tag} {i}", "aspect_ratio": "3:2"}) + "\n"
-                            for i in range(count)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"{tag} {i}", "aspect_ratio": "3:2"}) + "\n" for i in range(count)
+        )
+    )
     return path
 
 
@@ -53,9 +58,13 @@ def cluster(worker_env: None) -> Iterator[Any]:
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-        host="127.0.0.1", silence_logs=logging.ERROR,
-    ) as local:  # fmt: skip
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address="127.0.0.1:0",
+        host="127.0.0.1",
+        silence_logs=logging.ERROR,
+    ) as local:
         yield local
 
 

@@ -25,16 +25,7 @@ from .conftest import FAST, KEY
 # 8 lines. Cut in 2 (lines 1-4, 5-8), the poster's record (lines 4-6) begins in the first
 # shard and ends in the second; cut in 3 (1-2, 3-5, 6-8), it begins in the second and ends in
 # the third. A CSV row that begins with # is a prompt: CSV has no comment lines.
-CSV = (
-    "prompt,id\n"
-    "a cat,c\n"
-    "\n"
-    '"a poster\n'
-    'reading ""OPEN""\n'
-    '",p\n'
-    "a dog,\n"
-    "#hashtag owl,h\n"
-)  # fmt: skip
+CSV = 'prompt,id\na cat,c\n\n"a poster\nreading ""OPEN""\n",p\na dog,\n#hashtag owl,h\n'
 PROMPTS = ["a cat", 'a poster\nreading "OPEN"\n', "a dog", "#hashtag owl"]
 LINES = [2, 4, 7, 8]
 IDENTITIES = {("id:c", 2), ("id:p", 4), ("line:3", 7), ("id:h", 8)}
@@ -85,8 +76,7 @@ def test_shards_take_each_record_where_it_begins_and_send_it_once_whole(
     assert [(r["line"], r["prompt"]) for r in manifest(out)] == list(
         zip(LINES, PROMPTS, strict=True)
     )
-    again = run_shard(source, out, index=2, count=2,
-                      client_factory=lambda: gw.async_client(**FAST))  # fmt: skip
+    again = run_shard(source, out, index=2, count=2, client_factory=lambda: gw.async_client(**FAST))
     assert (again.counts, again.changed_count) == ({"saved": 2}, 0)
     assert len(wire.submits) == 4
 
@@ -98,9 +88,23 @@ def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
     source = tmp_path / "prompts.txt"  # not named .csv: --format says it
     source.write_text(CSV)
     out = tmp_path / "out"
-    command = ["--json", "batch", str(source), "-o", str(out), "--engine", "dask", "--address",
-               dask_client.scheduler.address, "--shard-size", "3", "--base-url", url,
-               "--format", "csv"]  # fmt: skip
+    command = [
+        "--json",
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--engine",
+        "dask",
+        "--address",
+        dask_client.scheduler.address,
+        "--shard-size",
+        "3",
+        "--base-url",
+        url,
+        "--format",
+        "csv",
+    ]
     first = CliRunner().invoke(app, command, env={"IMGGW_API_KEY": KEY})
     assert first.exit_code == 0, first.stderr
     assert [json.loads(line)["line"] for line in first.stdout.splitlines()] == LINES
@@ -111,9 +115,16 @@ def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
     )
 
     seen: list[ShardedProgress] = []
-    again = run_sharded(source, out, address=dask_client.scheduler.address, shard_size=3,
-                        client=ClientSpec(base_url=url, **FAST), format="csv",
-                        on_progress=seen.append, progress_every=0.05)  # fmt: skip
+    again = run_sharded(
+        source,
+        out,
+        address=dask_client.scheduler.address,
+        shard_size=3,
+        client=ClientSpec(base_url=url, **FAST),
+        format="csv",
+        on_progress=seen.append,
+        progress_every=0.05,
+    )
     assert (again.exit_code, again.changed_count) == (0, 0)
     assert seen
     assert {p.total for p in seen} == {4}  # each record counted once, in one shard

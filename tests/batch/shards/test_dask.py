@@ -76,10 +76,16 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
 
     def drive() -> None:
         try:
-            done.append(run_sharded(
-                source, out, address=dask_client.scheduler.address, shard_size=10,
-                client=spec(url), concurrency=4,
-            ))  # fmt: skip
+            done.append(
+                run_sharded(
+                    source,
+                    out,
+                    address=dask_client.scheduler.address,
+                    shard_size=10,
+                    client=spec(url),
+                    concurrency=4,
+                )
+            )
         except BaseException as exc:  # reported below, in the test's thread
             failure.append(exc)
 
@@ -107,9 +113,10 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
     # 25), not 900 s later: the run's budget holds none of its tickets.
     dead = next(iter(pids))
     holders = dask_client.run_on_scheduler(
-        lambda dask_scheduler: [holder for *_, holder in
-                                dask_scheduler.plugins[PLUGIN_NAME].tickets.values()]
-    )  # fmt: skip
+        lambda dask_scheduler: [
+            holder for *_, holder in dask_scheduler.plugins[PLUGIN_NAME].tickets.values()
+        ]
+    )
     assert dead not in holders
 
 
@@ -123,10 +130,17 @@ def test_s3_output_folder_on_a_local_moto_server(
     dest = "s3://imggw-test/run-1"
     seen: list[ShardedProgress] = []
     report = run_sharded(
-        source, dest, address=dask_client.scheduler.address, shard_size=10, client=spec(url),
-        storage_options=s3, checkpoint_every=0.3, scratch=tmp_path / "scratch",
-        on_progress=seen.append, progress_every=0.1,
-    )  # fmt: skip
+        source,
+        dest,
+        address=dask_client.scheduler.address,
+        shard_size=10,
+        client=spec(url),
+        storage_options=s3,
+        checkpoint_every=0.3,
+        scratch=tmp_path / "scratch",
+        on_progress=seen.append,
+        progress_every=0.1,
+    )
     assert report.exit_code == 0
     # Progress read from the shards' checkpoints in the bucket while they ran.
     assert any(p.finished > 0 or p.counts["running"] > 0 for p in seen), seen
@@ -163,9 +177,14 @@ def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_pat
     source = write_prompts(tmp_path / "in.jsonl", lines)
     with gw.serve() as url:
         report = run_sharded(
-            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=8,
-            client=spec(url), concurrency=8, rate_limit=RateLimit(submits_per_second=rate),
-        )  # fmt: skip
+            source,
+            tmp_path / "out",
+            address=dask_client.scheduler.address,
+            shard_size=8,
+            client=spec(url),
+            concurrency=8,
+            rate_limit=RateLimit(submits_per_second=rate),
+        )
     assert report.exit_code == 0
     assert len(sent) == lines
     peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
@@ -183,10 +202,14 @@ def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
     source = write_prompts(tmp_path / "in.jsonl", lines)
     with redis_server() as store, gw.serve() as url:
         report = run_sharded(
-            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=5,
-            client=spec(url), concurrency=8,
+            source,
+            tmp_path / "out",
+            address=dask_client.scheduler.address,
+            shard_size=5,
+            client=spec(url),
+            concurrency=8,
             rate_limit=RateLimit(submits_per_second=rate, store=store.url),
-        )  # fmt: skip
+        )
         with contextlib.closing(store.client()) as redis:
             lanes = sorted(key.decode().rsplit(":", 1)[1] for key in redis.scan_iter())
     assert report.exit_code == 0
@@ -213,8 +236,10 @@ def test_a_worker_removed_gives_back_the_slots_it_held_at_once() -> None:
     # (TICKET_TTL) while the live workers asked for slots in a loop.
     plugin = BudgetPlugin()
     plugin.handle("run", "open", limit={})
-    dead = [plugin.handle("run", "reserve", kind="submit", worker="tcp://dead:1")
-            for _ in range(B.START_WINDOW)]  # fmt: skip
+    dead = [
+        plugin.handle("run", "reserve", kind="submit", worker="tcp://dead:1")
+        for _ in range(B.START_WINDOW)
+    ]
     assert all(answer["wait"] == 0.0 for answer in dead)  # the window: all in flight
     live = plugin.handle("run", "reserve", kind="submit", worker="tcp://live:2")
     assert live["wait"] > 0  # held back by the dead worker's requests
@@ -229,13 +254,16 @@ def test_a_worker_removed_gives_back_the_slots_it_held_at_once() -> None:
 async def test_a_worker_waiting_for_a_slot_is_answered_when_it_frees_not_polled() -> None:
     plugin = BudgetPlugin()
     plugin.handle("run", "open", limit={})
-    held = [plugin.handle("run", "reserve", kind="submit", worker="tcp://a:1")
-            for _ in range(B.START_WINDOW)]  # fmt: skip
+    held = [
+        plugin.handle("run", "reserve", kind="submit", worker="tcp://a:1")
+        for _ in range(B.START_WINDOW)
+    ]
     answers: list[dict[str, Any]] = []
 
     async def ask() -> None:
-        answers.append(await plugin.serve(budget="run", action="reserve", kind="submit",
-                                          worker="tcp://b:2"))  # fmt: skip
+        answers.append(
+            await plugin.serve(budget="run", action="reserve", kind="submit", worker="tcp://b:2")
+        )
 
     async with anyio.create_task_group() as group:
         group.start_soon(ask)
@@ -251,9 +279,22 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
     gw, url = gateway
     source = write_prompts(tmp_path / "in.jsonl", 6)
     out = tmp_path / "out"
-    command = ["batch", str(source), "-o", str(out), "--engine", "dask", "--address",
-               dask_client.scheduler.address, "--shard-size", "3", "--base-url", url,
-               "--name", "img-{line}"]  # fmt: skip
+    command = [
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--engine",
+        "dask",
+        "--address",
+        dask_client.scheduler.address,
+        "--shard-size",
+        "3",
+        "--base-url",
+        url,
+        "--name",
+        "img-{line}",
+    ]
     env = {"IMGGW_API_KEY": KEY}
     first = CliRunner().invoke(app, command, env=env)
     assert first.exit_code == 0, first.stderr
@@ -290,8 +331,9 @@ def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
     source = write_prompts(tmp_path / "in.jsonl", 4)
     out = tmp_path / "out"
     monkeypatch.delenv("IMGGW_API_KEY")  # the driver's own environment only
-    first = run_sharded(source, out, address=dask_client.scheduler.address, shard_size=2,
-                        client=spec(url))  # fmt: skip
+    first = run_sharded(
+        source, out, address=dask_client.scheduler.address, shard_size=2, client=spec(url)
+    )
     assert first.exit_code == 0
     run = json.loads((out / RUN_NAME).read_text())
     assert run["key_fingerprint"] == key_fingerprint(KEY)  # recorded by the workers
@@ -301,8 +343,14 @@ def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
     write_prompts(source, 6)  # two more lines, allowed: they would be sent if not refused
     requests = sum(gw.stats()["requests"].values())
     with pytest.raises(KeyChangedError) as refused:
-        run_sharded(source, out, address=dask_client.scheduler.address, shard_size=2,
-                    client=spec(url), allow_changes=True)  # fmt: skip
+        run_sharded(
+            source,
+            out,
+            address=dask_client.scheduler.address,
+            shard_size=2,
+            client=spec(url),
+            allow_changes=True,
+        )
     assert refused.value.fingerprint == key_fingerprint(KEY)
     assert sum(gw.stats()["requests"].values()) == requests  # nothing dispatched, nothing sent
     assert not (out / "shards" / "0003-of-0003").exists()
@@ -319,16 +367,28 @@ def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
     out = tmp_path / "out"
 
     def run() -> ShardedReport:
-        return run_sharded(source, out, address=dask_client.scheduler.address, shard_size=3,
-                           client=spec(url), concurrency=4)  # fmt: skip
+        return run_sharded(
+            source,
+            out,
+            address=dask_client.scheduler.address,
+            shard_size=3,
+            client=spec(url),
+            concurrency=4,
+        )
 
     assert run().exit_code == 0
     identities = set()
     for ledger_path in sorted(out.glob("shards/*/ledger.sqlite")):
         with Ledger.open(ledger_path.parent) as ledger:
             identities |= {(row.identity, row.line) for row in ledger.iter_rows()}
-    expected = {("line:1", 2), ("line:2", 4), ("line:3", 6), ("line:4", 7), ("line:5", 9),
-                ("line:6", 10)}  # fmt: skip
+    expected = {
+        ("line:1", 2),
+        ("line:2", 4),
+        ("line:3", 6),
+        ("line:4", 7),
+        ("line:5", 9),
+        ("line:6", 10),
+    }
     assert identities == expected
     source.write_text("a\nb\nc\nd\ne\nf\n")  # the notes gone: the same six requests
     again = run()
@@ -345,10 +405,23 @@ def test_workers_starts_and_stops_a_local_cluster(
     source = write_prompts(tmp_path / "in.jsonl", 4)
     result = CliRunner().invoke(
         app,
-        ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-         "--workers", "1", "--shard-size", "2", "--base-url", url],
+        [
+            "--json",
+            "batch",
+            str(source),
+            "-o",
+            str(tmp_path / "out"),
+            "--engine",
+            "dask",
+            "--workers",
+            "1",
+            "--shard-size",
+            "2",
+            "--base-url",
+            url,
+        ],
         env={"IMGGW_API_KEY": KEY},
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 4
     assert "a local cluster of 1 worker(s)" in result.stderr
@@ -358,8 +431,7 @@ def test_workers_starts_and_stops_a_local_cluster(
 @pytest.fixture
 def held_gateway() -> Iterator[tuple[MockGateway, str]]:
     """A gateway whose tasks finish only when the test moves its clock."""
-    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6,
-                     manual_clock=True)  # fmt: skip
+    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6, manual_clock=True)
     with gw.serve() as url:
         yield gw, url
 
@@ -468,10 +540,16 @@ def test_progress_across_shards_shows_between_shard_completions(
     # flight, never a whole shard's 6 at once, and a reading shows it before the next step.
     with clock_moved(gw, readings, step=0.05):
         report = run_sharded(
-            source, tmp_path / "out", address=dask_client.scheduler.address, shard_size=6,
-            client=spec(url), concurrency=2, progress_every=0.1,
-            on_shard=lambda outcome: ended.append(time.monotonic()), on_progress=readings.add,
-        )  # fmt: skip
+            source,
+            tmp_path / "out",
+            address=dask_client.scheduler.address,
+            shard_size=6,
+            client=spec(url),
+            concurrency=2,
+            progress_every=0.1,
+            on_shard=lambda outcome: ended.append(time.monotonic()),
+            on_progress=readings.add,
+        )
     seen = readings.seen
     assert report.exit_code == 0
     assert gw.stats()["tasks_created"] == lines
@@ -496,8 +574,9 @@ def test_progress_across_shards_shows_between_shard_completions(
     assert {thread for _, _, thread in seen} == {threading.get_ident()}
     # Once ended, a shard's ledger (closed now) still reads: its last state.
     names = [f"{i:04d}-of-0004" for i in range(1, 5)]
-    reader = ProgressReader(open_storage(tmp_path / "out"), names, [6] * 4, 0,
-                             checkpoint_every=30.0)  # fmt: skip
+    reader = ProgressReader(
+        open_storage(tmp_path / "out"), names, [6] * 4, 0, checkpoint_every=30.0
+    )
     final = reader.read(None, set(names), 1.0)
     assert final.counts == {"pending": 0, "running": 0, "succeeded": lines, "failed": 0}
     assert (final.finished, final.shards_ended) == (lines, 4)
@@ -524,11 +603,25 @@ def test_cli_shows_progress_on_stderr_and_keeps_json_on_stdout(
     with clock_moved(gw, readings, step=1.0):
         result = CliRunner().invoke(
             app,
-            ["--json", "batch", str(source), "-o", str(tmp_path / "out"), "--engine", "dask",
-             "--address", dask_client.scheduler.address, "--shard-size", "4", "-c", "1",
-             "--base-url", url],
+            [
+                "--json",
+                "batch",
+                str(source),
+                "-o",
+                str(tmp_path / "out"),
+                "--engine",
+                "dask",
+                "--address",
+                dask_client.scheduler.address,
+                "--shard-size",
+                "4",
+                "-c",
+                "1",
+                "--base-url",
+                url,
+            ],
             env={"IMGGW_API_KEY": KEY},
-        )  # fmt: skip
+        )
     assert result.exit_code == 0, result.stderr
     line_text = re.compile(
         r"dask: (\d+)/8 lines finished \(pending \d+, running \d+, succeeded \d+, "

@@ -40,10 +40,12 @@ from .conftest import FAST, KEY, check_from_storage, local_env, write_prompts
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 
 
-def shard(gw: MockGateway, source: Path, dest: str | Path, index: int, count: int,
-          **kw: Any) -> Any:  # fmt: skip
-    return run_shard(source, dest, index=index, count=count,
-                     client_factory=lambda: gw.async_client(**FAST), **kw)  # fmt: skip
+def shard(
+    gw: MockGateway, source: Path, dest: str | Path, index: int, count: int, **kw: Any
+) -> Any:
+    return run_shard(
+        source, dest, index=index, count=count, client_factory=lambda: gw.async_client(**FAST), **kw
+    )
 
 
 def test_shards_are_contiguous_ranges_that_cover_the_input() -> None:
@@ -66,12 +68,14 @@ def test_concurrent_first_runs_agree_on_one_run_id(tmp_path: Path) -> None:
     def racer(i: int) -> None:
         work = tmp_path / f"w{i}"
         work.mkdir()
-        scan: Scan = scan_input(str(source), work, surface="beta", record=None,
-                                options=BatchOptions())  # fmt: skip
+        scan: Scan = scan_input(
+            str(source), work, surface="beta", record=None, options=BatchOptions()
+        )
         start.wait()
         # Each racer derives its own id here: which one wins must not matter to the others.
-        won.append(claim(storage, scan.digests, scan.plan.input_digest, run_id=f"run-{i}",
-                         surface="beta"))  # fmt: skip
+        won.append(
+            claim(storage, scan.digests, scan.plan.input_digest, run_id=f"run-{i}", surface="beta")
+        )
 
     racers = [threading.Thread(target=racer, args=(i,)) for i in range(6)]
     for t in racers:
@@ -85,8 +89,22 @@ def test_concurrent_first_runs_agree_on_one_run_id(tmp_path: Path) -> None:
 
 @pytest.fixture
 def gateway_process() -> Iterator[str]:
-    options = ["--api-key", KEY, "--seed", "5", "--duration-min", "0.1", "--duration-max", "0.4",
-               "--fault-rate", "0.1", "--faults", "lost,reset,503", "--retry-after", "0"]  # fmt: skip
+    options = [
+        "--api-key",
+        KEY,
+        "--seed",
+        "5",
+        "--duration-min",
+        "0.1",
+        "--duration-max",
+        "0.4",
+        "--fault-rate",
+        "0.1",
+        "--faults",
+        "lost,reset,503",
+        "--retry-after",
+        "0",
+    ]
     with mock_serve_process(options, local_env()) as url:
         yield url
 
@@ -113,8 +131,14 @@ def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
         stdout, stderr = child.communicate(timeout=90)
         assert child.returncode == 0, stderr[-2000:]
         assert stdout.strip().endswith("manifest.jsonl")
-    merged = subprocess.run([*IMGGW, "--json", "batch", "merge", str(out)], capture_output=True,
-                            text=True, timeout=60, env=local_env(), check=False)  # fmt: skip
+    merged = subprocess.run(
+        [*IMGGW, "--json", "batch", "merge", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=local_env(),
+        check=False,
+    )
     assert merged.returncode == 0, merged.stderr
     records = [json.loads(line) for line in merged.stdout.splitlines()]
     assert records == check_from_storage(str(out), None, lines)
@@ -131,8 +155,9 @@ def test_every_sqlite_file_deleted_mid_run_and_a_rerun_creates_no_new_task(
     tmp_path: Path,
 ) -> None:
     # Every answer is lost: the gateway makes each task, the shards never learn their ids.
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, fault_rate=1.0,
-                     faults=["lost"])  # fmt: skip
+    gw = MockGateway(
+        api_keys=[KEY], duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"]
+    )
     source = write_prompts(tmp_path / "in.jsonl", 8)
     out = tmp_path / "out"
     for i in (1, 2):
@@ -222,8 +247,9 @@ def test_a_shard_on_a_fresh_folder_records_the_runs_name_and_input(tmp_path: Pat
 def test_batch_status_json_reads_progress_from_the_folder_alone(tmp_path: Path) -> None:
     gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
-                              ["a", "b", "c #fail", "d", "e", "f"]))  # fmt: skip
+    source.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c #fail", "d", "e", "f"])
+    )
     out = tmp_path / "out"
     assert shard(gw, source, out, 1, 3).exit_code == 0  # lines 1-2
     assert shard(gw, source, out, 2, 3).exit_code == 1  # lines 3-4, one failed
@@ -274,16 +300,29 @@ def test_a_remote_folders_backend_failure_is_a_storage_error(
     gw = MockGateway(api_keys=[KEY])
     monkeypatch.setattr(memory.MemoryFileSystem, "cat_file", refuse)
     with pytest.raises(StorageError, match=r"cannot read memory://imggw-no-creds/run\.json"):
-        shard(gw, write_prompts(tmp_path / "in.jsonl", 1), "memory://imggw-no-creds", 1, 1,
-              scratch=tmp_path / "scratch")  # fmt: skip
+        shard(
+            gw,
+            write_prompts(tmp_path / "in.jsonl", 1),
+            "memory://imggw-no-creds",
+            1,
+            1,
+            scratch=tmp_path / "scratch",
+        )
     assert gw.stats()["tasks_created"] == 0
 
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("workers", 0), ("workers", True), ("shard_retries", -1), ("shard_size", 0),
-     ("checkpoint_every", 0), ("checkpoint_every", -1.0), ("checkpoint_every", math.nan)],
-)  # fmt: skip
+    [
+        ("workers", 0),
+        ("workers", True),
+        ("shard_retries", -1),
+        ("shard_size", 0),
+        ("checkpoint_every", 0),
+        ("checkpoint_every", -1.0),
+        ("checkpoint_every", math.nan),
+    ],
+)
 def test_sharded_run_options_are_checked_before_anything_starts(
     tmp_path: Path, option: str, value: object
 ) -> None:
@@ -314,9 +353,16 @@ def test_the_driver_slices_the_input_it_checked_not_a_later_edit(
     storage = open_storage(tmp_path / "out")
     work = tmp_path / "work"
     work.mkdir()
-    prepared = _dask._prepare(str(source), storage, work, surface="beta", shard_size=2,
-                              options=BatchOptions(), run_id=lambda: "run-1",
-                              with_entries=False)  # fmt: skip
+    prepared = _dask._prepare(
+        str(source),
+        storage,
+        work,
+        surface="beta",
+        shard_size=2,
+        options=BatchOptions(),
+        run_id=lambda: "run-1",
+        with_entries=False,
+    )
     assert prepared.count == 2
     sliced = "".join(p.read_text() for p in sorted((tmp_path / "out").glob("shards/*/*.jsonl")))
     assert sliced == checked
@@ -331,12 +377,19 @@ def test_shard_options_that_do_not_go_together_are_refused(tmp_path: Path) -> No
         (["--engine", "dask"], "--address"),
         (["--shard", "3/2"], "I/N"),
     ]:
-        result = runner.invoke(app, ["batch", str(source), "-o", str(tmp_path / "o"), *extra],
-                               env={"IMGGW_API_KEY": KEY})  # fmt: skip
+        result = runner.invoke(
+            app,
+            ["batch", str(source), "-o", str(tmp_path / "o"), *extra],
+            env={"IMGGW_API_KEY": KEY},
+        )
         assert result.exit_code == 2, (extra, result.output)
         assert says in result.stderr, (extra, result.stderr)
-    piped = runner.invoke(app, ["batch", "-", "-o", str(tmp_path / "o"), "--shard", "1/2"],
-                          env={"IMGGW_API_KEY": KEY}, input="a cat\n")  # fmt: skip
+    piped = runner.invoke(
+        app,
+        ["batch", "-", "-o", str(tmp_path / "o"), "--shard", "1/2"],
+        env={"IMGGW_API_KEY": KEY},
+        input="a cat\n",
+    )
     assert piped.exit_code == 2
     assert "standard input" in piped.stderr
 
@@ -358,6 +411,7 @@ def test_the_sdk_and_the_single_machine_cli_never_import_dask(tmp_path: Path) ->
         "bad = {'dask', 'distributed', 'fsspec'} & set(sys.modules)\n"
         "sys.exit(json.dumps(sorted(bad)) if bad else 0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
