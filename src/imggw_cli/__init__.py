@@ -1,9 +1,4 @@
-"""``imggw``: the command-line tool of the imggw SDK.
-
-Example::
-
-    $ imggw generate --mock "a lighthouse at dusk" -o out/
-"""
+"""``imggw``: the command-line tool of the imggw SDK (``imggw --help`` lists its commands)."""
 
 __all__ = ["main"]
 

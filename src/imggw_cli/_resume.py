@@ -2,11 +2,6 @@
 again with its key, the journal collected, a batch run again. Each carries what the next run
 needs of what this one was given (the folder, the surface, a base URL typed on the command
 line), quoted for a shell, so that it runs as pasted.
-
-Example::
-
-    wait_command("123", "alpha", Path("my out"), current())
-    # "imggw download 123 --wait --surface alpha -o 'my out'"
 """
 
 from __future__ import annotations

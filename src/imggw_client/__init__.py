@@ -38,15 +38,17 @@ Example::
     def poster(client: Client, ratio: AspectRatio = "2:3", size: Resolution = "2k") -> Task:
         return client.generate("a poster", aspect_ratio=ratio, resolution=size)
 
-    poster(client, "7:5")        # mypy: incompatible type "Literal['7:5']"
+    poster(client, "3:2")
+    try:
+        poster(client, "7:5")    # mypy: incompatible type "Literal['7:5']"
+    except RequestValidationError:
+        ...                      # and at run time, before anything is sent
 
 Logging: the ``imggw_client`` logger has a ``NullHandler``, so an application that sets up no
 logging hears nothing from it. ``IMGGW_LOG=debug`` (or ``info``) in the environment writes its
 records to stderr, as ``OPENAI_LOG`` does for openai-python; no line holds an API key.
 
-Example::
-
-    IMGGW_LOG=debug python app.py      # every request, retry and note on stderr
+In a shell: ``IMGGW_LOG=debug python app.py`` (every request, retry and note on stderr).
 """
 
 import importlib
@@ -168,8 +170,8 @@ def new_idempotency_key() -> str:
     Example::
 
         key = new_idempotency_key()
-        journal.write(key)                              # kept before anything is sent
-        client.submit("a lighthouse", idempotency_key=key)
+        Path("next-key.txt").write_text(key)            # kept before anything is sent
+        sub = client.submit("a lighthouse", idempotency_key=key)
     """
     from ._core.flows import new_idempotency_key as new  # here: importing the package stays light
 

@@ -3,11 +3,6 @@ through: never through a symbolic link imggw did not make (``O_NOFOLLOW``, and a
 where a file goes refused, naming it), never onto a file that was there (``O_EXCL``), under a
 temporary name no one can guess, moved into place whole. And the one error of a folder that
 cannot be written, :class:`StorageError`.
-
-Example::
-
-    with atomic_write(folder / "manifest.jsonl") as handle:
-        handle.write(b"{}\n")
 """
 
 from __future__ import annotations
@@ -43,6 +38,11 @@ class StorageError(ImggwError):
 
     Example::
 
+        from imggw_client.batch import run_batch
+        from imggw_client.tracking import StorageError
+
+        try:
+            report = run_batch("prompts.jsonl", "out/")
         except StorageError as err:
             print(err.message)   # names the path and what the system said
     """

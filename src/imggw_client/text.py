@@ -10,9 +10,10 @@ Example::
 
     from imggw_client.text import printable, redact_url
 
-    print(printable(task.error.message))           # 'done\\x1b]0;owned\\x07', inert
-    for url in task.image_urls:
-        print(redact_url(url, (api_key,)))          # '...?key=[redacted]'
+    said = "done\x1b]0;owned\x07"                  # a message as a gateway may send it
+    print(printable(said))                          # done\\x1b]0;owned\\x07, inert
+    link = "https://cdn.example/a.png?key=sk-live-123"
+    print(redact_url(link, ("sk-live-123",)))       # ...?key=[redacted]
 """
 
 from __future__ import annotations

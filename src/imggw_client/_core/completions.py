@@ -12,17 +12,6 @@ no longer knows it, its query was refused) ends that task only, which is handed 
 with that error; only an error of the whole client (its key refused, the client closed, its
 configuration) ends every wait. ``yield_errors=False`` keeps the older rule: the first wait
 that fails other than by its task failing ends them all.
-
-Example::
-
-    completions = Completions(flows, clock)
-    while (step := completions.due()) is not None:
-        if isinstance(step, float):
-            sleep(step)
-        else:
-            completions.give([(index, perform(action)) for index, action in step])
-        for task in completions.finished():
-            print(task.id, task.status)
 """
 
 from __future__ import annotations

@@ -6,10 +6,6 @@ raise them without importing ``exceptions``, which names the models in its own a
 import circle ``exceptions`` -> ``models`` -> ``exceptions``). Both keep
 ``imggw_client._core.exceptions`` as their ``__module__``: tracebacks and pickles name the
 module that draws the tree.
-
-Example::
-
-    from imggw_client._core.exceptions import RequestValidationError   # the same class
 """
 
 from __future__ import annotations

@@ -100,7 +100,10 @@ class ConfigurationError(ImggwError):
 
     Example::
 
-        Client(api_key=None)  # with IMGGW_API_KEY unset -> ConfigurationError
+        try:
+            Client(base_url="gateway.example")   # no scheme: refused before anything is sent
+        except ConfigurationError as err:
+            print(err.code, err.message)
     """
 
 
@@ -112,7 +115,10 @@ class ClientClosedError(ImggwError):
     Example::
 
         client.close()
-        client.get("12345")   # ClientClosedError: make a new client
+        try:
+            client.get(task.id)
+        except ClientClosedError:
+            client = Client()   # a closed client stays closed: make a new one
     """
 
     def __init__(self, message: str, *, request_sent: bool = False) -> None:
@@ -128,6 +134,8 @@ class APIConnectionError(ImggwError):
 
     Example::
 
+        try:
+            task = client.get(task.id)
         except APIConnectionError:
             ...  # network down; safe to call client.get() again later
     """
@@ -142,6 +150,8 @@ class APITimeoutError(APIConnectionError):
 
     Example::
 
+        try:
+            task = client.get(task.id)
         except APITimeoutError:
             ...  # raise Client(timeout=...) or try again later
     """
@@ -158,6 +168,8 @@ class APIError(ImggwError):
 
     Example::
 
+        try:
+            task = client.get("12345", surface="alpha")
         except APIError as err:
             log.warning("gateway said %s (%s)", err.code, err.status_code)
     """
@@ -180,6 +192,8 @@ class InvalidRequestError(APIError):
 
     Example::
 
+        try:
+            client.submit("a cat", aspect_ratio="7:5", validate=False)   # the gateway judges
         except InvalidRequestError as err:
             print(err.code, err.message)   # fix the request; retrying it will not help
     """
@@ -190,8 +204,10 @@ class AuthenticationError(APIError):
 
     Example::
 
+        try:
+            Client(api_key="sk-not-this-one").get(task.id)
         except AuthenticationError:
-            sys.exit("check IMGGW_API_KEY")
+            print("check IMGGW_API_KEY")
     """
 
 
@@ -200,8 +216,10 @@ class InsufficientCreditsError(APIError):
 
     Example::
 
+        try:
+            sub = client.submit("a lighthouse at dusk", aspect_ratio="16:9", resolution="4k")
         except InsufficientCreditsError:
-            notify_billing()
+            print("top up the account, then submit again")
     """
 
 
@@ -210,6 +228,8 @@ class PermissionDeniedError(APIError):
 
     Example::
 
+        try:
+            task = client.get(task.id)
         except PermissionDeniedError as err:
             print(err.message)
     """
@@ -221,8 +241,10 @@ class NotFoundError(APIError):
 
     Example::
 
+        try:
+            client.get("12345", surface="alpha")
         except NotFoundError as err:
-            ...  # wrong task id, wrong surface, another key's task, or one forgotten
+            print(err.task_id)  # wrong id, wrong surface, another key's task, or one forgotten
     """
 
     task_id: str | None = None
@@ -235,6 +257,8 @@ class ConflictError(APIError):
 
     Example::
 
+        try:
+            sub = client.submit("a lighthouse at dusk", idempotency_key=sub.idempotency_key)
         except ConflictError:
             ...  # the first request is still running; try again shortly
     """
@@ -245,8 +269,10 @@ class IdempotencyConflictError(APIError):
 
     Example::
 
+        try:
+            client.submit("another prompt", idempotency_key=sub.idempotency_key)
         except IdempotencyConflictError:
-            ...  # a new logical request needs a new key (omit idempotency_key=)
+            sub = client.submit("another prompt")   # a new request needs a new key
     """
 
 
@@ -258,6 +284,8 @@ class RateLimitError(APIError):
 
     Example::
 
+        try:
+            task = client.get(task.id)
         except RateLimitError as err:
             time.sleep(err.retry_after or 30)
     """
@@ -268,6 +296,8 @@ class ServerError(APIError):
 
     Example::
 
+        try:
+            task = client.get(task.id)
         except ServerError as err:
             print(err.status_code, err.code)   # code "malformed_response" for garbage
     """
@@ -285,9 +315,11 @@ class UnknownOutcomeError(ImggwError):
 
     Example::
 
+        try:
+            sub = client.submit("a lighthouse at dusk")
         except UnknownOutcomeError as err:
             sub = client.submit(err)     # replayed if the first one made a task
-            task = client.wait(sub)
+        task = client.wait(sub)
     """
 
     def __init__(
@@ -312,8 +344,10 @@ class TaskFailedError(ImggwError):
 
     Example::
 
+        try:
+            task = client.generate("a lighthouse at dusk")
         except TaskFailedError as err:
-            print(err.task.error.code, err.task.error.message)
+            print(err.task.id, err.code, err.message)
     """
 
     def __init__(self, task: Task) -> None:
@@ -339,8 +373,10 @@ class WaitTimeoutError(ImggwError):
 
     Example::
 
+        try:
+            task = client.generate("a lighthouse at dusk", wait_timeout=600)
         except WaitTimeoutError as err:
-            task = client.wait(err, wait_timeout=3600)
+            task = client.wait(err, wait_timeout=3600)   # the same task, never a new one
     """
 
     def __init__(
@@ -394,6 +430,8 @@ class ResultExpiredError(ImggwError):
 
     Example::
 
+        try:
+            files = client.download(task, "out/")
         except ResultExpiredError:
             ...  # the image is gone; download sooner next time
     """
@@ -404,8 +442,11 @@ class DownloadError(ImggwError):
 
     Example::
 
+        files = client.download(task, "out/")
+        try:
+            files = client.download(task, "out/")
         except DownloadError as err:
-            files = client.download(task, "out/", overwrite=True)   # e.g. after "exists"
+            print(err.code)   # "exists": pass overwrite=True to replace the files
     """
 
 

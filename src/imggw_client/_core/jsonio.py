@@ -58,6 +58,8 @@ def dumps(value: Any) -> str:
 
     Example::
 
-        dumps({"credits": 1e308 * 10})   # '{"credits": null}'
+        from imggw_client.text import strict_json
+
+        assert strict_json({"credits": 1e308 * 10}) == '{"credits": null}'
     """
     return json.dumps(finite(value), allow_nan=False)

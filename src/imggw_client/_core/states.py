@@ -7,11 +7,6 @@ does not hold is ignored (the task keeps its state): a gateway that reports ``ru
 ``succeeded``, or an answer that arrives after the result was saved, changes nothing.
 
 Adding a state takes a row here (its moves and its :data:`WORK`); the journal stores the name.
-
-Example::
-
-    move(State.RUNNING, Event.SUCCEEDED)    # State.SUCCEEDED
-    WORK[State.SUCCEEDED]                   # Work.DOWNLOAD
 """
 
 from __future__ import annotations

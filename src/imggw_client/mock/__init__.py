@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m imggw_clie
 
     Example::
 
+        # not run: serves until the process is stopped
         import sys
         from imggw_client.mock import main
 
@@ -75,6 +76,7 @@ def serve_forever(host: str = "127.0.0.1", port: int = 8080, **settings: Any) ->
 
     Example::
 
+        # not run: serves until the process is stopped
         import sys
         from imggw_client.mock import serve_forever
 

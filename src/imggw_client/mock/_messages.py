@@ -28,7 +28,9 @@ class MockRequest:
 
     Example::
 
-        gateway.handle(MockRequest("GET", "/beta/v1/tasks/1", headers={"authorization": ...}))
+        answer = gateway.handle(MockRequest("GET", "/beta/v1/tasks/1",
+                                            headers={"authorization": "Bearer test-key"}))
+        print(answer.status, answer.body)
     """
 
     method: str

@@ -190,8 +190,8 @@ class Journal:
 
         Example::
 
-            client.journal.mark_saved(task.id, task.surface, ["s3://bucket/a.png"],
-                                      scope=client.journal_scope)
+            journal.mark_saved(task.id, task.surface, ["s3://bucket/a.png"],
+                               scope=client.journal_scope)
         """
         given = tuple(os.fspath(f) for f in files)
         self.record(states.Saved(task_id, surface, given), scope)

@@ -13,11 +13,6 @@ What an item is, is told by its own properties, never by a mode of the loop: an 
 task id is waited on, never submitted; one this store submitted (``made_here``) is asked again
 a few times when the gateway says it does not know its task (a task just made may not be
 visible everywhere behind the gateway yet).
-
-Example::
-
-    course = Course(deadline=math.inf, line_timeout=1800.0, redact=client.redact)
-    await Loop(client, store, hooks, course, concurrency=8).run()
 """
 
 from __future__ import annotations

@@ -5,12 +5,6 @@ is unknown sent again with their keys (those first sent longer ago than the gate
 keys are reported instead), then every task waited on (all at once, under the client's budget
 and learned polls) or asked once, and its results saved soonest-expiring first, a dead link
 refreshed; the client records each step in the journal. ``imggw tasks collect`` is this.
-
-Example::
-
-    async with AsyncClient(journal="state/imggw.sqlite") as client:
-        report = await Tracker(client).collect("out/", wait=True)
-        print(report.saved, report.running, report.failed)
 """
 
 from __future__ import annotations
@@ -61,6 +55,7 @@ class CollectReport:
 
     Example::
 
+        report = await Tracker(client).collect("out/", wait=False)
         if report.running:
             print(f"{len(report.running)} still running: run collect again later")
     """
