@@ -90,6 +90,7 @@ WORDS = [
     (r"\bawait ", ""),
     (r"\basync with ", "with "),
     (r"\basync for ", "for "),
+    (r"\basync def ", "def "),
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncBaseTransport\b", "BaseTransport"),
     (r"\bBudgetService\b", "SyncBudgetService"),

@@ -219,7 +219,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
         Example::
 
-            task = await client.get("12345", extra_headers={"X-Request-Id": "r-7"})
+            task = await client.get(sub.task_id, extra_headers={"X-Request-Id": "r-7"})
         """
         with self._operation("imggw.get", surface) as watch:
             flow = self._flows.get(task_id, surface=surface, extra_headers=extra_headers)
@@ -289,9 +289,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
         Example::
 
-            task = await client.generate("a lighthouse at dusk", resolution="2k",
-                                         wait_timeout=900,
-                                         on_submit=lambda sub: save_id(sub.task_id))
+            task = await client.generate("a lighthouse at dusk", aspect_ratio="16:9",
+                                         resolution="2k", wait_timeout=900,
+                                         on_submit=lambda sub: print(sub.task_id))
         """
         deadline = wait_deadline(wait_timeout, timeout)
         with self._operation("imggw.generate", surface) as watch:
@@ -380,7 +380,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         Example::
 
             png = await client.read(task)                 # the first result
-            await upload("bucket/fox.png", png)
+            assert png.startswith(b"\\x89PNG")
         """
         async with self.open(task, index, max_bytes=max_bytes, timeout=timeout) as stream:
             return await _io.run_sync(stream.read)
@@ -401,8 +401,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
         Example::
 
-            async with client.open(task, 1) as image:
-                s3.upload_fileobj(image, "bucket", f"{task.id}-1.png")
+            async with client.open(task, 0) as image:
+                head = image.read(8)                      # a seekable stream, not a file
+                image.seek(0)
         """
         stream = await self._held(task, index, max_bytes=max_bytes, timeout=timeout)
         try:
@@ -554,7 +555,15 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
         Example::
 
-            client.share_budget(service)   # from now on every request waits for a slot
+            class Unpaced:                 # a BudgetService of yours: every request goes now
+                async def reserve(self, kind: str) -> tuple[Hashable, float]:
+                    return kind, 0.0
+                async def wait_time(self, ticket: Hashable) -> float:
+                    return 0.0
+                async def release(self, ticket: Hashable) -> None: ...
+                async def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
+
+            client.share_budget(Unpaced())   # from now on every request waits for a slot
         """
         self._flows.budget = RemoteBudget(_io.checked_service(service))
 

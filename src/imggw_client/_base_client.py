@@ -357,7 +357,10 @@ class BaseClient(Generic[H]):
 
         Example::
 
-            log.warning("line 7 failed: %s", client.redact(str(err)))
+            try:
+                client.get("12345")
+            except NotFoundError as err:
+                log.warning("line 7 failed: %s", client.redact(str(err)))
         """
         return text.replace(self._settings.api_key, REDACTED)
 
@@ -473,7 +476,7 @@ class BaseClient(Generic[H]):
 
             task = client.with_options(timeout=120, poll=PollPolicy(initial_interval=5)).wait(sub)
             alpha = client.with_options(surface="alpha", default_headers={"X-Team": "ml"})
-            other = client.with_options(api_key=os.environ["OTHER_KEY"])   # its own budget
+            other = client.with_options(api_key="sk-another-key")   # its own budget
         """
         settings = updated(
             self._settings,
@@ -529,7 +532,7 @@ class BaseClient(Generic[H]):
 
             with client.generation():
                 sub = client.submit("a lighthouse at dusk")
-                remember(sub.task_id)                     # your own record, before the wait
+                Path("last-task.txt").write_text(sub.task_id)   # yours, before the wait
                 task = client.wait(sub)
                 files = client.download(task, "out/")
         """

@@ -217,7 +217,7 @@ class Client(BaseClient[httpx.Client]):
 
         Example::
 
-            task = client.get("12345", extra_headers={"X-Request-Id": "r-7"})
+            task = client.get(sub.task_id, extra_headers={"X-Request-Id": "r-7"})
         """
         with self._operation("imggw.get", surface) as watch:
             flow = self._flows.get(task_id, surface=surface, extra_headers=extra_headers)
@@ -287,9 +287,9 @@ class Client(BaseClient[httpx.Client]):
 
         Example::
 
-            task = client.generate("a lighthouse at dusk", resolution="2k",
-                                         wait_timeout=900,
-                                         on_submit=lambda sub: save_id(sub.task_id))
+            task = client.generate("a lighthouse at dusk", aspect_ratio="16:9",
+                                         resolution="2k", wait_timeout=900,
+                                         on_submit=lambda sub: print(sub.task_id))
         """
         deadline = wait_deadline(wait_timeout, timeout)
         with self._operation("imggw.generate", surface) as watch:
@@ -378,7 +378,7 @@ class Client(BaseClient[httpx.Client]):
         Example::
 
             png = client.read(task)                 # the first result
-            upload("bucket/fox.png", png)
+            assert png.startswith(b"\\x89PNG")
         """
         with self.open(task, index, max_bytes=max_bytes, timeout=timeout) as stream:
             return _io.run_sync(stream.read)
@@ -399,8 +399,9 @@ class Client(BaseClient[httpx.Client]):
 
         Example::
 
-            with client.open(task, 1) as image:
-                s3.upload_fileobj(image, "bucket", f"{task.id}-1.png")
+            with client.open(task, 0) as image:
+                head = image.read(8)                      # a seekable stream, not a file
+                image.seek(0)
         """
         stream = self._held(task, index, max_bytes=max_bytes, timeout=timeout)
         try:
@@ -550,7 +551,15 @@ class Client(BaseClient[httpx.Client]):
 
         Example::
 
-            client.share_budget(service)   # from now on every request waits for a slot
+            class Unpaced:                 # a SyncBudgetService of yours: every request goes now
+                def reserve(self, kind: str) -> tuple[Hashable, float]:
+                    return kind, 0.0
+                def wait_time(self, ticket: Hashable) -> float:
+                    return 0.0
+                def release(self, ticket: Hashable) -> None: ...
+                def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
+
+            client.share_budget(Unpaced())   # from now on every request waits for a slot
         """
         self._flows.budget = RemoteBudget(_io.checked_service(service))
 

@@ -208,7 +208,7 @@ class Task(BaseModel):
 
     Example::
 
-        task = client.get("12345")
+        task = client.get(sub.task_id)
         if task.is_terminal and task.status is TaskStatus.SUCCEEDED:
             print(task.image_urls)
         seen = {task}                                   # hashable, as frozen
