@@ -149,6 +149,7 @@ class Pacing:
     accepted: int = 0
     accepted_before: int = 0
     taken: int = 0  # accepted since the pace was last lowered
+    burst: int = 0  # accepted in the burst before a first overload
 
     @property
     def interval(self) -> float:
@@ -499,6 +500,8 @@ def answered(
     if limited:
         return _limited(p, sent, now, retry_after, backoff)
     if sent >= p.paused_at:
+        if p.strikes and p.burst and p.ceiling is None and p.mode == RECOVERING:
+            _measured(p, now)
         p.strikes = 0
     if took is not None:
         _widen(p, took, now, used=used)
@@ -512,6 +515,9 @@ def _limited(
     lane, and a pace)."""
     share = p.refused / max(p.answers, MIN_ANSWERS)
     if p.mode == STARTING and share < OVERLOAD_SHARE:
+        if sent >= p.round_at:
+            p.window = max(START_WINDOW, p.window // 2)
+            p.round_at, p.round_window = now, p.window
         return False  # isolated: its request is retried at once, as chance deserves
     if sent >= p.paused_at:  # a new episode, not an echo of requests in flight
         p.strikes += 1
@@ -556,8 +562,19 @@ def _decrease(p: Pacing, now: float, share: float) -> None:
     rate = max(PACE_FLOOR, rate)
     if p.ceiling is not None:
         rate = min(rate, p.ceiling)
+    if p.mode == STARTING:
+        p.burst = int(_accepted_per_second(p, now))
     p.overloaded_at, p.taken = overloaded_at, 0
     p.rate, p.mode, p.decreased_at = rate, RECOVERING, now
+
+
+def _measured(p: Pacing, now: float) -> None:
+    """The first answer taken after a pause: never faster than the gateway took since."""
+    assert p.rate is not None
+    took = max(PACE_FLOOR, (p.burst + p.taken) / (now - p.decreased_at))
+    if took < p.rate:
+        p.rate = p.overloaded_at = took
+    p.taken, p.burst, p.decreased_at = 0, 0, now
 
 
 def _widen(p: Pacing, took: float, now: float, *, used: bool) -> None:
@@ -594,7 +611,7 @@ def grown(p: Pacing, now: float, *, queued: bool) -> bool:
     careful = p.mode == RECOVERING and (p.rate or 0) < p.overloaded_at
     slow = p.ceiling is not None and (careful or p.mode == FIXED)
     if p.ceiling is None and p.mode == RECOVERING:  # near the pace a limit was met at: slowly
-        slow = DECREASE * p.overloaded_at <= (p.rate or 0) < p.overloaded_at
+        slow = DECREASE * p.overloaded_at <= (p.rate or 0) <= p.overloaded_at / DECREASE
     p.grow_at = now + (RECOVERY_PERIOD if slow else 1.0)
     return p.rate != rate
 
