@@ -1,34 +1,12 @@
 """The client-wide request budget (DESIGN 9, 20, 25): how fast submits and queries may go out.
 
-Pure: every call takes ``now`` (monotonic seconds) and nothing sleeps; the flows turn a wait
-into a ``Sleep`` action. One lock makes a budget safe to share by the threads of a ``Client``
-and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
-
-Each kind of request (submits, queries) has its own lane. A request **reserves** a place in
-it, asks when its time comes whether it may go (:meth:`Budget.wait_time`), and reports how it
-ended (:meth:`Budget.finished`). Places go in the order of their priorities: by default the
-moment they were asked; a wait's query may go sooner, never more than one ``max_interval``
-later, so none starves. A lane's schedule is an anchor (a place and its time) and a pace,
-anchored again when the pace changes, a pause begins, or a request goes out more than an
-interval late: a queue of thousands follows a new pace at once, and a late queue goes out one
-by one, in order, instead of waking all together.
-
-- With a **ceiling** (``RateLimit``), requests are spaced evenly at it, and a paced request
-  also passes a **write gate** (:meth:`Budget.writing`) right before its head is written: in
-  any window of *w* seconds at most ``rate * w + 1`` go out, on the wire, not only at the slots.
-- With **no ceiling**, a lane lets a window of requests go in flight (TCP's slow start: from
-  :data:`START_WINDOW`, widened per answer, up to :data:`MAX_WINDOW`): the gateway's answers
-  clock the requests, and a burst is not sent whole before its first 429 can come back.
-- A **429** pauses a paced lane for the whole client (``Retry-After``, never less than the
-  retry policy's growing backoff; with no ceiling nor hint at most :data:`NO_HINT_PAUSE`). On a
-  lane not paced yet, it is isolated (its own retry, nothing else) until 429s make up
-  :data:`OVERLOAD_SHARE` of the lane's recent answers: an overload, not chance. An overload
-  lowers the pace to what got through (not again before the last change had its effect), which
-  then grows back while requests queue for it: up to the ceiling, or past :data:`FREE_RATE`
-  unpaced again.
-
-The policy (:func:`answered`, :func:`grown`) is written once for every holder of a lane; its
-constants were chosen with ``bench/bursts.py`` and ``bench/budget.py`` (BENCHMARKS.md).
+Pure: every call takes ``now`` and nothing sleeps; one lock makes a budget safe for the threads
+of a ``Client`` and the tasks of an ``AsyncClient``. Each kind of request has a lane: a request
+reserves a place (:meth:`Budget.reserve`), asks when it may go (:meth:`Budget.wait_time`) and
+says how it ended (:meth:`Budget.finished`). With a ceiling (``RateLimit``) requests are spaced
+evenly at it. With none, a lane lets a window of requests fly (TCP's slow start) until 429s make
+up a share of its answers; then it pauses, paces at what got through, and grows back. The policy
+(:func:`answered`, :func:`grown`) is written once for every holder of a lane.
 """
 
 from __future__ import annotations
@@ -51,49 +29,33 @@ QUERY = "query"
 
 START_WINDOW = 4  # requests in flight a lane with no ceiling lets go before any answer
 MIN_ROUND = 0.05  # seconds: the window at most doubles in this time (and in a round trip)
-# The widest window: more in flight would wait in the HTTP client's pool instead (httpx keeps
-# 100 connections), where 256 at once cost about 3x the CPU of the same run held back here.
-MAX_WINDOW = 64
+MAX_WINDOW = 64  # more would wait in httpx's pool of 100 connections, at 3x the CPU
 RTT_GUESS = 0.02  # seconds an answer is taken to need before one came back
 MIN_WAIT = 0.001  # the shortest wait for a place in the window (never spin)
-# The write gate lets a paced request's head go this much before its turn, so that a driver
-# woken a few milliseconds late by a busy event loop does not push every later turn back (the
-# gate would then fall behind its pace for good, and requests pile up in it): 5 ms, half of
-# what GUARD leaves in a 1 s window, the other half being for the way to the gateway.
+# A paced head may be written this much before its turn: a driver woken late by a busy loop
+# then does not push every later turn back (half of what GUARD leaves in a 1 s window).
 WRITE_SLACK = 0.005
 START_RATE = 10.0  # an overload never starts the pace below half this many requests/s
 FREE_RATE = 1024.0  # past this, a lane with no ceiling that recovered is unpaced again
 PACE_FLOOR = 1 / 60  # the pace never falls below one request a minute
 FIRST_DECREASE = 0.5  # the first overload halves what the gateway accepted lately
-DECREASE = 0.8  # later ones, and one at a ceiling, lower it to the share that got through
-# (at most to this, at least by half), and no more than once a recovery period
-RECOVERY_STEP = 0.1  # with a ceiling, the pace grows by a tenth every 5 s in which requests
-RECOVERY_PERIOD = 5.0  # queued for it and it was not lowered, up to where the overload came,
-# and then doubles each such second, up to the ceiling.
-# With no ceiling there is no limit known to creep back to: the pace grows by a tenth each
-# second requests queued for it (0.25 cost more 429s at real limits, measured, for no gain).
-REGAIN_STEP = 0.1
-# A gateway over its limit answers every request past it with 429; one that throws a few at
-# random does not, and slowing down would not help. So a lane reads overload from the share of
-# 429s among its last RECENT answers (counted out of at least MIN_ANSWERS, so the first few
-# answers of a run never make a share): OVERLOAD_SHARE on a lane not paced yet. At 3% random
-# 429s, 13 of 50 answers refused happens 2 times in 10^9; at a real limit, every request past
-# it is refused, so the share is made within 7 429s after 30 accepted (6 after 2). A lane that
-# is paced (a ceiling, or a limit met) lowers its pace at DECREASE_SHARE: one 429 in 20 is
-# chance, three in 50 is a pace a little above the limit.
+DECREASE = 0.8  # later ones lower it to the share that got through (at most to this)
+# The pace grows by this share every RECOVERY_PERIOD near the pace a limit was met at, else
+# each second (with a ceiling: doubles each second past where the overload came).
+RECOVERY_STEP = 0.1
+RECOVERY_PERIOD = 5.0
+# Overload is read from the share of 429s among about the last RECENT answers (out of at least
+# MIN_ANSWERS): OVERLOAD_SHARE on a lane not paced yet (13 of 50 at 3% random 429s: 2 in 10^9),
+# DECREASE_SHARE on a paced one (a pace a little above the limit).
 RECENT = 50
 DECREASE_SHARE = 0.06
 OVERLOAD_SHARE = 0.25
 MIN_ANSWERS = 20
-# The retry policy's own first and longest backoff, when a caller gives none.
 DEFAULT_BACKOFF = (RetryPolicy.initial_backoff, RetryPolicy.max_backoff)
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
-# With no ceiling and no Retry-After, the longest pause: a retry every 4 s at worst. The
-# retry policy's 8 s overshot a 10 s limit's window by up to 5 s (measured: 0.1x the floor).
-NO_HINT_PAUSE = 4.0
-# Every paced interval is this much longer than the pace says: a gateway that counts N requests
-# in any S-second window sees our N+1st 1% of S past it (10 ms of a 1 s window, 100 ms of a
-# 10 s one), so jitter on the way cannot push one request into the window of another.
+NO_HINT_PAUSE = 4.0  # with no ceiling nor Retry-After: a retry every 4 s at worst
+# Every paced interval is 1% longer than the pace says, so jitter on the way cannot push one
+# request into the window of another.
 GUARD = 0.01
 
 # Lane modes.
@@ -605,7 +567,7 @@ def grown(p: Pacing, now: float, *, queued: bool) -> bool:
             if p.rate >= p.ceiling:
                 p.rate, p.mode = p.ceiling, FIXED
         else:
-            p.rate *= 1.0 + REGAIN_STEP
+            p.rate *= 1.0 + RECOVERY_STEP
             if p.rate > FREE_RATE:  # unpaced again, within the window it had
                 p.rate, p.mode = None, STARTING
     careful = p.mode == RECOVERING and (p.rate or 0) < p.overloaded_at

@@ -1,23 +1,14 @@
 """The request budget shared through a store by many processes (DESIGN 16, 25): the store's
-scripts, its lanes' names, and the steps of each operation. Pure: the drivers
-(``_rate_store``) run the steps' scripts and read the clock.
+scripts, its lanes' names, and the steps of each operation. Pure: the driver (``_rate_store``)
+runs the steps' scripts.
 
-The store keeps, for each (API key, gateway) and kind of request, only what the processes must
-share: a hash holding the lane's :class:`~imggw_client._core.budget.Pacing` (its pace, pause,
-window and answer counts), its schedule (the next place's time, an *epoch* that a new pace or
-pause starts: places handed out before it are taken again, in the order their holders come
-back) and, beside it, a sorted set of the requests in flight, each on a short lease
-(:data:`LEASE`) that its process renews while the request lasts, so the slots of a process
-that dies are free again within seconds. Its small scripts hold no policy: one hands out
-places (spaced by the pace, within the window, after the pause), one counts an answer, one
-writes what the policy decided if no other process wrote since. The policy is the in-process
-budget's, run here in Python on the fields the store returns (``budget.answered``,
-``budget.grown``): written once. Every script reads the store's own clock, so machines whose
-clocks disagree still agree on a lane.
-
-The key never reaches the store: a lane is named by a hash of the key's slow fingerprint
-(PBKDF2, as batch run ids are) and the gateway base URL, so reading the store allows no fast
-guessing.
+The store keeps, per (API key, gateway) and kind, only what processes must share: a hash of the
+lane's :class:`~imggw_client._core.budget.Pacing`, its schedule (the next place's time, and an
+*epoch* a new pace or pause starts: places handed out before it are taken again) and a sorted
+set of the requests in flight, each on a short :data:`LEASE` its process renews, so the slots of
+a process that dies free within seconds. Its scripts hold no policy and read the store's clock;
+the policy is the in-process budget's (``budget.answered``, ``budget.grown``), run here on the
+fields the store returns. A lane is named by a hash of the key's slow fingerprint, never the key.
 """
 
 from __future__ import annotations
@@ -25,29 +16,27 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import threading
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import budget as rules
-from .budget import Budget, Ended, Pacing, Ticket
+from .budget import Ended, Pacing, Ticket
 from .config import RateLimit
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["SCRIPTS", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key"]
+__all__ = ["SCRIPTS", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key"]
 
 PREFIX = "imggw:budget:"
 LANE_TTL = 86_400  # seconds a lane no process touched is kept: a day
-REJOIN_AFTER = 5.0  # seconds between tries of a store that failed; requests go on meanwhile
 STORE_TIMEOUT = 1.0  # the longest one call to the store may take (less if the request's is)
 EPOCH_NONE = -1  # a ticket that holds no place in the store yet
-# Seconds a request in flight is counted without word from its process: renewed every third
-# of it while the request lasts, so a process that dies frees its slots within 5 s, and one
-# that stalls for less than 3 s (a pause of its garbage collector) keeps them.
+# Seconds a request in flight counts without word from its process (renewed every third of it):
+# a process that dies frees its slots within 5 s; one stalled under 3 s by its GC keeps them.
 LEASE = 5.0
+Steps = Generator[tuple[str, list[str]], object, Any]
 
 
 def flying_key(lane: str) -> str:
@@ -57,9 +46,7 @@ def flying_key(lane: str) -> str:
 
 def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
     """The store's name of one lane, from the API key's slow fingerprint (PBKDF2, as run ids
-    use: ``BaseClient.key_fingerprint``) and the gateway, never from the key: whoever reads
-    the store pays 100,000 rounds per guessed key, not one fast hash.
-    """
+    use) and the gateway: whoever reads the store pays 100,000 rounds per guessed key."""
     digest = hashlib.sha256(f"imggw-budget v3\n{base_url}\n{key_fingerprint}".encode())
     return f"{PREFIX}{digest.hexdigest()[:32]}:{kind}"
 
@@ -67,7 +54,7 @@ def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
 @dataclass(eq=False, slots=True)
 class StoreTicket:
     """One request's place: in the store (``epoch``, ``slot`` on the store's clock) or, while
-    the store is away, in the in-process budget (``local``). Hashable by identity."""
+    it is away, in the in-process budget (``local``). Hashable by identity."""
 
     kind: str
     epoch: int = EPOCH_NONE
@@ -75,17 +62,16 @@ class StoreTicket:
     sent: float | None = None  # on the store's clock: when the store let it go
     local: Ticket | None = None
     not_before: float = 0.0  # on this process's clock: an isolated 429's hint, waited first
-    # Its name among the lane's requests in flight, drawn by the driver at random, never
-    # derived from the request.
-    token: str = ""
+    token: str = ""  # its name among the lane's requests in flight, drawn at random
 
 
 class StoreAnswerError(Exception):
     """The store answered something that is not what the script returns."""
 
 
-# The Pacing fields the store keeps, in the order the scripts return them.
+# The Pacing fields the store keeps, in the order the scripts return them; those that count.
 FIELDS = tuple(f.name for f in dataclasses.fields(Pacing) if f.name != "ceiling")
+INTS = {f.name for f in dataclasses.fields(Pacing) if f.type == "int"}
 
 # Numbers are stored and returned as text: Lua's numbers are doubles, but Redis turns a number
 # a script returns into an integer. KEYS[1] is the lane, KEYS[2] its requests in flight
@@ -226,9 +212,8 @@ SCRIPTS = {
     ]
 }
 
-# ------------------------------------------------------------------------ the steps
-# Each operation is a generator of script calls, (name, arguments), that receives each
-# call's answer: the drivers run it, blocking or awaited. A bad answer raises StoreAnswerError.
+# Each operation is a generator of script calls, (name, arguments), sent each call's answer: the
+# driver runs it. A bad answer raises StoreAnswerError.
 
 
 def take_steps(
@@ -319,18 +304,7 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
             pacing.mode = text
             continue
         value = _number(text)
-        if name in (
-            "window",
-            "round_window",
-            "strikes",
-            "second",
-            "accepted",
-            "accepted_before",
-            "taken",
-        ):
-            setattr(pacing, name, int(value))
-        else:
-            setattr(pacing, name, value)
+        setattr(pacing, name, int(value) if name in INTS else value)
     if texts[FIELDS.index("rate")] == "":
         pacing.rate = None
     if pacing.rate is not None and pacing.rate <= 0:
@@ -364,9 +338,9 @@ def _set_args(
     return args
 
 
-def read_ok(answer: object) -> None:
-    """Reads the answer of a script that answers ``{1}``."""
-    _numbers(answer, 1)
+def one(name: str, args: list[str]) -> Steps:
+    """The steps of a single call of a script that answers ``{1}``."""
+    _numbers((yield name, args), 1)
 
 
 def _number(text: str) -> float:
@@ -401,56 +375,3 @@ def interval(limit: RateLimit, kind: str) -> float:
     """The spacing of ``kind`` at its ceiling, with the budget's guard (0 without one)."""
     rate = rate_of(limit, kind)
     return 0.0 if rate is None else (1.0 + rules.GUARD) / rate
-
-
-class Fallback:
-    """What a client does while its store is away: it paces itself with an in-process
-    :class:`Budget` at the same rates, tries the store again every :data:`REJOIN_AFTER`
-    seconds, and says so once each way (the drivers log the lines this returns).
-    """
-
-    def __init__(self, limit: RateLimit, label: str) -> None:
-        self.budget = Budget(limit)
-        self.label = label
-        self._lock = threading.Lock()
-        self._down_since: float | None = None
-        self._retry_at = 0.0
-
-    def use_store(self, now: float) -> bool:
-        """Whether to ask the store now: it answered last time, or its retry is due."""
-        with self._lock:
-            if self._down_since is None:
-                return True
-            if now >= self._retry_at:
-                self._retry_at = now + REJOIN_AFTER  # one caller tries; the others go on
-                return True
-            return False
-
-    def failed(self, now: float, reason: str) -> str | None:
-        """The store failed a call: the warning to log, the first time only."""
-        with self._lock:
-            self._retry_at = now + REJOIN_AFTER
-            if self._down_since is not None:
-                return None
-            self._down_since = now
-        return (
-            f"rate store {self.label} not usable ({reason}): this process paces its requests "
-            f"alone at the configured rates, and tries the store again every "
-            f"{REJOIN_AFTER:g} s"
-        )
-
-    def answered(self, now: float) -> str | None:
-        """The store answered: the note to log if it had been away."""
-        with self._lock:
-            if self._down_since is None:
-                return None
-            away, self._down_since = now - self._down_since, None
-        return f"rate store {self.label} answers again after {away:.0f} s: budget shared again"
-
-
-def reason(exc: BaseException) -> str:
-    """A failure of the store in a few words: its class, never its text (which may quote the
-    URL and its password)."""
-    if isinstance(exc, StoreAnswerError):
-        return str(exc)
-    return type(exc).__name__
