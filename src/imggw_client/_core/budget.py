@@ -282,6 +282,9 @@ class Budget:
                     # Woken late by a busy loop: the places after it go one by one, not together.
                     lane.anchor(place, lane.earliest(now))
                 due = max(lane.due(place), lane.earliest(now))
+                if lane.strikes and lane.ceiling is None and lane.last_sent >= lane.paused_at:
+                    # After a pause, one goes until its answer (or four round trips) comes.
+                    due = max(due, lane.last_sent + 4 * lane.rtt)
             if due > now:
                 if ticket.paced and due > lane.paused_until:
                     lane.queued = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -187,30 +188,14 @@ return {'1'}
 
 def _filled(body: str) -> str:
     """A script with the budget's constants written in: one source for every budget."""
-    script = _HEAD + body
-    numbers = {
-        "GUARD": rules.GUARD,
-        "START_WINDOW": rules.START_WINDOW,
-        "RECENT": rules.RECENT,
-        "RTT_GUESS": rules.RTT_GUESS,
-        "MIN_WAIT": rules.MIN_WAIT,
-    }
-    for name, value in numbers.items():
-        script = script.replace("{" + name + "}", repr(float(value)))
-    script = script.replace("{FIELDS}", ", ".join(f"'{name}'" for name in FIELDS))
-    return script.replace("{LANE_TTL}", str(LANE_TTL))
+    values = {name: repr(float(getattr(rules, name))) for name in _CONSTANTS}
+    values |= {"LANE_TTL": str(LANE_TTL), "FIELDS": ", ".join(f"'{name}'" for name in FIELDS)}
+    return re.sub(r"\{([A-Z_]+)\}", lambda name: values[name[1]], _HEAD + body)
 
 
-SCRIPTS = {
-    name: _filled(body)
-    for name, body in [
-        ("take", _TAKE),
-        ("release", _RELEASE),
-        ("answer", _ANSWER),
-        ("set", _SET),
-        ("renew", _RENEW),
-    ]
-}
+_CONSTANTS = ("GUARD", "START_WINDOW", "RECENT", "RTT_GUESS", "MIN_WAIT")
+_BODIES = {"take": _TAKE, "release": _RELEASE, "answer": _ANSWER, "set": _SET, "renew": _RENEW}
+SCRIPTS = {name: _filled(body) for name, body in _BODIES.items()}
 
 # Each operation is a generator of script calls, (name, arguments), sent each call's answer: the
 # driver runs it. A bad answer raises StoreAnswerError.
@@ -316,11 +301,8 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
 
 def _written(pacing: Pacing) -> dict[str, str]:
     """The fields the store keeps, as text."""
-    out = {}
-    for name in FIELDS:
-        value = getattr(pacing, name)
-        out[name] = "" if value is None else value if isinstance(value, str) else repr(value)
-    return out
+    values = {name: getattr(pacing, name) for name in FIELDS}
+    return {k: "" if v is None else v if isinstance(v, str) else repr(v) for k, v in values.items()}
 
 
 def _set_args(
@@ -343,27 +325,21 @@ def one(name: str, args: list[str]) -> Steps:
     _numbers((yield name, args), 1)
 
 
-def _number(text: str) -> float:
+def _number(item: object, *, finite: bool = False) -> float:
+    text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except ValueError:
         raise StoreAnswerError("the store's answer is not numbers") from None
-    if math.isnan(value):
-        raise StoreAnswerError("the store's answer is not a number")
+    if math.isnan(value) or (finite and not math.isfinite(value)):
+        raise StoreAnswerError("the store's answer is not a finite number")
     return value
 
 
 def _numbers(answer: object, count: int) -> list[float]:
     if not isinstance(answer, list) or len(answer) != count:
         raise StoreAnswerError("the store's answer is not the script's")
-    values = []
-    for item in answer:
-        text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
-        value = _number(text)
-        if not math.isfinite(value):
-            raise StoreAnswerError("the store's answer is not finite")
-        values.append(value)
-    return values
+    return [_number(item, finite=True) for item in answer]
 
 
 def rate_of(limit: RateLimit, kind: str) -> float | None:
