@@ -1,11 +1,8 @@
 """Request budgets shared through a Redis store (DESIGN 16): the drivers that run the core's
-scripts (``_core.shared_budget``) for an ``AsyncClient`` (:class:`AsyncStoreBudget`, a
-``BudgetService``) and a ``Client`` (:class:`StoreBudget`, a ``SyncBudgetService``).
-
-Imported only when a ``RateLimit`` names a store; redis-py is the ``imggw[redis]`` extra. The
-store is an aid, never a gate: any failure of it (unreachable, slow, killed, answering garbage)
-sends the request on under an in-process budget at the same rates, warned once each way, and
-every call to it is bounded by ``STORE_TIMEOUT`` or the request's own timeout.
+scripts (``_core.shared_budget``) for an ``AsyncClient`` and a ``Client``; redis-py is the
+``imggw[redis]`` extra. The store is an aid, never a gate: any failure of it sends the request
+on under an in-process budget at the same rates, warned once each way, and every call to it is
+bounded by ``STORE_TIMEOUT`` or the request's own timeout.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ def require_redis() -> None:
 
 
 class _Driver:
-    """What both drivers share: the lanes' names, the in-process budget while the store is away,
-    the leases to renew, and the operations, written once."""
+    """What both drivers share, and the operations, written once."""
 
     def __init__(self, settings: Settings) -> None:
         require_redis()
@@ -70,8 +66,7 @@ class _Driver:
         self._lock = threading.Lock()
 
     def options(self, retry: type[Any]) -> dict[str, Any]:
-        """redis-py's settings, with its client's own retry class: one try per call, so a store
-        that does not answer at once is not waited for."""
+        """redis-py's settings, with its client's retry class: one try per call."""
         from redis.backoff import NoBackoff
 
         return {
@@ -85,7 +80,7 @@ class _Driver:
         """Starts renewing the leases held, unless it runs already."""
 
     def waited(self, ticket: Hashable) -> Steps:
-        """The seconds ``ticket`` still waits: from the store, or the in-process budget."""
+        """The seconds ``ticket`` still waits."""
         assert isinstance(ticket, StoreTicket)
         kind, now = ticket.kind, time.monotonic()
         with self._lock:
@@ -119,7 +114,8 @@ class _Driver:
         if ticket.local is not None:
             self.local.release(ticket.local)
         elif ticket.epoch != EPOCH_NONE:
-            yield from self._quiet(shared.one("release", shared.release_args(ticket)))
+            args = [str(ticket.epoch), repr(ticket.slot), ticket.token]
+            yield from self._quiet(shared.one("release", args))
 
     def ended(self, ticket: Hashable, ended: Ended) -> Steps:
         """Tells how the request of ``ticket`` ended."""
@@ -140,9 +136,8 @@ class _Driver:
         return [(k, self._quiet(shared.one("renew", args))) for k, args in held if len(args) > 1]
 
     def _quiet(self, steps: Steps) -> Steps:
-        """A release, a finish or a renewal, whose failure is only noted. A lost one costs
-        little: a place not given back delays the next request by one interval, once; an
-        answer the other processes do not hear of is one they meet."""
+        """A release, a finish or a renewal, whose failure is only noted: a lost one costs an
+        interval once, or an answer the other processes meet themselves."""
         try:
             return (yield from steps)
         except Exception as exc:
@@ -190,9 +185,8 @@ class _Driver:
 
 
 class AsyncStoreBudget(_Driver):
-    """The shared budget as an ``AsyncClient`` asks it. redis-py's asyncio client belongs to one
-    event loop, so one is made per loop the client runs under, with a task renewing the leases
-    of its requests in flight while there are any."""
+    """The shared budget as an ``AsyncClient`` asks it: a redis-py client per event loop (it
+    belongs to one), and a task renewing the leases while any are held."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -259,8 +253,8 @@ class AsyncStoreBudget(_Driver):
                 await self._do(kind, steps)
 
     async def close(self) -> None:
-        """Closes the store's connections of the running event loop (the others' loops are
-        gone or elsewhere: their connections close with them)."""
+        """Closes the store's connections of the running event loop (the others' close with
+        their loops)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -274,8 +268,8 @@ class AsyncStoreBudget(_Driver):
 
 
 class StoreBudget(_Driver):
-    """The shared budget as a ``Client`` asks it; threads share its connection pool, and a
-    daemon thread renews the leases of their requests in flight while there are any."""
+    """The shared budget as a ``Client`` asks it: one connection pool, and a daemon thread
+    renewing the leases while any are held."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)

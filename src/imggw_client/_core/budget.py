@@ -349,24 +349,22 @@ class Budget:
         """The request of ``ticket`` ended: answered, failed, or met a 429 (:class:`Ended`)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            sent = ticket.sent_at if ticket.sent_at is not None else now
             # The window was used (TCP's window validation): it may widen.
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
             self._uncount(lane, ticket)
-            took = None if ticket.sent_at is None else max(0.0, now - ticket.sent_at)
             old_interval = lane.interval
             count(lane, now, limited=limited)
             if answered(
                 lane,
                 now,
-                sent=sent,
+                sent=ticket.sent_at,
                 limited=limited,
                 retry_after=retry_after,
                 backoff=backoff,
-                took=took,
                 used=used,
             ):
                 lane.reschedule(now, old_interval)  # the places waiting follow, in order
+            sent = ticket.sent_at if ticket.sent_at is not None else now
             if not limited:
                 lane.taken_after = max(lane.taken_after, sent)
             elif lane.mode == STARTING and retry_after is not None and retry_after > 0:
@@ -426,15 +424,16 @@ def answered(
     p: Pacing,
     now: float,
     *,
-    sent: float,
+    sent: float | None,
     limited: bool,
     retry_after: float | None = None,
     backoff: tuple[float, float] = DEFAULT_BACKOFF,
-    took: float | None = None,
     used: bool = False,
 ) -> bool:
-    """An answer (counted already) to a request sent at ``sent``, which ``took`` seconds;
-    ``used``: the start window may widen. True when the pace or pause changed."""
+    """An answer (counted already) to a request sent at ``sent`` (None: never sent); ``used``:
+    the start window may widen. True when the pace or pause changed."""
+    took = None if sent is None else max(0.0, now - sent)
+    sent = now if sent is None else sent
     if limited:
         return _limited(p, sent, now, retry_after, backoff)
     if sent >= p.paused_at:

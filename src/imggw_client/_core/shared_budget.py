@@ -197,13 +197,11 @@ _CONSTANTS = ("GUARD", "START_WINDOW", "RECENT", "RTT_GUESS", "MIN_WAIT")
 _BODIES = {"take": _TAKE, "release": _RELEASE, "answer": _ANSWER, "set": _SET, "renew": _RENEW}
 SCRIPTS = {name: _filled(body) for name, body in _BODIES.items()}
 
-# Each operation is a generator of script calls, (name, arguments), sent each call's answer: the
-# driver runs it. A bad answer raises StoreAnswerError.
+# Each operation is a generator of script calls (name, arguments), sent each call's answer, run
+# by the driver; a bad answer raises StoreAnswerError.
 
 
-def take_steps(
-    limit: RateLimit, ticket: StoreTicket
-) -> Generator[tuple[str, list[str]], object, float]:
+def take_steps(limit: RateLimit, ticket: StoreTicket) -> Steps:
     """A place for ``ticket`` (a new one, or the one it holds): the seconds still to wait."""
     first = rules.lane_of(rate_of(limit, ticket.kind))
     rate = "" if first.rate is None else repr(first.rate)
@@ -228,14 +226,7 @@ def take_steps(
     return wait
 
 
-def release_args(ticket: StoreTicket) -> list[str]:
-    """The release script's arguments: the ticket's place given back."""
-    return [str(ticket.epoch), repr(ticket.slot), ticket.token]
-
-
-def finished_steps(
-    limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
-) -> Generator[tuple[str, list[str]], object, float | None]:
+def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]) -> Steps:
     """The request of ``ticket`` ended: the answer counted, then the policy's decision written
     (read again and decided anew if another process wrote between, for a 429). Returns an
     isolated 429's ``Retry-After``, which this process's next request of the kind waits."""
@@ -246,19 +237,16 @@ def finished_steps(
         pacing, version, now, flying, _ = read_lane(limit, ticket.kind, answer)
         step = [""]  # counted once; a second read only reads
         old = _written(pacing)
-        sent = ticket.sent if ticket.sent is not None else now
-        took = None if ticket.sent is None else max(0.0, now - ticket.sent)
         retry_after = ended["retry_after"]
         if retry_after is not None and not math.isfinite(retry_after):
             retry_after = None
         anew = rules.answered(
             pacing,
             now,
-            sent=sent,
+            sent=ticket.sent,
             limited=limited,
             retry_after=retry_after,
             backoff=ended["backoff"],
-            took=took,
             used=2 * flying >= pacing.window,
         )
         owed = retry_after if limited and pacing.mode == rules.STARTING else None
