@@ -145,15 +145,13 @@ local used = flying
 if ARGV[1] ~= '' then redis.call('ZREM', fkey, ARGV[1]) end
 if ARGV[2] ~= '' then
   local keep, limited = 1.0 - 1.0 / {RECENT}, ARGV[2] == '1'
-  local refused = num('refused', 0) * keep
-  if limited then refused = refused + 1 end
+  local refused = num('refused', 0) * keep + (limited and 1 or 0)
   redis.call('HSET', key, 'answers', fmt(num('answers', 0) * keep + 1), 'refused', fmt(refused))
   if not limited then
     local s, sec, acc = math.floor(now), num('second', 0), num('accepted', 0)
     if s ~= sec then
-      if s == sec + 1 then redis.call('HSET', key, 'accepted_before', tostring(acc))
-      else redis.call('HSET', key, 'accepted_before', '0') end
-      redis.call('HSET', key, 'second', tostring(s))
+      local before = (s == sec + 1) and acc or 0
+      redis.call('HSET', key, 'accepted_before', tostring(before), 'second', tostring(s))
       acc = 0
     end
     redis.call('HSET', key, 'accepted', tostring(acc + 1))
