@@ -457,7 +457,7 @@ def _limited(
     share = p.refused / max(p.answers, MIN_ANSWERS)
     if p.mode == STARTING and share < OVERLOAD_SHARE:
         if sent >= p.round_at:  # the window halves, once a round: no more sent into a limit
-            p.window = max(START_WINDOW, p.window // 2)
+            p.window = max(min(START_WINDOW, p.window), p.window // 2)
             p.round_at, p.round_window = now, p.window
         return False  # isolated: its request is retried at once, as chance deserves
     if sent >= p.paused_at:  # a new episode, not an echo of requests in flight

@@ -50,8 +50,21 @@ class BudgetService(Protocol):
 
 
 class SyncBudgetService(Protocol):
-    """:class:`BudgetService` for a blocking ``Client`` (``client.share_budget``): the same four
-    operations, each a plain call that blocks until the holder answers."""
+    """:class:`BudgetService` for a blocking ``Client``: the same four operations, each a plain
+    call that blocks until the holder answers (threads of one client may call at once).
+
+    Example::
+
+        class Unpaced:                             # the shape of one: every request goes now
+            def reserve(self, kind: str) -> tuple[Hashable, float]:
+                return kind, 0.0                   # a ticket (never None), no wait
+            def wait_time(self, ticket: Hashable) -> float:
+                return 0.0
+            def release(self, ticket: Hashable) -> None: ...
+            def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
+
+        client.share_budget(Unpaced())
+    """
 
     def reserve(self, kind: str) -> tuple[Hashable, float]: ...
     def wait_time(self, ticket: Hashable) -> float: ...
