@@ -44,6 +44,11 @@ def require_redis() -> None:
         )
 
 
+def _ticket(ticket: Hashable) -> StoreTicket:
+    assert isinstance(ticket, StoreTicket)  # a driver's own ticket, handed back by the flows
+    return ticket
+
+
 class _Driver:
     """What both drivers share, and the operations, written once."""
 
@@ -79,9 +84,8 @@ class _Driver:
     def _renew_soon(self) -> None:
         """Starts renewing the leases held, unless it runs already."""
 
-    def waited(self, ticket: Hashable) -> Steps:
+    def waited(self, ticket: StoreTicket) -> Steps:
         """The seconds ``ticket`` still waits."""
-        assert isinstance(ticket, StoreTicket)
         kind, now = ticket.kind, time.monotonic()
         with self._lock:
             if ticket.epoch == EPOCH_NONE and ticket.not_before == 0.0 and self._owed[kind]:
@@ -107,9 +111,8 @@ class _Driver:
             ticket.local = self.local.reserve(kind, now)
         return max(self.local.wait_time(ticket.local, now), self._quiet_until[kind] - now)
 
-    def released(self, ticket: Hashable) -> Steps:
+    def released(self, ticket: StoreTicket) -> Steps:
         """Gives back the place of ``ticket``."""
-        assert isinstance(ticket, StoreTicket)
         self._unhold(ticket)
         if ticket.local is not None:
             self.local.release(ticket.local)
@@ -117,9 +120,8 @@ class _Driver:
             args = [str(ticket.epoch), repr(ticket.slot), ticket.token]
             yield from self._quiet(shared.one("release", args))
 
-    def ended(self, ticket: Hashable, ended: Ended) -> Steps:
+    def ended(self, ticket: StoreTicket, ended: Ended) -> Steps:
         """Tells how the request of ``ticket`` ended."""
-        assert isinstance(ticket, StoreTicket)
         self._unhold(ticket)
         if ticket.local is not None:
             self.local.finished(ticket.local, time.monotonic(), **ended)
@@ -229,13 +231,16 @@ class AsyncStoreBudget(_Driver):
         return ticket, await self.wait_time(ticket)
 
     async def wait_time(self, ticket: Hashable) -> float:
-        return float(await self._do(ticket.kind, self.waited(ticket)))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        return float(await self._do(t.kind, self.waited(t)))
 
     async def release(self, ticket: Hashable) -> None:
-        await self._do(ticket.kind, self.released(ticket))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        await self._do(t.kind, self.released(t))
 
     async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
-        await self._do(ticket.kind, self.ended(ticket, ended))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        await self._do(t.kind, self.ended(t, ended))
 
     def _renew_soon(self) -> None:
         loop = asyncio.get_running_loop()
@@ -299,13 +304,16 @@ class StoreBudget(_Driver):
         return ticket, self.wait_time(ticket)
 
     def wait_time(self, ticket: Hashable) -> float:
-        return float(self._do(ticket.kind, self.waited(ticket)))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        return float(self._do(t.kind, self.waited(t)))
 
     def release(self, ticket: Hashable) -> None:
-        self._do(ticket.kind, self.released(ticket))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        self._do(t.kind, self.released(t))
 
     def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
-        self._do(ticket.kind, self.ended(ticket, ended))  # type: ignore[attr-defined]
+        t = _ticket(ticket)
+        self._do(t.kind, self.ended(t, ended))
 
     def _renew_soon(self) -> None:
         with self._lock:

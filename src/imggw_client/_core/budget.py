@@ -441,7 +441,8 @@ def answered(
             # The first taken after an overload's pause: the pace never above what the gateway
             # took since the burst (a limit of N in S seconds takes N/S, whatever its burst).
             took_rate = max(PACE_FLOOR, (p.burst + p.taken) / (now - p.decreased_at))
-            if took_rate < p.rate:  # type: ignore[operator]
+            assert p.rate is not None  # recovering: paced
+            if took_rate < p.rate:
                 p.rate = p.overloaded_at = took_rate
             p.taken, p.burst, p.decreased_at = 0, 0, now
         p.strikes = 0
