@@ -12,7 +12,7 @@ from imggw_client import Client, RateLimit
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core import shared_budget
 from imggw_client._core.config import resolve_settings
-from imggw_client._rate_store import _Shared
+from imggw_client._rate_store import AsyncStoreBudget
 
 pytest.importorskip("redis")
 
@@ -34,7 +34,7 @@ def settings() -> object:
 
 
 def test_a_lane_is_named_from_the_slow_fingerprint_not_a_fast_hash_of_the_key() -> None:
-    lanes = _Shared(settings()).keys  # type: ignore[arg-type]
+    lanes = AsyncStoreBudget(settings()).keys  # type: ignore[arg-type]
     slow = key_fingerprint(KEY)
     for kind, (name, flying) in lanes.items():
         assert name == shared_budget.lane_key(slow, BASE, kind)

@@ -24,7 +24,7 @@ import respx
 from typer.testing import CliRunner
 
 from imggw_cli._app import app
-from imggw_client import AsyncClient, Client, ConfigurationError, RateLimit
+from imggw_client import AsyncClient, Client, ConfigurationError, RateLimit, _rate_store
 from imggw_client._core import shared_budget
 from imggw_client.batch import run_batch
 from imggw_client.mock import MockGateway
@@ -44,7 +44,7 @@ def redis(redis_store: RedisServer) -> RedisServer:
 @pytest.fixture
 def rejoin_soon(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that failed is tried again after 0.2 s instead of 5 s."""
-    monkeypatch.setattr(shared_budget, "REJOIN_AFTER", 0.2)
+    monkeypatch.setattr(_rate_store, "REJOIN_AFTER", 0.2)
 
 
 def store_values(server: RedisServer) -> list[bytes]:
@@ -362,7 +362,7 @@ def test_a_store_that_fails_never_fails_a_request_and_warns_once(
 ) -> None:
     # Not tried again during the test, however slowly it runs: each try of the store is one
     # connection to it, so counting them counts what the store cost.
-    monkeypatch.setattr(shared_budget, "REJOIN_AFTER", 3600.0)
+    monkeypatch.setattr(_rate_store, "REJOIN_AFTER", 3600.0)
     gw = MockGateway(api_keys=[KEY], **QUICK)
     connections: list[socket.socket] = []
 

@@ -106,3 +106,85 @@ def test_isolated_429s_stay_isolated_and_a_share_makes_an_overload() -> None:
     waiting = budget.reserve(SUBMIT, 0.52)
     assert waiting.slot >= 0.51 + B.DEFAULT_BACKOFF[0]  # now the whole lane pauses
     assert budget.wait_time(waiting, 0.52) > 0
+
+
+def test_an_isolated_429_halves_the_start_window_once_a_round() -> None:
+    # What the window lets go after a limit's first 429 meets the same full gateway: it halves,
+    # once for the requests in flight together (those sent before it), again for a later one.
+    p = B.lane_of(None)
+    p.window, p.round_at = 32, 0.0
+    for sent, now, window in [(0.5, 1.0, 16), (0.6, 1.01, 16), (1.02, 1.05, 8), (1.06, 1.1, 4)]:
+        B.count(p, now, limited=True)
+        assert not B.answered(p, now, sent=sent, limited=True)  # isolated: no pause, no pace
+        assert (p.window, p.mode) == (window, B.STARTING)
+    B.count(p, 1.2, limited=True)
+    B.answered(p, 1.2, sent=1.15, limited=True)
+    assert p.window == B.START_WINDOW  # never below the start
+
+
+def overloaded(accepted: int, hint: float | None) -> Budget:
+    """A budget whose submit lane took ``accepted`` at once at 0.0, then met a limit until
+    the share of 429s made an overload at 0.1."""
+    budget = Budget(RateLimit())
+    for _ in range(accepted):
+        t = budget.reserve(SUBMIT, 0.0)
+        assert budget.wait_time(t, 0.0) == 0.0
+        budget.finished(t, 0.05)
+    while budget.pace(SUBMIT) is None:
+        t = budget.reserve(SUBMIT, 0.06)
+        budget.wait_time(t, 0.06)
+        budget.finished(t, 0.1, limited=True, retry_after=hint)
+    return budget
+
+
+def test_the_first_request_taken_after_an_overloads_pause_sets_the_pace_to_what_got_through() -> (
+    None
+):
+    # 20 taken at once, then refused for 10 s (20 per 10 s): the pace the overload set (half
+    # the burst's second, 10/s) would fill the window again in 2 s; the first request taken
+    # after the pause shows the gateway took 20 in about 10 s, and the lane paces at that.
+    budget = overloaded(20, hint=10.0)
+    assert budget.pace(SUBMIT) == pytest.approx(20 * B.FIRST_DECREASE)
+    lane = budget._lanes[SUBMIT]
+    t = budget.reserve(SUBMIT, 0.2)
+    assert t.slot == pytest.approx(10.1)  # the pause: its Retry-After
+    assert budget.wait_time(t, 10.1) == 0.0
+    budget.finished(t, 10.2)
+    assert budget.pace(SUBMIT) == pytest.approx((20 + 1) / (10.2 - 0.1))
+    assert lane.overloaded_at == budget.pace(SUBMIT)  # where it grows back slowly from
+    assert lane.strikes == 0
+
+
+def test_after_a_pause_with_no_hint_one_request_goes_until_its_answer_comes() -> None:
+    # Surface A's provider gives no Retry-After: the lane pauses and tries again. With round
+    # trips of 0.2 s, a pace of 10/s let two or three tries meet the same full window.
+    budget = overloaded(20, hint=None)
+    lane = budget._lanes[SUBMIT]
+    lane.rtt = 0.2
+    tries = [budget.reserve(SUBMIT, 0.2) for _ in range(3)]
+    end = lane.paused_until
+    assert budget.wait_time(tries[0], end) == 0.0
+    interval = 1.01 / 10.0  # the overload's pace, with its guard
+    for now in (end + interval, end + 0.19):
+        assert budget.wait_time(tries[1], now) > 0  # the first try's answer is not back
+    budget.finished(tries[0], end + 0.2)  # taken: the pace goes on, an interval apart
+    assert budget.wait_time(tries[1], end + 0.2) == 0.0
+    assert budget.wait_time(tries[2], end + 0.2) == pytest.approx(interval)
+    # An answer that never comes holds the next for four round trips, not for ever.
+    budget = overloaded(20, hint=None)
+    budget._lanes[SUBMIT].rtt = 0.2
+    first, second = budget.reserve(SUBMIT, 0.2), budget.reserve(SUBMIT, 0.2)
+    assert budget.wait_time(first, end) == 0.0
+    assert budget.wait_time(second, end + 0.79) > 0
+    assert budget.wait_time(second, end + 0.8) == 0.0
+
+
+def test_surface_as_limits_with_no_hint_and_slow_round_trips_meet_fewer_429s() -> None:
+    # bench/bursts.py part 3 on a fake clock: 100 at once against 20 per 10 s, no Retry-After,
+    # round trips of 0.1 s. Before the measured pace and the one request after a pause: 40
+    # 429s; what is left is the burst's requests in flight when the first 429 came back.
+    last, limited = gateway_run(
+        Budget(RateLimit()), 100, workers=100, refuse=sliding_limit(20, 10.0), hinted=False, rtt=0.1
+    )
+    assert limited <= 32
+    assert last <= 1.15 * 50

@@ -383,11 +383,11 @@ def test_without_a_ceiling_an_overloaded_lane_regains_a_tenth_a_second_then_goes
         paces.append(budget.pace(QUERY))
     grown = [p for p in paces if p is not None]
     steps = {round(b / a, 9) for a, b in itertools.pairwise(grown) if b != a}
-    assert steps == {1 + B.REGAIN_STEP}  # a tenth each second it was not paused
+    assert steps == {1 + B.RECOVERY_STEP}  # a tenth each second it was not paused
     # Past FREE_RATE the lane is unpaced again (within its window): 45 steps from 15/s, and
     # none while the overload's pause lasted.
     unpaced_at = paces.index(None)
-    steps_needed = math.ceil(math.log(B.FREE_RATE / start) / math.log(1 + B.REGAIN_STEP))
+    steps_needed = math.ceil(math.log(B.FREE_RATE / start) / math.log(1 + B.RECOVERY_STEP))
     # (and +10% every RECOVERY_PERIOD, not every second, between 80% of the pace where the
     # overload came and that pace: about 3 steps, 12 s more)
     assert steps_needed <= unpaced_at <= steps_needed + 25

@@ -1,34 +1,12 @@
 """The client-wide request budget (DESIGN 9, 20, 25): how fast submits and queries may go out.
 
-Pure: every call takes ``now`` (monotonic seconds) and nothing sleeps; the flows turn a wait
-into a ``Sleep`` action. One lock makes a budget safe to share by the threads of a ``Client``
-and the tasks of an ``AsyncClient`` (no call blocks or awaits while holding it).
-
-Each kind of request (submits, queries) has its own lane. A request **reserves** a place in
-it, asks when its time comes whether it may go (:meth:`Budget.wait_time`), and reports how it
-ended (:meth:`Budget.finished`). Places go in the order of their priorities: by default the
-moment they were asked; a wait's query may go sooner, never more than one ``max_interval``
-later, so none starves. A lane's schedule is an anchor (a place and its time) and a pace,
-anchored again when the pace changes, a pause begins, or a request goes out more than an
-interval late: a queue of thousands follows a new pace at once, and a late queue goes out one
-by one, in order, instead of waking all together.
-
-- With a **ceiling** (``RateLimit``), requests are spaced evenly at it, and a paced request
-  also passes a **write gate** (:meth:`Budget.writing`) right before its head is written: in
-  any window of *w* seconds at most ``rate * w + 1`` go out, on the wire, not only at the slots.
-- With **no ceiling**, a lane lets a window of requests go in flight (TCP's slow start: from
-  :data:`START_WINDOW`, widened per answer, up to :data:`MAX_WINDOW`): the gateway's answers
-  clock the requests, and a burst is not sent whole before its first 429 can come back.
-- A **429** pauses a paced lane for the whole client (``Retry-After``, never less than the
-  retry policy's growing backoff; with no ceiling nor hint at most :data:`NO_HINT_PAUSE`). On a
-  lane not paced yet, it is isolated (its own retry, nothing else) until 429s make up
-  :data:`OVERLOAD_SHARE` of the lane's recent answers: an overload, not chance. An overload
-  lowers the pace to what got through (not again before the last change had its effect), which
-  then grows back while requests queue for it: up to the ceiling, or past :data:`FREE_RATE`
-  unpaced again.
-
-The policy (:func:`answered`, :func:`grown`) is written once for every holder of a lane; its
-constants were chosen with ``bench/bursts.py`` and ``bench/budget.py`` (BENCHMARKS.md).
+Pure: every call takes ``now`` and nothing sleeps; one lock makes a budget safe for the threads
+of a ``Client`` and the tasks of an ``AsyncClient``. Each kind of request has a lane: a request
+reserves a place (:meth:`Budget.reserve`), asks when it may go (:meth:`Budget.wait_time`) and
+says how it ended (:meth:`Budget.finished`). With a ceiling (``RateLimit``) requests are spaced
+evenly at it. With none, a lane lets a window of requests fly (TCP's slow start) until 429s make
+up a share of its answers; then it pauses, paces at what got through, and grows back. The policy
+(:func:`answered`, :func:`grown`) is written once for every holder of a lane.
 """
 
 from __future__ import annotations
@@ -51,49 +29,33 @@ QUERY = "query"
 
 START_WINDOW = 4  # requests in flight a lane with no ceiling lets go before any answer
 MIN_ROUND = 0.05  # seconds: the window at most doubles in this time (and in a round trip)
-# The widest window: more in flight would wait in the HTTP client's pool instead (httpx keeps
-# 100 connections), where 256 at once cost about 3x the CPU of the same run held back here.
-MAX_WINDOW = 64
+MAX_WINDOW = 64  # more would wait in httpx's pool of 100 connections, at 3x the CPU
 RTT_GUESS = 0.02  # seconds an answer is taken to need before one came back
 MIN_WAIT = 0.001  # the shortest wait for a place in the window (never spin)
-# The write gate lets a paced request's head go this much before its turn, so that a driver
-# woken a few milliseconds late by a busy event loop does not push every later turn back (the
-# gate would then fall behind its pace for good, and requests pile up in it): 5 ms, half of
-# what GUARD leaves in a 1 s window, the other half being for the way to the gateway.
+# A paced head may be written this much before its turn: a driver woken late by a busy loop
+# then does not push every later turn back (half of what GUARD leaves in a 1 s window).
 WRITE_SLACK = 0.005
 START_RATE = 10.0  # an overload never starts the pace below half this many requests/s
 FREE_RATE = 1024.0  # past this, a lane with no ceiling that recovered is unpaced again
 PACE_FLOOR = 1 / 60  # the pace never falls below one request a minute
 FIRST_DECREASE = 0.5  # the first overload halves what the gateway accepted lately
-DECREASE = 0.8  # later ones, and one at a ceiling, lower it to the share that got through
-# (at most to this, at least by half), and no more than once a recovery period
-RECOVERY_STEP = 0.1  # with a ceiling, the pace grows by a tenth every 5 s in which requests
-RECOVERY_PERIOD = 5.0  # queued for it and it was not lowered, up to where the overload came,
-# and then doubles each such second, up to the ceiling.
-# With no ceiling there is no limit known to creep back to: the pace grows by a tenth each
-# second requests queued for it (0.25 cost more 429s at real limits, measured, for no gain).
-REGAIN_STEP = 0.1
-# A gateway over its limit answers every request past it with 429; one that throws a few at
-# random does not, and slowing down would not help. So a lane reads overload from the share of
-# 429s among its last RECENT answers (counted out of at least MIN_ANSWERS, so the first few
-# answers of a run never make a share): OVERLOAD_SHARE on a lane not paced yet. At 3% random
-# 429s, 13 of 50 answers refused happens 2 times in 10^9; at a real limit, every request past
-# it is refused, so the share is made within 7 429s after 30 accepted (6 after 2). A lane that
-# is paced (a ceiling, or a limit met) lowers its pace at DECREASE_SHARE: one 429 in 20 is
-# chance, three in 50 is a pace a little above the limit.
+DECREASE = 0.8  # later ones lower it to the share that got through (at most to this)
+# The pace grows by this share every RECOVERY_PERIOD near the pace a limit was met at, else
+# each second (with a ceiling: doubles each second past where the overload came).
+RECOVERY_STEP = 0.1
+RECOVERY_PERIOD = 5.0
+# Overload is read from the share of 429s among about the last RECENT answers (out of at least
+# MIN_ANSWERS): OVERLOAD_SHARE on a lane not paced yet (13 of 50 at 3% random 429s: 2 in 10^9),
+# DECREASE_SHARE on a paced one (a pace a little above the limit).
 RECENT = 50
 DECREASE_SHARE = 0.06
 OVERLOAD_SHARE = 0.25
 MIN_ANSWERS = 20
-# The retry policy's own first and longest backoff, when a caller gives none.
 DEFAULT_BACKOFF = (RetryPolicy.initial_backoff, RetryPolicy.max_backoff)
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
-# With no ceiling and no Retry-After, the longest pause: a retry every 4 s at worst. The
-# retry policy's 8 s overshot a 10 s limit's window by up to 5 s (measured: 0.1x the floor).
-NO_HINT_PAUSE = 4.0
-# Every paced interval is this much longer than the pace says: a gateway that counts N requests
-# in any S-second window sees our N+1st 1% of S past it (10 ms of a 1 s window, 100 ms of a
-# 10 s one), so jitter on the way cannot push one request into the window of another.
+NO_HINT_PAUSE = 4.0  # with no ceiling nor Retry-After: a retry every 4 s at worst
+# Every paced interval is 1% longer than the pace says, so jitter on the way cannot push one
+# request into the window of another.
 GUARD = 0.01
 
 # Lane modes.
@@ -115,18 +77,16 @@ class Ticket:
     counted: bool = False  # counted in the lane's requests in flight
     priority: float = 0.0  # smaller goes sooner (paced tickets)
     windowed: bool = False  # held back by the start window until an answer frees a place
-    # An isolated 429's Retry-After, waited by the lane's next request (most often its retry)
-    # unless a request sent after the refused one (at ``owed_after``) is accepted first.
+    # An isolated 429's hint, waited by the lane's next request unless one sent after the
+    # refused one (at ``owed_after``) is accepted first.
     not_before: float = -math.inf
     owed_after: float = -math.inf
 
 
 @dataclass(slots=True)
 class Pacing:
-    """What the pacing policy reads and decides for one lane (DESIGN 25), wherever the lane is
-    kept: in this process (:class:`Budget`), or in a shared store, whose scripts only keep these
-    fields and count the answers (``_core.shared_budget``). The policy is :func:`answered` and
-    :func:`grown`; nothing else changes a pace, a pause or a window."""
+    """What the policy (:func:`answered`, :func:`grown`) reads and decides for one lane, kept in
+    this process (:class:`Budget`) or in a shared store (``_core.shared_budget``)."""
 
     ceiling: float | None
     rate: float | None  # None: unpaced
@@ -141,14 +101,14 @@ class Pacing:
     decreased_at: float = _NEVER
     overloaded_at: float = 0.0  # the pace at which the last overload came
     grow_at: float = _NEVER
-    # The answers, counted as a store can count them: decayed by 1 - 1/RECENT at each one, so
-    # ``refused / answers`` is the share of 429s among about the last RECENT.
+    # Decayed by 1 - 1/RECENT at each answer: ``refused / answers``, the share of recent 429s.
     answers: float = 0.0
     refused: float = 0.0
-    second: int = 0  # accepted answers, counted per whole second: this one and the last
+    second: int = 0  # accepted answers per whole second: this one and the last
     accepted: int = 0
     accepted_before: int = 0
     taken: int = 0  # accepted since the pace was last lowered
+    burst: int = 0  # accepted in the burst before a first overload
 
     @property
     def interval(self) -> float:
@@ -171,9 +131,8 @@ class _Lane(Pacing):
     owed: deque[tuple[float, float]] = field(default_factory=deque)  # isolated 429s' hints
     last_went: float = _NEVER  # when the latest request went
     taken_after: float = _NEVER  # the latest send time of a request accepted
-    # The paced tickets not sent yet: their places, and their (priority, place) in the order
-    # they go. The one ranked r-th goes at the r-th of those places, so priorities reorder who
-    # goes when and never how many go.
+    # The paced tickets not sent yet: their places, and their (priority, place) in order; the
+    # r-th ranked goes at the r-th place, so priorities reorder who goes, never how many.
     held: list[int] = field(default_factory=list)
     ranked: list[tuple[float, int]] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)  # the turns held back by the window
@@ -201,8 +160,7 @@ class _Lane(Pacing):
         return max(now, self.last_sent + self.interval, self.paused_until)
 
     def reschedule(self, now: float, old_interval: float) -> None:
-        """The places whose time has not come follow the lane's pace (it changed, or a pause
-        began) from the earliest moment it allows; those already due keep going."""
+        """The places not yet due follow the lane's new pace or pause; those due keep going."""
         place = self.next_place
         if old_interval > 0 and self.anchor_at > _NEVER:
             ahead = math.ceil((now - self.anchor_at) / old_interval) if now > self.anchor_at else 0
@@ -210,10 +168,8 @@ class _Lane(Pacing):
         self.anchor(place, self.earliest(now))
 
     def window_wait(self, ticket: Ticket, now: float) -> float:
-        """0 if the window has a place for this held-back request (in request order), else
-        how long it sleeps before asking again: about until the answer that frees its place,
-        so the held-back wake one or two an answer, never as a herd; at most two round trips,
-        so a wrong guess costs a wake-up, not a stall."""
+        """0 if the window has a place for this held-back request, else about until the answer
+        that frees its place (never a herd), at most two round trips (never a stall)."""
         rank = bisect.bisect_left(self.waiting, ticket.place)
         short = rank + 1 - (self.window - self.in_flight)  # places to free before it
         if short <= 0:
@@ -250,10 +206,8 @@ class Budget:
         }
 
     def reserve(self, kind: str, now: float, *, priority: float | None = None) -> Ticket:
-        """A place of ``kind``. Waiting places go in the order of their ``priority`` (a moment,
-        in the clock's seconds; ``now`` if None: request order), ties in request order.
-        ``priority`` belongs between ``now`` and ``now + max_interval``: a request then waits
-        behind no later one by more than ``max_interval`` (``poll.query_priority``)."""
+        """A place of ``kind``, going in the order of ``priority`` (a moment between ``now``, the
+        default, and ``now + max_interval``: ``poll.query_priority``), ties in request order."""
         with self._lock:
             lane = self._lanes[kind]
             self._grow(lane, now)
@@ -287,7 +241,6 @@ class Budget:
         if lane.due(place) < lane.earliest(now):  # nothing queued ahead: start from now
             lane.anchor(place, lane.earliest(now))
         slot = max(lane.due(place), lane.paused_until)
-        # Waiting out a pause says nothing of the pace; waiting for a slot says it is short.
         lane.queued = lane.queued or slot > max(now, lane.paused_until)
         ticket = Ticket(kind, slot, place, paced=True, priority=key)
         lane.held.append(place)  # places only grow: the list stays sorted
@@ -300,8 +253,7 @@ class Budget:
             lane = self._lanes[ticket.kind]
             if ticket.sent_at is None and ticket.not_before > now:
                 if lane.taken_after <= ticket.owed_after:
-                    # Its 429's hint, honoured, unless the gateway takes a request sent after
-                    # the refused one (chance, then): asked again a round trip on meanwhile.
+                    # Its 429's hint, unless a request sent after it is taken: asked again.
                     wait = ticket.not_before - now
                     if lane.in_flight and lane.last_went > ticket.owed_after:
                         wait = min(wait, max(MIN_WAIT, lane.rtt))
@@ -315,15 +267,11 @@ class Budget:
                     if wait > 0:
                         return wait
                     lane.fly(ticket)  # its place in the window: it goes now
-                # A place in the window came, or the start is over: unpaced, it goes now;
-                # after an overload it takes a paced place like any new request.
                 lane.unwait(ticket)
                 if not lane.unpaced:
                     self._repace(lane, ticket, now)
             elif not ticket.paced and ticket.sent_at is None and not lane.unpaced:
-                # Let through by the window while a pause held it, and the lane was overloaded
-                # meanwhile: it takes a paced place too, so the places held through the pause
-                # do not all go together when it ends (each would meet the same full gateway).
+                # Let through while a pause held it, and the lane paced since: a paced place too.
                 self._repace(lane, ticket, now)
             due = lane.paused_until
             place = -1
@@ -331,16 +279,16 @@ class Budget:
                 self._grow(lane, now)
                 place = lane.place_of(ticket) if ticket.sent_at is None else ticket.place
                 if lane.due(place) < now - lane.interval:
-                    # Its time passed more than an interval ago (a busy loop woke it late): the
-                    # schedule moves to it, so the places after it go one by one, in order,
-                    # instead of all waking together at every interval.
+                    # Woken late by a busy loop: the places after it go one by one, not together.
                     lane.anchor(place, lane.earliest(now))
                 due = max(lane.due(place), lane.earliest(now))
+                if lane.strikes and lane.ceiling is None and lane.last_sent >= lane.paused_at:
+                    # After a pause, one goes until its answer (or four round trips) comes.
+                    due = max(due, lane.last_sent + 4 * lane.rtt)
             if due > now:
                 if ticket.paced and due > lane.paused_until:
                     lane.queued = True
-                if lane.ceiling is None and lane.mode == RECOVERING:
-                    # Its place may come sooner once the pace grows: asked again then.
+                if lane.ceiling is None and lane.mode == RECOVERING:  # sooner if the pace grows
                     return min(due - now, max(lane.grow_at - now, MIN_WAIT))
                 return due - now
             if ticket.paced and ticket.sent_at is None:
@@ -372,17 +320,13 @@ class Budget:
                     lane.next_place -= 1  # the last place: given back, it leaves no hole
 
     def gate(self, ticket: Ticket, clock: Callable[[], float]) -> WriteGate | None:
-        """The write gate of a paced request whose slot came (None: unpaced, nothing to
-        keep): the driver asks it right before the request's head goes on the wire."""
+        """The write gate of a paced request whose slot came (None: unpaced)."""
         return WriteGate(self, ticket, clock) if ticket.paced else None
 
     def writing(self, ticket: Ticket, now: float) -> float:
-        """0 if the paced request of ``ticket`` may be written to its connection now, else the
-        seconds to wait before asking again. Between a slot and the wire a request may wait for
-        a pooled connection, and those that waited leave together (51 in a 1 s window at 50/s,
-        measured): so the heads themselves are spaced, as GCRA spaces a stream, each no sooner
-        than :data:`WRITE_SLACK` before its turn, however the pool or the event loop delayed
-        it."""
+        """0 if the paced request may be written now, else the seconds to wait. Requests that
+        waited for a pooled connection leave together (51 in 1 s at 50/s, measured): so the
+        heads themselves are spaced, as GCRA spaces a stream."""
         with self._lock:
             lane = self._lanes[ticket.kind]
             if not ticket.paced or lane.unpaced:
@@ -402,29 +346,25 @@ class Budget:
         retry_after: float | None = None,
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
     ) -> None:
-        """The request of ``ticket`` ended: answered, failed, or (``limited``) met a 429 with the
-        hint ``retry_after``; ``backoff`` is the retry policy's first and longest backoff."""
+        """The request of ``ticket`` ended: answered, failed, or met a 429 (:class:`Ended`)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            sent = ticket.sent_at if ticket.sent_at is not None else now
-            # The window was used (requests wait for it, or half of it is in flight), as TCP's
-            # window validation asks before it widens one.
+            # The window was used (TCP's window validation): it may widen.
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
             self._uncount(lane, ticket)
-            took = None if ticket.sent_at is None else max(0.0, now - ticket.sent_at)
             old_interval = lane.interval
             count(lane, now, limited=limited)
             if answered(
                 lane,
                 now,
-                sent=sent,
+                sent=ticket.sent_at,
                 limited=limited,
                 retry_after=retry_after,
                 backoff=backoff,
-                took=took,
                 used=used,
             ):
                 lane.reschedule(now, old_interval)  # the places waiting follow, in order
+            sent = ticket.sent_at if ticket.sent_at is not None else now
             if not limited:
                 lane.taken_after = max(lane.taken_after, sent)
             elif lane.mode == STARTING and retry_after is not None and retry_after > 0:
@@ -445,9 +385,7 @@ class Budget:
     def _grow(self, lane: _Lane, now: float) -> None:
         """The policy's growth, asked as requests come; the schedule follows a new pace."""
         old_interval = lane.interval
-        # Requests queue for the pace when one had to wait for its slot or (with no ceiling)
-        # places reserved earlier still wait for theirs: a queue that holds its places from
-        # before a pause wakes at its slots and never finds one still ahead.
+        # With no ceiling, places held from before a pause are a queue too.
         queued = lane.queued or (lane.ceiling is None and len(lane.held) > 1)
         if now >= lane.grow_at:
             lane.queued = False
@@ -486,19 +424,27 @@ def answered(
     p: Pacing,
     now: float,
     *,
-    sent: float,
+    sent: float | None,
     limited: bool,
     retry_after: float | None = None,
     backoff: tuple[float, float] = DEFAULT_BACKOFF,
-    took: float | None = None,
     used: bool = False,
 ) -> bool:
-    """An answer (counted already by :func:`count`) to a request sent at ``sent``, which
-    ``took`` seconds; ``used``: the start window was full enough to widen. True when the
-    lane's pace or pause changed (its schedule must follow)."""
+    """An answer (counted already) to a request sent at ``sent`` (None: never sent); ``used``:
+    the start window may widen. True when the pace or pause changed."""
+    took = None if sent is None else max(0.0, now - sent)
+    sent = now if sent is None else sent
     if limited:
         return _limited(p, sent, now, retry_after, backoff)
     if sent >= p.paused_at:
+        if p.strikes and p.burst and p.ceiling is None and p.mode == RECOVERING:
+            # The first taken after an overload's pause: the pace never above what the gateway
+            # took since the burst (a limit of N in S seconds takes N/S, whatever its burst).
+            took_rate = max(PACE_FLOOR, (p.burst + p.taken) / (now - p.decreased_at))
+            assert p.rate is not None  # recovering: paced
+            if took_rate < p.rate:
+                p.rate = p.overloaded_at = took_rate
+            p.taken, p.burst, p.decreased_at = 0, 0, now
         p.strikes = 0
     if took is not None:
         _widen(p, took, now, used=used)
@@ -508,10 +454,12 @@ def answered(
 def _limited(
     p: Pacing, sent: float, now: float, retry_after: float | None, backoff: tuple[float, float]
 ) -> bool:
-    """A 429: isolated (its request is retried, nothing else) or an overload (a pause for the
-    lane, and a pace)."""
+    """A 429: isolated (its request is retried) or an overload (a pause, and a pace)."""
     share = p.refused / max(p.answers, MIN_ANSWERS)
     if p.mode == STARTING and share < OVERLOAD_SHARE:
+        if sent >= p.round_at:  # the window halves, once a round: no more sent into a limit
+            p.window = max(min(START_WINDOW, p.window), p.window // 2)
+            p.round_at, p.round_window = now, p.window
         return False  # isolated: its request is retried at once, as chance deserves
     if sent >= p.paused_at:  # a new episode, not an echo of requests in flight
         p.strikes += 1
@@ -527,8 +475,7 @@ def _limited(
     settled = now - p.decreased_at >= RECOVERY_PERIOD  # the last change had its effect
     overload = p.mode == STARTING or share >= DECREASE_SHARE
     if p.ceiling is None and p.mode == RECOVERING:
-        # A limit met again at a pace learned, once the pace had requests taken (none: the
-        # same limit still full, a pause is the answer).
+        # A limit met again at a pace learned, once it had requests taken (else: a pause).
         settled, overload = p.taken > 0, True
     if sent > p.decreased_at and overload and settled:
         _decrease(p, now, share)
@@ -543,15 +490,12 @@ def _decrease(p: Pacing, now: float, share: float) -> None:
         assert p.rate is not None
         overloaded_at = p.rate
         rate = p.rate * max(FIRST_DECREASE, min(DECREASE, 1.0 - share))
-        if p.ceiling is None and now > p.decreased_at and p.taken:
-            # With no ceiling, never above what the gateway took since the last change: a
-            # limit of N in S seconds takes N/S on average, whatever it took in one burst.
+        if p.ceiling is None and now > p.decreased_at and p.taken:  # what the gateway took
             overloaded_at = min(rate, p.taken / (now - p.decreased_at))
             rate = overloaded_at
-    else:  # unpaced so far: start from what the gateway accepted lately, but never from
-        # less than the starting pace: a client that had sent little (or only for part of
-        # a second) says nothing of what the gateway would accept.
-        overloaded_at = max(_accepted_per_second(p, now), START_RATE)
+    else:  # unpaced so far: from what the gateway accepted lately (a little says nothing)
+        p.burst = int(_accepted_per_second(p, now))
+        overloaded_at = max(p.burst, START_RATE)
         rate = overloaded_at * FIRST_DECREASE
     rate = max(PACE_FLOOR, rate)
     if p.ceiling is not None:
@@ -561,10 +505,8 @@ def _decrease(p: Pacing, now: float, share: float) -> None:
 
 
 def _widen(p: Pacing, took: float, now: float, *, used: bool) -> None:
-    """An accepted answer that took ``took`` seconds. The start window widens by one if it
-    was ``used`` (TCP's window validation), at most doubling in a round trip and in
-    :data:`MIN_ROUND`, since what is in flight when a gateway's first 429 comes back is refused
-    too (``bench/bursts.py``: 28 429s unbounded, 4 to 10 bounded), up to :data:`MAX_WINDOW`."""
+    """An accepted answer: the start window widens by one if ``used``, at most doubling in a
+    round trip (what is in flight when a limit's first 429 comes back is refused too)."""
     p.rtt += (took - p.rtt) / 8  # smoothed as TCP's srtt
     if p.mode != STARTING or not used:
         return
@@ -574,10 +516,9 @@ def _widen(p: Pacing, took: float, now: float, *, used: bool) -> None:
 
 
 def grown(p: Pacing, now: float, *, queued: bool) -> bool:
-    """The pace's growth, due at ``p.grow_at``: ``queued``, requests waited for the pace since
-    the last time. True when the pace changed."""
-    if p.ceiling is None and now < p.paused_until:
-        # Paused, nothing goes: requests queued behind a pause say nothing of the pace.
+    """The pace's growth, due at ``p.grow_at`` (``queued``: requests waited for it since).
+    True when the pace changed."""
+    if p.ceiling is None and now < p.paused_until:  # a queue behind a pause says nothing
         p.grow_at = p.paused_until + 1.0
         return False
     rate = p.rate
@@ -588,13 +529,13 @@ def grown(p: Pacing, now: float, *, queued: bool) -> bool:
             if p.rate >= p.ceiling:
                 p.rate, p.mode = p.ceiling, FIXED
         else:
-            p.rate *= 1.0 + REGAIN_STEP
+            p.rate *= 1.0 + RECOVERY_STEP
             if p.rate > FREE_RATE:  # unpaced again, within the window it had
                 p.rate, p.mode = None, STARTING
     careful = p.mode == RECOVERING and (p.rate or 0) < p.overloaded_at
     slow = p.ceiling is not None and (careful or p.mode == FIXED)
     if p.ceiling is None and p.mode == RECOVERING:  # near the pace a limit was met at: slowly
-        slow = DECREASE * p.overloaded_at <= (p.rate or 0) < p.overloaded_at
+        slow = DECREASE * p.overloaded_at <= (p.rate or 0) <= p.overloaded_at / DECREASE
     p.grow_at = now + (RECOVERY_PERIOD if slow else 1.0)
     return p.rate != rate
 
@@ -610,10 +551,8 @@ def _accepted_per_second(p: Pacing, now: float) -> float:
 
 
 class WriteGate:
-    """What the driver asks right before a paced request's head goes on the wire (DESIGN 9:
-    in any window of *w* seconds at most ``rate * w + 1`` requests of a kind): ``wait()``
-    until it says 0, then write. Bound to one request's ticket and the flows' clock;
-    :meth:`Budget.writing` says why. Nothing may come between the gate's 0 and the write."""
+    """What the driver asks right before a paced request's head goes on the wire: ``wait()``
+    until it says 0, then write, with nothing between (:meth:`Budget.writing`)."""
 
     __slots__ = ("_budget", "_clock", "_ticket")
 

@@ -1,6 +1,5 @@
-"""The seam of a request budget held elsewhere (DESIGN 10, 16): what a client's driver asks
-of one (a Dask scheduler's, a shared store's, any service's), and how a request ended as it
-is told. The policy such a holder runs is :mod:`imggw_client._core.budget`'s."""
+"""The seam of a request budget held elsewhere (DESIGN 10, 16, 25): what a client's driver asks
+of one (a Dask scheduler's, a shared store's, any service's). The policy is ``_core.budget``'s."""
 
 from __future__ import annotations
 
@@ -12,23 +11,17 @@ if TYPE_CHECKING:
 
 
 class Ended(TypedDict):
-    """How a request ended, as every budget held elsewhere is told it (the keywords of
-    :meth:`BudgetService.finished`; see :meth:`~imggw_client._core.budget.Budget.finished`):
-    ``limited``, it met a 429 with the hint ``retry_after`` (seconds, or None); ``backoff``,
-    the retry policy's first and longest backoff.
-    """
+    """How a request ended (see :meth:`~imggw_client._core.budget.Budget.finished`)."""
 
-    limited: bool
-    retry_after: float | None
-    backoff: tuple[float, float]
+    limited: bool  # it met a 429 ...
+    retry_after: float | None  # ... with this hint, in seconds
+    backoff: tuple[float, float]  # the retry policy's first and longest backoff
 
 
 class BudgetService(Protocol):
-    """A :class:`~imggw_client._core.budget.Budget` held elsewhere, asked over the network (by
-    the driver, never by the flows), as an ``AsyncClient`` asks it: the same four operations,
-    awaited, on the holder's clock. A Dask scheduler plugin holds one for a whole run
-    (``imggw_client.batch``); any service that can hold one may do. Its blocking twin, for a
-    ``Client``, is :class:`SyncBudgetService`.
+    """A :class:`~imggw_client._core.budget.Budget` held elsewhere, as an ``AsyncClient`` asks
+    it: the same four operations, awaited, on the holder's clock. A Dask scheduler plugin holds
+    one for a whole run (``imggw_client.batch``); any service that can hold one may do.
 
     Example::
 
@@ -73,25 +66,15 @@ class SyncBudgetService(Protocol):
         client.share_budget(Unpaced())
     """
 
-    def reserve(self, kind: str) -> tuple[Hashable, float]:
-        """See :meth:`BudgetService.reserve`."""
-
-    def wait_time(self, ticket: Hashable) -> float:
-        """See :meth:`BudgetService.wait_time`."""
-
-    def release(self, ticket: Hashable) -> None:
-        """See :meth:`BudgetService.release`."""
-
-    def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
-        """See :meth:`BudgetService.finished`."""
+    def reserve(self, kind: str) -> tuple[Hashable, float]: ...
+    def wait_time(self, ticket: Hashable) -> float: ...
+    def release(self, ticket: Hashable) -> None: ...
+    def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None: ...
 
 
 class RemoteBudget:
-    """The budget of a client that shares one with other processes: the flows then hand each
-    slot to the driver (``Pace`` and ``Paced`` actions), which asks ``service`` (awaited by an
-    ``AsyncClient``, called by a ``Client``). The logic stays in the budget the service
-    holds; a local client never sees this class.
-    """
+    """The budget of a client that shares one: the flows hand each slot to the driver (``Pace``
+    and ``Paced`` actions), which asks ``service``; a local client never sees this class."""
 
     def __init__(self, service: BudgetService | SyncBudgetService) -> None:
         self.service = service

@@ -1,23 +1,14 @@
 """The request budget shared through a store by many processes (DESIGN 16, 25): the store's
-scripts, its lanes' names, and the steps of each operation. Pure: the drivers
-(``_rate_store``) run the steps' scripts and read the clock.
+scripts, its lanes' names, and the steps of each operation. Pure: the driver (``_rate_store``)
+runs the steps' scripts.
 
-The store keeps, for each (API key, gateway) and kind of request, only what the processes must
-share: a hash holding the lane's :class:`~imggw_client._core.budget.Pacing` (its pace, pause,
-window and answer counts), its schedule (the next place's time, an *epoch* that a new pace or
-pause starts: places handed out before it are taken again, in the order their holders come
-back) and, beside it, a sorted set of the requests in flight, each on a short lease
-(:data:`LEASE`) that its process renews while the request lasts, so the slots of a process
-that dies are free again within seconds. Its small scripts hold no policy: one hands out
-places (spaced by the pace, within the window, after the pause), one counts an answer, one
-writes what the policy decided if no other process wrote since. The policy is the in-process
-budget's, run here in Python on the fields the store returns (``budget.answered``,
-``budget.grown``): written once. Every script reads the store's own clock, so machines whose
-clocks disagree still agree on a lane.
-
-The key never reaches the store: a lane is named by a hash of the key's slow fingerprint
-(PBKDF2, as batch run ids are) and the gateway base URL, so reading the store allows no fast
-guessing.
+The store keeps, per (API key, gateway) and kind, only what processes must share: a hash of the
+lane's :class:`~imggw_client._core.budget.Pacing`, its schedule (the next place's time, and an
+*epoch* a new pace or pause starts: places handed out before it are taken again) and a sorted
+set of the requests in flight, each on a short :data:`LEASE` its process renews, so the slots of
+a process that dies free within seconds. Its scripts hold no policy and read the store's clock;
+the policy is the in-process budget's (``budget.answered``, ``budget.grown``), run here on the
+fields the store returns. A lane is named by a hash of the key's slow fingerprint, never the key.
 """
 
 from __future__ import annotations
@@ -25,29 +16,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import threading
+import re
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import budget as rules
-from .budget import Budget, Ended, Pacing, Ticket
+from .budget import Ended, Pacing, Ticket
 from .config import RateLimit
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["SCRIPTS", "Fallback", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key"]
+__all__ = ["SCRIPTS", "StoreAnswerError", "StoreTicket", "flying_key", "lane_key"]
 
 PREFIX = "imggw:budget:"
 LANE_TTL = 86_400  # seconds a lane no process touched is kept: a day
-REJOIN_AFTER = 5.0  # seconds between tries of a store that failed; requests go on meanwhile
 STORE_TIMEOUT = 1.0  # the longest one call to the store may take (less if the request's is)
 EPOCH_NONE = -1  # a ticket that holds no place in the store yet
-# Seconds a request in flight is counted without word from its process: renewed every third
-# of it while the request lasts, so a process that dies frees its slots within 5 s, and one
-# that stalls for less than 3 s (a pause of its garbage collector) keeps them.
+# Seconds a request in flight counts without word from its process (renewed every third of it):
+# a process that dies frees its slots within 5 s; one stalled under 3 s by its GC keeps them.
 LEASE = 5.0
+Steps = Generator[tuple[str, list[str]], object, Any]
 
 
 def flying_key(lane: str) -> str:
@@ -57,9 +47,7 @@ def flying_key(lane: str) -> str:
 
 def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
     """The store's name of one lane, from the API key's slow fingerprint (PBKDF2, as run ids
-    use: ``BaseClient.key_fingerprint``) and the gateway, never from the key: whoever reads
-    the store pays 100,000 rounds per guessed key, not one fast hash.
-    """
+    use) and the gateway: whoever reads the store pays 100,000 rounds per guessed key."""
     digest = hashlib.sha256(f"imggw-budget v3\n{base_url}\n{key_fingerprint}".encode())
     return f"{PREFIX}{digest.hexdigest()[:32]}:{kind}"
 
@@ -67,7 +55,7 @@ def lane_key(key_fingerprint: str, base_url: str, kind: str) -> str:
 @dataclass(eq=False, slots=True)
 class StoreTicket:
     """One request's place: in the store (``epoch``, ``slot`` on the store's clock) or, while
-    the store is away, in the in-process budget (``local``). Hashable by identity."""
+    it is away, in the in-process budget (``local``). Hashable by identity."""
 
     kind: str
     epoch: int = EPOCH_NONE
@@ -75,17 +63,16 @@ class StoreTicket:
     sent: float | None = None  # on the store's clock: when the store let it go
     local: Ticket | None = None
     not_before: float = 0.0  # on this process's clock: an isolated 429's hint, waited first
-    # Its name among the lane's requests in flight, drawn by the driver at random, never
-    # derived from the request.
-    token: str = ""
+    token: str = ""  # its name among the lane's requests in flight, drawn at random
 
 
 class StoreAnswerError(Exception):
     """The store answered something that is not what the script returns."""
 
 
-# The Pacing fields the store keeps, in the order the scripts return them.
+# The Pacing fields the store keeps, in the order the scripts return them; those that count.
 FIELDS = tuple(f.name for f in dataclasses.fields(Pacing) if f.name != "ceiling")
+INTS = {f.name for f in dataclasses.fields(Pacing) if f.type == "int"}
 
 # Numbers are stored and returned as text: Lua's numbers are doubles, but Redis turns a number
 # a script returns into an integer. KEYS[1] is the lane, KEYS[2] its requests in flight
@@ -158,15 +145,13 @@ local used = flying
 if ARGV[1] ~= '' then redis.call('ZREM', fkey, ARGV[1]) end
 if ARGV[2] ~= '' then
   local keep, limited = 1.0 - 1.0 / {RECENT}, ARGV[2] == '1'
-  local refused = num('refused', 0) * keep
-  if limited then refused = refused + 1 end
+  local refused = num('refused', 0) * keep + (limited and 1 or 0)
   redis.call('HSET', key, 'answers', fmt(num('answers', 0) * keep + 1), 'refused', fmt(refused))
   if not limited then
     local s, sec, acc = math.floor(now), num('second', 0), num('accepted', 0)
     if s ~= sec then
-      if s == sec + 1 then redis.call('HSET', key, 'accepted_before', tostring(acc))
-      else redis.call('HSET', key, 'accepted_before', '0') end
-      redis.call('HSET', key, 'second', tostring(s))
+      local before = (s == sec + 1) and acc or 0
+      redis.call('HSET', key, 'accepted_before', tostring(before), 'second', tostring(s))
       acc = 0
     end
     redis.call('HSET', key, 'accepted', tostring(acc + 1))
@@ -201,39 +186,20 @@ return {'1'}
 
 def _filled(body: str) -> str:
     """A script with the budget's constants written in: one source for every budget."""
-    script = _HEAD + body
-    numbers = {
-        "GUARD": rules.GUARD,
-        "START_WINDOW": rules.START_WINDOW,
-        "RECENT": rules.RECENT,
-        "RTT_GUESS": rules.RTT_GUESS,
-        "MIN_WAIT": rules.MIN_WAIT,
-    }
-    for name, value in numbers.items():
-        script = script.replace("{" + name + "}", repr(float(value)))
-    script = script.replace("{FIELDS}", ", ".join(f"'{name}'" for name in FIELDS))
-    return script.replace("{LANE_TTL}", str(LANE_TTL))
+    values = {name: repr(float(getattr(rules, name))) for name in _CONSTANTS}
+    values |= {"LANE_TTL": str(LANE_TTL), "FIELDS": ", ".join(f"'{name}'" for name in FIELDS)}
+    return re.sub(r"\{([A-Z_]+)\}", lambda name: values[name[1]], _HEAD + body)
 
 
-SCRIPTS = {
-    name: _filled(body)
-    for name, body in [
-        ("take", _TAKE),
-        ("release", _RELEASE),
-        ("answer", _ANSWER),
-        ("set", _SET),
-        ("renew", _RENEW),
-    ]
-}
+_CONSTANTS = ("GUARD", "START_WINDOW", "RECENT", "RTT_GUESS", "MIN_WAIT")
+_BODIES = {"take": _TAKE, "release": _RELEASE, "answer": _ANSWER, "set": _SET, "renew": _RENEW}
+SCRIPTS = {name: _filled(body) for name, body in _BODIES.items()}
 
-# ------------------------------------------------------------------------ the steps
-# Each operation is a generator of script calls, (name, arguments), that receives each
-# call's answer: the drivers run it, blocking or awaited. A bad answer raises StoreAnswerError.
+# Each operation is a generator of script calls (name, arguments), sent each call's answer, run
+# by the driver; a bad answer raises StoreAnswerError.
 
 
-def take_steps(
-    limit: RateLimit, ticket: StoreTicket
-) -> Generator[tuple[str, list[str]], object, float]:
+def take_steps(limit: RateLimit, ticket: StoreTicket) -> Steps:
     """A place for ``ticket`` (a new one, or the one it holds): the seconds still to wait."""
     first = rules.lane_of(rate_of(limit, ticket.kind))
     rate = "" if first.rate is None else repr(first.rate)
@@ -258,14 +224,7 @@ def take_steps(
     return wait
 
 
-def release_args(ticket: StoreTicket) -> list[str]:
-    """The release script's arguments: the ticket's place given back."""
-    return [str(ticket.epoch), repr(ticket.slot), ticket.token]
-
-
-def finished_steps(
-    limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
-) -> Generator[tuple[str, list[str]], object, float | None]:
+def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]) -> Steps:
     """The request of ``ticket`` ended: the answer counted, then the policy's decision written
     (read again and decided anew if another process wrote between, for a 429). Returns an
     isolated 429's ``Retry-After``, which this process's next request of the kind waits."""
@@ -276,19 +235,16 @@ def finished_steps(
         pacing, version, now, flying, _ = read_lane(limit, ticket.kind, answer)
         step = [""]  # counted once; a second read only reads
         old = _written(pacing)
-        sent = ticket.sent if ticket.sent is not None else now
-        took = None if ticket.sent is None else max(0.0, now - ticket.sent)
         retry_after = ended["retry_after"]
         if retry_after is not None and not math.isfinite(retry_after):
             retry_after = None
         anew = rules.answered(
             pacing,
             now,
-            sent=sent,
+            sent=ticket.sent,
             limited=limited,
             retry_after=retry_after,
             backoff=ended["backoff"],
-            took=took,
             used=2 * flying >= pacing.window,
         )
         owed = retry_after if limited and pacing.mode == rules.STARTING else None
@@ -319,18 +275,7 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
             pacing.mode = text
             continue
         value = _number(text)
-        if name in (
-            "window",
-            "round_window",
-            "strikes",
-            "second",
-            "accepted",
-            "accepted_before",
-            "taken",
-        ):
-            setattr(pacing, name, int(value))
-        else:
-            setattr(pacing, name, value)
+        setattr(pacing, name, int(value) if name in INTS else value)
     if texts[FIELDS.index("rate")] == "":
         pacing.rate = None
     if pacing.rate is not None and pacing.rate <= 0:
@@ -342,11 +287,8 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
 
 def _written(pacing: Pacing) -> dict[str, str]:
     """The fields the store keeps, as text."""
-    out = {}
-    for name in FIELDS:
-        value = getattr(pacing, name)
-        out[name] = "" if value is None else value if isinstance(value, str) else repr(value)
-    return out
+    values = {name: getattr(pacing, name) for name in FIELDS}
+    return {k: "" if v is None else v if isinstance(v, str) else repr(v) for k, v in values.items()}
 
 
 def _set_args(
@@ -364,32 +306,26 @@ def _set_args(
     return args
 
 
-def read_ok(answer: object) -> None:
-    """Reads the answer of a script that answers ``{1}``."""
-    _numbers(answer, 1)
+def one(name: str, args: list[str]) -> Steps:
+    """The steps of a single call of a script that answers ``{1}``."""
+    _numbers((yield name, args), 1)
 
 
-def _number(text: str) -> float:
+def _number(item: object, *, finite: bool = False) -> float:
+    text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except ValueError:
         raise StoreAnswerError("the store's answer is not numbers") from None
-    if math.isnan(value):
-        raise StoreAnswerError("the store's answer is not a number")
+    if math.isnan(value) or (finite and not math.isfinite(value)):
+        raise StoreAnswerError("the store's answer is not a finite number")
     return value
 
 
 def _numbers(answer: object, count: int) -> list[float]:
     if not isinstance(answer, list) or len(answer) != count:
         raise StoreAnswerError("the store's answer is not the script's")
-    values = []
-    for item in answer:
-        text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
-        value = _number(text)
-        if not math.isfinite(value):
-            raise StoreAnswerError("the store's answer is not finite")
-        values.append(value)
-    return values
+    return [_number(item, finite=True) for item in answer]
 
 
 def rate_of(limit: RateLimit, kind: str) -> float | None:
@@ -401,56 +337,3 @@ def interval(limit: RateLimit, kind: str) -> float:
     """The spacing of ``kind`` at its ceiling, with the budget's guard (0 without one)."""
     rate = rate_of(limit, kind)
     return 0.0 if rate is None else (1.0 + rules.GUARD) / rate
-
-
-class Fallback:
-    """What a client does while its store is away: it paces itself with an in-process
-    :class:`Budget` at the same rates, tries the store again every :data:`REJOIN_AFTER`
-    seconds, and says so once each way (the drivers log the lines this returns).
-    """
-
-    def __init__(self, limit: RateLimit, label: str) -> None:
-        self.budget = Budget(limit)
-        self.label = label
-        self._lock = threading.Lock()
-        self._down_since: float | None = None
-        self._retry_at = 0.0
-
-    def use_store(self, now: float) -> bool:
-        """Whether to ask the store now: it answered last time, or its retry is due."""
-        with self._lock:
-            if self._down_since is None:
-                return True
-            if now >= self._retry_at:
-                self._retry_at = now + REJOIN_AFTER  # one caller tries; the others go on
-                return True
-            return False
-
-    def failed(self, now: float, reason: str) -> str | None:
-        """The store failed a call: the warning to log, the first time only."""
-        with self._lock:
-            self._retry_at = now + REJOIN_AFTER
-            if self._down_since is not None:
-                return None
-            self._down_since = now
-        return (
-            f"rate store {self.label} not usable ({reason}): this process paces its requests "
-            f"alone at the configured rates, and tries the store again every "
-            f"{REJOIN_AFTER:g} s"
-        )
-
-    def answered(self, now: float) -> str | None:
-        """The store answered: the note to log if it had been away."""
-        with self._lock:
-            if self._down_since is None:
-                return None
-            away, self._down_since = now - self._down_since, None
-        return f"rate store {self.label} answers again after {away:.0f} s: budget shared again"
-
-
-def reason(exc: BaseException) -> str:
-    """A failure of the store in a few words: its class, never its text (which may quote the
-    URL and its password)."""
-    if isinstance(exc, StoreAnswerError):
-        return str(exc)
-    return type(exc).__name__
