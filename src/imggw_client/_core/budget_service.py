@@ -33,7 +33,9 @@ class BudgetService(Protocol):
             async def release(self, ticket: Hashable) -> None: ...
             async def finished(self, ticket, *, limited, retry_after, backoff) -> None: ...
 
-        async_client.share_budget(Unpaced())
+        async with AsyncClient() as async_client:
+            async_client.share_budget(Unpaced())
+            task = await async_client.get(sub.task_id)
     """
 
     async def reserve(self, kind: str) -> tuple[Hashable, float]:
