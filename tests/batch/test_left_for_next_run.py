@@ -24,10 +24,10 @@ from imggw_client.batch import (
     run_batch,
     run_shard,
 )
-from imggw_client.batch._folder import charges
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._states import RUNNING, SUCCEEDED
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch.scale._folder import charges
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.mock import _serving as serving
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client._files import StorageError
-from imggw_client.batch._storage import Storage, destination_name, is_url, open_storage
+from imggw_client.batch.scale._storage import Storage, destination_name, is_url, open_storage
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -34,7 +34,7 @@ from typing import BinaryIO
 from .._core import jsonio, rules
 from .._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
 from .._files import StorageError, create_new, refuse_link, temp_name
-from ._storage import Storage
+from .scale._storage import Storage
 
 RUN_NAME = "run.json"
 LINES_NAME = "lines.fp"

@@ -26,8 +26,8 @@ from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
 from ._schema import LEDGER_NAME
-from ._storage import destination_name
 from ._workspace import LocalStore, Workspace
+from .scale._storage import destination_name
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
+from .._input import line_kinds
+from .._ledger_files import count_statuses
+from .._lines import ENTRY
+from .._schema import LEDGER_NAME
 from ._cuts import SHARDS_DIR, shard_range
-from ._input import line_kinds
-from ._ledger_files import count_statuses
-from ._lines import ENTRY
-from ._schema import LEDGER_NAME
 from ._storage import Storage
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from .._core.exceptions import RequestValidationError
-from .._files import TEMP_BYTES, create_new
-from ._input import CSV_SUFFIXES, JSON_SUFFIX, JSONL_SUFFIXES, line_kinds
-from ._lines import ENTRY, HEADER, MORE
+from ..._core.exceptions import RequestValidationError
+from ..._files import TEMP_BYTES, create_new
+from .._input import CSV_SUFFIXES, JSON_SUFFIX, JSONL_SUFFIXES, line_kinds
+from .._lines import ENTRY, HEADER, MORE
 from ._storage import Storage
 
 __all__ = [

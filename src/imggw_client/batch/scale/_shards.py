@@ -39,33 +39,33 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from .._async_client import AsyncClient
-from .._base_client import key_fingerprint
-from .._core.config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
-from .._core.exceptions import RequestValidationError
-from .._core.models import DownloadedFile
-from .._files import StorageError, temp_name
-from . import _identity
+from ..._async_client import AsyncClient
+from ..._base_client import key_fingerprint
+from ..._core.config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
+from ..._core.exceptions import RequestValidationError
+from ..._core.models import DownloadedFile
+from ..._files import StorageError, temp_name
+from .. import _identity
+from .._execute import execute
+from .._guards import Guard
+from .._input import count_lines, reads_csv
+from .._ledger import Ledger
+from .._ledger_files import checkpoint_number, copy_ledger
+from .._manifest import MANIFEST_NAME
+from .._options import BatchOptions
+from .._plan import Slice, scan_input
+from .._reports import BatchProgress, BatchReport, RunOutcome
+from .._schema import LEDGER_NAME
+from .._single import client_maker, run_id_for
+from .._states import ExitCode
+from .._workspace import Workspace
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
-from ._execute import execute
-from ._guards import Guard
-from ._input import count_lines, reads_csv
-from ._ledger import Ledger
-from ._ledger_files import checkpoint_number, copy_ledger
-from ._manifest import MANIFEST_NAME
-from ._options import BatchOptions
-from ._plan import Slice, scan_input
-from ._reports import BatchProgress, BatchReport, RunOutcome
-from ._schema import LEDGER_NAME
-from ._single import client_maker, run_id_for
-from ._states import ExitCode
 from ._storage import Storage, destination_name, open_storage
-from ._workspace import Workspace
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ._options import RunOptions
+    from .._options import RunOptions
 
 __all__ = [
     "CHECKPOINT_EVERY",
