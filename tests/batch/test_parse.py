@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from imggw_client import ImageRequest
-from imggw_client.batch._lines import Unreadable
-from imggw_client.batch._parse import Bad, Bare, is_object, load, parse, parse_collect
+from imggw_client.batch._lines import Bad, Bare, Unreadable, is_object, load, parse, parse_collect
 
 
 def test_a_record_becomes_a_request_with_its_defaults_and_the_fields_kept() -> None:
