@@ -12,7 +12,7 @@ import pytest
 from imggw_client import PollPolicy
 from imggw_client._core.exceptions import RequestValidationError
 from imggw_client.batch import merge, run_batch, run_shard, status
-from imggw_client.batch._spending import Charge
+from imggw_client.batch._admission import Charge
 from imggw_client.batch.scale._folder import charges
 from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway

@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 
 from imggw_client import InsufficientCreditsError, Task, TaskStatus
-from imggw_client.batch._guards import LocalGuard
-from imggw_client.batch._hooks import BatchHooks
+from imggw_client.batch._admission import BatchHooks, Charge, LocalGuard, Room, Spending
 from imggw_client.batch._lines import COLLECT
-from imggw_client.batch._room import Room
+from imggw_client.batch._options import Caps
 from imggw_client.batch._run import RunLines
-from imggw_client.batch._spending import Caps, Charge, Spending
 from imggw_client.batch._states import RUNNING
 from imggw_client.batch._workspace import GalleryPace
 
@@ -35,7 +33,7 @@ class _Pace(GalleryPace):
 
 
 def _hooks(ledger: Any, tmp_path: Path, caps: Caps) -> tuple[RunLines, BatchHooks, LocalGuard]:
-    room = Room(tmp_path, flying=lambda: 0)
+    room = Room(tmp_path)
     run = RunLines(ledger, ledger.totals(), room, deadline=math.inf, line_timeout=None, redact=str)
     guard = LocalGuard(Spending(caps))
     return run, BatchHooks(run, guard, room, _Pace()), guard

@@ -13,12 +13,11 @@ import pytest
 from imggw_client import PollPolicy
 from imggw_client._core.states import State, Work
 from imggw_client._core.surfaces import REDACTED
+from imggw_client.batch._admission import BatchHooks, Room
 from imggw_client.batch._execute import local_guard
-from imggw_client.batch._hooks import BatchHooks
 from imggw_client.batch._identity import RunIdentity
 from imggw_client.batch._ledger_store import LedgerStore
 from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
 from imggw_client.batch._states import EXPIRED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 from imggw_client.batch._workspace import GalleryPace, LocalStore, Workspace
@@ -35,7 +34,7 @@ def _store(tmp_path: Path, ledger: object, redact: object = str) -> tuple[RunLin
     run = RunLines(
         ledger,
         ledger.totals(),
-        Room(tmp_path, flying=lambda: 0),  # type: ignore[attr-defined,arg-type]
+        Room(tmp_path),  # type: ignore[attr-defined,arg-type]
         deadline=math.inf,
         line_timeout=None,
         redact=redact,

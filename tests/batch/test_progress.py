@@ -14,12 +14,11 @@ import pytest
 
 from imggw_client import AsyncClient, RateLimit
 from imggw_client.batch import _progress
+from imggw_client.batch._admission import Charge, Room
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._progress import Progress, learn_from_ledger
 from imggw_client.batch._reports import BatchProgress
-from imggw_client.batch._room import Room
 from imggw_client.batch._run import RunLines
-from imggw_client.batch._spending import Charge
 from imggw_client.batch._states import RUNNING, SAVED, LineState
 from imggw_client.tracking._downloads import DownloadQueue
 
@@ -42,7 +41,7 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
         run = RunLines(
             ledger,
             ledger.totals(),
-            Room(tmp_path, flying=lambda: 0),
+            Room(tmp_path),
             deadline=math.inf,
             line_timeout=None,
             redact=str,
@@ -65,7 +64,7 @@ async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path:
         run = RunLines(
             ledger,
             ledger.totals(),
-            Room(tmp_path, flying=lambda: 0),
+            Room(tmp_path),
             deadline=math.inf,
             line_timeout=None,
             redact=str,

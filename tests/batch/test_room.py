@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from imggw_client.batch import _room
-from imggw_client.batch._room import NO_ROOM, Room, room_of
+from imggw_client.batch import _admission as _room
+from imggw_client.batch._admission import NO_ROOM, Room, room_of
 from imggw_client.batch._states import RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import planned, row
@@ -27,7 +27,7 @@ def test_a_result_needs_room_by_its_resolution_and_an_unknown_one_the_most() -> 
 
 
 def test_lines_running_or_downloading_keep_their_room_until_saved() -> None:
-    room = Room(Path("."), flying=lambda: 0)
+    room = Room(Path("."))
     line = row(1, UNKNOWN, resolution="2k")
     room.moved(line, RUNNING)
     line.state = RUNNING
@@ -44,7 +44,7 @@ async def test_a_submit_waits_for_room_given_back_then_goes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_room, "free_bytes", lambda folder: 10 * MiB)
-    room = Room(Path("."), flying=lambda: 1)
+    room = Room(Path("."))
     first, second = row(1), row(2)
     assert await room.reserve(first, stopped=lambda: False)
     assert room.reserved == 4 * MiB
@@ -78,7 +78,7 @@ async def test_with_nothing_in_flight_a_run_short_of_room_stops_saying_what_it_n
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(_room, "free_bytes", lambda folder: 3 * MiB)
-    room = Room(tmp_path, flying=lambda: 2)
+    room = Room(tmp_path)
     with planned(
         tmp_path,
         [row(1, RUNNING, task_id="1"), row(2, SUCCEEDED, task_id="2"), row(3, SAVED, task_id="3")],
@@ -101,6 +101,6 @@ async def test_a_disk_that_cannot_tell_its_room_lets_every_line_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_room, "free_bytes", lambda folder: None)
-    room = Room(Path("."), flying=lambda: 0)
+    room = Room(Path("."))
     assert await room.reserve(row(1, resolution="4k"), stopped=lambda: False)
     assert not await room.reserve(row(2), stopped=lambda: True)  # the run stopped submitting

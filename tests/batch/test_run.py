@@ -21,10 +21,9 @@ from imggw_client._core.exceptions import (
     UnknownOutcomeError,
 )
 from imggw_client._files import StorageError
+from imggw_client.batch._admission import Charge, Room
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._room import Room
 from imggw_client.batch._run import FATAL, LEFT_LOGGED, RunLines, retry_later
-from imggw_client.batch._spending import Charge
 from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import planned, row
@@ -40,7 +39,7 @@ def run_over(
     return RunLines(
         ledger,
         ledger.totals(),
-        Room(Path("."), flying=lambda: 0),
+        Room(Path(".")),
         deadline=deadline,
         line_timeout=line_timeout,
         redact=redact,
@@ -53,7 +52,7 @@ async def test_each_move_keeps_the_counts_the_times_and_the_ledger(tmp_path: Pat
     with planned(tmp_path, lines) as ledger:
         run = run_over(ledger)
         told: list[int] = []
-        run.on_move = lambda: told.append(1)
+        run.tell = lambda at_once: told.append(1)
         first = ledger.rows()[0]
         run.move(first, RUNNING)
         run.move(first, SUCCEEDED)

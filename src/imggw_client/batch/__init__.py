@@ -29,6 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
+from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._collect import acollect_tasks, collect_tasks
 from ._dryrun import BatchPlan, plan_batch
 from ._gallery import GALLERY_NAME, write_gallery
@@ -41,7 +42,6 @@ from ._options import BatchOptions, RunOptions
 from ._reports import BatchProgress, BatchReport, RunOutcome
 from ._schema import LEDGER_NAME
 from ._single import arun_batch, run_batch
-from ._spending import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._states import ExitCode, LineState
 from .scale._cuts import parse_shard, shard_range
 from .scale._folder import MergeReport, RunStatus, merge, status

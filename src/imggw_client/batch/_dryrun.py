@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from .._core.config import check_surface
 from .._core.states import State
 from . import _identity
+from ._admission import Charge, Spending, Verdict
 from ._ledger import Ledger, remove_if_empty
 from ._lines import COLLECT, GENERATE
 from ._options import BatchOptions
 from ._plan import FolderIdentity, Plan, plan_run
 from ._schema import BAD
-from ._spending import Charge, Spending, Verdict
 from ._states import FINAL, KEPT, UNKNOWN
 
 if TYPE_CHECKING:

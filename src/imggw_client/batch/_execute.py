@@ -24,17 +24,14 @@ from .._async_client import AsyncClient
 from .._core.config import check_surface
 from .._files import StorageError
 from ..tracking._loop import Loop
-from ._guards import Guard, LocalGuard
-from ._hooks import BatchHooks
+from ._admission import BatchHooks, Charge, Guard, LocalGuard, Room, Spending, settles
 from ._ledger import Ledger, Totals
 from ._ledger_store import LedgerStore
-from ._options import BatchOptions
+from ._options import BatchOptions, Caps
 from ._plan import Plan, plan_run
 from ._progress import Progress, learn_from_ledger
 from ._reports import BatchProgress, BatchReport
-from ._room import Room
 from ._run import RunLines
-from ._spending import Caps, Charge, Spending, settles
 from ._states import RUNNING, SUCCEEDED, line_counts
 from ._workspace import GalleryPace, Workspace
 
@@ -149,8 +146,7 @@ async def execute(
     totals = await anyio.to_thread.run_sync(ledger.totals)
     if guard is None:
         guard = await anyio.to_thread.run_sync(local_guard, ledger, totals, options)
-    run: RunLines
-    room = Room(work.folder, flying=lambda: run.unsaved)
+    room = Room(work.folder)
     run = RunLines(
         ledger,
         totals,
@@ -170,7 +166,7 @@ async def execute(
         guarded=options.caps != Caps(),
     )
     progress = Progress(on_progress, client, run, loop.queue, options, surface)
-    hooks.progress, run.on_move = progress, progress.report
+    run.tell = progress.report
     await _count_in_flight(ledger, guard)
     await room.count_unsaved(ledger)
     await learn_from_ledger(client, ledger)

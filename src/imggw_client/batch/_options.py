@@ -17,11 +17,23 @@ from .._core.config import check_surface
 from .._core.exceptions import RequestValidationError
 from ._input import FORMATS
 from ._naming import DEFAULT_NAME, NameTemplate
-from ._spending import Caps
 
-__all__ = ["LINE_TIMEOUT", "BatchOptions", "RunOptions"]
+__all__ = ["LINE_TIMEOUT", "BatchOptions", "Caps", "RunOptions"]
 
 LINE_TIMEOUT = 1800.0  # seconds a run waits on one line's task before leaving it for the next
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The limits of a run: spend caps (None: none) and the most failed lines."""
+
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None
+
+    @property
+    def spend(self) -> bool:
+        return self.max_credits is not None or self.max_cost is not None
 
 
 class RunOptions(TypedDict, total=False):

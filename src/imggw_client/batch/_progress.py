@@ -62,7 +62,7 @@ class Progress:
         self.run, self.queue, self.options = run, queue, options
         self.last = 0.0  # when the last snapshot was told
 
-    def report(self, *, force: bool = False) -> None:
+    def report(self, force: bool = False) -> None:
         """Tells a snapshot, unless one was told less than :data:`PROGRESS_EVERY` ago."""
         now = time.monotonic()
         if self.on_progress is not None and (force or now - self.last >= PROGRESS_EVERY):

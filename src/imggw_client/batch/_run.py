@@ -18,14 +18,13 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from .._core.states import State
 from .._core.surfaces import safe_message
 from ..tracking._store import FATAL, Course, retry_later
 from ._ledger import Ledger, Totals
-from ._room import Room
 from ._schema import Row
-from ._spending import Charge
 from ._states import FAILED, FINAL, MOVES, RUNNING, SUCCEEDED, line_state
 
 __all__ = ["FATAL", "RunLines", "retry_later"]
@@ -35,7 +34,24 @@ UNEXPECTED_LOGGED = 20  # faults no rule covers, logged one by one; the rest are
 LEFT_LOGGED = 20  # lines left for the next run (a query error, the line timeout) logged one by one
 
 
-def _unknown_cost(charge: Charge) -> int:
+class Amount(Protocol):
+    """What a line was charged (a ``Charge`` of the admission): credits and cost, None when
+    not stated."""
+
+    @property
+    def credits(self) -> float | None: ...
+
+    @property
+    def cost(self) -> float | None: ...
+
+
+class Mover(Protocol):
+    """Told of each move before it is made (the room a run's results take)."""
+
+    def moved(self, row: Row, state: State) -> None: ...
+
+
+def _unknown_cost(charge: Amount) -> int:
     """1 for a line charged in credits with no cost stated (as ``Totals.cost_unknown``)."""
     return int(charge.credits is not None and charge.cost is None)
 
@@ -50,7 +66,7 @@ class RunLines(Course):
         self,
         ledger: Ledger,
         totals: Totals,
-        room: Room,
+        room: Mover,
         *,
         deadline: float,
         line_timeout: float | None,
@@ -67,7 +83,9 @@ class RunLines(Course):
         self.finished_here = 0
         self.unexpected = 0
         self.left = 0  # lines left for the next run by a query error or the line timeout
-        self.on_move: Callable[[], None] = lambda: None  # progress, told after each move
+        # Progress, told after each move and at once (True) when submits stop; the run's
+        # progress reads the loop's download queue, so it is made after the loop, and this run.
+        self.tell: Callable[[bool], None] = lambda at_once: None
 
     # ------------------------------------------------------------------------ moves
 
@@ -93,14 +111,14 @@ class RunLines(Course):
             self.ledger.save_now(row)
             return
         self.ledger.save(row)
-        self.on_move()
+        self.tell(False)
 
     def fail(self, row: Row, code: str, message: str) -> None:
         """The line failed, with ``code`` and ``message`` kept for its manifest row."""
         row.error_code, row.error_message = code, message
         self.move(row, FAILED)
 
-    def charged(self, before: Charge, now: Charge) -> None:
+    def charged(self, before: Amount, now: Amount) -> None:
         """A line's charge went from ``before`` to ``now``: the run's money follows."""
         self.credits += (now.credits or 0) - (before.credits or 0)
         self.cost += (now.cost or 0) - (before.cost or 0)

@@ -39,8 +39,8 @@ from ..._core.exceptions import (
     RequestValidationError,
 )
 from .. import _identity
+from .._admission import Charge
 from .._plan import Scan
-from .._spending import Charge
 from ._cuts import shard_folder, shard_name, shard_range
 from ._dask_budget import (
     GUARD_HANDLER,

@@ -46,8 +46,8 @@ from ..._core.exceptions import RequestValidationError
 from ..._core.models import DownloadedFile
 from ..._files import StorageError, temp_name
 from .. import _identity
+from .._admission import Guard
 from .._execute import execute
-from .._guards import Guard
 from .._input import count_lines, reads_csv
 from .._ledger import Ledger
 from .._ledger_files import checkpoint_number, copy_ledger
