@@ -15,9 +15,8 @@ from imggw_client.batch._execute import execute, local_guard
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._plan import FolderIdentity
-from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import RUNNING, SAVED, LineState
-from imggw_client.batch._workspace import LocalStore, Workspace
+from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
+from imggw_client.batch._store import LocalStore, Workspace
 from imggw_client.mock import MockGateway
 
 from .ledgers import planned, row

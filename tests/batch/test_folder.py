@@ -68,7 +68,7 @@ def test_status_tells_an_active_run_expired_results_and_the_soonest_expiry(
 ) -> None:
     """What an operator acts on (DESIGN 21): whether a run holds the folder, results that
     expired counted apart from failures, and when the soonest unsaved result's links die."""
-    from imggw_client.batch._states import EXPIRED, FAILED, RUNNING, SAVED
+    from imggw_client.batch._schema import EXPIRED, FAILED, RUNNING, SAVED
 
     from .ledgers import planned, row
 
@@ -97,7 +97,7 @@ def test_status_tells_an_active_run_expired_results_and_the_soonest_expiry(
 
 
 def test_expired_results_alone_exit_as_failures(tmp_path: Path) -> None:
-    from imggw_client.batch._states import EXPIRED, SAVED
+    from imggw_client.batch._schema import EXPIRED, SAVED
 
     from .ledgers import planned, row
 

@@ -15,9 +15,8 @@ from imggw_client import InsufficientCreditsError, Task, TaskStatus
 from imggw_client.batch._admission import BatchHooks, Charge, LocalGuard, Room, Spending
 from imggw_client.batch._lines import COLLECT
 from imggw_client.batch._options import Caps
-from imggw_client.batch._run import RunLines
-from imggw_client.batch._states import RUNNING
-from imggw_client.batch._workspace import GalleryPace
+from imggw_client.batch._schema import RUNNING
+from imggw_client.batch._store import GalleryPace, RunLines
 
 from .ledgers import planned, row
 

@@ -9,15 +9,20 @@ import pytest
 
 from imggw_client._files import StorageError
 from imggw_client.batch._ledger import STOPPED_BY
-from imggw_client.batch._ledger_files import (
+from imggw_client.batch._schema import (
+    EXPIRED,
+    FAILED,
+    LEDGER_NAME,
+    RUNNING,
+    SAVED,
+    SUCCEEDED,
+    UNKNOWN,
     checkpoint_number,
     copy_ledger,
     count_statuses,
     read_meta,
     read_rows,
 )
-from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import EXPIRED, FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import plan, planned, row
 

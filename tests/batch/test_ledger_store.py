@@ -16,11 +16,9 @@ from imggw_client._core.surfaces import REDACTED
 from imggw_client.batch._admission import BatchHooks, Room
 from imggw_client.batch._execute import local_guard
 from imggw_client.batch._identity import RunIdentity
-from imggw_client.batch._ledger_store import LedgerStore
 from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._run import RunLines
-from imggw_client.batch._states import EXPIRED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
-from imggw_client.batch._workspace import GalleryPace, LocalStore, Workspace
+from imggw_client.batch._schema import EXPIRED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
+from imggw_client.batch._store import GalleryPace, LedgerStore, LocalStore, RunLines, Workspace
 from imggw_client.mock import MockGateway
 from imggw_client.tracking._loop import Loop
 
@@ -112,8 +110,8 @@ async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path
     so (``name_not_used``); a link planted where a name goes still stops the run."""
     from imggw_client._core.models import DownloadedFile
     from imggw_client._files import StorageError
-    from imggw_client.batch._ledger_store import NAME_NOT_USED
     from imggw_client.batch._naming import NameTemplate
+    from imggw_client.batch._store import NAME_NOT_USED
 
     first, second = row(1, SUCCEEDED, task_id="1"), row(2, SUCCEEDED, task_id="2")
     first.caller_id, second.caller_id = "cat", "cat-1"

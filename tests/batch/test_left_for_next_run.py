@@ -25,7 +25,7 @@ from imggw_client.batch import (
     run_shard,
 )
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._states import RUNNING, SUCCEEDED
+from imggw_client.batch._schema import RUNNING, SUCCEEDED
 from imggw_client.batch.scale._folder import charges
 from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse

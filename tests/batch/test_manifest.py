@@ -16,7 +16,7 @@ from imggw_client.batch._manifest import (
     manifest_rows,
     write_manifest,
 )
-from imggw_client.batch._states import EXPIRED, SAVED, SUCCEEDED
+from imggw_client.batch._schema import EXPIRED, SAVED, SUCCEEDED
 
 from .ledgers import row
 

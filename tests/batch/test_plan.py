@@ -13,7 +13,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import BatchInputError
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._plan import FolderIdentity, plan_run, scan_input
-from imggw_client.batch._states import RUNNING, UNKNOWN
+from imggw_client.batch._schema import RUNNING, UNKNOWN
 
 
 def plan(folder: Path, source: list[object], **options: object):  # type: ignore[no-untyped-def]

@@ -18,8 +18,8 @@ from imggw_client.batch._admission import Charge, Room
 from imggw_client.batch._options import BatchOptions
 from imggw_client.batch._progress import Progress, learn_from_ledger
 from imggw_client.batch._reports import BatchProgress
-from imggw_client.batch._run import RunLines
-from imggw_client.batch._states import RUNNING, SAVED, LineState
+from imggw_client.batch._schema import RUNNING, SAVED, LineState
+from imggw_client.batch._store import RunLines
 from imggw_client.tracking._downloads import DownloadQueue
 
 from .ledgers import planned, row

@@ -14,7 +14,7 @@ import pytest
 
 from imggw_client import AsyncClient, PollPolicy
 from imggw_client.batch import BatchProgress, _progress, arun_batch
-from imggw_client.batch._states import LineState
+from imggw_client.batch._schema import LineState
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 
 from imggw_client.batch import _admission as _room
 from imggw_client.batch._admission import NO_ROOM, Room, room_of
-from imggw_client.batch._states import RUNNING, SAVED, SUCCEEDED, UNKNOWN
+from imggw_client.batch._schema import RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import planned, row
 

@@ -23,8 +23,8 @@ from imggw_client._core.exceptions import (
 from imggw_client._files import StorageError
 from imggw_client.batch._admission import Charge, Room
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._run import FATAL, LEFT_LOGGED, RunLines, retry_later
-from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
+from imggw_client.batch._schema import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
+from imggw_client.batch._store import FATAL, LEFT_LOGGED, RunLines, retry_later
 
 from .ledgers import planned, row
 

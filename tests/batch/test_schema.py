@@ -13,21 +13,26 @@ import pytest
 
 from imggw_client._files import StorageError
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._ledger_files import count_statuses, read_rows
 from imggw_client.batch._schema import (
     COLUMNS,
+    FAILED,
     LEDGER_NAME,
+    RUNNING,
+    SAVED,
     SCHEMA_VERSION,
+    SUCCEEDED,
+    UNKNOWN,
     Row,
     connect,
+    count_statuses,
     damaged_ledger,
     is_damaged,
     migrate,
     private_database,
+    read_rows,
     state_of,
     storage_error,
 )
-from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
 from .ledgers import row
 

@@ -4,7 +4,7 @@ words outside the ledger, and the one map from how lines ended to the exit code.
 from __future__ import annotations
 
 from imggw_client._core import states as task
-from imggw_client.batch._states import (
+from imggw_client.batch._schema import (
     BATCH_MOVES,
     EXPIRED,
     FAILED,

@@ -12,13 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from imggw_client._files import StorageError
-from imggw_client.batch import _workspace
+from imggw_client.batch import _store as _workspace
 from imggw_client.batch._gallery import GALLERY_NAME
 from imggw_client.batch._ledger import STOPPED_BY
-from imggw_client.batch._ledger_files import read_meta
-from imggw_client.batch._schema import LEDGER_NAME
-from imggw_client.batch._states import SAVED, UNKNOWN
-from imggw_client.batch._workspace import GalleryPace, LocalStore, Workspace, file_sha256
+from imggw_client.batch._schema import LEDGER_NAME, SAVED, UNKNOWN, read_meta
+from imggw_client.batch._store import GalleryPace, LocalStore, Workspace, file_sha256
 
 from .ledgers import planned, row
 

@@ -40,9 +40,8 @@ from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
 from ._options import BatchOptions, RunOptions
 from ._reports import BatchProgress, BatchReport, RunOutcome
-from ._schema import LEDGER_NAME
+from ._schema import LEDGER_NAME, ExitCode, LineState
 from ._single import arun_batch, run_batch
-from ._states import ExitCode, LineState
 from .scale._cuts import parse_shard, shard_range
 from .scale._folder import MergeReport, RunStatus, merge, status
 from .scale._shards import ShardReport, ShardSpec, arun_shard, run_shard

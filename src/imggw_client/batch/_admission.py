@@ -61,9 +61,8 @@ from .._core.states import State
 from .._files import StorageError
 from ._ledger import Ledger
 from ._options import Caps
-from ._run import RunLines
-from ._schema import Row
-from ._states import RUNNING, SUCCEEDED
+from ._schema import RUNNING, SUCCEEDED, Row
+from ._store import RunLines
 
 __all__ = [
     "BatchHooks",

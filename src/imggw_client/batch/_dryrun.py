@@ -21,8 +21,7 @@ from ._ledger import Ledger, remove_if_empty
 from ._lines import COLLECT, GENERATE
 from ._options import BatchOptions
 from ._plan import FolderIdentity, Plan, plan_run
-from ._schema import BAD
-from ._states import FINAL, KEPT, UNKNOWN
+from ._schema import BAD, FINAL, KEPT, UNKNOWN
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

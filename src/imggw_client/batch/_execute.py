@@ -26,14 +26,12 @@ from .._files import StorageError
 from ..tracking._loop import Loop
 from ._admission import BatchHooks, Charge, Guard, LocalGuard, Room, Spending, settles
 from ._ledger import Ledger, Totals
-from ._ledger_store import LedgerStore
 from ._options import BatchOptions, Caps
 from ._plan import Plan, plan_run
 from ._progress import Progress, learn_from_ledger
 from ._reports import BatchProgress, BatchReport
-from ._run import RunLines
-from ._states import RUNNING, SUCCEEDED, line_counts
-from ._workspace import GalleryPace, Workspace
+from ._schema import RUNNING, SUCCEEDED, line_counts
+from ._store import GalleryPace, LedgerStore, RunLines, Workspace
 
 __all__ = ["execute", "local_guard"]
 

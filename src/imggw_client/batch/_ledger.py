@@ -33,7 +33,12 @@ from ._lines import GENERATE
 from ._schema import (
     BAD,
     COLUMNS,
+    EXPIRED,
     LEDGER_NAME,
+    RECHECKS,
+    RUNNING,
+    SAVED,
+    SUCCEEDED,
     Row,
     connect,
     migrate,
@@ -41,7 +46,6 @@ from ._schema import (
     state_of,
     storage_error,
 )
-from ._states import EXPIRED, RECHECKS, RUNNING, SAVED, SUCCEEDED
 
 LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code

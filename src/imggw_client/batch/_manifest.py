@@ -18,8 +18,7 @@ from typing import Any
 
 from .._core import jsonio
 from .._files import atomic_write
-from ._schema import Row, storage_error
-from ._states import SAVED, STATUS, line_state
+from ._schema import SAVED, STATUS, Row, line_state, storage_error
 
 __all__ = ["MANIFEST_NAME", "iter_manifest", "manifest_row", "manifest_rows", "write_manifest"]
 

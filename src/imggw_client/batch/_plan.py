@@ -38,8 +38,7 @@ from ._lines import (
     Where,
 )
 from ._options import BatchOptions
-from ._schema import BAD, Row, storage_error
-from ._states import FAILED, RUNNING, UNKNOWN
+from ._schema import BAD, FAILED, RUNNING, UNKNOWN, Row, storage_error
 
 __all__ = [
     "WHOLE",

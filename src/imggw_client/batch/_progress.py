@@ -23,8 +23,8 @@ from ..tracking._downloads import DownloadQueue
 from ._ledger import Ledger
 from ._options import BatchOptions
 from ._reports import BatchProgress
-from ._run import RunLines
-from ._states import UNKNOWN, line_counts
+from ._schema import UNKNOWN, line_counts
+from ._store import RunLines
 
 __all__ = ["PROGRESS_EVERY", "PROGRESS_TICK", "Progress", "learn_from_ledger"]
 

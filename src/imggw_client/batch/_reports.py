@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .._core.config import RateLimit
 from ._lines import BadLine
-from ._states import FINAL, ExitCode, LineState, exit_code, line_state, statuses, words
+from ._schema import FINAL, ExitCode, LineState, exit_code, line_state, statuses, words
 
 __all__ = ["BatchProgress", "BatchReport", "RunOutcome"]
 

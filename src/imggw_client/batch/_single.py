@@ -26,7 +26,7 @@ from ._options import BatchOptions
 from ._plan import FolderIdentity
 from ._reports import BatchProgress, BatchReport
 from ._schema import LEDGER_NAME
-from ._workspace import LocalStore, Workspace
+from ._store import LocalStore, Workspace
 from .scale._storage import destination_name
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from .. import _identity
 from .._input import count_lines
 from .._options import BatchOptions
 from .._plan import scan_input
-from .._states import ExitCode
+from .._schema import ExitCode
 from ._cuts import scratch_folder, shard_name, slice_name, write_slices
 from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome
 from ._dask_progress import PROGRESS_EVERY, ProgressReader, ShardedProgress, entries

@@ -20,9 +20,8 @@ import anyio
 import anyio.to_thread
 
 from .._input import line_kinds
-from .._ledger_files import count_statuses
 from .._lines import ENTRY
-from .._schema import LEDGER_NAME
+from .._schema import LEDGER_NAME, count_statuses
 from ._cuts import SHARDS_DIR, shard_range
 from ._storage import Storage
 

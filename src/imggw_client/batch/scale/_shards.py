@@ -50,15 +50,13 @@ from .._admission import Guard
 from .._execute import execute
 from .._input import count_lines, reads_csv
 from .._ledger import Ledger
-from .._ledger_files import checkpoint_number, copy_ledger
 from .._manifest import MANIFEST_NAME
 from .._options import BatchOptions
 from .._plan import Slice, scan_input
 from .._reports import BatchProgress, BatchReport, RunOutcome
-from .._schema import LEDGER_NAME
+from .._schema import LEDGER_NAME, ExitCode, checkpoint_number, copy_ledger
 from .._single import client_maker, run_id_for
-from .._states import ExitCode
-from .._workspace import Workspace
+from .._store import Workspace
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._storage import Storage, destination_name, open_storage
 
