@@ -13,7 +13,7 @@ from imggw_client import RetryPolicy
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core.exceptions import ImggwError, InvalidRequestError
 from imggw_client.batch._identity import RunIdentity
-from imggw_client.batch._options import BatchOptions
+from imggw_client.batch._plan import BatchOptions
 from imggw_client.batch.scale._dask_dispatch import (
     ClientSpec,
     Dispatch,

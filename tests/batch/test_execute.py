@@ -11,10 +11,10 @@ import pytest
 
 from imggw_client import PollPolicy
 from imggw_client.batch import BatchInputError
-from imggw_client.batch._execute import execute, local_guard
+from imggw_client.batch._identity import FolderIdentity
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._plan import FolderIdentity
+from imggw_client.batch._plan import BatchOptions
+from imggw_client.batch._run import execute, local_guard
 from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
 from imggw_client.batch._store import LocalStore, Workspace
 from imggw_client.mock import MockGateway

@@ -22,7 +22,7 @@ from imggw_client import AsyncClient, PollPolicy, RetryPolicy
 from imggw_client._core import spec
 from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
 from imggw_client.batch._admission import Charge, Spending, Verdict, reported, settles
-from imggw_client.batch._options import Caps
+from imggw_client.batch._plan import Caps
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
 from ..cli.helpers import CANARY, imggw

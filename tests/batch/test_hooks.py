@@ -14,7 +14,7 @@ import pytest
 from imggw_client import InsufficientCreditsError, Task, TaskStatus
 from imggw_client.batch._admission import BatchHooks, Charge, LocalGuard, Room, Spending
 from imggw_client.batch._lines import COLLECT
-from imggw_client.batch._options import Caps
+from imggw_client.batch._plan import Caps
 from imggw_client.batch._schema import RUNNING
 from imggw_client.batch._store import GalleryPace, RunLines
 

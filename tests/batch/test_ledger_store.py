@@ -14,9 +14,9 @@ from imggw_client import PollPolicy
 from imggw_client._core.states import State, Work
 from imggw_client._core.surfaces import REDACTED
 from imggw_client.batch._admission import BatchHooks, Room
-from imggw_client.batch._execute import local_guard
 from imggw_client.batch._identity import RunIdentity
-from imggw_client.batch._options import BatchOptions
+from imggw_client.batch._plan import BatchOptions
+from imggw_client.batch._run import local_guard
 from imggw_client.batch._schema import EXPIRED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 from imggw_client.batch._store import GalleryPace, LedgerStore, LocalStore, RunLines, Workspace
 from imggw_client.mock import MockGateway
@@ -110,7 +110,7 @@ async def test_a_templated_name_never_replaces_another_lines_file(tmp_path: Path
     so (``name_not_used``); a link planted where a name goes still stops the run."""
     from imggw_client._core.models import DownloadedFile
     from imggw_client._files import StorageError
-    from imggw_client.batch._naming import NameTemplate
+    from imggw_client.batch._plan import NameTemplate
     from imggw_client.batch._store import NAME_NOT_USED
 
     first, second = row(1, SUCCEEDED, task_id="1"), row(2, SUCCEEDED, task_id="2")

@@ -10,7 +10,7 @@ from typing import Any, get_type_hints
 import pytest
 
 from imggw_client._core.exceptions import ConfigurationError, RequestValidationError
-from imggw_client.batch._options import LINE_TIMEOUT, BatchOptions, Caps, RunOptions
+from imggw_client.batch._plan import LINE_TIMEOUT, BatchOptions, Caps, RunOptions
 
 
 def test_the_keywords_and_the_options_are_the_same_names() -> None:

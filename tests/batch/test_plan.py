@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from imggw_client.batch._identity import RUN_NAME, InputChangedError, idempotency_key
+from imggw_client.batch._identity import (
+    RUN_NAME,
+    FolderIdentity,
+    InputChangedError,
+    idempotency_key,
+)
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import BatchInputError
-from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._plan import FolderIdentity, plan_run, scan_input
+from imggw_client.batch._plan import BatchOptions, plan_run, scan_input
 from imggw_client.batch._schema import RUNNING, UNKNOWN
 
 

@@ -1,4 +1,4 @@
-"""What a run tells while it goes (``batch/_progress.py``): snapshots at most every quarter of a
+"""What a run tells while it goes (``batch/_run.py``): snapshots at most every quarter of a
 second unless forced (on a fake clock), what each holds, and a resumed run's learned durations,
 seeded from its ledger."""
 
@@ -13,11 +13,11 @@ import anyio
 import pytest
 
 from imggw_client import AsyncClient, RateLimit
-from imggw_client.batch import _progress
+from imggw_client.batch import _run
 from imggw_client.batch._admission import Charge, Room
-from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._progress import Progress, learn_from_ledger
+from imggw_client.batch._plan import BatchOptions
 from imggw_client.batch._reports import BatchProgress
+from imggw_client.batch._run import Progress, learn_from_ledger
 from imggw_client.batch._schema import RUNNING, SAVED, LineState
 from imggw_client.batch._store import RunLines
 from imggw_client.tracking._downloads import DownloadQueue
@@ -35,7 +35,7 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(_progress, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
     seen: list[BatchProgress] = []
     with planned(tmp_path, [row(1), row(2)]) as ledger:
         run = RunLines(

@@ -1,4 +1,4 @@
-"""Room on the disk for what a run pays for (``batch/_room.py``): a submit waits until the
+"""Room on the disk for what a run pays for (``batch/_admission.py``): a submit waits until the
 folder has room for every unsaved result and its own, and a run with nothing in flight to give
 room back stops, saying how much it needs. The disk is a fake one (``free_bytes``)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from imggw_client.batch import _admission as _room
+from imggw_client.batch import _admission
 from imggw_client.batch._admission import NO_ROOM, Room, room_of
 from imggw_client.batch._schema import RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
@@ -43,7 +43,7 @@ def test_lines_running_or_downloading_keep_their_room_until_saved() -> None:
 async def test_a_submit_waits_for_room_given_back_then_goes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_room, "free_bytes", lambda folder: 10 * MiB)
+    monkeypatch.setattr(_admission, "free_bytes", lambda folder: 10 * MiB)
     room = Room(Path("."))
     first, second = row(1), row(2)
     assert await room.reserve(first, stopped=lambda: False)
@@ -77,7 +77,7 @@ async def test_a_submit_waits_for_room_given_back_then_goes(
 async def test_with_nothing_in_flight_a_run_short_of_room_stops_saying_what_it_needs(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(_room, "free_bytes", lambda folder: 3 * MiB)
+    monkeypatch.setattr(_admission, "free_bytes", lambda folder: 3 * MiB)
     room = Room(tmp_path)
     with planned(
         tmp_path,
@@ -100,7 +100,7 @@ async def test_with_nothing_in_flight_a_run_short_of_room_stops_saying_what_it_n
 async def test_a_disk_that_cannot_tell_its_room_lets_every_line_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_room, "free_bytes", lambda folder: None)
+    monkeypatch.setattr(_admission, "free_bytes", lambda folder: None)
     room = Room(Path("."))
     assert await room.reserve(row(1, resolution="4k"), stopped=lambda: False)
     assert not await room.reserve(row(2), stopped=lambda: True)  # the run stopped submitting

@@ -1,4 +1,4 @@
-"""Where a run works (``batch/_workspace.py``): what counts as a result kept whole, the saved
+"""Where a run works (``batch/_store.py``): what counts as a result kept whole, the saved
 lines whose files are gone, leftovers of cut downloads, and the manifest and gallery a run
 writes at its end (or now and then while it goes)."""
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from imggw_client._files import StorageError
-from imggw_client.batch import _store as _workspace
+from imggw_client.batch import _store
 from imggw_client.batch._gallery import GALLERY_NAME
 from imggw_client.batch._ledger import STOPPED_BY
 from imggw_client.batch._schema import LEDGER_NAME, SAVED, UNKNOWN, read_meta
@@ -105,13 +105,13 @@ async def test_the_gallery_is_rewritten_now_and_then_never_more_often(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(_workspace, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(_store, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     with planned(tmp_path, [row(1)]) as ledger:
         work = Workspace(tmp_path, ledger, None, LocalStore(tmp_path), gallery="g")  # type: ignore[arg-type]
         pace = GalleryPace(work)
         await pace.maybe()
         assert not (tmp_path / GALLERY_NAME).exists()  # not yet: just begun
-        clock[0] += _workspace.GALLERY_EVERY
+        clock[0] += _store.GALLERY_EVERY
         await pace.maybe()
         assert (tmp_path / GALLERY_NAME).exists()
         (tmp_path / GALLERY_NAME).unlink()

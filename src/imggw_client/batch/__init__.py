@@ -30,18 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
 from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
-from ._collect import acollect_tasks, collect_tasks
-from ._dryrun import BatchPlan, plan_batch
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError, KeyChangedError
 from ._input import iter_lines, read_lines
 from ._ledger import BatchLockedError
 from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
 from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
-from ._options import BatchOptions, RunOptions
+from ._plan import BatchOptions, RunOptions
 from ._reports import BatchProgress, BatchReport, RunOutcome
+from ._run import BatchPlan, acollect_tasks, arun_batch, collect_tasks, plan_batch, run_batch
 from ._schema import LEDGER_NAME, ExitCode, LineState
-from ._single import arun_batch, run_batch
 from .scale._cuts import parse_shard, shard_range
 from .scale._folder import MergeReport, RunStatus, merge, status
 from .scale._shards import ShardReport, ShardSpec, arun_shard, run_shard

@@ -60,7 +60,7 @@ from .._core.rules import PIXELS, RESULT_ROOM
 from .._core.states import State
 from .._files import StorageError
 from ._ledger import Ledger
-from ._options import Caps
+from ._plan import Caps
 from ._schema import RUNNING, SUCCEEDED, Row
 from ._store import RunLines
 

@@ -41,10 +41,10 @@ from .._core.text import printable
 from .._files import StorageError, cannot, planted_link, refuse_link
 from ..tracking._store import FATAL, Course, retry_later
 from ._gallery import write_gallery
+from ._identity import IdentityStore
 from ._ledger import STOPPED_BY, Ledger, Totals
 from ._manifest import manifest_rows, write_manifest
-from ._naming import INCOMING_DIR, NameTemplate
-from ._plan import WHOLE, IdentityStore, Slice
+from ._plan import INCOMING_DIR, WHOLE, NameTemplate, Slice
 from ._schema import (
     EXPIRED,
     FAILED,

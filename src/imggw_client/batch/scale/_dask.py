@@ -37,8 +37,7 @@ from ..._core.config import RateLimit, check_surface
 from ..._core.exceptions import ConfigurationError, RequestValidationError
 from .. import _identity
 from .._input import count_lines
-from .._options import BatchOptions
-from .._plan import scan_input
+from .._plan import BatchOptions, scan_input
 from .._schema import ExitCode
 from ._cuts import scratch_folder, shard_name, slice_name, write_slices
 from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome
@@ -50,7 +49,7 @@ from ._storage import Storage, open_storage
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .._options import RunOptions
+    from .._plan import RunOptions
 
 __all__ = [
     "ClientSpec",

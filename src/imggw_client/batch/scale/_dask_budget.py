@@ -26,7 +26,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from ..._core.budget import DEFAULT_BACKOFF, Budget, Ended, Ticket
 from ..._core.config import RateLimit
 from .._admission import RemoteGuard, Spending, charge_of, handle
-from .._options import Caps
+from .._plan import Caps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -47,15 +47,13 @@ from ..._core.models import DownloadedFile
 from ..._files import StorageError, temp_name
 from .. import _identity
 from .._admission import Guard
-from .._execute import execute
 from .._input import count_lines, reads_csv
 from .._ledger import Ledger
 from .._manifest import MANIFEST_NAME
-from .._options import BatchOptions
-from .._plan import Slice, scan_input
+from .._plan import BatchOptions, Slice, scan_input
 from .._reports import BatchProgress, BatchReport, RunOutcome
+from .._run import client_maker, execute, run_id_for
 from .._schema import LEDGER_NAME, ExitCode, checkpoint_number, copy_ledger
-from .._single import client_maker, run_id_for
 from .._store import Workspace
 from ._cuts import check_shard, scratch_folder, shard_folder, shard_name, shard_range
 from ._storage import Storage, destination_name, open_storage
@@ -63,7 +61,7 @@ from ._storage import Storage, destination_name, open_storage
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .._options import RunOptions
+    from .._plan import RunOptions
 
 __all__ = [
     "CHECKPOINT_EVERY",
