@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client._core.exceptions import RequestValidationError
-from imggw_client.batch.scale._cuts import (
+from imggw_client.batch.scale._shards import (
     parse_shard,
     scratch_folder,
     shard_folder,

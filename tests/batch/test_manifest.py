@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imggw_client.batch._manifest import (
+from imggw_client.batch._report import (
     MANIFEST_NAME,
     iter_manifest,
     manifest_record,

@@ -16,7 +16,7 @@ from imggw_client import AsyncClient, RateLimit
 from imggw_client.batch import _run
 from imggw_client.batch._admission import Charge, Room
 from imggw_client.batch._plan import BatchOptions
-from imggw_client.batch._reports import BatchProgress
+from imggw_client.batch._report import BatchProgress
 from imggw_client.batch._run import Progress, learn_from_ledger
 from imggw_client.batch._schema import RUNNING, SAVED, LineState
 from imggw_client.batch._store import RunLines

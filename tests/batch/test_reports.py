@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from imggw_client.batch._lines import BadLine
-from imggw_client.batch._reports import BatchProgress, BatchReport
+from imggw_client.batch._report import BatchProgress, BatchReport
 from imggw_client.batch._schema import ExitCode, LineState
 
 PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState  # what a report counts

@@ -35,14 +35,21 @@ from ._identity import InputChangedError, KeyChangedError
 from ._input import iter_lines, read_lines
 from ._ledger import BatchLockedError
 from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
-from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
 from ._plan import BatchOptions, RunOptions
-from ._reports import BatchProgress, BatchReport, RunOutcome
+from ._report import (
+    MANIFEST_NAME,
+    BatchProgress,
+    BatchReport,
+    RunOutcome,
+    iter_manifest,
+    manifest_record,
+    manifest_row,
+    write_manifest,
+)
 from ._run import BatchPlan, acollect_tasks, arun_batch, collect_tasks, plan_batch, run_batch
 from ._schema import LEDGER_NAME, ExitCode, LineState
-from .scale._cuts import parse_shard, shard_range
 from .scale._folder import MergeReport, RunStatus, merge, status
-from .scale._shards import ShardReport, ShardSpec, arun_shard, run_shard
+from .scale._shards import ShardReport, ShardSpec, arun_shard, parse_shard, run_shard, shard_range
 from .scale._storage import Storage, is_url, open_storage
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time they load on first use

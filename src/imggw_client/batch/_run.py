@@ -56,9 +56,8 @@ from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._identity import FolderIdentity
 from ._ledger import LOCK_NAME, Ledger, Totals, remove_if_empty
 from ._lines import BAD_LINES_NAME, COLLECT, GENERATE, BatchInputError
-from ._manifest import MANIFEST_NAME
 from ._plan import INCOMING_DIR, BatchOptions, Caps, Plan, plan_run
-from ._reports import BatchProgress, BatchReport
+from ._report import MANIFEST_NAME, BatchProgress, BatchReport
 from ._schema import BAD, FINAL, KEPT, LEDGER_NAME, RUNNING, SUCCEEDED, UNKNOWN, line_counts
 from ._store import GalleryPace, LedgerStore, LocalStore, RunLines, Workspace
 from .scale._storage import destination_name

@@ -43,8 +43,8 @@ from ..tracking._store import FATAL, Course, retry_later
 from ._gallery import write_gallery
 from ._identity import IdentityStore
 from ._ledger import STOPPED_BY, Ledger, Totals
-from ._manifest import manifest_rows, write_manifest
 from ._plan import INCOMING_DIR, WHOLE, NameTemplate, Slice
+from ._report import manifest_rows, write_manifest
 from ._schema import (
     EXPIRED,
     FAILED,

@@ -39,11 +39,19 @@ from .. import _identity
 from .._input import count_lines
 from .._plan import BatchOptions, scan_input
 from .._schema import ExitCode
-from ._cuts import scratch_folder, shard_name, slice_name, write_slices
 from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome
 from ._dask_progress import PROGRESS_EVERY, ProgressReader, ShardedProgress, entries
 from ._folder import MergeReport, charges, merge
-from ._shards import CHECKPOINT_EVERY, ShardSpec, env_fingerprint, env_run_id
+from ._shards import (
+    CHECKPOINT_EVERY,
+    ShardSpec,
+    env_fingerprint,
+    env_run_id,
+    scratch_folder,
+    shard_name,
+    slice_name,
+    write_slices,
+)
 from ._storage import Storage, open_storage
 
 if TYPE_CHECKING:

@@ -41,7 +41,6 @@ from ..._core.exceptions import (
 from .. import _identity
 from .._admission import Charge
 from .._plan import Scan
-from ._cuts import shard_folder, shard_name, shard_range
 from ._dask_budget import (
     GUARD_HANDLER,
     HANDLER,
@@ -52,7 +51,7 @@ from ._dask_budget import (
 )
 from ._dask_progress import SHARD_KEY, ProgressReader, ShardedProgress
 from ._dask_progress import watch as watch_progress
-from ._shards import ShardReport, ShardSpec
+from ._shards import ShardReport, ShardSpec, shard_folder, shard_name, shard_range
 
 __all__ = ["RUN_FATAL", "ClientSpec", "Prepared", "ShardError", "ShardOutcome"]
 

@@ -22,7 +22,7 @@ import anyio.to_thread
 from .._input import line_kinds
 from .._lines import ENTRY
 from .._schema import LEDGER_NAME, count_statuses
-from ._cuts import SHARDS_DIR, shard_range
+from ._shards import SHARDS_DIR, shard_range
 from ._storage import Storage
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ from .. import _identity
 from .._admission import Charge, charge_of, settles
 from .._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from .._ledger import INVALID_LINE, STOPPED_BY, is_locked
-from .._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
+from .._report import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from .._schema import LEDGER_NAME, STATUSES, ExitCode, exit_code, read_meta, read_rows
-from ._cuts import SHARD_NAME, SHARDS_DIR
+from ._shards import SHARD_NAME, SHARDS_DIR
 from ._storage import Storage, open_storage
 
 EXPIRED_CODE = reasons.RESULT_EXPIRED.code
