@@ -1,4 +1,4 @@
-"""How a run is cut into shards (``batch/_cuts.py``): ranges every process agrees on, the
+"""How a run is cut into shards (``batch/scale/_shards.py``): ranges every process agrees on, the
 ``I/N`` the command line takes, and slices of the input that keep a CSV record whole."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shards of a Dask run on its cluster (``batch/_dask_dispatch.py``), without a cluster:
+"""The shards of a Dask run on its cluster (``batch/scale/_dask_dispatch.py``), without a cluster:
 what a worker makes its client from (never the key), an error that travels back whole or as
 its words, and one outcome per shard covering the input."""
 

@@ -1,4 +1,4 @@
-"""Any run's folder read back (``batch/_folder.py``): a single run's status and charges from
+"""Any run's folder read back (``batch/scale/_folder.py``): a single run's status and charges from
 its ledger alone, a folder that holds no run refused, and shards' manifests merged whole, lines
 no shard reached yet pending."""
 

@@ -1,4 +1,4 @@
-"""The manifest (``batch/_manifest.py``): one row per line, in line order, written whole or not
+"""The manifest (``batch/_report.py``): one row per line, in line order, written whole or not
 at all, and read back one row at a time."""
 
 from __future__ import annotations

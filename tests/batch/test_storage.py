@@ -1,4 +1,4 @@
-"""A sharded run's output folder (``batch/_storage.py``): the same small interface on a local
+"""A sharded run's output folder (``batch/scale/_storage.py``): the same small interface on a local
 path and on an fsspec URL, every file whole or not at all, and the first writer of a file the
 only one."""
 

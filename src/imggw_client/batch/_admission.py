@@ -660,7 +660,7 @@ class BatchHooks:
     async def charged(self, row: Row, task: Task, *, final: bool) -> None:
         """What the line's task reports it cost, as soon as any answer states it: the run's
         money, the row, and the guard (a cap is kept by charges, not by guesses). While the
-        task runs its charge never drops (``_spending.reported``)."""
+        task runs its charge never drops (:func:`reported`)."""
         before = Charge(row.credits, row.cost).clamped()
         now = reported(before, Charge(task.credits, task.cost), final=final)
         if now != before and now.known:

@@ -199,7 +199,7 @@ def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> 
 class Row:
     """One input line as the ledger keeps it: what it asks for (``digest`` of its request,
     ``fields`` for the manifest), its key, its task and where it stands (``state``, see
-    ``_states``), its results, money and times (``submitted_at``: its submit was answered;
+    ``_schema``), its results, money and times (``submitted_at``: its submit was answered;
     ``completed_at``: its task was first seen finished; ``finished_at``: the line reached a
     final state; ``first_sent``: its submit first left, for the gateway's key memory; Unix
     seconds)."""
@@ -577,7 +577,7 @@ def read_rows(path: Path) -> Iterator[Row]:
 
 
 def count_statuses(path: Path) -> dict[str, int] | None:
-    """Lines per word of ``_states.STATUSES`` in a ledger file's last plan (bad input lines
+    """Lines per word of :data:`STATUSES` in a ledger file's last plan (bad input lines
     as ``bad``), read only and summed by SQLite: cheap enough to read every few seconds while
     a shard runs. None when the file holds no plan yet."""
     with _read_only(path) as opened:

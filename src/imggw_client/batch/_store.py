@@ -132,7 +132,7 @@ class RunLines(Course):
     # ------------------------------------------------------------------------ moves
 
     def move(self, row: Row, state: State, *, at_once: bool = False) -> None:
-        """Moves the row to ``state`` (one of the moves ``_states.MOVES`` allows), keeps the
+        """Moves the row to ``state`` (one of the moves ``_schema.MOVES`` allows), keeps the
         counts, and queues the row for the ledger (``at_once``: writes it now, in this thread,
         before a run begins)."""
         if state not in MOVES[row.state]:

@@ -1,4 +1,4 @@
-"""What a run tells while it goes and when it ends (``batch/_reports.py``): the display's
+"""What a run tells while it goes and when it ends (``batch/_report.py``): the display's
 words, the pace and time left of a progress snapshot, and a report's exit code."""
 
 from __future__ import annotations
