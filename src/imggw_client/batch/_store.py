@@ -50,7 +50,6 @@ from ._schema import (
     FAILED,
     FINAL,
     MOVES,
-    RUNNING,
     SAVED,
     SUCCEEDED,
     Row,
@@ -165,11 +164,6 @@ class RunLines(Course):
         self.credits += (now.credits or 0) - (before.credits or 0)
         self.cost += (now.cost or 0) - (before.cost or 0)
         self.cost_unknown += _unknown_cost(now) - _unknown_cost(before)
-
-    @property
-    def unsaved(self) -> int:
-        """Lines whose results are still to be saved: running, or succeeded and not saved."""
-        return self.counts.get(RUNNING, 0) + self.counts.get(SUCCEEDED, 0)
 
     # ------------------------------------------------------------------------ failures
 
