@@ -41,7 +41,7 @@ def shard_raises(index: int, after: int, marker: Path) -> Any:
     Defined here, in ``__main__``, so that Dask ships it to the workers by value."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
-    from imggw_client.batch import _shards
+    from imggw_client.batch.scale import _shards
 
     def claim() -> bool:
         try:

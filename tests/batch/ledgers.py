@@ -11,8 +11,7 @@ from typing import Any
 from imggw_client._core.states import State
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import GENERATE
-from imggw_client.batch._schema import Row
-from imggw_client.batch._states import UNKNOWN
+from imggw_client.batch._schema import UNKNOWN, Row
 
 
 def row(line: int, state: State = UNKNOWN, *, resolution: str = "1k", **kw: Any) -> Row:

@@ -1,4 +1,4 @@
-"""How a run is cut into shards (``batch/_cuts.py``): ranges every process agrees on, the
+"""How a run is cut into shards (``batch/scale/_shards.py``): ranges every process agrees on, the
 ``I/N`` the command line takes, and slices of the input that keep a CSV record whole."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client._core.exceptions import RequestValidationError
-from imggw_client.batch._cuts import (
+from imggw_client.batch.scale._shards import (
     parse_shard,
     scratch_folder,
     shard_folder,
@@ -16,7 +16,7 @@ from imggw_client.batch._cuts import (
     slice_name,
     write_slices,
 )
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch.scale._storage import open_storage
 
 
 def test_shards_are_contiguous_ranges_that_cover_every_line_once() -> None:

@@ -1,4 +1,4 @@
-"""The shards of a Dask run on its cluster (``batch/_dask_dispatch.py``), without a cluster:
+"""The shards of a Dask run on its cluster (``batch/scale/_dask_dispatch.py``), without a cluster:
 what a worker makes its client from (never the key), an error that travels back whole or as
 its words, and one outcome per shard covering the input."""
 
@@ -12,7 +12,9 @@ import pytest
 from imggw_client import RetryPolicy
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core.exceptions import ImggwError, InvalidRequestError
-from imggw_client.batch._dask_dispatch import (
+from imggw_client.batch._identity import RunIdentity
+from imggw_client.batch._plan import BatchOptions
+from imggw_client.batch.scale._dask_dispatch import (
     ClientSpec,
     Dispatch,
     Prepared,
@@ -20,9 +22,7 @@ from imggw_client.batch._dask_dispatch import (
     ShardOutcome,
     _portable,
 )
-from imggw_client.batch._identity import RunIdentity
-from imggw_client.batch._options import BatchOptions
-from imggw_client.batch._shards import ShardReport, ShardSpec
+from imggw_client.batch.scale._shards import ShardReport, ShardSpec
 
 
 @pytest.mark.anyio

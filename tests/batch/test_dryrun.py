@@ -1,4 +1,4 @@
-"""A dry run (``batch/_dryrun.py``): what a run would do now and cost, with every check a run
+"""A dry run (``batch/_run.py``): what a run would do now and cost, with every check a run
 makes, not one request sent and the folder left as it was."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Any run's folder read back (``batch/_folder.py``): a single run's status and charges from
+"""Any run's folder read back (``batch/scale/_folder.py``): a single run's status and charges from
 its ledger alone, a folder that holds no run refused, and shards' manifests merged whole, lines
 no shard reached yet pending."""
 
@@ -12,9 +12,9 @@ import pytest
 from imggw_client import PollPolicy
 from imggw_client._core.exceptions import RequestValidationError
 from imggw_client.batch import merge, run_batch, run_shard, status
-from imggw_client.batch._folder import charges
-from imggw_client.batch._spending import Charge
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch._admission import Charge
+from imggw_client.batch.scale._folder import charges
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1)}
@@ -68,7 +68,7 @@ def test_status_tells_an_active_run_expired_results_and_the_soonest_expiry(
 ) -> None:
     """What an operator acts on (DESIGN 21): whether a run holds the folder, results that
     expired counted apart from failures, and when the soonest unsaved result's links die."""
-    from imggw_client.batch._states import EXPIRED, FAILED, RUNNING, SAVED
+    from imggw_client.batch._schema import EXPIRED, FAILED, RUNNING, SAVED
 
     from .ledgers import planned, row
 
@@ -97,7 +97,7 @@ def test_status_tells_an_active_run_expired_results_and_the_soonest_expiry(
 
 
 def test_expired_results_alone_exit_as_failures(tmp_path: Path) -> None:
-    from imggw_client.batch._states import EXPIRED, SAVED
+    from imggw_client.batch._schema import EXPIRED, SAVED
 
     from .ledgers import planned, row
 

@@ -31,7 +31,7 @@ from imggw_client.batch import (
 )
 from imggw_client.batch._identity import LINES_NAME, RUN_NAME
 from imggw_client.batch._ledger import LOCK_NAME
-from imggw_client.batch._storage import Storage
+from imggw_client.batch.scale._storage import Storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 
 KEY_A = "sk-folder-key-a-0001"

@@ -21,7 +21,8 @@ import pytest
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy
 from imggw_client._core import spec
 from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
-from imggw_client.batch._spending import Caps, Charge, Spending, Verdict, reported, settles
+from imggw_client.batch._admission import Charge, Spending, Verdict, reported, settles
+from imggw_client.batch._plan import Caps
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
 from ..cli.helpers import CANARY, imggw
@@ -699,7 +700,7 @@ def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_pat
 
 @pytest.mark.anyio
 async def test_a_guard_held_here_and_one_asked_elsewhere_agree_step_by_step() -> None:
-    from imggw_client.batch._guards import LocalGuard, RemoteGuard, handle
+    from imggw_client.batch._admission import LocalGuard, RemoteGuard, handle
 
     here = LocalGuard(Spending(Caps(max_credits=10, max_failures=2)))
     held = Spending(Caps(max_credits=10, max_failures=2))
@@ -731,7 +732,7 @@ async def test_a_guard_held_here_and_one_asked_elsewhere_agree_step_by_step() ->
 
 @pytest.mark.anyio
 async def test_a_line_waiting_for_the_first_price_goes_once_it_is_charged() -> None:
-    from imggw_client.batch._guards import LocalGuard
+    from imggw_client.batch._admission import LocalGuard
 
     guard = LocalGuard(Spending(Caps(max_credits=100)))
     assert await guard.admit("first", "1k")  # nothing charged yet: one line finds the price

@@ -11,7 +11,7 @@ import pytest
 from imggw_client import AsyncClient
 from imggw_client.batch._ledger import BatchLockedError, Ledger
 from imggw_client.batch._lines import COLLECT
-from imggw_client.batch._states import (
+from imggw_client.batch._schema import (
     EXPIRED,
     FAILED,
     RECHECKS,

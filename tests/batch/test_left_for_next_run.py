@@ -20,14 +20,14 @@ from imggw_client.batch import (
     BatchOptions,
     BatchReport,
     StorageError,
-    _room,
+    _admission,
     run_batch,
     run_shard,
 )
-from imggw_client.batch._folder import charges
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._states import RUNNING, SUCCEEDED
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch._schema import RUNNING, SUCCEEDED
+from imggw_client.batch.scale._folder import charges
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.mock import _serving as serving
 
@@ -281,14 +281,14 @@ def test_no_line_is_submitted_without_room_for_its_result(
     # MiB disk whose results take 3 MiB each, 4 MiB kept free for each 1k result to come: two
     # go, a third once they are saved, then there is no room for a fourth.
     disk = FakeDisk(10 * MiB, 3 * MiB)
-    monkeypatch.setattr(_room, "free_bytes", disk)
+    monkeypatch.setattr(_admission, "free_bytes", disk)
     gw = gateway()
     source = prompts(tmp_path / "in.txt", *(f"prompt {i}" for i in range(10)))
     out = tmp_path / "out"
     with gw.serve() as url:
         with pytest.raises(StorageError) as raised:
             batch(url, source, out, concurrency=4)
-        assert raised.value.code == _room.NO_ROOM
+        assert raised.value.code == _admission.NO_ROOM
         assert str(out) in raised.value.message
         assert "1.0 MiB free" in raised.value.message
         assert "may need about 4 MiB" in raised.value.message
@@ -296,7 +296,7 @@ def test_no_line_is_submitted_without_room_for_its_result(
         assert len(list(out.glob("*.png"))) == 3  # what was paid for is saved
         statuses = [r["status"] for r in manifest(out)]
         assert statuses == ["succeeded"] * 3 + ["pending"] * 7
-        monkeypatch.setattr(_room, "free_bytes", FakeDisk(1 << 40, 3 * MiB))  # room again
+        monkeypatch.setattr(_admission, "free_bytes", FakeDisk(1 << 40, 3 * MiB))  # room again
         again = batch(url, source, out)
     assert again.exit_code == 0
     assert gw.stats()["tasks_created"] == 10
@@ -308,7 +308,7 @@ def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
 ) -> None:
     # 70 MiB free: one 4k result (64 MiB kept free for it) fits; once saved (30 MiB), the
     # next does not.
-    monkeypatch.setattr(_room, "free_bytes", FakeDisk(70 * MiB, 30 * MiB))
+    monkeypatch.setattr(_admission, "free_bytes", FakeDisk(70 * MiB, 30 * MiB))
     gw = gateway()
     out = tmp_path / "out"
     lines = [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(4)]
@@ -344,7 +344,7 @@ def test_results_still_to_save_count_against_the_room(
             png.unlink()
         source.write_text("a fox\na hen\na cow\n")
         # 10 MiB: room for a third line's result (4), not for it beside the two to save (12).
-        monkeypatch.setattr(_room, "free_bytes", FakeDisk(10 * MiB, 4 * MiB))
+        monkeypatch.setattr(_admission, "free_bytes", FakeDisk(10 * MiB, 4 * MiB))
         with pytest.raises(StorageError, match=r"has 2\.0 MiB free"):
             batch(url, source, out, allow_changes=True)
     assert gw.stats()["tasks_created"] == 2  # the third line was not sent
@@ -354,7 +354,7 @@ def test_results_still_to_save_count_against_the_room(
 def test_a_folder_whose_free_space_cannot_be_told_is_not_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_room, "free_bytes", lambda folder: None)
+    monkeypatch.setattr(_admission, "free_bytes", lambda folder: None)
     gw = gateway()
     with gw.serve() as url:
         report = batch(url, prompts(tmp_path / "in.txt", "a", "b"), tmp_path / "out")
@@ -362,7 +362,7 @@ def test_a_folder_whose_free_space_cannot_be_told_is_not_stopped(
 
 
 def test_the_real_probe_tells_the_free_space_or_nothing(tmp_path: Path) -> None:
-    free = _room.free_bytes(tmp_path)
+    free = _admission.free_bytes(tmp_path)
     assert free is not None
     assert abs(free - shutil.disk_usage(tmp_path).free) < 64 * MiB
-    assert _room.free_bytes(tmp_path / "missing") is None
+    assert _admission.free_bytes(tmp_path / "missing") is None

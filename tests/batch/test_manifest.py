@@ -1,4 +1,4 @@
-"""The manifest (``batch/_manifest.py``): one row per line, in line order, written whole or not
+"""The manifest (``batch/_report.py``): one row per line, in line order, written whole or not
 at all, and read back one row at a time."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imggw_client.batch._manifest import (
+from imggw_client.batch._report import (
     MANIFEST_NAME,
     iter_manifest,
     manifest_record,
@@ -16,7 +16,7 @@ from imggw_client.batch._manifest import (
     manifest_rows,
     write_manifest,
 )
-from imggw_client.batch._states import EXPIRED, SAVED, SUCCEEDED
+from imggw_client.batch._schema import EXPIRED, SAVED, SUCCEEDED
 
 from .ledgers import row
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from imggw_client import PollPolicy, RequestValidationError, RetryPolicy
-from imggw_client.batch import BatchInputError, BatchOptions, BatchReport, _ledger_store, run_batch
-from imggw_client.batch._naming import MAX_NAME_BYTES, MAX_STEM_BYTES, NameTemplate, safe_stem
+from imggw_client.batch import BatchInputError, BatchOptions, BatchReport, _store, run_batch
+from imggw_client.batch._plan import MAX_NAME_BYTES, MAX_STEM_BYTES, NameTemplate, safe_stem
 from imggw_client.mock import MockGateway
 
 from ..cli.helpers import imggw
@@ -273,7 +273,7 @@ def test_a_name_the_filesystem_refuses_after_paying_falls_back_and_says_so(
             raise OSError(errno.ENAMETOOLONG, "File name too long", str(target))
         real(source, target)
 
-    monkeypatch.setattr(_ledger_store.os, "replace", refusing)
+    monkeypatch.setattr(_store.os, "replace", refusing)
     gw = gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a", "id": "cat"}, {"prompt": "b", "id": "dog"}]

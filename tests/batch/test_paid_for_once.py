@@ -29,7 +29,7 @@ from imggw_client.batch import (
 )
 from imggw_client.batch._identity import RUN_NAME, derive_run_id, idempotency_key
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._storage import destination_name
+from imggw_client.batch.scale._storage import destination_name
 from imggw_client.mock import MockGateway
 
 from ..cli.helpers import CANARY, imggw

@@ -1,4 +1,4 @@
-"""A run tells its progress while no line moves (``batch/_progress.Progress.tick``), and each
+"""A run tells its progress while no line moves (``batch/_run.Progress.tick``), and each
 snapshot says how long the gateway has been asked and has answered nothing (the client's
 ``_send`` sees every reply): what a display turns into periodic lines and one warning."""
 
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from imggw_client import AsyncClient, PollPolicy
-from imggw_client.batch import BatchProgress, _progress, arun_batch
-from imggw_client.batch._states import LineState
+from imggw_client.batch import BatchProgress, _run, arun_batch
+from imggw_client.batch._schema import LineState
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
 pytestmark = pytest.mark.anyio
@@ -77,8 +77,8 @@ async def told_until(
 async def test_snapshots_are_told_while_no_line_moves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_progress, "PROGRESS_TICK", 0.05)
-    monkeypatch.setattr(_progress, "PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr(_run, "PROGRESS_TICK", 0.05)
+    monkeypatch.setattr(_run, "PROGRESS_EVERY", 0.01)
     gw = MockGateway(manual_clock=True)  # its tasks run until told: no line moves
     idle: list[BatchProgress] = []
 
@@ -97,8 +97,8 @@ async def test_snapshots_are_told_while_no_line_moves(
 async def test_a_snapshot_says_how_long_the_gateway_has_answered_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_progress, "PROGRESS_TICK", 0.05)
-    monkeypatch.setattr(_progress, "PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr(_run, "PROGRESS_TICK", 0.05)
+    monkeypatch.setattr(_run, "PROGRESS_EVERY", 0.01)
     gw = MockGateway(manual_clock=True)
     transport = HeldQueries(gw, held=True)  # the submits answered, then every query hangs
 

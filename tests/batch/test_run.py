@@ -1,173 +1,183 @@
-"""A run's lines as they move (``batch/_run.py``): moves held to the table, the counts and
-money a report shows, and what a failure means for a line (tried again, left for the next run,
-or the end of the run)."""
+"""A planned run on the tracker's loop (``batch/_run.py``): every line of a workspace's plan
+submitted once, waited on and saved through the loop, its report, manifest and money; a guard
+made from what the folder's ledger was charged; a refused plan that leaves no ledger; and what a
+run tells while it goes (snapshots at most every quarter of a second unless forced, on a fake
+clock, what each holds, and a resumed run's learned durations, seeded from its ledger).
+"""
 
 from __future__ import annotations
 
-import logging
+import json
 import math
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import anyio
 import pytest
 
-from imggw_client import ImageRequest
-from imggw_client._core.exceptions import (
-    AuthenticationError,
-    DownloadError,
-    InvalidRequestError,
-    NotFoundError,
-    RateLimitError,
-    ServerError,
-    UnknownOutcomeError,
-)
-from imggw_client._files import StorageError
+from imggw_client import AsyncClient, PollPolicy, RateLimit
+from imggw_client.batch import BatchInputError, _run
+from imggw_client.batch._admission import Charge, Room
+from imggw_client.batch._identity import FolderIdentity
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._room import Room
-from imggw_client.batch._run import FATAL, LEFT_LOGGED, RunLines, retry_later
-from imggw_client.batch._spending import Charge
-from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
+from imggw_client.batch._plan import BatchOptions
+from imggw_client.batch._report import BatchProgress
+from imggw_client.batch._run import Progress, execute, learn_from_ledger, local_guard
+from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
+from imggw_client.batch._store import LocalStore, RunLines, Workspace
+from imggw_client.mock import MockGateway
+from imggw_client.tracking._downloads import DownloadQueue
 
 from .ledgers import planned, row
 
+FAST = PollPolicy(initial_interval=0.01, max_interval=0.05)
 
-def run_over(
-    ledger: Ledger,
-    *,
-    deadline: float = math.inf,
-    line_timeout: float | None = None,
-    redact=lambda text: text.replace("sk-secret", "***"),
-) -> RunLines:
-    return RunLines(
-        ledger,
-        ledger.totals(),
-        Room(Path("."), flying=lambda: 0),
-        deadline=deadline,
-        line_timeout=line_timeout,
-        redact=redact,
+
+def _workspace(folder: Path, ledger: Ledger) -> Workspace:
+    identity = FolderIdentity(
+        folder, surface="beta", derive=lambda: "run-1", new_run=False, key_fingerprint=None
+    )
+    return Workspace(folder, ledger, identity, LocalStore(folder), gallery=None)
+
+
+@pytest.mark.anyio
+async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: Path) -> None:
+    gw = MockGateway(duration_min=0.01, duration_max=0.02)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    async with gw.async_client(poll=FAST) as client:
+        with Ledger.open(folder) as ledger:
+            report = await execute(
+                ["a fox", "a cat", "an owl"],
+                _workspace(folder, ledger),
+                client=client,
+                options=BatchOptions(concurrency=2),
+            )
+    assert report.counts == {LineState.SAVED: 3}
+    assert gw.stats()["tasks_created"] == 3
+    rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 3]
+    assert all(r["files"] for r in rows)
+    assert all((folder / f["path"]).is_file() for r in rows for f in r["files"])
+    assert report.credits == sum(r["credits"] for r in rows)
+
+
+@pytest.mark.anyio
+async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(tmp_path: Path) -> None:
+    gw = MockGateway()
+    folder = tmp_path / "out"
+    folder.mkdir()
+    async with gw.async_client(poll=FAST) as client:
+        with Ledger.open(folder) as ledger, pytest.raises(BatchInputError):
+            await execute(
+                [{"prompt": ""}], _workspace(folder, ledger), client=client, options=BatchOptions()
+            )
+    assert gw.stats()["tasks_created"] == 0
+    assert not (folder / LEDGER_NAME).exists()
+
+
+@pytest.mark.anyio
+async def test_a_local_guard_starts_from_what_the_folders_run_was_charged(
+    tmp_path: Path,
+) -> None:
+    rows = [row(1, SAVED, task_id="1", credits=6.0), row(2, RUNNING, task_id="2")]
+    with planned(tmp_path, rows) as ledger:
+        guard = local_guard(ledger, ledger.totals(), BatchOptions(max_credits=10.0))
+        state = await guard.state()
+    assert state.charged_total.credits == 6.0  # a cap holds across reruns
+
+
+def client(**kw: object) -> AsyncClient:
+    return AsyncClient(api_key="sk-test-progress-0001", base_url="http://127.0.0.1:9", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    seen: list[BatchProgress] = []
+    with planned(tmp_path, [row(1), row(2)]) as ledger:
+        run = RunLines(
+            ledger,
+            ledger.totals(),
+            Room(tmp_path),
+            deadline=math.inf,
+            line_timeout=None,
+            redact=str,
+        )
+        progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
+        progress.report()
+        clock.now += 0.1
+        progress.report()  # too soon: nothing
+        progress.report(force=True)
+        clock.now += 0.2
+        progress.report()  # 0.2 s after the forced one: still too soon
+        clock.now += 0.05
+        progress.report()
+    assert len(seen) == 3
+    Progress(None, client(), run, DownloadQueue(), BatchOptions(), "beta").report(force=True)
+
+
+@pytest.mark.anyio
+async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
+    with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
+        run = RunLines(
+            ledger,
+            ledger.totals(),
+            Room(tmp_path),
+            deadline=math.inf,
+            line_timeout=None,
+            redact=str,
+        )
+        run.charged(Charge(), Charge(4.0, 0.01))
+        first = ledger.rows()[0]
+        run.move(first, RUNNING)
+        run.stopped_by = "max_credits"
+        queue = DownloadQueue()
+        soon = time.time() + 60
+        options = BatchOptions(max_credits=100, max_cost=2.0)
+        progress = Progress(
+            None, client(rate_limit=RateLimit(submits_per_second=2)), run, queue, options, "beta"
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.put, row(9, expires_at=soon))
+            await anyio.wait_all_tasks_blocked()
+            shot = progress.snapshot()
+            group.cancel_scope.cancel()
+    assert shot.total == 4
+    assert shot.counts == {LineState.PENDING: 2, LineState.RUNNING: 1, LineState.SAVED: 1}
+    assert shot.least_time_left == 1.0  # 2 lines to submit at 2 a second
+    assert shot.awaiting_download == 1
+    assert shot.soonest_expiry is not None
+    assert abs(shot.soonest_expiry.timestamp() - soon) < 1e-3
+    assert (shot.max_credits, shot.max_cost, shot.stopped_by) == (100, 2.0, "max_credits")
+    assert (shot.credits, shot.cost, shot.finished_this_run, shot.typical_durations) == (
+        4.0,
+        0.01,
+        0,
+        {},
     )
 
 
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_each_move_keeps_the_counts_the_times_and_the_ledger(tmp_path: Path) -> None:
-    lines = [row(1), row(2, RUNNING, task_id="2")]
-    with planned(tmp_path, lines) as ledger:
-        run = run_over(ledger)
-        told: list[int] = []
-        run.on_move = lambda: told.append(1)
-        first = ledger.rows()[0]
-        run.move(first, RUNNING)
-        run.move(first, SUCCEEDED)
-        assert first.completed_at is not None
-        assert first.finished_at is None
-        run.move(first, SAVED)
-        assert first.finished_at is not None
-        assert (run.finished_here, run.total, len(told)) == (1, 2, 3)
-        assert dict(run.counts) == {UNKNOWN: 0, RUNNING: 1, SUCCEEDED: 0, SAVED: 1}
-        assert run.unsaved == 1
-        with pytest.raises(AssertionError, match="line 1: no move from saved to running"):
-            run.move(first, RUNNING)  # not in the table
-        second = ledger.rows()[1]
-        run.fail(second, "content_policy", "refused")
-        ledger.flush()
-        assert [(r.state, r.error_code) for r in ledger.rows()] == [
-            (SAVED, None),
-            (FAILED, "content_policy"),
-        ]
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_a_move_at_once_is_written_before_the_run_begins(tmp_path: Path) -> None:
-    with planned(tmp_path, [row(1, SAVED, task_id="1")]) as ledger:
-        run = run_over(ledger)
-        run.move(ledger.rows()[0], SUCCEEDED, at_once=True)
-        assert ledger.rows()[0].state is SUCCEEDED  # no flush needed: no writer thread
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_money_follows_charges_and_a_credit_without_a_cost_counts_as_unknown(
+@pytest.mark.anyio
+async def test_a_resumed_runs_polls_start_from_the_durations_its_ledger_kept(
     tmp_path: Path,
 ) -> None:
-    with planned(tmp_path, [row(1)]) as ledger:
-        run = run_over(ledger)
-        run.charged(Charge(), Charge(4.0, None))
-        assert (run.credits, run.cost, run.cost_unknown) == (4.0, 0.0, 1)
-        run.charged(Charge(4.0, None), Charge(4.0, 0.01))
-        assert (run.credits, run.cost, run.cost_unknown) == (4.0, 0.01, 0)
-
-
-def test_what_is_tried_again_later_and_what_ends_the_run() -> None:
-    request = ImageRequest("a fox")
-    lost = UnknownOutcomeError("lost", idempotency_key="k", request=request, surface="beta")
-    assert retry_later(lost)  # its key makes another try safe
-    assert retry_later(ServerError("boom", status_code=503))
-    assert retry_later(RateLimitError("slow down", status_code=429))
-    assert retry_later(DownloadError("reset", code="download_failed"))
-    assert not retry_later(DownloadError("a page, not an image", code="not_an_image"))
-    assert not retry_later(InvalidRequestError("bad", status_code=400))
-    assert not retry_later(NotFoundError("gone", status_code=404))
-    assert not retry_later(AuthenticationError("no", status_code=401))  # fatal, not later
-    assert not retry_later(ValueError("a bug"))
-    assert AuthenticationError in FATAL
-    assert StorageError in FATAL
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_a_lines_step_gives_up_at_the_line_timeout_or_the_run_deadline(
-    tmp_path: Path,
-) -> None:
-    with planned(tmp_path, [row(1)]) as ledger:
-        assert run_over(ledger, deadline=5.0, line_timeout=60.0).line_deadline() == 5.0
-        far = run_over(ledger, line_timeout=60.0).line_deadline()
-        assert math.isfinite(far)
-        assert run_over(ledger).line_deadline() == math.inf
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_lines_left_for_the_next_run_are_logged_one_by_one_then_counted(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with planned(tmp_path, [row(1, RUNNING, task_id="77")]) as ledger:
-        run = run_over(ledger)
-        line = ledger.rows()[0]
-        with caplog.at_level(logging.WARNING, logger="imggw_client"):
-            for _ in range(LEFT_LOGGED + 5):
-                run.left_for_next_run(line, "its status query failed (server_error)")
-        assert run.left == LEFT_LOGGED + 5
-        assert len(caplog.records) == LEFT_LOGGED
-        assert caplog.records[0].getMessage() == (
-            "line 1 (task 77): its status query failed (server_error); it stays running for "
-            "the next run"
-        )
-        assert caplog.records[-1].getMessage().endswith("; later ones are counted, not logged")
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_an_unexpected_fault_ends_one_lines_step_and_never_logs_the_key(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with planned(tmp_path, [row(1)]) as ledger:
-        run = run_over(ledger)
-        try:
-            raise RuntimeError("header Authorization: Bearer sk-secret")
-        except RuntimeError as exc:
-            with caplog.at_level(logging.ERROR, logger="imggw_client"):
-                run.unexpected_fault(ledger.rows()[0], exc)
-        (record,) = caplog.records
-        assert "sk-secret" not in record.getMessage()
-        assert record.getMessage().startswith("line 1: unexpected RuntimeError at test_run.py:")
-        assert run.fatal is None
-        assert run.unexpected == 1
-
-
-@pytest.mark.anyio  # a run's cancel scope belongs to its event loop
-async def test_a_fatal_error_ends_the_run_once(tmp_path: Path) -> None:
-    with planned(tmp_path, [row(1)]) as ledger:
-        run = run_over(ledger)
-        first = AuthenticationError("no", status_code=401)
-        run.stop(first)
-        run.stop(StorageError("disk", code="storage_failed"))
-        assert run.fatal is first
-        assert run.cancel.cancel_called
-        assert run.why(AuthenticationError("no", code="unauthorized")) == "unauthorized"
-        # Without a code, the message, cleaned of the key, says what went wrong.
-        assert run.why(ServerError("Bearer sk-secret broke", status_code=500)) == "Bearer *** broke"
+    rows = [
+        row(n, SAVED, task_id=str(n), submitted_at=1000.0 * n, completed_at=1000.0 * n + 8)
+        for n in range(1, 6)
+    ]
+    rows.append(
+        row(6, SAVED, task_id="6", resolution="4k", submitted_at=9000.0, completed_at=9030.0)
+    )
+    made = client()
+    assert made.typical_durations("beta") == {}
+    with planned(tmp_path, rows) as ledger:
+        await learn_from_ledger(made, ledger)
+    learned = made.typical_durations("beta")
+    assert set(learned) == {"1k", "4k"}
+    assert learned["1k"] <= 8.0 < learned["4k"] <= 30.0
+    assert made.typical_durations("alpha") == {}

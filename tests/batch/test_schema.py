@@ -1,6 +1,10 @@
-"""The ledger's file (``batch/_schema.py``): a row as stored and read back, a ledger from a
-newer imggw refused, a new one made private and never through a link, and the errors of a
-damaged or failing one."""
+"""The ledger's file and its rows' states (``batch/_schema.py``): a row as stored and read back,
+a ledger from a newer imggw refused, a new one made private and never through a link, the errors
+of a damaged or failing one; the core's states, the moves a run makes, the words outside the
+ledger, and the one map from how lines ended to the exit code; and a ledger file read while its
+run may be writing it, and copied while it does (what ``status``, ``merge`` and a shard's
+checkpoints read).
+"""
 
 from __future__ import annotations
 
@@ -11,25 +15,50 @@ from pathlib import Path
 
 import pytest
 
+from imggw_client._core import states as task
 from imggw_client._files import StorageError
-from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._ledger_files import count_statuses, read_rows
+from imggw_client.batch._ledger import STOPPED_BY, Ledger
 from imggw_client.batch._schema import (
+    BATCH_MOVES,
     COLUMNS,
+    EXPIRED,
+    FAILED,
+    FINAL,
+    KEPT,
     LEDGER_NAME,
+    MOVES,
+    RECHECKS,
+    RUNNING,
+    SAVED,
     SCHEMA_VERSION,
+    STATUS,
+    STATUSES,
+    SUCCEEDED,
+    UNKNOWN,
+    WORDS,
+    ExitCode,
+    LineState,
     Row,
+    checkpoint_number,
     connect,
+    copy_ledger,
+    count_statuses,
     damaged_ledger,
+    exit_code,
     is_damaged,
+    line_counts,
+    line_state,
     migrate,
     private_database,
+    read_meta,
+    read_rows,
     state_of,
+    statuses,
     storage_error,
+    words,
 )
-from imggw_client.batch._states import FAILED, RUNNING, SAVED, SUCCEEDED, UNKNOWN
 
-from .ledgers import row
+from .ledgers import plan, planned, row
 
 
 def test_a_row_is_stored_and_read_back_whole_and_old_state_names_are_read() -> None:
@@ -152,3 +181,144 @@ def test_an_older_ledger_keeps_the_cores_states_once_opened_and_is_read_as_them_
     assert stored == ["unknown", "running", "succeeded", "saved", "failed"]
     with Ledger.open(out) as ledger:  # a ledger of this format is not moved again
         assert [r.state for r in ledger.rows()] == kept
+
+
+def test_a_run_moves_lines_forward_and_final_lines_nowhere_but_a_lost_file_back() -> None:
+    assert set(MOVES) == set(KEPT)
+    assert MOVES[UNKNOWN] == {RUNNING, SUCCEEDED, FAILED}  # a replay may answer finished
+    assert MOVES[RUNNING] == {SUCCEEDED, FAILED}  # never back to unknown
+    assert MOVES[SUCCEEDED] == {SAVED, FAILED, EXPIRED}
+    assert MOVES[SAVED] == {SUCCEEDED}  # files gone: downloaded again
+    assert MOVES[FAILED] == frozenset()
+    assert MOVES[EXPIRED] == {SAVED}  # a refreshed link saved after all
+    assert {SAVED, FAILED, EXPIRED} == FINAL
+    # What a rerun moves back is never what the run itself may do, and never a submit again
+    # for a line that has a task.
+    for rule in RECHECKS:
+        assert rule.to not in MOVES[rule.state]
+        assert rule.to is not UNKNOWN or not rule.task_id
+
+
+def test_line_moves_and_work_are_read_off_the_cores_one_table() -> None:
+    # MOVES itself is pinned move by move above; here, what the batch adds to the core's table.
+    # Every move of a run is a move of the core's table, or one of the two a batch adds; a
+    # refused submit and a forgotten task are kept as failed lines, a queued task as running.
+    def kept(target: task.State | None) -> task.State:
+        if target is None or target is task.State.NOT_FOUND:
+            return FAILED
+        return RUNNING if target is task.State.PENDING else target
+
+    by_the_table = {
+        (state, kept(task.move(state, event))) for state in KEPT for event in task.Event
+    }
+    assert not BATCH_MOVES & by_the_table  # the batch adds only what the table lacks
+    assert {(SUCCEEDED, FAILED), (SAVED, SUCCEEDED)} == BATCH_MOVES
+    # A line's work is its state's; a recheck's target is the kept state with its work.
+    assert {state: task.WORK[state] for state in KEPT} == {
+        UNKNOWN: task.Work.RESEND,
+        RUNNING: task.Work.WAIT,
+        SUCCEEDED: task.Work.DOWNLOAD,
+        SAVED: None,
+        FAILED: None,
+        EXPIRED: None,
+    }
+    assert [rule.to for rule in RECHECKS] == [SUCCEEDED, SUCCEEDED, RUNNING, UNKNOWN]
+    assert all(task.WORK[rule.to] is rule.work for rule in RECHECKS)
+    # A task state the core adds shows up here at once: every one has its line's word.
+    assert {line_state(state) for state in task.State} == set(LineState)
+
+
+def test_every_state_has_one_word_outside_the_ledger_and_one_on_the_display() -> None:
+    assert [line_state(state) for state in KEPT] == [
+        LineState.PENDING,
+        LineState.RUNNING,
+        LineState.DOWNLOADING,
+        LineState.SAVED,
+        LineState.FAILED,
+        LineState.EXPIRED,
+    ]
+    assert set(STATUS) == set(LineState)
+    assert set(STATUS.values()) == set(STATUSES)
+    assert sorted(s for of in WORDS.values() for s in of) == sorted(LineState)
+    assert f"{LineState.RUNNING}" == str(LineState.RUNNING) == "running"
+
+
+def test_counts_become_words_and_statuses_zeros_included() -> None:
+    counts = {UNKNOWN: 1, RUNNING: 2, SUCCEEDED: 3, SAVED: 4, EXPIRED: 5, FAILED: 0}
+    shown = line_counts(counts)
+    assert shown == {"pending": 1, "running": 2, "downloading": 3, "saved": 4, "expired": 5}
+    assert words(shown) == {
+        "pending": 1,
+        "running": 2,
+        "downloading": 3,
+        "succeeded": 4,
+        "failed": 5,
+    }
+    assert statuses(shown) == {"pending": 1, "running": 5, "succeeded": 4, "failed": 5}
+    assert statuses({"saved": 2}) == {"pending": 0, "running": 0, "succeeded": 2, "failed": 0}
+
+
+def test_the_exit_code_a_guard_then_unfinished_then_failed_then_ok() -> None:
+    assert exit_code({"succeeded": 3}) is ExitCode.OK
+    assert exit_code({"succeeded": 3}, bad=1) is ExitCode.SOME_FAILED
+    assert exit_code({"failed": 1, "running": 1}) is ExitCode.UNFINISHED
+    assert exit_code({"pending": 1}, stopped_by="max_cost") is ExitCode.STOPPED
+    assert [int(code) for code in ExitCode] == [0, 1, 3, 6]
+
+
+def test_a_live_ledger_is_read_by_another_reader_in_line_order(tmp_path: Path) -> None:
+    rows = [
+        row(3, SAVED, task_id="3"),
+        row(1, UNKNOWN),
+        row(2, SUCCEEDED, task_id="2"),
+        row(4, EXPIRED, task_id="4"),
+        row(5, FAILED, kind="bad"),
+        row(6, RUNNING, task_id="6"),
+    ]
+    with planned(tmp_path, rows) as ledger:  # held open and locked, as a run holds it
+        path = tmp_path / LEDGER_NAME
+        assert [r.line for r in read_rows(path)] == [1, 2, 3, 4, 5, 6]
+        assert count_statuses(path) == {
+            "pending": 1,
+            "running": 2,
+            "succeeded": 1,
+            "failed": 1,
+            "bad": 1,
+        }
+        ledger.set_meta(STOPPED_BY, "max_cost")
+        assert read_meta(path, STOPPED_BY) == "max_cost"
+        plan(ledger, [row(1, UNKNOWN)])  # a later plan: only its lines are read
+        assert [r.line for r in read_rows(path)] == [1]
+
+
+def test_what_is_no_ledger_reads_as_nothing_and_a_link_is_refused(tmp_path: Path) -> None:
+    missing = tmp_path / "none.sqlite"
+    assert list(read_rows(missing)) == []
+    assert count_statuses(missing) is None
+    assert read_meta(missing, STOPPED_BY) is None
+    assert checkpoint_number(missing) == -1
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database" * 200)
+    assert list(read_rows(junk)) == []
+    assert checkpoint_number(junk) == -1
+    with planned(tmp_path / "run", [row(1)]):
+        pass
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(tmp_path / "run" / LEDGER_NAME)
+    with pytest.raises(StorageError):
+        list(read_rows(link))
+
+
+def test_each_copy_of_a_ledger_is_numbered_one_past_the_last(tmp_path: Path) -> None:
+    with planned(tmp_path / "run", [row(1), row(2, SAVED, task_id="2")]) as ledger:
+        path = tmp_path / "run" / LEDGER_NAME
+        assert checkpoint_number(path) == 0  # never copied
+        copy_ledger(path, tmp_path / "copy-1.sqlite")
+        ledger.set_meta(STOPPED_BY, "max_failures")
+        copy_ledger(path, tmp_path / "copy-2.sqlite")
+    assert checkpoint_number(tmp_path / "copy-1.sqlite") == 1
+    assert checkpoint_number(tmp_path / "copy-2.sqlite") == 2
+    assert [r.line for r in read_rows(tmp_path / "copy-2.sqlite")] == [1, 2]
+    assert read_meta(tmp_path / "copy-1.sqlite", STOPPED_BY) is None
+    assert read_meta(tmp_path / "copy-2.sqlite", STOPPED_BY) == "max_failures"
+    assert (tmp_path / "copy-2.sqlite").stat().st_mode & 0o077 == 0  # private, as the ledger

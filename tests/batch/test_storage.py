@@ -1,4 +1,4 @@
-"""A sharded run's output folder (``batch/_storage.py``): the same small interface on a local
+"""A sharded run's output folder (``batch/scale/_storage.py``): the same small interface on a local
 path and on an fsspec URL, every file whole or not at all, and the first writer of a file the
 only one."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client._files import StorageError
-from imggw_client.batch._storage import Storage, destination_name, is_url, open_storage
+from imggw_client.batch.scale._storage import Storage, destination_name, is_url, open_storage
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -68,7 +68,7 @@ def test_without_dask_the_engine_exits_4_saying_what_to_install(
     # Every module of the Dask engine imports it (the driver, its dispatch, its budget): none
     # may be left imported. An imported submodule is also an attribute of its package: gone
     # too, as never imported.
-    for name in [n for n in sys.modules if n.startswith("imggw_client.batch._dask")]:
+    for name in [n for n in sys.modules if n.startswith("imggw_client.batch.scale._dask")]:
         monkeypatch.delitem(sys.modules, name)
         monkeypatch.delattr(imggw_client.batch, name.rpartition(".")[2], raising=False)
     run = imggw(
@@ -91,7 +91,7 @@ def test_without_dask_the_engine_exits_4_saying_what_to_install(
 def test_another_missing_module_is_not_taken_for_a_missing_dask(
     monkeypatch: pytest.MonkeyPatch, source: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "imggw_client.batch._dask", None)
+    monkeypatch.setitem(sys.modules, "imggw_client.batch.scale._dask", None)
     run = imggw(
         "batch",
         str(source),
@@ -112,7 +112,7 @@ def test_another_missing_module_is_not_taken_for_a_missing_dask(
 def test_the_engine_gets_the_environments_base_url_and_only_a_given_shard_size(
     monkeypatch: pytest.MonkeyPatch, source: Path, tmp_path: Path, size: str | None
 ) -> None:
-    from imggw_client.batch import _dask
+    from imggw_client.batch.scale import _dask
 
     seen: dict[str, Any] = {}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from imggw_client.batch._states import EXPIRED, RUNNING, SAVED
+from imggw_client.batch._schema import EXPIRED, RUNNING, SAVED
 
 from ..batch.ledgers import planned, row
 from .helpers import imggw

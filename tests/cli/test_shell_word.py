@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from imggw_cli._completion import DEFAULT_BREAKS, bash_cut
-from imggw_client.batch._states import RUNNING
+from imggw_client.batch._schema import RUNNING
 from imggw_client.mock import MockGateway
 
 from ..batch.ledgers import planned, row

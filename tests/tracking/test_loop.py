@@ -23,7 +23,7 @@ from imggw_client._core.states import WORK, State, Work
 from imggw_client.batch import arun_batch
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import COLLECT
-from imggw_client.batch._states import RUNNING, UNKNOWN
+from imggw_client.batch._schema import RUNNING, UNKNOWN
 from imggw_client.mock import IN_PROCESS_URL, MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import _loop
 from imggw_client.tracking._loop import waited

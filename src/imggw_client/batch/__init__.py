@@ -29,27 +29,31 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
-from ._collect import acollect_tasks, collect_tasks
-from ._cuts import parse_shard, shard_range
-from ._dryrun import BatchPlan, plan_batch
-from ._folder import MergeReport, RunStatus, merge, status
+from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError, KeyChangedError
 from ._input import iter_lines, read_lines
 from ._ledger import BatchLockedError
 from ._lines import SHOWN_BAD_LINES, BadLine, BatchInputError, InputLine
-from ._manifest import MANIFEST_NAME, iter_manifest, manifest_record, manifest_row, write_manifest
-from ._options import BatchOptions, RunOptions
-from ._reports import BatchProgress, BatchReport, RunOutcome
-from ._schema import LEDGER_NAME
-from ._shards import ShardReport, ShardSpec, arun_shard, run_shard
-from ._single import arun_batch, run_batch
-from ._spending import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
-from ._states import ExitCode, LineState
-from ._storage import Storage, is_url, open_storage
+from ._plan import BatchOptions, RunOptions
+from ._report import (
+    MANIFEST_NAME,
+    BatchProgress,
+    BatchReport,
+    RunOutcome,
+    iter_manifest,
+    manifest_record,
+    manifest_row,
+    write_manifest,
+)
+from ._run import BatchPlan, acollect_tasks, arun_batch, collect_tasks, plan_batch, run_batch
+from ._schema import LEDGER_NAME, ExitCode, LineState
+from .scale._folder import MergeReport, RunStatus, merge, status
+from .scale._shards import ShardReport, ShardSpec, arun_shard, parse_shard, run_shard, shard_range
+from .scale._storage import Storage, is_url, open_storage
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time they load on first use
-    from ._dask import (
+    from .scale._dask import (
         DEFAULT_SHARD_SIZE,
         ClientSpec,
         ShardedProgress,
@@ -75,7 +79,7 @@ def __getattr__(name: str) -> Any:
     if name in _DASK_NAMES:
         # Through sys.modules, not the package's attributes: an import that cannot happen (no
         # Dask) fails here every time, whatever was imported before.
-        dask_driver = importlib.import_module(f"{__name__}._dask")
+        dask_driver = importlib.import_module(f"{__name__}.scale._dask")
         return getattr(dask_driver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

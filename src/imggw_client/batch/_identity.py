@@ -26,15 +26,15 @@ import secrets
 import sqlite3
 import struct
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from .._core import jsonio, rules
 from .._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
 from .._files import StorageError, create_new, refuse_link, temp_name
-from ._storage import Storage
+from .scale._storage import Storage
 
 RUN_NAME = "run.json"
 LINES_NAME = "lines.fp"
@@ -503,3 +503,89 @@ def wait_for_lines(storage: Storage, timeout: float = IDENTITY_WAIT) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+class IdentityStore(Protocol):
+    """Where a run's identity is kept: the run id every key follows from, the surface it was
+    made on, and the record of its input the plan compares with (a single run's folder, or a
+    shard's: ``_shards``)."""
+
+    run_id: str
+
+    def previous_surface(self) -> str | None:
+        """The surface the run was made on, if the store tells it."""
+
+    def digests(self) -> LineDigests:
+        """A comparison of the input with the record, written beside it until accepted."""
+
+    def accept(self, digests: LineDigests, input_digest: str) -> None:
+        """The plan goes: keep what it compared as the record (before anything is sent)."""
+
+
+class FolderIdentity:
+    """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``. A folder
+    with no ``run.json`` gets the run id ``derive`` makes (the same for the same folder,
+    gateway and key: a folder made again replays its tasks), or a random one with
+    ``new_run`` (refused where a run is already kept: that folder's lines have their keys).
+    ``key_fingerprint``: the slow fingerprint of this run's API key, kept in ``run.json``; a
+    folder whose run was made with another key is refused (``KeyChangedError``) before
+    anything is sent (None: a dry run, which sends nothing and needs no key). ``name`` and
+    ``input_path``: the run's file name template and input, kept in ``run.json`` for a rerun
+    and its resume hint (None: left as recorded)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        surface: str,
+        derive: Callable[[], str] | None = None,
+        new_run: bool = False,
+        key_fingerprint: str | None = None,
+        name: str | None = None,
+        input_path: str | None = None,
+    ) -> None:
+        self.folder = folder
+        self.surface = surface
+        self.key_fingerprint = key_fingerprint
+        self.name = name
+        self.input_path = input_path
+        self.run = load(folder)
+        check_key(folder, self.run, key_fingerprint)
+        if new_run and self.run is not None:
+            raise RequestValidationError(
+                "out_dir",
+                f"{folder} holds a run already ({RUN_NAME}): --new-run (new_run=True) "
+                "starts one only in a folder without one; use another folder; nothing was sent",
+                code="run_exists",
+            )
+        if self.run is not None:
+            self.run_id = self.run.run_id
+        elif new_run or derive is None:
+            self.run_id = random_run_id()
+        else:
+            self.run_id = derive()
+
+    def previous_surface(self) -> str | None:
+        return self.run.surface if self.run is not None else None
+
+    def digests(self) -> LineDigests:
+        return LineDigests(self.folder)
+
+    def accept(self, digests: LineDigests, input_digest: str) -> None:
+        run = self.run
+        fingerprint = self.key_fingerprint or (run.key_fingerprint if run is not None else None)
+        name = self.name or (run.name if run is not None else None)
+        source = self.input_path or (run.input_path if run is not None else None)
+        if (
+            run is None
+            or run.input_digest != input_digest
+            or run.surface != self.surface
+            or run.key_fingerprint != fingerprint  # a record older than keeping it gets it now
+            or (run.name, run.input_path) != (name, source)
+        ):
+            # Before anything is sent: the keys of every line follow from this run id.
+            kept = RunIdentity(
+                self.run_id, input_digest, self.surface, fingerprint, name=name, input_path=source
+            )
+            save(self.folder, kept)
+            digests.commit()

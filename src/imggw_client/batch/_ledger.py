@@ -1,6 +1,6 @@
 """The batch ledger: one SQLite database (WAL) per run or shard, one row per input line. This
 module runs everything asked of an open ledger (planning, reading, writing); its file, schema
-and rows are ``_schema``'s, and reading a ledger another process writes is ``_ledger_files``'.
+and rows are ``_schema``'s, and so is reading a ledger another process writes.
 
 Rows are read in line order, a chunk at a time, so a million-line run never holds them all;
 counts and money are summed by SQLite once, then kept up to date as lines change state. Saves
@@ -33,7 +33,12 @@ from ._lines import GENERATE
 from ._schema import (
     BAD,
     COLUMNS,
+    EXPIRED,
     LEDGER_NAME,
+    RECHECKS,
+    RUNNING,
+    SAVED,
+    SUCCEEDED,
     Row,
     connect,
     migrate,
@@ -41,7 +46,6 @@ from ._schema import (
     state_of,
     storage_error,
 )
-from ._states import EXPIRED, RECHECKS, RUNNING, SAVED, SUCCEEDED
 
 LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
@@ -194,7 +198,7 @@ class Ledger:
         return row, True
 
     def recheck(self) -> None:
-        """Within a plan: the moves back of ``_states.RECHECKS``, in their order. Lines that
+        """Within a plan: the moves back of ``_schema.RECHECKS``, in their order. Lines that
         failed for what a later look may find otherwise, at no cost (a task the gateway did not
         know; a task that succeeded but whose results could not be saved: links that died, a
         document served in place of an image; a submit answered 404, which made nothing), are

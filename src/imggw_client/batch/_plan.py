@@ -1,31 +1,56 @@
-"""The plan: one pass over a run's input, before anything is sent, for every kind of run.
+"""The plan of a run: its options (one type, checked once and passed whole from the entry point
+down to the run), what its result files are called, and one pass over its input, before
+anything is sent, for every kind of run.
 
-Each line is read and checked (bad lines, repeated ids), given its identity, its request's
-digest and its idempotency key (a pure function of the run's identity), and compared with the
-record of the input the run was made for (``_identity.LineDigests``), so that a changed input is
-refused, unless allowed, before a single request goes out. Where the lines go is the caller's:
-a run (or a shard) puts them in its ledger, in one transaction that commits only when the run
-may go (:func:`plan_run`); the Dask driver and a shard that makes a run's identity only check
-them (:func:`scan_input`).
+:class:`BatchOptions` is how a batch runs; ``RunOptions`` types the same options as the
+keywords the entry points take (``run_batch(..., concurrency=16)``), for type checkers (a test
+holds the two together).
+
+Result files' names: ``name=`` (``imggw batch --name``), a template of ``{task_id}``,
+``{index}``, ``{line}`` and ``{id}``, rendered into a name safe on any filesystem, and every
+line's names checked for collisions before anything is sent. A template holds plain fields
+only: a format spec or a conversion (``{line:05}``, ``{id:/^9}``, ``{id!r}``) is refused, since
+its fill characters would reach the name unchecked (``/`` makes a path, ESC a control
+character). A line's ``id`` is written by whoever wrote the input: it is hostile text. Each
+field's value keeps letters, digits, ``-``, ``_`` and ``.`` (others become ``_``); a name never
+starts with a dot, never ends with a dot or a space, is never a reserved Windows device name
+(``CON``, ``NUL``, ``COM1``...), and is at most :data:`MAX_STEM_BYTES` bytes of UTF-8 (cut at a
+character, and given a hash of the whole, so two long ids still get two names): with a surface
+prefix and the extension, at most :data:`MAX_NAME_BYTES`, what filesystems allow. The extension
+still comes from the content, as ``download`` decides it.
+
+The pass: each line is read and checked (bad lines, repeated ids), given its identity, its
+request's digest and its idempotency key (a pure function of the run's identity), and compared
+with the record of the input the run was made for (``_identity.LineDigests``), so that a changed
+input is refused, unless allowed, before a single request goes out. Where the lines go is the
+caller's: a run (or a shard) puts them in its ledger, in one transaction that commits only when
+the run may go (:func:`plan_run`); the Dask driver and a shard that makes a run's identity only
+check them (:func:`scan_input`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import secrets
 import sqlite3
+import string
+import unicodedata
 from collections.abc import Callable, Iterable
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO, TypedDict
 
 from .._core.config import check_surface
 from .._core.exceptions import RequestValidationError
+from .._core.text import printable
 from .._files import create_new, refuse_link, temp_name
 from . import _identity
-from ._input import parse_lines
+from ._identity import FolderIdentity, IdentityStore
+from ._input import FORMATS, parse_lines
 from ._ledger import INVALID_LINE, Ledger
 from ._lines import (
     BAD_LINES_NAME,
@@ -37,20 +62,375 @@ from ._lines import (
     Tally,
     Where,
 )
-from ._options import BatchOptions
-from ._schema import BAD, Row, storage_error
-from ._states import FAILED, RUNNING, UNKNOWN
+from ._schema import BAD, FAILED, RUNNING, UNKNOWN, Row, storage_error
 
 __all__ = [
-    "WHOLE",
-    "FolderIdentity",
-    "IdentityStore",
+    "BatchOptions",
+    "Caps",
+    "DEFAULT_NAME",
+    "INCOMING_DIR",
+    "LINE_TIMEOUT",
+    "MAX_NAME_BYTES",
+    "MAX_STEM_BYTES",
+    "NameTemplate",
     "Plan",
+    "RunOptions",
     "Scan",
     "Slice",
+    "WHOLE",
     "plan_run",
     "scan_input",
 ]
+
+
+DEFAULT_NAME = "{task_id}-{index}"  # the names results always had: folders resume unchanged
+FIELDS = ("task_id", "index", "line", "id")
+UNIQUE_FIELDS = ("task_id", "line", "id")  # one of them tells every line's files apart
+# Results named by a template land here first, under their task's name, then are renamed into
+# place: a name an input's author chose is never where another line's download lands.
+INCOMING_DIR = ".incoming"
+MAX_NAME_BYTES = 255  # a file name's limit on Linux, macOS and Windows filesystems
+# Room for a surface prefix ("alpha-") and an extension (".webp") within MAX_NAME_BYTES.
+MAX_STEM_BYTES = MAX_NAME_BYTES - 15
+_UNSAFE = re.compile(r"[^\w.-]")  # \w is Unicode letters and digits, and "_"
+_DOTS = re.compile(r"\.{2,}")  # never "..", whatever a filesystem makes of it
+_LITERAL = re.compile(r"[\w.-]*")
+_RESERVED = frozenset(
+    ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
+    + [f"{dev}{n}" for dev in ("COM", "LPT") for n in (*"123456789", "¹", "²", "³")]
+)
+
+
+def _invalid(why: str) -> RequestValidationError:
+    return RequestValidationError("name", why, code="invalid_option")
+
+
+_KNOWN = ", ".join("{" + f + "}" for f in FIELDS)
+
+
+def _written(field_name: str, conversion: str | None, spec: str | None) -> str:
+    """A replacement field as the template wrote it."""
+    shown = "{" + field_name
+    if conversion:
+        shown += "!" + conversion
+    if spec:
+        shown += ":" + spec
+    return shown + "}"
+
+
+def safe_part(value: str) -> str:
+    """A field's value as it may stand in a file name: NFC, and anything but letters, digits,
+    ``-``, ``_`` and ``.`` replaced by ``_`` (separators, control characters, NUL, spaces)."""
+    return _UNSAFE.sub("_", unicodedata.normalize("NFC", value))
+
+
+def safe_stem(stem: str) -> str:
+    """A rendered name made safe as a whole: no leading dot (hidden, or ``..``), no trailing
+    dot or space (Windows drops them), never a device name, at most :data:`MAX_STEM_BYTES`
+    bytes of UTF-8 (cut at a character, with a hash of the whole, so distinct names stay
+    distinct)."""
+    stem = _DOTS.sub(".", stem).lstrip(".").rstrip(". ")
+    encoded = stem.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_STEM_BYTES:
+        digest = hashlib.sha256(encoded).hexdigest()[:12]
+        # A cut inside a character's bytes drops that character: the rest stays valid UTF-8.
+        kept = encoded[: MAX_STEM_BYTES - 13].decode("utf-8", "ignore")
+        stem = f"{kept.rstrip('. ')}-{digest}"
+    if not stem:
+        return "_"
+    if stem.split(".")[0].upper() in _RESERVED:
+        return f"_{stem}"
+    return stem
+
+
+@dataclass(frozen=True)
+class NameTemplate:
+    """A checked ``name=`` template.
+
+    Without ``{index}``, a task's first result is named by the template alone and its others
+    get ``-1``, ``-2``... after it.
+    """
+
+    text: str
+    fields: frozenset[str]
+
+    @classmethod
+    def parse(cls, text: object) -> NameTemplate:
+        """The template, or :class:`RequestValidationError` (a field it does not know, a
+        format spec or conversion, a path, a template that cannot tell lines apart).
+        """
+        if not isinstance(text, str) or not text:
+            raise _invalid(f"must be a template such as {DEFAULT_NAME!r}")
+        used: set[str] = set()
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError as err:
+            raise _invalid(f"is not a template ({err})") from err
+        for literal, field_name, spec, conversion in parsed:
+            if not _LITERAL.fullmatch(literal):
+                raise _invalid(
+                    "is a file name, not a path: outside its fields it may hold only letters, "
+                    "digits, '-', '_' and '.'"
+                )
+            if field_name is None:
+                continue
+            if field_name not in FIELDS or conversion or spec:
+                written = printable(_written(field_name, conversion, spec), 40)
+                raise _invalid(
+                    f"may use only the plain fields {_KNOWN}, with no format spec or "
+                    f"conversion (got {written})"
+                )
+            used.add(field_name)
+        if not used & set(UNIQUE_FIELDS):
+            raise _invalid(
+                "must hold {task_id}, {line} or {id}: otherwise every line's file has the same name"
+            )
+        return cls(text, frozenset(used))
+
+    @property
+    def is_default(self) -> bool:
+        return self.text == DEFAULT_NAME
+
+    def render_fields(self, *, task_id: str, index: int, line: int, caller_id: str) -> str:
+        """The stem for these values, made safe (see :func:`safe_stem`)."""
+        stem = self.text.format(
+            task_id=safe_part(task_id), index=index, line=line, id=safe_part(caller_id)
+        )
+        if "index" not in self.fields and index:
+            stem = f"{stem}-{index}"
+        return safe_stem(stem)
+
+    def render(self, row: Row, index: int) -> str:
+        """The stem of result ``index`` of the row's task (``{task_id}`` needs its task)."""
+        return self.render_fields(
+            task_id=row.task_id or "", index=index, line=row.line, caller_id=row.caller_id or ""
+        )
+
+    def check(self, rows: Iterable[Row]) -> None:
+        """Refuses (:class:`BatchInputError`, nothing sent) lines whose first result would share
+        a file with another line's (case folded: macOS and Windows tell no case apart), and
+        lines with no ``id`` when the template uses ``{id}``. A template with ``{task_id}``
+        cannot collide: task ids are the gateway's, one per task (a task of another surface
+        gets that surface's prefix, as the default names do)."""
+        bad: list[BadLine] = []
+        seen: dict[str, int] = {}
+        for row in rows:
+            if row.kind == BAD:
+                continue
+            if "id" in self.fields and row.caller_id is None:
+                bad.append(BadLine(row.line, "has no id, and the name template uses {id}"))
+                continue
+            if "task_id" in self.fields:
+                continue
+            stem = self.render(row, 0)
+            folded = stem.casefold()
+            if folded in seen:
+                bad.append(BadLine(row.line, f"its file {stem!r} is line {seen[folded]}'s too"))
+            else:
+                seen[folded] = row.line
+        if bad:
+            raise BatchInputError(
+                bad[:1000],
+                len(bad),
+                message=_collisions(bad, self.text) + "; nothing was sent",
+            )
+
+
+def _collisions(bad: list[BadLine], text: str) -> str:
+    shown = "; ".join(f"line {b.line} {b.reason}" for b in bad[:10])
+    more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+    return f"--name {text!r} gives {len(bad)} line(s) no file of their own: {shown}{more}"
+
+
+LINE_TIMEOUT = 1800.0  # seconds a run waits on one line's task before leaving it for the next
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The limits of a run: spend caps (None: none) and the most failed lines."""
+
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None
+
+    @property
+    def spend(self) -> bool:
+        return self.max_credits is not None or self.max_cost is not None
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords of a run (see :class:`BatchOptions` for each one's meaning)."""
+
+    concurrency: int
+    timeout: float | None
+    surface: str | None
+    skip_bad_lines: bool
+    allow_changes: bool
+    wait: bool
+    verify: bool
+    gallery: bool
+    format: str | None
+    new_run: bool
+    max_credits: float | None
+    max_cost: float | None
+    max_failures: int | None
+    line_timeout: float | None
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchOptions:
+    """How a batch runs.
+
+    - ``concurrency``: submits (and downloads) at once.
+    - ``timeout``: seconds the run may take (None: no limit); what is left unfinished is
+      resumed by the next run on the same folder.
+    - ``surface``: the surface lines run on (default: the client's).
+    - ``skip_bad_lines``: report bad input lines and go on (default: refuse the input).
+    - ``allow_changes``: run lines new or changed since the folder's run began, as new
+      (billed) requests (default: refuse the input).
+    - ``wait``: wait for unfinished tasks (``False``: ask each once and report those still
+      running, as ``collect_tasks(..., wait=False)`` and ``download --from`` without ``--wait``).
+    - ``verify``: check every saved file's sha256 on resume (default: its size).
+    - ``gallery``: write ``index.html`` as lines finish and at the end.
+    - ``format``: ``"jsonl"``, ``"csv"`` (a header row naming the columns, then a record a
+      row) or ``"text"`` (a prompt a line): how a file is read whatever its name says.
+    - ``new_run``: a random run id for a folder with no run (new keys, new tasks).
+    - ``max_credits``, ``max_cost``: what the folder's run may be charged in all, across reruns
+      (and shards: see ``run_shard``); a run that reaches a cap stops submitting, finishes what
+      it sent, and ends with ``stopped_by`` (exit 6). ``max_failures``: stop submitting once
+      this many lines failed in this run.
+    - ``line_timeout``: seconds this run waits on one line's task (default 1800; None: no
+      limit). A task still running then is left ``running``, with its key, for the next run;
+      the run ends (exit 3) once every other line is final, so that no run (and no lock on
+      its folder) lasts forever. Retries of a line's submit or download stop as soon, too.
+    - ``name``: the result files' names, a template of the plain fields ``{task_id}``,
+      ``{index}``, ``{line}`` (the input line's number) and ``{id}`` (the line's ``id``), with
+      no format spec or conversion; default ``{task_id}-{index}``. Made safe for any
+      filesystem, at most 255 bytes; lines whose files would share a name are refused before
+      anything is sent; a name the folder cannot take once the result is paid for leaves the
+      file its default name (the manifest row's ``warning`` says so). The extension comes from
+      the content.
+
+    Example::
+
+        options = BatchOptions(concurrency=16, timeout=3600, name="{line}-{id}")
+        run_batch("prompts.jsonl", "out/", **options.as_keywords())
+    """
+
+    concurrency: int = 8
+    timeout: float | None = None
+    surface: str | None = None
+    skip_bad_lines: bool = False
+    allow_changes: bool = False
+    wait: bool = True
+    verify: bool = False
+    gallery: bool = True
+    format: str | None = None
+    new_run: bool = False
+    max_credits: float | None = None
+    max_cost: float | None = None
+    max_failures: int | None = None
+    line_timeout: float | None = LINE_TIMEOUT
+    name: str = DEFAULT_NAME
+
+    def __post_init__(self) -> None:
+        concurrency = self.concurrency
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise RequestValidationError(
+                "concurrency", "must be an integer >= 1", code="invalid_concurrency"
+            )
+        timeout = self.timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise RequestValidationError(
+                "timeout",
+                "must be a finite number of seconds >= 0, or None for no limit",
+                code="invalid_option",
+            )
+        if self.surface is not None:
+            check_surface(self.surface)
+        if self.format is not None and self.format not in FORMATS:
+            raise RequestValidationError(
+                "format", f"must be one of {', '.join(FORMATS)}, or None", code="invalid_option"
+            )
+        if self.line_timeout is not None and not _positive(self.line_timeout):
+            raise RequestValidationError(
+                "line_timeout",
+                "must be a finite number of seconds > 0, or None for no limit",
+                code="invalid_option",
+            )
+        for name in ("max_credits", "max_cost"):
+            cap = getattr(self, name)
+            if cap is not None and not _positive(cap):
+                raise RequestValidationError(
+                    name, "must be a number > 0, or None for no cap", code="invalid_option"
+                )
+        failures = self.max_failures
+        if failures is not None and (
+            isinstance(failures, bool) or not isinstance(failures, int) or failures < 1
+        ):
+            raise RequestValidationError(
+                "max_failures",
+                "must be an integer >= 1, or None for no limit",
+                code="invalid_option",
+            )
+        NameTemplate.parse(self.name)
+        for name in ("skip_bad_lines", "allow_changes", "wait", "verify", "gallery", "new_run"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestValidationError(name, "must be True or False", code="invalid_option")
+
+    @classmethod
+    def of(cls, options: RunOptions | dict[str, Any]) -> BatchOptions:
+        """The options the keywords name; an unknown keyword is one clear error.
+
+        Example::
+
+            BatchOptions.of({"concurrency": 4})
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            names = ", ".join(sorted(known))
+            raise RequestValidationError(
+                unknown[0],
+                f"is not an option of a batch run (they are: {names})",
+                code="invalid_option",
+            )
+        return cls(**options)
+
+    @property
+    def caps(self) -> Caps:
+        """The run's guards (spend caps, failures)."""
+        return Caps(self.max_credits, self.max_cost, self.max_failures)
+
+    @property
+    def template(self) -> NameTemplate:
+        """The result files' name template, checked."""
+        return NameTemplate.parse(self.name)
+
+    @property
+    def seconds(self) -> float:
+        """The run's time budget: ``timeout``, or no end."""
+        return math.inf if self.timeout is None else float(self.timeout)
+
+    def as_keywords(self) -> dict[str, Any]:
+        """The options as the entry points' keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
 
 BAD_LINES_KEPT = 1000  # bad lines a report holds; all of them go to bad-lines.txt
 
@@ -87,92 +467,6 @@ class Plan:
     previous_surface: str | None = None
     input_digest: str = ""
     comments: int = 0
-
-
-class IdentityStore(Protocol):
-    """Where a run's identity is kept: the run id every key follows from, the surface it was
-    made on, and the record of its input the plan compares with (a single run's folder, or a
-    shard's: ``_shards``)."""
-
-    run_id: str
-
-    def previous_surface(self) -> str | None:
-        """The surface the run was made on, if the store tells it."""
-
-    def digests(self) -> _identity.LineDigests:
-        """A comparison of the input with the record, written beside it until accepted."""
-
-    def accept(self, digests: _identity.LineDigests, input_digest: str) -> None:
-        """The plan goes: keep what it compared as the record (before anything is sent)."""
-
-
-class FolderIdentity:
-    """A single run's identity, in its output folder: ``run.json`` and ``lines.fp``. A folder
-    with no ``run.json`` gets the run id ``derive`` makes (the same for the same folder,
-    gateway and key: a folder made again replays its tasks), or a random one with
-    ``new_run`` (refused where a run is already kept: that folder's lines have their keys).
-    ``key_fingerprint``: the slow fingerprint of this run's API key, kept in ``run.json``; a
-    folder whose run was made with another key is refused (``KeyChangedError``) before
-    anything is sent (None: a dry run, which sends nothing and needs no key). ``name`` and
-    ``input_path``: the run's file name template and input, kept in ``run.json`` for a rerun
-    and its resume hint (None: left as recorded)."""
-
-    def __init__(
-        self,
-        folder: Path,
-        *,
-        surface: str,
-        derive: Callable[[], str] | None = None,
-        new_run: bool = False,
-        key_fingerprint: str | None = None,
-        name: str | None = None,
-        input_path: str | None = None,
-    ) -> None:
-        self.folder = folder
-        self.surface = surface
-        self.key_fingerprint = key_fingerprint
-        self.name = name
-        self.input_path = input_path
-        self.run = _identity.load(folder)
-        _identity.check_key(folder, self.run, key_fingerprint)
-        if new_run and self.run is not None:
-            raise RequestValidationError(
-                "out_dir",
-                f"{folder} holds a run already ({_identity.RUN_NAME}): --new-run (new_run=True) "
-                "starts one only in a folder without one; use another folder; nothing was sent",
-                code="run_exists",
-            )
-        if self.run is not None:
-            self.run_id = self.run.run_id
-        elif new_run or derive is None:
-            self.run_id = _identity.random_run_id()
-        else:
-            self.run_id = derive()
-
-    def previous_surface(self) -> str | None:
-        return self.run.surface if self.run is not None else None
-
-    def digests(self) -> _identity.LineDigests:
-        return _identity.LineDigests(self.folder)
-
-    def accept(self, digests: _identity.LineDigests, input_digest: str) -> None:
-        run = self.run
-        fingerprint = self.key_fingerprint or (run.key_fingerprint if run is not None else None)
-        name = self.name or (run.name if run is not None else None)
-        source = self.input_path or (run.input_path if run is not None else None)
-        if (
-            run is None
-            or run.input_digest != input_digest
-            or run.surface != self.surface
-            or run.key_fingerprint != fingerprint  # a record older than keeping it gets it now
-            or (run.name, run.input_path) != (name, source)
-        ):
-            # Before anything is sent: the keys of every line follow from this run id.
-            kept = _identity.RunIdentity(
-                self.run_id, input_digest, self.surface, fingerprint, name=name, input_path=source
-            )
-            _identity.save(self.folder, kept)
-            digests.commit()
 
 
 class _Lines(Protocol):

@@ -1,7 +1,41 @@
-"""The ledger's file: its schema and how older formats are brought forward, how it is opened
-(SQLite in WAL mode, made private, its log kept small), what one of its rows is (:class:`Row`),
-and the errors of a ledger that is damaged or cannot be written. ``_ledger`` runs the queries;
-``_ledger_files`` reads and copies a ledger file another process may be writing.
+"""The ledger's file and the words of its rows: its schema and how older formats are brought
+forward, how it is opened (SQLite in WAL mode, made private, its log kept small), what one of
+its rows is (:class:`Row`), the errors of a ledger that is damaged or cannot be written; a
+line's states, the moves between them, the words they show as, and how a run ends; and a
+ledger file read while another process may be writing it (``imggw batch status``, ``merge``,
+a Dask driver's progress), or copied whole while a run writes on (a shard's checkpoints into
+a remote output folder): read only, and never through a symbolic link. ``_ledger`` runs the
+queries on an open ledger.
+
+A line's state is its task's, a state of the core's one table (``_core/states.py``), kept as is
+in its ledger row::
+
+    unknown ──answered──▶ running ──task succeeded──▶ succeeded ──files saved──▶ saved
+       │                     │                          │    ▲                     │
+       │ refused             │ task failed              │    └── files gone ───────┘
+       ▼                     ▼                          ▼
+    failed ◀─────────────────┴────── results gone ──▶ expired
+
+- ``unknown``: nothing sent yet, or the submit's answer was lost (its key replays the task).
+- ``running``: the task id is known and the task has not finished.
+- ``succeeded``: the task succeeded; its files are not (all) saved.
+- ``saved``: every file saved and verified.
+- ``failed``: refused, the task failed, the gateway does not know the task (error
+  ``not_found``), or a bad line.
+- ``expired``: the task succeeded, but its results were gone before they could be saved.
+
+A line's moves (:data:`MOVES`) are read off the core's table, with the two moves a batch adds
+(:data:`BATCH_MOVES`); its work is the core's ``WORK``. Planning a rerun moves some lines back,
+at no cost (:data:`RECHECKS`, carried out by the ledger): each names the work a second look
+needs, and its state is the one whose work that is; a look again costs a query or a download,
+never a submit.
+
+Outside the ledger a line shows as words computed from its state by :func:`line_state` alone:
+the report's and the progress's :class:`LineState` (a task that succeeded and whose files are
+not saved is ``downloading``, a line not sent is ``pending``), and from that the manifest's
+``status`` and ``imggw batch status`` (:data:`STATUS`: a line whose files are saved is
+``succeeded``, one still downloading ``running``, an expired one ``failed``) and the display's
+(:data:`WORDS`).
 """
 
 from __future__ import annotations
@@ -9,13 +43,38 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .._core import states as task
 from .._core.states import State
 from .._files import StorageError, cannot, make_private, open_private, refuse_link
-from ._lines import COLLECT
+from ..tracking._store import NOT_FOUND
+from ._lines import COLLECT, GENERATE
+
+__all__ = [
+    "BATCH_MOVES",
+    "ExitCode",
+    "FINAL",
+    "KEPT",
+    "LineState",
+    "MOVES",
+    "RECHECKS",
+    "Recheck",
+    "STATUS",
+    "STATUSES",
+    "WORDS",
+    "exit_code",
+    "line_counts",
+    "line_state",
+    "statuses",
+    "words",
+]
+
 
 LEDGER_NAME = "ledger.sqlite"
 # PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
@@ -140,7 +199,7 @@ def storage_error(path: Path | str, exc: BaseException, verb: str = "write") -> 
 class Row:
     """One input line as the ledger keeps it: what it asks for (``digest`` of its request,
     ``fields`` for the manifest), its key, its task and where it stands (``state``, see
-    ``_states``), its results, money and times (``submitted_at``: its submit was answered;
+    ``_schema``), its results, money and times (``submitted_at``: its submit was answered;
     ``completed_at``: its task was first seen finished; ``finished_at``: the line reached a
     final state; ``first_sent``: its submit first left, for the gateway's key memory; Unix
     seconds)."""
@@ -288,3 +347,299 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
         db.execute("COMMIT")
     db.executescript(_SCHEMA)
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+UNKNOWN, RUNNING, SUCCEEDED = State.UNKNOWN, State.RUNNING, State.SUCCEEDED
+SAVED, FAILED, EXPIRED = State.SAVED, State.FAILED, State.EXPIRED
+# The states a ledger row holds: a line's task is never kept as queued (``pending``, a task a
+# run has not seen start is ``running``) nor as forgotten (a failed line, error `not_found`).
+KEPT = (UNKNOWN, RUNNING, SUCCEEDED, SAVED, FAILED, EXPIRED)
+FINAL = frozenset(state for state in KEPT if task.WORK[state] is None)
+
+
+class LineState(str, Enum):
+    """How a line shows in a report and in progress (``report.counts``): its state's word, as
+    :func:`line_state` computes it (see the module's diagram).
+
+    Example::
+
+        report = run_batch("prompts.jsonl", "out/")
+        print(report.counts.get(LineState.SAVED, 0), "lines saved")
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DOWNLOADING = "downloading"
+    SAVED = "saved"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:  # f"{state}" is its value on every Python
+        return format(self.value, spec)
+
+
+def line_state(state: State) -> LineState:
+    """The word a line in ``state`` shows as: the one place a state becomes a word."""
+    return _SHOWN[state]
+
+
+_SHOWN: Mapping[State, LineState] = {
+    State.UNKNOWN: LineState.PENDING,
+    State.PENDING: LineState.RUNNING,
+    State.RUNNING: LineState.RUNNING,
+    State.SUCCEEDED: LineState.DOWNLOADING,
+    State.SAVED: LineState.SAVED,
+    State.FAILED: LineState.FAILED,
+    State.EXPIRED: LineState.EXPIRED,
+    State.NOT_FOUND: LineState.FAILED,
+}
+
+
+def line_counts(counts: Mapping[State, int]) -> dict[LineState, int]:
+    """Lines per :class:`LineState` from lines per state (states with no line left out)."""
+    found: dict[LineState, int] = {}
+    for state, n in counts.items():
+        if n:
+            word = line_state(State(state))
+            found[word] = found.get(word, 0) + n
+    return found
+
+
+# The moves a batch makes that a journal does not: a download that fails for good (a page served
+# in place of an image) fails its line; a saved line whose files are missing or damaged, found
+# when a run begins, is downloaded again.
+BATCH_MOVES: frozenset[tuple[State, State]] = frozenset({(SUCCEEDED, FAILED), (SAVED, SUCCEEDED)})
+
+
+def _kept(target: State | None) -> State | None:
+    """Where a move of the core's table leaves a line: a submit refused (a journal drops its
+    row) and a task the gateway forgot are failed lines, their error saying which; a queued
+    task is running."""
+    if target is None or target is State.NOT_FOUND:
+        return FAILED
+    return RUNNING if target is State.PENDING else target
+
+
+def _moves() -> dict[State, frozenset[State]]:
+    """Each kept state's moves: those of the core's table by every event, and the batch's own."""
+    moves: dict[State, set[State]] = {state: set() for state in KEPT}
+    for state in KEPT:
+        for event in task.Event:
+            target = _kept(task.move(state, event))
+            if target is not state and target is not None:
+                moves[state].add(target)
+    for before, after in BATCH_MOVES:
+        moves[before].add(after)
+    return {state: frozenset(targets) for state, targets in moves.items()}
+
+
+# The moves a run makes (``RunLines.move`` holds every move to them).
+MOVES: Mapping[State, frozenset[State]] = _moves()
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A move back a plan makes (the ledger carries it out) for what a second look may find
+    otherwise at no cost: lines in ``state`` that carry what the other fields ask (a task id or
+    none; result links; an error code; a kind of line) are given ``work`` again, in the state
+    (:attr:`to`) whose work that is."""
+
+    state: State
+    work: task.Work
+    task_id: bool
+    urls: bool = False
+    error: str | None = None
+    kind: str | None = None
+
+    @property
+    def to(self) -> State:
+        """The kept state whose work is :attr:`work`."""
+        return next(state for state in KEPT if task.WORK[state] is self.work)
+
+
+# In this order (a line takes the first that fits).
+RECHECKS: tuple[Recheck, ...] = (
+    # links that died, or a document served in place of an image: ask for fresh links
+    Recheck(EXPIRED, task.Work.DOWNLOAD, task_id=True),
+    Recheck(FAILED, task.Work.DOWNLOAD, task_id=True, urls=True),
+    # a task the gateway did not know (a replica behind): ask again
+    Recheck(FAILED, task.Work.WAIT, task_id=True, error=NOT_FOUND),
+    # a submit answered 404 (a wrong base URL): nothing was made, its key submits it now
+    Recheck(FAILED, task.Work.RESEND, task_id=False, error=NOT_FOUND, kind=GENERATE),
+)
+
+# The words of the manifest's ``status`` and of ``imggw batch status``, in their order.
+STATUSES = ("pending", "running", "succeeded", "failed")
+STATUS: Mapping[LineState, str] = {
+    LineState.PENDING: "pending",
+    LineState.RUNNING: "running",
+    LineState.DOWNLOADING: "running",
+    LineState.SAVED: "succeeded",
+    LineState.FAILED: "failed",
+    LineState.EXPIRED: "failed",
+}
+# The display's words: `running` split into the task running and its files downloading.
+WORDS: Mapping[str, tuple[LineState, ...]] = {
+    "pending": (LineState.PENDING,),
+    "running": (LineState.RUNNING,),
+    "downloading": (LineState.DOWNLOADING,),
+    "succeeded": (LineState.SAVED,),
+    "failed": (LineState.FAILED, LineState.EXPIRED),
+}
+
+
+class ExitCode(int, Enum):
+    """How a batch (or a collect, a shard, a merge) ends, as ``imggw batch`` exits.
+
+    Example::
+
+        sys.exit(run_batch("prompts.jsonl", "out/").exit_code)
+    """
+
+    OK = 0  # every line saved
+    SOME_FAILED = 1  # some lines failed, expired or were bad input
+    UNFINISHED = 3  # some lines are unfinished: the same command resumes them
+    STOPPED = 6  # a guard stopped new submits: raise the limit and run again to resume
+
+
+def exit_code(
+    counts: Mapping[str, int], *, bad: int = 0, stopped_by: str | None = None
+) -> ExitCode:
+    """The one map from how a run's lines ended to its exit code. ``counts`` counts lines per
+    word of :data:`STATUSES` (other keys are ignored), ``bad`` the bad input lines skipped,
+    ``stopped_by`` the guard that stopped the run, if one did.
+    """
+    if stopped_by is not None:
+        return ExitCode.STOPPED
+    if counts.get("pending", 0) or counts.get("running", 0):
+        return ExitCode.UNFINISHED
+    if bad or counts.get("failed", 0):
+        return ExitCode.SOME_FAILED
+    return ExitCode.OK
+
+
+def words(counts: Mapping[LineState, int] | Mapping[str, int]) -> dict[str, int]:
+    """Lines per word of :data:`WORDS` (every word, zeros included) from lines per state."""
+    return {word: sum(counts.get(state, 0) for state in of) for word, of in WORDS.items()}
+
+
+def statuses(counts: Mapping[LineState, int] | Mapping[str, int]) -> dict[str, int]:
+    """Lines per word of :data:`STATUSES` (every word, zeros included) from lines per state."""
+    found = dict.fromkeys(STATUSES, 0)
+    for state, n in counts.items():
+        found[STATUS[LineState(state)]] += n
+    return found
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int, int] | None]:
+    """A ledger file opened read only (a live run, another process, may be writing it), its
+    last plan and its format (its rows are read as that format wrote them); None when it holds
+    no plan (or is no ledger). A symbolic link planted in its place is refused, not read."""
+
+    refuse_link(path)
+    try:
+        # A reader left half-read (a merge that stopped early) is closed when the garbage
+        # collector finds it, in whatever thread runs then: a read-only connection may be.
+        db = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0, check_same_thread=False
+        )
+    except sqlite3.Error:
+        yield None
+        return
+    with contextlib.closing(db):
+        try:
+            found = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error:
+            found = None
+        yield (db, int(found[0]), version) if found is not None else None
+
+
+def read_rows(path: Path) -> Iterator[Row]:
+    """Every row of a ledger file's last plan, in line order, read only: what ``status`` and
+    ``merge`` read of a shard's ledger or checkpoint. Whatever cannot be read ends the rows."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return
+        db, plan, version = opened
+        try:
+            cursor = db.execute(
+                f"SELECT {', '.join(COLUMNS)} FROM lines WHERE planned=? ORDER BY line", (plan,)
+            )
+            for values in cursor:
+                yield Row.from_values(values, version)
+        except sqlite3.Error:
+            return
+
+
+def count_statuses(path: Path) -> dict[str, int] | None:
+    """Lines per word of :data:`STATUSES` in a ledger file's last plan (bad input lines
+    as ``bad``), read only and summed by SQLite: cheap enough to read every few seconds while
+    a shard runs. None when the file holds no plan yet."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return None
+        db, plan, version = opened
+        found: Counter[str] = Counter()
+        for bad, state, n in db.execute(
+            "SELECT kind=?, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
+            (BAD, plan),
+        ):
+            found["bad" if bad else STATUS[line_state(state_of(state, version))]] += n
+        return dict(found)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+_CHECKPOINT_KEY = "checkpoint"
+
+
+def checkpoint_number(path: Path) -> int:
+    """The checkpoint number a ledger file holds: 0 for a ledger never copied, -1 for no
+    ledger there (or none that can be read)."""
+    if not path.exists():
+        return -1
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            found = db.execute("SELECT value FROM meta WHERE key=?", (_CHECKPOINT_KEY,)).fetchone()
+    except sqlite3.Error:
+        return -1
+    return int(found[0]) if found else 0
+
+
+def copy_ledger(path: Path, copy: Path) -> None:
+    """A consistent copy of the ledger at ``path`` into ``copy``, while a run writes on (SQLite's
+    backup API), numbered one past its last checkpoint: a shard's ledger on its way to a
+    remote output folder. Blocking."""
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=10.0)) as db:
+            number = max(checkpoint_number(path), 0) + 1
+            with db:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    (_CHECKPOINT_KEY, str(number)),
+                )
+            private_database(copy)
+            with contextlib.closing(sqlite3.connect(copy)) as into:
+                db.backup(into)
+    except sqlite3.Error as exc:
+        raise StorageError(
+            f"cannot checkpoint {path} ({exc}); the same command resumes", code="storage_failed"
+        ) from exc
+
+
+def read_meta(path: Path, key: str) -> str | None:
+    """A value a ledger file keeps beside its lines (``stopped_by``, say), read only."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return None
+        db = opened[0]
+        try:
+            found = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return None if found is None else str(found[0])

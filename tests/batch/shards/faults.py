@@ -10,7 +10,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from imggw_client.batch import _shards
+from imggw_client.batch.scale import _shards
 
 
 class ShardRaises(WorkerPlugin):

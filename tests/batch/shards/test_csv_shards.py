@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from imggw_cli._app import app
 from imggw_client.batch import merge, run_shard
-from imggw_client.batch._dask import ClientSpec, ShardedProgress, run_sharded
 from imggw_client.batch._ledger import Ledger
+from imggw_client.batch.scale._dask import ClientSpec, ShardedProgress, run_sharded
 from imggw_client.mock import MockGateway
 
 from ..test_input_formats import Wire

@@ -29,12 +29,12 @@ from imggw_client import RateLimit, TaskStatus
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core import budget as B
 from imggw_client.batch import KeyChangedError, status
-from imggw_client.batch._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
-from imggw_client.batch._dask_budget import PLUGIN_NAME, BudgetPlugin
-from imggw_client.batch._dask_progress import ProgressReader
 from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch.scale._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
+from imggw_client.batch.scale._dask_budget import PLUGIN_NAME, BudgetPlugin
+from imggw_client.batch.scale._dask_progress import ProgressReader
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway
 
 from ...loopback import redis_server

@@ -31,7 +31,7 @@ from imggw_client.batch import (
 )
 from imggw_client.batch._identity import RUN_NAME, RunIdentity, claim
 from imggw_client.batch._plan import Scan, scan_input
-from imggw_client.batch._storage import open_storage
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway
 
 from ...loopback import mock_serve_process
@@ -338,7 +338,7 @@ def test_sharded_run_options_are_checked_before_anything_starts(
 def test_the_driver_slices_the_input_it_checked_not_a_later_edit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from imggw_client.batch import _dask
+    from imggw_client.batch.scale import _dask
 
     source = write_prompts(tmp_path / "in.jsonl", 4)
     checked = source.read_text()

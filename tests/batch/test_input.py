@@ -1,4 +1,4 @@
-"""CSV input (``batch/_csv.py``): records numbered by the line they begin on, the header row
+"""CSV input (``batch/_input.py``): records numbered by the line they begin on, the header row
 that names the columns, what cutting a file into slices sees of each line, and what tells a
 file read as text that it is a table."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from imggw_client.batch._csv import (
+from imggw_client.batch._input import (
     FieldColumn,
     LooksLikeCsv,
     csv_items,

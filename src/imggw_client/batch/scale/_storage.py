@@ -24,9 +24,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .._core.exceptions import RequestValidationError
-from .._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
-from ._schema import storage_error
+from ..._core.exceptions import RequestValidationError
+from ..._files import READ_FLAGS, atomic_write, create_new, refuse_link, temp_name
+from .._schema import storage_error
 
 CHUNK = 1 << 20
 

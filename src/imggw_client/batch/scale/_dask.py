@@ -33,24 +33,31 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 
-from .._core.config import RateLimit, check_surface
-from .._core.exceptions import ConfigurationError, RequestValidationError
-from . import _identity
-from ._cuts import scratch_folder, shard_name, slice_name, write_slices
+from ..._core.config import RateLimit, check_surface
+from ..._core.exceptions import ConfigurationError, RequestValidationError
+from .. import _identity
+from .._input import count_lines
+from .._plan import BatchOptions, scan_input
+from .._schema import ExitCode
 from ._dask_dispatch import RUN_FATAL, ClientSpec, Dispatch, Prepared, ShardError, ShardOutcome
 from ._dask_progress import PROGRESS_EVERY, ProgressReader, ShardedProgress, entries
 from ._folder import MergeReport, charges, merge
-from ._input import count_lines
-from ._options import BatchOptions
-from ._plan import scan_input
-from ._shards import CHECKPOINT_EVERY, ShardSpec, env_fingerprint, env_run_id
-from ._states import ExitCode
+from ._shards import (
+    CHECKPOINT_EVERY,
+    ShardSpec,
+    env_fingerprint,
+    env_run_id,
+    scratch_folder,
+    shard_name,
+    slice_name,
+    write_slices,
+)
 from ._storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ._options import RunOptions
+    from .._plan import RunOptions
 
 __all__ = [
     "ClientSpec",

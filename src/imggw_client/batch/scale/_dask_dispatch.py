@@ -28,9 +28,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from .._async_client import AsyncClient
-from .._core.config import PollPolicy, RateLimit, RetryPolicy
-from .._core.exceptions import (
+from ..._async_client import AsyncClient
+from ..._core.config import PollPolicy, RateLimit, RetryPolicy
+from ..._core.exceptions import (
     AuthenticationError,
     ConfigurationError,
     ImggwError,
@@ -38,8 +38,9 @@ from .._core.exceptions import (
     PermissionDeniedError,
     RequestValidationError,
 )
-from . import _identity
-from ._cuts import shard_folder, shard_name, shard_range
+from .. import _identity
+from .._admission import Charge
+from .._plan import Scan
 from ._dask_budget import (
     GUARD_HANDLER,
     HANDLER,
@@ -50,9 +51,7 @@ from ._dask_budget import (
 )
 from ._dask_progress import SHARD_KEY, ProgressReader, ShardedProgress
 from ._dask_progress import watch as watch_progress
-from ._plan import Scan
-from ._shards import ShardReport, ShardSpec
-from ._spending import Charge
+from ._shards import ShardReport, ShardSpec, shard_folder, shard_name, shard_range
 
 __all__ = ["RUN_FATAL", "ClientSpec", "Prepared", "ShardError", "ShardOutcome"]
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from distributed import get_worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .._core.budget import DEFAULT_BACKOFF, Budget, Ended, Ticket
-from .._core.config import RateLimit
-from ._guards import RemoteGuard, charge_of, handle
-from ._spending import Caps, Spending
+from ..._core.budget import DEFAULT_BACKOFF, Budget, Ended, Ticket
+from ..._core.config import RateLimit
+from .._admission import RemoteGuard, Spending, charge_of, handle
+from .._plan import Caps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -18,19 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core import reasons
-from .._core.exceptions import RequestValidationError
-from .._files import StorageError
-from . import _identity
-from ._cuts import SHARD_NAME, SHARDS_DIR
-from ._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
-from ._guards import charge_of
-from ._ledger import INVALID_LINE, STOPPED_BY, is_locked
-from ._ledger_files import read_meta, read_rows
-from ._manifest import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
-from ._schema import LEDGER_NAME
-from ._spending import Charge, settles
-from ._states import STATUSES, ExitCode, exit_code
+from ..._core import reasons
+from ..._core.exceptions import RequestValidationError
+from ..._files import StorageError
+from .. import _identity
+from .._admission import Charge, charge_of, settles
+from .._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
+from .._ledger import INVALID_LINE, STOPPED_BY, is_locked
+from .._report import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
+from .._schema import LEDGER_NAME, STATUSES, ExitCode, exit_code, read_meta, read_rows
+from ._shards import SHARD_NAME, SHARDS_DIR
 from ._storage import Storage, open_storage
 
 EXPIRED_CODE = reasons.RESULT_EXPIRED.code

@@ -1,4 +1,4 @@
-"""What a run tells while it goes and when it ends (``batch/_reports.py``): the display's
+"""What a run tells while it goes and when it ends (``batch/_report.py``): the display's
 words, the pace and time left of a progress snapshot, and a report's exit code."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from imggw_client.batch._lines import BadLine
-from imggw_client.batch._reports import BatchProgress, BatchReport
-from imggw_client.batch._states import ExitCode, LineState
+from imggw_client.batch._report import BatchProgress, BatchReport
+from imggw_client.batch._schema import ExitCode, LineState
 
 PENDING, RUNNING, DOWNLOADING, SAVED, FAILED, EXPIRED = LineState  # what a report counts
 
