@@ -9,12 +9,6 @@ instrumentation nests under it. The core's flows yield ``Observe`` actions (what
 outcome was, how long it waited for the budget, a poll, a task seen finished); the operation
 counts them into the span's attributes and the metrics. Never the API key, never the prompt:
 attributes are the surface, task ids, statuses and counts, and an error's class and code.
-
-Example::
-
-    with operation("imggw.submit", surface="beta") as op:
-        ...                                   # the driver calls op.observe(action) per Observe
-        op.result(submission)
 """
 
 from __future__ import annotations

@@ -6,14 +6,6 @@ Everything that speaks the protocol derives from it: the client codec (``surface
 gateway codec (``serving``) and the OpenAPI document (``mock._openapi``); reason codes are
 the table in ``reasons``. ``tests/core/test_wire_facts.py`` fails when another module spells a
 path, a wire field, a state or a reason code.
-
-Example::
-
-    from imggw_client._core import spec
-
-    spec.of("beta").submit_path            # '/beta/v1/images/generations'
-    spec.of("alpha").record.credits        # 'creditsConsumed'
-    spec.of("beta").states["in_progress"]  # 'running'
 """
 
 from __future__ import annotations

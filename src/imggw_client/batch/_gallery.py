@@ -80,6 +80,7 @@ def write_gallery(
 
         from imggw_client.batch import iter_manifest, write_gallery
 
+        run_batch("prompts.jsonl", "out/")
         page = write_gallery("out/", iter_manifest("out/manifest.jsonl"), title="Spring set")
         print(page.resolve().as_uri())   # open it in a browser
     """

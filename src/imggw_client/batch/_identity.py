@@ -90,6 +90,10 @@ class InputChangedError(ImggwError):
 
     Example::
 
+        run_batch("prompts.jsonl", "out/")
+        Path("prompts.jsonl").write_text('{"prompt": "a grey fox in snow"}\\n')
+        try:
+            run_batch("prompts.jsonl", "out/")
         except InputChangedError as err:
             print(err.lines[:10], err.count, err.removed[:10], err.surface_was)
     """
@@ -153,6 +157,12 @@ class KeyChangedError(ConfigurationError):
 
     Example::
 
+        import os
+
+        run_batch("prompts.jsonl", "out/")
+        os.environ["IMGGW_API_KEY"] = "sk-the-new-key"      # the key was rotated
+        try:
+            run_batch("prompts.jsonl", "out/")
         except KeyChangedError as err:
             print(err.fingerprint_was[:12], err.fingerprint[:12])
     """

@@ -76,6 +76,8 @@ class BatchLockedError(ImggwError):
 
     Example::
 
+        try:
+            run_batch("prompts.jsonl", "out/")
         except BatchLockedError:
             sys.exit("a batch is already running there")
     """

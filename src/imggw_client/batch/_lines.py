@@ -102,6 +102,9 @@ class BatchInputError(ImggwError):
 
     Example::
 
+        Path("bad.jsonl").write_text('{"prompt": "a fox"}\\n{"aspect_ratio": "1:1"}\\n')
+        try:
+            run_batch("bad.jsonl", "out/")
         except BatchInputError as err:
             for bad in err.bad_lines:
                 print(f"line {bad.line}: {bad.reason}")

@@ -314,7 +314,7 @@ class BatchOptions:
 
     Example::
 
-        options = BatchOptions(concurrency=16, timeout=3600, name="{line}-{id}")
+        options = BatchOptions(concurrency=16, timeout=3600, name="{line}-{task_id}")
         run_batch("prompts.jsonl", "out/", **options.as_keywords())
     """
 

@@ -208,6 +208,7 @@ def manifest_row(row: Row) -> dict[str, Any]:
 
     Example::
 
+        # not run: the ledger's rows are the batch's own (its store hands them out)
         write_manifest("out/", (manifest_row(row) for row in ledger.iter_rows()))
     """
     error = None
@@ -253,6 +254,8 @@ def write_manifest(folder: str | os.PathLike[str], rows: Iterable[dict[str, Any]
 
     Example::
 
+        run_batch("prompts.jsonl", "elsewhere/")
+        Path("out").mkdir()
         write_manifest("out/", iter_manifest("elsewhere/manifest.jsonl"))
     """
     path = Path(folder) / MANIFEST_NAME
@@ -271,6 +274,7 @@ def iter_manifest(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
     Example::
 
+        run_batch("prompts.jsonl", "out/")
         write_gallery("out/", iter_manifest("out/manifest.jsonl"))
     """
     with Path(path).open(encoding="utf-8") as handle:

@@ -556,7 +556,7 @@ def collect_tasks(
 
     Example::
 
-        report = collect_tasks(["123", {"task_id": "77", "surface": "alpha"}], "out/")
+        report = collect_tasks([{"task_id": task.id, "surface": "beta"}], "out/")   # or task.id
         sys.exit(report.exit_code)
     """
     return run_blocking(

@@ -85,7 +85,7 @@ class ShardedReport:
 
     Example::
 
-        report = run_sharded("prompts.jsonl", "s3://bucket/run", workers=4)
+        report = run_sharded("prompts.jsonl", "out/", workers=2)   # "s3://bucket/run" too
         print(report.merged.counts, report.failed_shards)
     """
 
@@ -233,6 +233,7 @@ async def arun_sharded(
 
     Example::
 
+        # not run: an S3 bucket of yours
         report = await arun_sharded("prompts.jsonl", "s3://bucket/run", workers=4,
                                     shard_size=5000, rate_limit=RateLimit(submits_per_second=20))
     """
@@ -341,6 +342,7 @@ run_sharded.__doc__ = """The blocking form of :func:`arun_sharded`, with the sam
 
     Example::
 
+        # not run: a Dask scheduler and an S3 bucket of yours
         report = run_sharded("prompts.jsonl", "s3://bucket/run", address="tcp://10.0.0.5:8786",
                              shard_size=5000, rate_limit=RateLimit(submits_per_second=20))
         sys.exit(report.exit_code)

@@ -180,6 +180,7 @@ class RunStatus:
 
     Example::
 
+        run_batch("prompts.jsonl", "out/")
         st = status("out/")
         print(st.total, st.counts)
     """
@@ -258,7 +259,8 @@ def status(
 
     Example::
 
-        print(status("s3://bucket/run").counts)
+        run_batch("prompts.jsonl", "out/")
+        print(status("out/").counts)              # a folder on S3 too: "s3://bucket/run"
     """
     storage = _opened(dest, storage_options, ledger_will_do=True)
     snap = _Snapshot(storage)
@@ -330,6 +332,7 @@ class MergeReport:
 
     Example::
 
+        run_shard("prompts.jsonl", "out/", index=1, count=1)
         report = merge("out/")
         print(report.manifest, report.counts)
     """
@@ -357,6 +360,8 @@ def merge(
 
     Example::
 
+        for i in (1, 2):
+            run_shard("prompts.jsonl", "out/", index=i, count=2)
         report = merge("out/")
         sys.exit(report.exit_code)
     """

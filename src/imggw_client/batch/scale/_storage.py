@@ -8,12 +8,6 @@ on S3, ``mode="create"`` in fsspec), which is how concurrent shards agree on one
 
 Every method blocks (disk, network): callers on an event loop run them in a worker thread.
 fsspec is imported only for a URL, so a local sharded run needs no extra package.
-
-Example::
-
-    storage = open_storage("s3://bucket/run-1")
-    storage.write("notes.txt", b"hello")
-    assert storage.read("notes.txt") == b"hello"
 """
 
 from __future__ import annotations
