@@ -152,8 +152,10 @@ def drive(mode: str, url: str, source: Path, out: Path, concurrency: int, shards
     env = {**os.environ, "IMGGW_API_KEY": KEY}
     lines = sum(1 for _ in source.open())
     # Some 30 lines/s at the least (the 100,000-line run takes about 40 min).
-    done = subprocess.run(command, capture_output=True, text=True, env=env,
-                          timeout=max(900, lines / 30), check=False)  # fmt: skip
+    timeout = max(900, lines / 30)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"{mode} driver failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -232,15 +234,16 @@ class Watch:
         """The longest stall (and when it began, at how many tasks), and the most ``.part`` files
         seen at once."""
         longest, began, tasks_then = 0.0, 0.0, 0
-        last_t, last_seen = 0.0, (-1, -1)
-        first = self.samples[0] if self.samples else None
-        for sample in self.samples:
+        # From the first request (the engine's start-up is not a stall) to the last (the time
+        # from the last to the driver's exit is its shutting down).
+        going = [s for s in self.samples if s["requests"]]
+        last_t, last_seen, last_tasks = (going[0]["t"] if going else 0.0), (0, 0), 0
+        for sample in going:
             seen = (sample["submits"], sample["fetched"])
             if seen != last_seen:
-                if sample is not first and sample["t"] - last_t > longest:
-                    longest, began, tasks_then = sample["t"] - last_t, last_t, sample["tasks"]
-                last_t, last_seen = sample["t"], seen
-        # The time from the last request to the driver's exit (shutting down) is not a stall.
+                if sample["t"] - last_t > longest:
+                    longest, began, tasks_then = sample["t"] - last_t, last_t, last_tasks
+                last_t, last_seen, last_tasks = sample["t"], seen, sample["tasks"]
         return {
             "stall": round(longest, 1),
             "stall_began": round(began, 1),
