@@ -5,11 +5,11 @@ its ratio, the engine's start-up, the lines billed and the replays after injecte
 shard that raises, a worker SIGKILLed mid-run), and the peak submits in any 1 s window against a
 global --rate (target: within 10% of the rate).
 
-A watch samples, every second, the gateway's count of submits received and results fetched and
-the files saved in the output folder; each phase reports its longest stall: the longest time
-with neither a submit nor a result fetch reaching the gateway (target for the faults run: 30 s
-at most). ``--faults-only`` runs the faults phase alone (issue 39: ``--lines 100000``);
-``--trace FILE`` writes every sample, as JSON lines.
+A watch samples, every half second, the gateway's count of submits received and results
+fetched (and every 5 s the files saved in the output folder); each phase reports its longest
+stall: the longest time with neither a submit nor a result fetch reaching the gateway (target
+for the faults run: 30 s at most). ``--faults-only`` runs the faults phase alone (issue 39:
+``--lines 100000``); ``--trace FILE`` writes every sample, as JSON lines.
 
 Run: python bench/scale_out.py [--lines N] [--concurrency N] [--rate N] [--faults-only]
                                [--trace FILE] [--keep DIR] [--json]
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -187,11 +188,21 @@ def count_files(folder: Path) -> tuple[int, int]:
 
 class Watch:
     """Samples, every ``every`` seconds from a thread of its own, the gateway's submits received
-    and results fetched and the files saved in ``out``; a stall is a time with no submit and no
-    fetch reaching the gateway. Each sample is also written to ``trace`` (JSON lines)."""
+    and results fetched, and every ``files_every`` seconds the files saved in ``out`` (a scan of
+    100,000 files takes a good part of a second on a busy machine: it must not slow the
+    gateway's samples); a stall is a time with no submit and no fetch reaching the gateway. Each
+    sample is also written to ``trace`` (JSON lines)."""
 
-    def __init__(self, gateway: Any, out: Path, trace: Any = None, every: float = 1.0) -> None:
+    def __init__(
+        self,
+        gateway: Any,
+        out: Path,
+        trace: Any = None,
+        every: float = 0.5,
+        files_every: float = 5.0,
+    ) -> None:
         self.gateway, self.out, self.trace, self.every = gateway, out, trace, every
+        self.files_every, self.files_at, self.files = files_every, -math.inf, (0, 0)
         self.samples: list[dict[str, Any]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="watch", daemon=True)
@@ -204,16 +215,23 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         self.done.set()
         self.thread.join()
-        self._sample()  # the end of the run
+        self._sample(files=True)  # the end of the run
 
     def _run(self) -> None:
-        while not self.done.wait(self.every):
+        due = time.monotonic()
+        while True:
+            due += self.every  # on a schedule: a slow sample does not push the next ones back
+            if self.done.wait(max(0.0, due - time.monotonic())):
+                return
             self._sample()
 
-    def _sample(self) -> None:
+    def _sample(self, *, files: bool = False) -> None:
         stats = self.gateway.stats()
         routes: dict[str, int] = stats["requests"]
-        saved, parts = count_files(self.out)
+        now = time.monotonic()
+        if files or now - self.files_at >= self.files_every:
+            self.files_at, self.files = now, count_files(self.out)
+        saved, parts = self.files
         sample = {
             "t": round(time.monotonic() - self.started, 2),
             "submits": sum(n for route, n in routes.items() if route.startswith("POST ")),
@@ -227,7 +245,7 @@ class Watch:
         if self.trace is not None:
             self.trace.write(json.dumps(sample) + "\n")
             self.trace.flush()
-        if len(self.samples) % 60 == 0:  # a line a minute, for a long run's log
+        if len(self.samples) % 120 == 0:  # a line a minute, for a long run's log
             print(f"watch: {sample}", file=sys.stderr, flush=True)
 
     def figures(self) -> dict[str, Any]:
