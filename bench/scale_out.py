@@ -208,6 +208,7 @@ class Watch:
         self.thread = threading.Thread(target=self._run, name="watch", daemon=True)
 
     def __enter__(self) -> Watch:
+        self.base = self._counts()  # the gateway's counters are its whole life's: a phase's own
         self.started = time.monotonic()
         self.thread.start()
         return self
@@ -225,22 +226,25 @@ class Watch:
                 return
             self._sample()
 
-    def _sample(self, *, files: bool = False) -> None:
+    def _counts(self) -> dict[str, int]:
         stats = self.gateway.stats()
         routes: dict[str, int] = stats["requests"]
-        now = time.monotonic()
-        if files or now - self.files_at >= self.files_every:
-            self.files_at, self.files = now, count_files(self.out)
-        saved, parts = self.files
-        sample = {
-            "t": round(time.monotonic() - self.started, 2),
+        return {
             "submits": sum(n for route, n in routes.items() if route.startswith("POST ")),
             "fetched": sum(n for route, n in routes.items() if route.startswith("GET /results/")),
             "requests": sum(routes.values()),
             "tasks": stats["tasks_created"],
-            "saved": saved,
-            "parts": parts,
         }
+
+    def _sample(self, *, files: bool = False) -> None:
+        counts = self._counts()
+        now = time.monotonic()
+        if files or now - self.files_at >= self.files_every:
+            self.files_at, self.files = now, count_files(self.out)
+        saved, parts = self.files
+        sample: dict[str, Any] = {"t": round(now - self.started, 2)}
+        sample.update({name: n - self.base[name] for name, n in counts.items()})
+        sample.update(saved=saved, parts=parts)
         self.samples.append(sample)
         if self.trace is not None:
             self.trace.write(json.dumps(sample) + "\n")
