@@ -6,6 +6,7 @@ anything is dispatched; progress across shards while they run, in the SDK and th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -31,9 +32,11 @@ from imggw_client._core import budget as B
 from imggw_client.batch import KeyChangedError, status
 from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
+from imggw_client.batch.scale import _dask_dispatch, _shards
 from imggw_client.batch.scale._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
 from imggw_client.batch.scale._dask_budget import PLUGIN_NAME, BudgetPlugin
 from imggw_client.batch.scale._dask_progress import ProgressReader
+from imggw_client.batch.scale._shards import ShardSpec
 from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway
 
@@ -110,14 +113,17 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
     assert gw.stats()["tasks_created"] == lines  # every line billed exactly once
     check_from_storage(str(out), None, lines)  # every file's sha256, read back from the folder
     # The slots the dead worker held were given back when the scheduler removed it (DESIGN
-    # 25), not 900 s later: the run's budget holds none of its tickets.
-    dead = next(iter(pids))
-    holders = dask_client.run_on_scheduler(
+    # 25), and those of the try that raised when it ended, not 900 s later: the run's budget
+    # holds no ticket at all.
+    run_id = json.loads((out / RUN_NAME).read_text())["run_id"]
+    held = dask_client.run_on_scheduler(
         lambda dask_scheduler: [
-            holder for *_, holder in dask_scheduler.plugins[PLUGIN_NAME].tickets.values()
+            holder
+            for budget, *_, holder in dask_scheduler.plugins[PLUGIN_NAME].tickets.values()
+            if budget == run_id
         ]
     )
-    assert dead not in holders
+    assert held == []
 
 
 def test_s3_output_folder_on_a_local_moto_server(
@@ -248,6 +254,64 @@ def test_a_worker_removed_gives_back_the_slots_it_held_at_once() -> None:
         "wait": 0.0
     }
     assert all(holder != "tcp://dead:1" for *_, holder in plugin.tickets.values())
+
+
+class OnScheduler:
+    """The scheduler's budget handler asked in this process, as a worker's client asks it;
+    ``reserved`` is set once ``expect`` slots were handed out."""
+
+    def __init__(self, plugin: BudgetPlugin, expect: int) -> None:
+        self.plugin, self.expect, self.reserved = plugin, expect, anyio.Event()
+
+    async def _ask(self, **message: Any) -> dict[str, Any]:
+        return await self.plugin.serve(budget="run", worker="tcp://w:1", **message)
+
+    async def reserve(self, kind: str) -> tuple[Any, float]:
+        answer = await self._ask(action="reserve", kind=kind)
+        if len(self.plugin.tickets) >= self.expect:
+            self.reserved.set()
+        return answer["ticket"], float(answer["wait"])
+
+    async def wait_time(self, ticket: Any) -> float:
+        return float((await self._ask(action="wait", ticket=ticket))["wait"])
+
+    async def release(self, ticket: Any) -> None:
+        await self._ask(action="release", ticket=ticket)
+
+    async def finished(self, ticket: Any, **ended: Any) -> None:
+        await self._ask(action="finished", ticket=ticket, **ended)
+
+
+@pytest.mark.anyio
+async def test_a_shard_that_raises_with_requests_in_flight_gives_back_their_slots(
+    gateway: tuple[MockGateway, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 39: a shard that raised on a live worker cancelled its requests in flight, whose
+    # slots no one gave back: held 900 s (TICKET_TTL), enough of them stalled every worker.
+    gw, url = gateway
+    plugin = BudgetPlugin()
+    plugin.handle("run", "open", limit={})
+    service = OnScheduler(plugin, expect=3)
+    monkeypatch.setattr(_dask_dispatch, "SchedulerBudget", lambda budget: service)
+    monkeypatch.setattr(_dask_dispatch, "scheduler_guard", lambda run: None)
+    monkeypatch.setenv("IMGGW_API_KEY", KEY)
+    gw.configure(fault_rate=1.0, faults=["latency"], latency=2.0)  # the answers come late
+
+    async def raising_shard(spec: Any, *, client: Any, guard: Any) -> Any:
+        async with anyio.create_task_group() as group:
+            for i in range(3):
+                group.start_soon(functools.partial(client.submit, f"fox {i}", aspect_ratio="3:2"))
+            await service.reserved.wait()
+            await wait_all_tasks_blocked()
+            assert len(plugin.tickets) == 3  # each submit in flight holds its slot
+            group.cancel_scope.cancel()
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(_shards, "arun_shard", raising_shard)
+    with pytest.raises(RuntimeError):
+        await _dask_dispatch._shard_task(ShardSpec("in.jsonl", "out", 1, 1), spec(url), "run")
+    assert plugin.tickets == {}
+    assert gw.stats()["requests"] == {"POST /beta/v1/images/generations": 3}
 
 
 @pytest.mark.anyio

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pickle
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from distributed import Client as DaskClient
@@ -29,6 +29,7 @@ from tenacity import (
 )
 
 from ..._async_client import AsyncClient
+from ..._core.budget_service import BudgetService, Ended
 from ..._core.config import PollPolicy, RateLimit, RetryPolicy
 from ..._core.exceptions import (
     AuthenticationError,
@@ -53,7 +54,10 @@ from ._dask_progress import SHARD_KEY, ProgressReader, ShardedProgress
 from ._dask_progress import watch as watch_progress
 from ._shards import ShardReport, ShardSpec, shard_folder, shard_name, shard_range
 
-__all__ = ["RUN_FATAL", "ClientSpec", "Prepared", "ShardError", "ShardOutcome"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["RUN_FATAL", "ClientSpec", "HeldTickets", "Prepared", "ShardError", "ShardOutcome"]
 
 # Failures that no rerun of a shard can mend: the driver reports them at once.
 RUN_FATAL = (
@@ -128,17 +132,59 @@ def _portable(err: ImggwError) -> ImggwError:
     return err
 
 
+class HeldTickets:
+    """The run's budget on the scheduler as one try of a shard asks it, with the tickets the try
+    holds. A request cancelled while it holds one (a try that raises cancels all its requests)
+    never tells the scheduler it ended, and its place would count as in flight until
+    ``TICKET_TTL`` (900 s): enough of them stall every worker. So a ticket is recorded as soon
+    as it is handed out, and the try gives back those it still holds when it ends."""
+
+    def __init__(self, service: BudgetService) -> None:
+        self.service = service
+        self.held: set[Hashable] = set()
+
+    async def reserve(self, kind: str) -> tuple[Hashable, float]:
+        # Shielded: a cancel here would lose the number of a ticket the scheduler handed out
+        # (it holds a question at most HOLD, 1 s). The cancel comes at the next await.
+        with anyio.CancelScope(shield=True):
+            ticket, wait = await self.service.reserve(kind)
+            self.held.add(ticket)
+        return ticket, wait
+
+    async def wait_time(self, ticket: Hashable) -> float:
+        return await self.service.wait_time(ticket)
+
+    async def release(self, ticket: Hashable) -> None:
+        self.held.discard(ticket)
+        await self.service.release(ticket)
+
+    async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
+        self.held.discard(ticket)
+        await self.service.finished(ticket, **ended)
+
+    async def give_back(self) -> None:
+        """Releases every ticket still held (the try's requests have all ended)."""
+        with anyio.CancelScope(shield=True):
+            while self.held:
+                await self.service.release(self.held.pop())
+
+
 async def _shard_task(spec: ShardSpec, client: ClientSpec, budget: str) -> ShardReport | _Failed:
     """The Dask task of one shard, on a worker's event loop."""
     from ._shards import arun_shard
 
     async with client.make() as made:
+        held: HeldTickets | None = None
         if client.rate_limit is None or client.rate_limit.store is None:
-            made.share_budget(SchedulerBudget(budget))
+            held = HeldTickets(SchedulerBudget(budget))
+            made.share_budget(held)
         try:
             return await arun_shard(spec, client=made, guard=scheduler_guard(budget))
         except ImggwError as err:
             return _Failed(_portable(err), isinstance(err, RUN_FATAL))
+        finally:
+            if held is not None:
+                await held.give_back()
 
 
 @dataclass
