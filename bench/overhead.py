@@ -15,7 +15,10 @@ without ``imggw[otel]``), ``api`` (the API, no provider configured: what most us
 metric recorded). Target: ``off`` and ``api`` within the noise of each other; ``sdk`` is the
 cost of being traced, recorded here.
 
-Run: python bench/overhead.py [--rounds N] [--per-round N] [--json]
+And, with ``--instructions PAIRS``, only the instructions each contender runs per in-process
+pair, counted by valgrind's callgrind: a figure no other process's load moves.
+
+Run: python bench/overhead.py [--rounds N] [--per-round N] [--json] [--instructions PAIRS]
 """
 
 from __future__ import annotations
@@ -194,13 +197,59 @@ def telemetry_modes(rounds: int, per_round: int) -> dict[str, dict[str, float]]:
     return found
 
 
+def run_pairs(contender: str, pairs: int) -> None:
+    """(internal) ``pairs`` in-process pairs of one contender after 50 to warm up: what
+    :func:`instructions` counts."""
+    http = httpx.Client(transport=httpx.MockTransport(in_process_handler))
+    base = "http://bench.local"
+    if contender == "raw":
+        pair = raw_pair(http, base)
+    else:
+        pair = sdk_pair(Client(api_key=KEY, base_url=base, http_client=http))
+    for _ in range(50 + pairs):
+        pair()
+
+
+def instructions(pairs: int) -> dict[str, float]:
+    """Instructions per in-process pair (valgrind's callgrind), each contender's run less the
+    same run with no pair but the warm-up: a count no other process's load moves."""
+
+    def count(contender: str, n: int) -> int:
+        command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+        command += [sys.executable, __file__, "--count-pairs", contender, str(n)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        return int(done.stderr.split("Collected : ")[1].split()[0])
+
+    raw, sdk = ((count(c, pairs) - count(c, 0)) / pairs for c in ("raw", "imggw"))
+    return {"raw_ir": raw, "sdk_ir": sdk, "ratio": sdk / raw, "target": 1.25}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--telemetry", choices=TELEMETRY, help="(internal) one mode, in-process")
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="PAIRS",
+        help="only count instructions per in-process pair over PAIRS pairs (needs valgrind)",
+    )
+    parser.add_argument("--count-pairs", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.count_pairs:
+        run_pairs(args.count_pairs[0], int(args.count_pairs[1]))
+        return 0
+    if args.instructions:
+        found = instructions(args.instructions)
+        print(
+            json.dumps(found)
+            if args.json
+            else f"instructions per in-process submit+get: raw httpx {found['raw_ir']:,.0f}, "
+            f"imggw {found['sdk_ir']:,.0f}, ratio {found['ratio']:.3f}x"
+        )
+        return 0
     if args.telemetry:
         if args.telemetry == "sdk":
             install_sdk()
