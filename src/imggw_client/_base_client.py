@@ -112,7 +112,7 @@ class Connection(Generic[H]):
         (a task billed, the answer lost). So on a new loop our own HTTP client is replaced
         before anything is sent, and one that cannot be is refused. Threads have no loop
         (``None``): nothing to do."""
-        if not self.mine:
+        if self.pid != os.getpid():  # not self.mine: asked before every request
             self._forked()
         self.used = True
         if self.loop is None or self.loop is loop:

@@ -11,12 +11,10 @@ then checks the deadline between the chunks of the body.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import ssl
 import time
 import typing
-from collections.abc import Iterator
 
 import httpcore
 import httpx
@@ -26,16 +24,21 @@ _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def bounded(seconds: float) -> Iterator[float]:
+class bounded:  # used as a function: ``with bounded(seconds) as deadline``
     """Every network operation in this block ends within ``seconds`` of now; yields the
-    deadline (monotonic seconds)."""
-    deadline = time.monotonic() + seconds
-    token = _DEADLINE.set(deadline)
-    try:
-        yield deadline
-    finally:
-        _DEADLINE.reset(token)
+    deadline (monotonic seconds). A class, not a generator: it wraps every request."""
+
+    __slots__ = ("_deadline", "_token")
+
+    def __init__(self, seconds: float) -> None:
+        self._deadline = time.monotonic() + seconds
+
+    def __enter__(self) -> float:
+        self._token = _DEADLINE.set(self._deadline)
+        return self._deadline
+
+    def __exit__(self, *exc_info: object) -> None:
+        _DEADLINE.reset(self._token)
 
 
 def _left(timeout: float | None, expired: type[Exception]) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -260,9 +261,30 @@ def active() -> bool:
     client without one pays next to nothing (DESIGN 17)."""
     if not ENABLED:
         return False
+    if _none_set():
+        return False
     return not (
         isinstance(_trace.get_tracer_provider(), _UNSET)
         and isinstance(_metrics.get_meter_provider(), _UNSET)
+    )
+
+
+# The API's own getters look a provider up in the environment at every call (a KeyError
+# raised and caught inside ``os.environ``, twice a call); the environment names one at start
+# if ever. Where the API keeps its providers is private: if it moves, the getters decide.
+_FROM_ENVIRONMENT = any(
+    name in os.environ for name in ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+)
+_MOVED = object()
+
+
+def _none_set() -> bool:
+    """Whether surely no provider is set: neither global holds one, none is named by the
+    environment. False when unsure."""
+    return (
+        not _FROM_ENVIRONMENT
+        and getattr(_trace, "_TRACER_PROVIDER", _MOVED) is None
+        and getattr(_metrics_internal, "_METER_PROVIDER", _MOVED) is None
     )
 
 

@@ -72,11 +72,11 @@ class Attempts:
             attempt += 1
             ticket = None
             if kind is not None:
-                asked = self.clock()
+                asked = self.clock() if self.observe else None  # only telemetry asks when
                 ticket = yield from self._slot(
                     kind, deadline, priority() if priority is not None else None
                 )
-                if self.observe and ticket is not None:
+                if self.observe and asked is not None and ticket is not None:
                     yield Observe(BUDGET_WAIT, value=self.clock() - asked, kind=kind)
                 if ticket is None:
                     err = APITimeoutError(

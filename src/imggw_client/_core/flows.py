@@ -12,8 +12,8 @@ and tests drive a flow with a fake clock and never sleep. Requests go out throug
 from __future__ import annotations
 
 import logging
+import os
 import random
-import secrets as _secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -61,7 +61,7 @@ FINAL_QUERY_LEAD = 1.0  # the last query of a wait goes out this long before its
 
 def new_idempotency_key() -> str:
     """A fresh key: 128 random bits, as 32 hex characters."""
-    return _secrets.token_hex(16)
+    return os.urandom(16).hex()  # what secrets.token_hex(16) is, without its two calls
 
 
 class Flows(Attempts):
@@ -175,7 +175,13 @@ class Flows(Attempts):
             left = left or not (isinstance(outcome, TransportFailure) and not outcome.sent)
             try:
                 submission = surfaces.read_submit(
-                    surface, outcome, key, self.wall(), secrets, resolution=request.resolution
+                    surface,
+                    outcome,
+                    key,
+                    self.wall(),
+                    secrets,
+                    resolution=request.resolution,
+                    request=request,  # what it was made from
                 )
             except NotFoundError as err:
                 url = self.settings.base_url + wire.path
@@ -184,7 +190,7 @@ class Flows(Attempts):
                 may_exist = may_exist or classify(err).unknown
                 raise
             may_exist = True
-            return submission.model_copy(update={"request": request})  # what it was made from
+            return submission
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
             if not unknown:
@@ -493,9 +499,9 @@ class Flows(Attempts):
     def _headed(self, wire: WireRequest, extra: Mapping[str, str] | None) -> WireRequest:
         """``wire`` with the client's ``default_headers``, then the call's ``extra_headers``,
         each replacing a header of the same name in any case (the driver sets the key last)."""
-        added = [*self.settings.headers, *(extra or {}).items()]
-        if not added:
+        if not (self.settings.headers or extra):
             return wire
+        added = [*self.settings.headers, *(extra or {}).items()]
         headers = dict(wire.headers or {})
         for name, value in added:
             for same in [have for have in headers if have.lower() == name.lower()]:

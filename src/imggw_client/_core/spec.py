@@ -287,11 +287,10 @@ BETA_SPEC = SurfaceSpec(
     ),
 )
 
-SPECS: Mapping[Surface, SurfaceSpec] = MappingProxyType(
-    {ALPHA_SPEC.name: ALPHA_SPEC, BETA_SPEC.name: BETA_SPEC}
-)
+_BY_NAME: dict[Surface, SurfaceSpec] = {ALPHA_SPEC.name: ALPHA_SPEC, BETA_SPEC.name: BETA_SPEC}
+SPECS: Mapping[Surface, SurfaceSpec] = MappingProxyType(_BY_NAME)
 
 
 def of(surface: Surface) -> SurfaceSpec:
     """The spec of a surface."""
-    return SPECS[surface]
+    return _BY_NAME[surface]  # asked several times a request: a dict, not its read-only view

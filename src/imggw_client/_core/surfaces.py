@@ -94,9 +94,13 @@ def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
     return body
 
 
+# The encoder json.dumps would make for these options at every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_json(body: Any) -> bytes:
     """Compact UTF-8 JSON; identical bytes for every retry of one logical request."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return _COMPACT.encode(body).encode()
 
 
 def _encoded_submit(body: Any) -> bytes:
@@ -331,9 +335,11 @@ def read_submit(
     secrets: tuple[str, ...] = (),
     *,
     resolution: str | None = None,
+    request: ImageRequest | None = None,
 ) -> Submission:
     """The submission a submit's answer names, or raises the error the answer means. ``now``
     (epoch seconds) is when the answer came: the task's start, unless it was replayed.
+    ``request`` is the one sent, which the submission carries.
     """
     reply, body = _checked_reply(surface, outcome, now, secrets)
     wire = spec.of(surface)
@@ -352,6 +358,7 @@ def read_submit(
         replayed=replayed,
         resolution=resolution,
         submitted_at=None if replayed else datetime.fromtimestamp(now, timezone.utc),
+        request=request,
     )
 
 
