@@ -484,6 +484,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                     raise error
             finally:
                 completions.close()
+                await _io.give_back(self._flows.budget)
 
     async def unfinished(self, *, resend_expired_keys: bool = False) -> list[Submission]:
         """Every task of this client's journal (this key, this gateway) that still needs a
@@ -607,6 +608,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 outcome = await self._perform(action, on_update, watch, on_submit)
             except BaseException as exc:  # cancelled, closed, interrupted: the flow gives back
                 interrupt(flow, exc)  # its place, and a submit names its key on exc
+                await _io.give_back(self._flows.budget)
                 raise
 
     async def _run_catching(

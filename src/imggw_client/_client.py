@@ -480,6 +480,7 @@ class Client(BaseClient[httpx.Client]):
                     raise error
             finally:
                 completions.close()
+                _io.give_back(self._flows.budget)
 
     def unfinished(self, *, resend_expired_keys: bool = False) -> list[Submission]:
         """Every task of this client's journal (this key, this gateway) that still needs a
@@ -603,6 +604,7 @@ class Client(BaseClient[httpx.Client]):
                 outcome = self._perform(action, on_update, watch, on_submit)
             except BaseException as exc:  # cancelled, closed, interrupted: the flow gives back
                 interrupt(flow, exc)  # its place, and a submit names its key on exc
+                _io.give_back(self._flows.budget)
                 raise
 
     def _run_catching(self, flow: Flow[T], *, watch: Watch = _telemetry.NULL) -> T | BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,7 +19,7 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from ._core.budget import BudgetService
+from ._core.budget_service import GIVE_BACK_TIMEOUT, BudgetService
 from ._core.config import Settings
 from ._core.exceptions import ConfigurationError
 from ._core.models import Submission, Task
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+log = logging.getLogger("imggw_client")
 
 OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
 OnSubmit = Callable[[Submission], Any]  # the same
@@ -150,3 +153,19 @@ async def close_budget(budget: object) -> None:
     service = getattr(budget, "service", None)
     if isinstance(service, AsyncStoreBudget):
         await service.close()
+
+
+async def give_back(budget: object) -> None:
+    """Releases the slots of a shared budget that requests cut short left (``abandoned``):
+    shielded, since a cancel brought them here, and bounded, since the holder may be away (its
+    lease or TTL frees what is not released)."""
+    abandoned = getattr(budget, "abandoned", None)
+    if not abandoned:
+        return
+    service: BudgetService = budget.service  # type: ignore[attr-defined]
+    with anyio.move_on_after(GIVE_BACK_TIMEOUT, shield=True):
+        while abandoned:
+            try:
+                await service.release(abandoned.popleft())
+            except Exception as exc:  # noted only: the holder frees it in time
+                log.debug("a shared budget's slot was not given back: %s", type(exc).__name__)

@@ -5,6 +5,7 @@ Threads instead of tasks; time bounded by ``_deadline`` instead of a cancel scop
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+log = logging.getLogger("imggw_client")
 
 OnUpdate = Callable[[Task], Any]
 OnSubmit = Callable[[Submission], Any]
@@ -106,3 +109,14 @@ def close_budget(budget: object) -> None:
     service = getattr(budget, "service", None)
     if isinstance(service, StoreBudget):
         service.close()
+
+
+def give_back(budget: object) -> None:
+    """Releases the slots of a shared budget that requests cut short left (``abandoned``)."""
+    abandoned = getattr(budget, "abandoned", None)
+    service: SyncBudgetService | None = getattr(budget, "service", None)
+    while abandoned and service is not None:
+        try:
+            service.release(abandoned.popleft())
+        except Exception as exc:  # noted only: the holder frees it in time
+            log.debug("a shared budget's slot was not given back: %s", type(exc).__name__)

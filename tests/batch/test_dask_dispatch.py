@@ -4,8 +4,11 @@ its words, and one outcome per shard covering the input."""
 
 from __future__ import annotations
 
+import logging
 import pickle
+from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +20,7 @@ from imggw_client.batch._plan import BatchOptions
 from imggw_client.batch.scale._dask_dispatch import (
     ClientSpec,
     Dispatch,
+    HeldTickets,
     Prepared,
     ShardError,
     ShardOutcome,
@@ -74,3 +78,37 @@ def test_one_outcome_per_shard_covers_every_line_of_the_input() -> None:
     assert outcome.ended
     assert ShardOutcome(2, 3, range(4, 7), 1, error=RuntimeError("x")).ended
     assert Path(template.folder) == Path("shards/0001-of-0003")
+
+
+@pytest.mark.anyio
+async def test_a_scheduler_that_cannot_take_back_a_slot_never_hides_the_shards_outcome(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # give_back runs in the shard task's `finally`: an error there would replace the shard's
+    # own result (or its error) with the scheduler's.
+    released: list[Hashable] = []
+
+    class Gone:
+        async def reserve(self, kind: str) -> tuple[Hashable, float]:
+            return kind, 0.0
+
+        async def wait_time(self, ticket: Hashable) -> float:
+            return 0.0
+
+        async def release(self, ticket: Hashable) -> None:
+            released.append(ticket)
+            raise OSError("scheduler unreachable")
+
+        async def finished(self, ticket: Hashable, **ended: Any) -> None: ...
+
+    held = HeldTickets(Gone())
+    await held.reserve("submit")
+    await held.reserve("query")
+    with caplog.at_level(logging.WARNING, logger="imggw_client"):
+        await held.give_back()
+    assert held.held == set()
+    assert sorted(map(str, released)) == ["query", "submit"]  # each asked once, none raised
+    assert [
+        r.getMessage().startswith("a shard's budget slot was not given back (OSError)")
+        for r in caplog.records
+    ] == [True, True]

@@ -26,6 +26,9 @@ from imggw_client import (
     TaskFailedError,
     WaitTimeoutError,
 )
+from imggw_client._core.budget import RemoteBudget
+from imggw_client._core.interruptions import interrupt
+from imggw_client._core.wire import Pace, Send, Sleep
 from imggw_client.mock import MockGateway
 
 from ..conftest import Driven, beta_error, beta_task
@@ -311,3 +314,42 @@ async def test_a_shared_budget_of_the_wrong_kind_is_refused(client: Driven) -> N
     wrong = AsyncHolder(Holder()) if isinstance(client.inner, Client) else Holder()
     with pytest.raises(ConfigurationError, match="BudgetService"):
         client.inner.share_budget(wrong)
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_in_flight_gives_back_its_shared_slot() -> None:
+    # Its slot would count in flight at the holder (a Redis store, a Dask scheduler) until a
+    # lease or a TTL ran out: given back as the cancel passes, shielded from it.
+    holder = Holder()
+    gw = MockGateway(latency=5.0, fault_rate=1.0, faults=["latency"])
+    async with gw.async_client() as client:
+        client.share_budget(AsyncHolder(holder))
+        with anyio.move_on_after(0.05):
+            await client.get("42")
+    assert holder.calls == [("reserve", "query"), ("release", 1)]
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_while_it_waits_for_a_shared_slot_gives_it_back() -> None:
+    holder = Holder(first_wait=60.0)
+    async with AsyncClient(api_key="test-key", base_url="http://127.0.0.1:9") as client:
+        client.share_budget(AsyncHolder(holder))
+        with anyio.move_on_after(0.05):
+            await client.get("42")
+    assert holder.calls == [("reserve", "query"), ("release", 1)]
+
+
+def test_a_flow_stopped_while_it_holds_a_shared_slot_leaves_it_to_the_driver() -> None:
+    # A stopped flow cannot ask its driver anything: it names the slot, the driver releases it.
+    made = flows(Script())
+    made.budget = RemoteBudget(Holder())
+    flow = made.get("42", surface=None)
+    assert isinstance(flow.send(None), Pace)
+    assert isinstance(flow.send(("t1", 0.0)), Send)  # the slot came: the query is in flight
+    interrupt(flow, KeyboardInterrupt())
+    assert list(made.budget.abandoned) == ["t1"]
+    waiting = made.get("42", surface=None)
+    waiting.send(None)
+    assert isinstance(waiting.send(("t2", 3.0)), Sleep)  # waits for its slot
+    waiting.close()
+    assert list(made.budget.abandoned) == ["t1", "t2"]

@@ -95,6 +95,9 @@ class Attempts:
                 if isinstance(ticket, Ticket):
                     assert isinstance(self.budget, Budget)
                     self.budget.release(ticket)
+                elif ticket is not None:
+                    assert isinstance(self.budget, RemoteBudget)
+                    self.budget.abandoned.append(ticket)
                 raise
             try:
                 result = read(outcome)
@@ -160,6 +163,8 @@ class Attempts:
                 if deadline is not None and now >= deadline:  # a request now would get no time
                     self.budget.release(ticket)
                     return None
+                if ticket.sent_at is not None:  # let through as it was reserved
+                    return ticket
                 wait = self.budget.wait_time(ticket, now)
                 if wait <= 0:
                     return ticket
@@ -176,20 +181,26 @@ class Attempts:
     def _remote_slot(self, kind: str, deadline: float | None) -> Flow[object | None]:
         """The same as :meth:`_slot` for a budget held elsewhere: the driver asks it; the
         deadline is still ours."""
+        assert isinstance(self.budget, RemoteBudget)
         ticket, wait = yield Pace(kind)
-        while wait > 0:
-            now = self.clock()
-            if deadline is not None and now + wait >= deadline:
-                yield Paced(ticket, sent=False)
-                if deadline > now:
-                    yield Sleep(deadline - now)
-                return None
-            yield Sleep(wait)
-            ticket, wait = yield Pace(kind, ticket)
-        if deadline is not None and self.clock() >= deadline:
-            yield Paced(ticket, sent=False)
-            return None
-        return ticket  # type: ignore[no-any-return]  # what the service handed out
+        try:
+            while wait > 0:
+                now = self.clock()
+                if deadline is not None and now + wait >= deadline:
+                    break
+                yield Sleep(wait)
+                ticket, wait = yield Pace(kind, ticket)
+            else:
+                if deadline is None or self.clock() < deadline:
+                    return ticket  # type: ignore[no-any-return]  # what the service handed out
+        except BaseException:  # closed or cancelled while it waited: the driver gives it back
+            self.budget.abandoned.append(ticket)
+            raise
+        yield Paced(ticket, sent=False)
+        now = self.clock()
+        if deadline is not None and deadline > now:
+            yield Sleep(deadline - now)
+        return None
 
     def _delay(
         self, verdict: Verdict, attempt: int, deadline: float | None, *, budgeted: bool = False

@@ -221,7 +221,8 @@ class Budget:
             if lane.mode == STARTING:
                 free = now >= lane.paused_until
                 if lane.in_flight < lane.window and not lane.waiting and free:
-                    ticket = Ticket(kind, now, -1, paced=False, priority=key)
+                    # Goes now: handed out sent, so the driver asks nothing more before it.
+                    ticket = Ticket(kind, now, -1, paced=False, priority=key, sent_at=now)
                     lane.fly(ticket)  # the window counts it from now: a burst fills it at once
                     lane.last_went = now
                     return ticket

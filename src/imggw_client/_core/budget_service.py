@@ -3,11 +3,16 @@ of one (a Dask scheduler's, a shared store's, any service's). The policy is ``_c
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+
+# The longest a client spends giving back the slots of requests cut short (``RemoteBudget``).
+GIVE_BACK_TIMEOUT = 5.0
 
 
 class Ended(TypedDict):
@@ -80,3 +85,6 @@ class RemoteBudget:
 
     def __init__(self, service: BudgetService | SyncBudgetService) -> None:
         self.service = service
+        # Slots of requests cut short (cancelled, closed) that a flow could not give back
+        # itself, since it cannot ask the driver once stopped: the driver releases them next.
+        self.abandoned: deque[Hashable] = deque()

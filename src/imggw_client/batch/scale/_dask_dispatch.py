@@ -11,6 +11,7 @@ are opened on the scheduler (``_dask_budget``) before the first shard goes.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import secrets
 import time
@@ -46,6 +47,7 @@ from ._dask_budget import (
     GUARD_HANDLER,
     HANDLER,
     PLUGIN_NAME,
+    TICKET_TTL,
     BudgetPlugin,
     SchedulerBudget,
     scheduler_guard,
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["RUN_FATAL", "ClientSpec", "HeldTickets", "Prepared", "ShardError", "ShardOutcome"]
+
+log = logging.getLogger("imggw_client")
 
 # Failures that no rerun of a shard can mend: the driver reports them at once.
 RUN_FATAL = (
@@ -163,10 +167,20 @@ class HeldTickets:
         await self.service.finished(ticket, **ended)
 
     async def give_back(self) -> None:
-        """Releases every ticket still held (the try's requests have all ended)."""
+        """Releases every ticket still held (the try's requests have all ended). A scheduler
+        that cannot be asked is noted, never raised: the shard's own outcome is the one to
+        tell, and ``TICKET_TTL`` frees what is left."""
         with anyio.CancelScope(shield=True):
             while self.held:
-                await self.service.release(self.held.pop())
+                try:
+                    await self.service.release(self.held.pop())
+                except Exception as exc:
+                    log.warning(
+                        "a shard's budget slot was not given back (%s): the scheduler frees "
+                        "it in %.0f s",
+                        type(exc).__name__,
+                        TICKET_TTL,
+                    )
 
 
 async def _shard_task(spec: ShardSpec, client: ClientSpec, budget: str) -> ShardReport | _Failed:
