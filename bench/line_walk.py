@@ -29,9 +29,15 @@ def walk() -> tuple[set[str], int]:
     from imggw_client.mock import MockGateway
 
     ran: set[str] = set()
+    importing = threading.local()  # module bodies running on this thread: an import under way
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_code.co_name == "<module>":
+        if frame.f_code.co_name == "<module>":  # what an import runs is not the line's
+            if event in ("call", "return"):
+                depth = getattr(importing, "depth", 0)
+                importing.depth = depth + (1 if event == "call" else -1)
+            return
+        if event != "call" or getattr(importing, "depth", 0):
             return
         name = frame.f_globals.get("__name__", "")
         if name.startswith(OURS) and not name.startswith(NOT_THE_LINE):
