@@ -8,13 +8,15 @@ bounded by ``STORE_TIMEOUT`` or the request's own timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import secrets
 import threading
 import time
 import weakref
-from collections.abc import Hashable
+from collections import deque
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from ._base_client import key_fingerprint
@@ -34,6 +36,10 @@ log = logging.getLogger("imggw_client")
 INSTALL = "pip install 'imggw[redis]'"
 REJOIN_AFTER = 5.0  # seconds between tries of a store that failed; requests go on meanwhile
 KINDS = (SUBMIT, QUERY)
+# The longest one question waits for a place in a full window before the flow has it back (to
+# keep its deadline); meanwhile it sleeps until one of this process's requests of the kind ends.
+HOLD = 1.0
+HOLDING = "hold"  # the step that sleeps (its argument: the longest, in seconds), not a script
 
 
 def require_redis() -> None:
@@ -42,6 +48,11 @@ def require_redis() -> None:
         raise ConfigurationError(
             f"RateLimit.store needs the redis library: {INSTALL}", code="missing_extra"
         )
+
+
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _ticket(ticket: Hashable) -> StoreTicket:
@@ -67,6 +78,10 @@ class _Driver:
         self._retry_at = 0.0
         self._quiet_until = dict.fromkeys(KINDS, 0.0)  # no request before this, after a switch
         self.held: dict[str, set[str]] = {kind: set() for kind in KINDS}  # leases to renew
+        # Questions asleep until a place in the window frees, oldest first; one of them (the
+        # poller) also asks again every two round trips, for places other processes free.
+        self._sleepers: dict[str, deque[Any]] = {kind: deque() for kind in KINDS}
+        self._poller: dict[str, StoreTicket | None] = dict.fromkeys(KINDS)
         self._owed: dict[str, list[float]] = {kind: [] for kind in KINDS}  # isolated 429s' hints
         self._lock = threading.Lock()
 
@@ -85,8 +100,31 @@ class _Driver:
         """Starts renewing the leases held, unless it runs already."""
 
     def waited(self, ticket: StoreTicket) -> Steps:
-        """The seconds ``ticket`` still waits."""
+        """The seconds ``ticket`` still waits; a full window is waited here (up to ``HOLD``),
+        asleep until an answer frees a place: never polled."""
+        wait = yield from self._asked(ticket)
+        until = time.monotonic() + HOLD
+        try:
+            while wait > 0 and ticket.full and (left := until - time.monotonic()) > 0:
+                with self._lock:
+                    if self._poller[ticket.kind] is None:
+                        self._poller[ticket.kind] = ticket
+                    polls = self._poller[ticket.kind] is ticket
+                yield HOLDING, [repr(min(wait, left) if polls else left)]
+                wait = yield from self._asked(ticket)
+        finally:
+            with self._lock:
+                handed = self._poller[ticket.kind] is ticket
+                if handed:
+                    self._poller[ticket.kind] = None
+            if handed:  # the next in line asks now, and polls in its turn
+                self._wake(ticket.kind)
+        return wait
+
+    def _asked(self, ticket: StoreTicket) -> Steps:
+        """The seconds ``ticket`` still waits, asked once."""
         kind, now = ticket.kind, time.monotonic()
+        ticket.full = False
         with self._lock:
             if ticket.epoch == EPOCH_NONE and ticket.not_before == 0.0 and self._owed[kind]:
                 ticket.not_before = self._owed[kind].pop(0)  # its retry waits a 429's hint
@@ -119,6 +157,7 @@ class _Driver:
         elif ticket.epoch != EPOCH_NONE:
             args = [str(ticket.epoch), repr(ticket.slot), ticket.token]
             yield from self._quiet(shared.one("release", args))
+            self._wake(ticket.kind)
 
     def ended(self, ticket: StoreTicket, ended: Ended) -> Steps:
         """Tells how the request of ``ticket`` ended."""
@@ -127,9 +166,28 @@ class _Driver:
             self.local.finished(ticket.local, time.monotonic(), **ended)
             return
         owed = yield from self._quiet(shared.finished_steps(self.limit, ticket, **ended))
+        self._wake(ticket.kind)  # its place in the window is free: the longest waiter asks
         if owed:  # an isolated 429's hint, for its retry
             with self._lock:
                 self._owed[ticket.kind].append(time.monotonic() + min(owed, MAX_PAUSE))
+
+    def _wake(self, kind: str) -> None:
+        """Wakes the oldest question asleep for a place of ``kind`` (a sleeper: a call that
+        wakes it, False if it woke already)."""
+        with self._lock:
+            sleepers = self._sleepers[kind]
+            while sleepers and not sleepers.popleft()():
+                pass
+
+    def asleep(self, kind: str, sleeper: Callable[[], bool]) -> None:
+        """Notes ``sleeper`` in line for a place of ``kind``."""
+        with self._lock:
+            self._sleepers[kind].append(sleeper)
+
+    def awake(self, kind: str, sleeper: Callable[[], bool]) -> None:
+        """Takes ``sleeper`` out of the line (woken, or its time came)."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._sleepers[kind].remove(sleeper)
 
     def renewals(self) -> list[tuple[str, Steps]]:
         """The renew script's calls for the leases held now, by kind."""
@@ -217,6 +275,10 @@ class AsyncStoreBudget(_Driver):
         try:
             while True:
                 name, args = steps.throw(failure) if failure else steps.send(answer)
+                if name == HOLDING:
+                    await self._hold(kind, float(args[0]))
+                    answer, failure = None, None
+                    continue
                 try:
                     # The socket timeouts bound each read; this bounds the whole call.
                     call = self._scripts()[name](keys=self.keys[kind], args=args)
@@ -225,6 +287,24 @@ class AsyncStoreBudget(_Driver):
                     failure = exc
         except StopIteration as end:
             return end.value
+
+    async def _hold(self, kind: str, seconds: float) -> None:
+        """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> bool:  # from any thread: the future's loop sets it
+            if woken.done():
+                return False
+            loop.call_soon_threadsafe(_settle, woken)
+            return True
+
+        self.asleep(kind, wake)
+        try:
+            await asyncio.wait([woken], timeout=seconds)
+        finally:
+            self.awake(kind, wake)
+            woken.cancel()
 
     async def reserve(self, kind: str) -> tuple[Hashable, float]:
         ticket = StoreTicket(kind, token=secrets.token_hex(8))
@@ -292,12 +372,32 @@ class StoreBudget(_Driver):
         try:
             while True:
                 name, args = steps.throw(failure) if failure else steps.send(answer)
+                if name == HOLDING:
+                    self._hold(kind, float(args[0]))
+                    answer, failure = None, None
+                    continue
                 try:
                     answer, failure = self._scripts[name](keys=self.keys[kind], args=args), None
                 except Exception as exc:
                     failure = exc
         except StopIteration as end:
             return end.value
+
+    def _hold(self, kind: str, seconds: float) -> None:
+        """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
+        woken = threading.Event()
+
+        def wake() -> bool:
+            if woken.is_set():
+                return False
+            woken.set()
+            return True
+
+        self.asleep(kind, wake)
+        try:
+            woken.wait(seconds)
+        finally:
+            self.awake(kind, wake)
 
     def reserve(self, kind: str) -> tuple[Hashable, float]:
         ticket = StoreTicket(kind, token=secrets.token_hex(8))

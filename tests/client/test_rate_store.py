@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 import pytest
 import respx
@@ -312,6 +313,68 @@ async def test_a_live_process_keeps_its_slots_past_their_lease_by_renewing_them(
         assert store.zcount(flying, seconds + micros / 1e6, "+inf") == 1  # its lease holds
         await ask("finished", ticket, limited=False, retry_after=None, backoff=(0.5, 8.0))
         assert store.zcard(flying) == 0
+    if kind == "async":
+        await client.close()  # type: ignore[misc]
+    else:
+        client.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_questions_for_a_full_window_sleep_until_a_place_frees_and_one_polls(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # DESIGN 25: no budget is busy-polled. A question for a place in a full window sleeps until
+    # one of this process's requests ends; one of them asks again every two round trips, for
+    # places other processes free (before: every waiter, every few milliseconds).
+    monkeypatch.setattr(_rate_store, "HOLD", 60.0)  # no question is handed back meanwhile
+    takes: list[str] = []  # the token of every question the store is asked
+    real = shared_budget.take_steps
+
+    def counted(limit: RateLimit, ticket: Any) -> Any:
+        takes.append(ticket.token)
+        return (yield from real(limit, ticket))
+
+    monkeypatch.setattr(shared_budget, "take_steps", counted)
+    limit = RateLimit(store=redis.url)  # no ceiling: a start window of four
+    maker = Client if kind == "sync" else AsyncClient
+    client = maker(api_key=KEY, base_url="https://gateway.test", rate_limit=limit)
+    service: Any = client._flows.budget.service  # type: ignore[union-attr]
+    ended = {"limited": False, "retry_after": None, "backoff": (0.5, 8.0)}
+
+    async def ask(name: str, *args: Any, **kwargs: Any) -> Any:
+        answer = getattr(service, name)(*args, **kwargs)
+        return await answer if kind == "async" else answer
+
+    async def until(done: Callable[[], bool]) -> None:
+        with anyio.fail_after(10):
+            while not done():
+                await anyio.sleep(0.005)
+
+    flying = [await ask("reserve", "submit") for _ in range(4)]
+    assert [wait for _, wait in flying] == [0.0] * 4
+    got: list[tuple[Any, float]] = []
+    async with anyio.create_task_group() as group:
+
+        async def waiter() -> None:
+            if kind == "sync":
+                got.append(await anyio.to_thread.run_sync(service.reserve, "submit"))
+            else:
+                got.append(await service.reserve("submit"))
+
+        for _ in range(6):
+            group.start_soon(waiter)
+        await until(lambda: len(takes) >= 4 + 6 + 5)
+        assert len(set(takes[10:15])) == 1  # asked again by one of the six only
+        await ask("finished", flying[0][0], **ended)  # a place frees: one waiter has it
+        await until(lambda: len(got) == 1)
+        assert got[0][1] == 0.0
+        for ticket, _ in [*flying[1:], got[0]]:
+            await ask("finished", ticket, **ended)
+        await until(lambda: len(got) == 6)
+    assert [wait for _, wait in got] == [0.0] * 6
+    for ticket, _ in got[1:]:
+        await ask("finished", ticket, **ended)
     if kind == "async":
         await client.close()  # type: ignore[misc]
     else:

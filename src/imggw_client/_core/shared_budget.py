@@ -64,6 +64,7 @@ class StoreTicket:
     local: Ticket | None = None
     not_before: float = 0.0  # on this process's clock: an isolated 429's hint, waited first
     token: str = ""  # its name among the lane's requests in flight, drawn at random
+    full: bool = False  # it waits for a place in the lane's window: an answer frees one
 
 
 class StoreAnswerError(Exception):
@@ -91,7 +92,7 @@ local function touch()
 end
 """
 # A place: ARGV = epoch held, slot held, token, lease, then the lane's first fields (mode,
-# rate) if it has none yet. Answers {wait, epoch, slot, now, growth due}.
+# rate) if it has none yet. Answers {wait, epoch, slot, now, growth due, window full}.
 _TAKE = r"""
 if redis.call('HEXISTS', key, 'mode') == 0 then
   redis.call('HSET', key, 'mode', ARGV[5], 'rate', ARGV[6], 'version', '0')
@@ -111,10 +112,14 @@ if tonumber(ARGV[1]) ~= epoch or slot == nil then
 end
 local ready = math.max(slot, pu)
 if i > 0 then ready = math.max(ready, last + i) end
-local wait = 0
+local wait, full = 0, '0'
 if (not rate) and flying >= num('window', {START_WINDOW}) and ready <= now then
-  local rtt = num('rtt', {RTT_GUESS})  -- the window is full: about until an answer frees one
-  wait = math.min(math.max({MIN_WAIT}, rtt / math.max(1, flying)), math.max({MIN_WAIT}, 2 * rtt))
+  -- The window is full: an answer frees a place (the driver wakes then), else, at the latest,
+  -- two round trips or the end of the first lease in flight.
+  local first = redis.call('ZRANGE', fkey, 0, 0, 'WITHSCORES')
+  local lease = tonumber(first[2]) or now
+  wait = math.max({MIN_WAIT}, math.min(2 * num('rtt', {RTT_GUESS}), lease - now))
+  full = '1'
 elseif ready > now then
   wait = ready - now
 else
@@ -126,7 +131,7 @@ redis.call('HSET', key, 'tat', fmt(tat), 'last', fmt(last), 'epoch', tostring(ep
 touch()
 local due = '0'
 if now >= num('grow_at', -1e18) then due = '1' end
-return {fmt(wait), tostring(epoch), fmt(slot), fmt(now), due}
+return {fmt(wait), tostring(epoch), fmt(slot), fmt(now), due, full}
 """
 # A place given back: ARGV = epoch, slot, token.
 _RELEASE = r"""
@@ -209,10 +214,10 @@ def take_steps(limit: RateLimit, ticket: StoreTicket) -> Steps:
         "take",
         [str(ticket.epoch), repr(ticket.slot), ticket.token, repr(LEASE), first.mode, rate],
     )
-    wait, epoch, slot, now, due = _numbers(answer, 5)
+    wait, epoch, slot, now, due, full = _numbers(answer, 6)
     if wait < 0 or epoch != int(epoch) or epoch < 0:
         raise StoreAnswerError("the store's answer is out of range")
-    ticket.epoch, ticket.slot = int(epoch), slot
+    ticket.epoch, ticket.slot, ticket.full = int(epoch), slot, bool(full)
     if wait == 0:
         ticket.sent = now
     if due:  # the pace's growth is due: the policy says what it is now
