@@ -105,26 +105,31 @@ def test_an_isolated_429_neither_pauses_nor_paces_the_store_lane(scripts: dict[s
 
 
 def test_a_store_lane_decides_as_an_in_process_lane_fed_the_same_answers(
-    scripts: dict[str, Any],
+    scripts: dict[str, Any], redis_store: RedisServer
 ) -> None:
-    # One policy (DESIGN 25): the same answers make the same overload, pace and pause.
+    # One policy (DESIGN 25): the same answers make the same overload, pace and pause. The
+    # twin reads the store's clock as each answer is counted (answers are counted by the whole
+    # second they come in: the request's send time would put some in another second).
     twin = B.lane_of(None)
     outcomes = [False] * 30 + [True] * 12
-    for limited in outcomes:
-        ticket = sent(scripts)
-        finish(scripts, ticket, limited=limited, hint=2.0 if limited else None)
-        assert ticket.sent is not None
-        B.count(twin, ticket.sent, limited=limited)
-        B.answered(
-            twin,
-            ticket.sent,
-            sent=ticket.sent,
-            limited=limited,
-            retry_after=2.0 if limited else None,
-            backoff=(0.5, 8.0),
-        )
-        if twin.rate is not None:
-            break
+    with contextlib.closing(redis_store.client()) as store:
+        for limited in outcomes:
+            ticket = sent(scripts)
+            finish(scripts, ticket, limited=limited, hint=2.0 if limited else None)
+            seconds, micros = store.time()
+            answered_at = seconds + micros / 1e6
+            assert ticket.sent is not None
+            B.count(twin, answered_at, limited=limited)
+            B.answered(
+                twin,
+                answered_at,
+                sent=ticket.sent,
+                limited=limited,
+                retry_after=2.0 if limited else None,
+                backoff=(0.5, 8.0),
+            )
+            if twin.rate is not None:
+                break
     state = lane(scripts)
     assert state.mode == twin.mode == B.RECOVERING
     assert state.rate == pytest.approx(twin.rate)

@@ -108,7 +108,7 @@ def test_isolated_429s_stay_isolated_and_a_share_makes_an_overload() -> None:
     assert budget.wait_time(waiting, 0.52) > 0
 
 
-def test_an_isolated_429_halves_the_start_window_once_a_round() -> None:
+def test_an_isolated_429_halves_the_start_window_once_a_window() -> None:
     # What the window lets go after a limit's first 429 meets the same full gateway: it halves,
     # once for the requests in flight together (those sent before it), again for a later one.
     p = B.lane_of(None)
@@ -120,6 +120,17 @@ def test_an_isolated_429_halves_the_start_window_once_a_round() -> None:
     B.count(p, 1.2, limited=True)
     B.answered(p, 1.2, sent=1.15, limited=True)
     assert p.window == B.START_WINDOW  # never below the start
+
+
+def test_a_limits_first_429_halves_the_window_whatever_round_its_request_went_in() -> None:
+    # The window grew a round after the refused request left (answers of earlier ones came
+    # in): that round is no reason to let more go into the limit. The halving counts from the
+    # last halving (TCP's once a window), not from the last round of growth.
+    p = B.lane_of(None)
+    p.window, p.round_at = 24, 0.9  # the round began after the request was sent, at 0.5
+    B.count(p, 1.0, limited=True)
+    assert not B.answered(p, 1.0, sent=0.5, limited=True)
+    assert p.window == 12
 
 
 def overloaded(accepted: int, hint: float | None) -> Budget:
@@ -186,5 +197,5 @@ def test_surface_as_limits_with_no_hint_and_slow_round_trips_meet_fewer_429s() -
     last, limited = gateway_run(
         Budget(RateLimit()), 100, workers=100, refuse=sliding_limit(20, 10.0), hinted=False, rtt=0.1
     )
-    assert limited <= 32
+    assert limited <= 26  # 25 (31 before the window halved at a limit's first 429)
     assert last <= 1.15 * 50

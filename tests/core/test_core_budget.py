@@ -505,7 +505,7 @@ def test_without_a_ceiling_a_burst_at_a_low_limit_meets_few_429s() -> None:
 
     budget = Budget(RateLimit())
     last, limited = gateway_run(budget, 100, workers=100, refuse=refuse)
-    assert limited <= 20
+    assert limited <= 18  # 17 (before the window halved at a limit's first 429: also 17)
     # The floor at the limit's rate, 100 at 2 a second (bench/bursts.py part 3 counts it so);
     # sent in whole windows, 20 at once, they could go in 40 s.
     assert last <= 1.15 * 50

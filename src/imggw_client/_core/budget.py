@@ -95,6 +95,7 @@ class Pacing:
     rtt: float = RTT_GUESS  # smoothed seconds from send to answer
     round_at: float = _NEVER  # when the window's current round began ...
     round_window: int = START_WINDOW  # ... and its width then: at most double it this round
+    halved_at: float = _NEVER  # when a 429 last halved the window (those sent before: echoes)
     paused_at: float = _NEVER
     paused_until: float = _NEVER
     strikes: int = 0  # 429s in a row, each a new episode: the pause grows with them
@@ -458,9 +459,9 @@ def _limited(
     """A 429: isolated (its request is retried) or an overload (a pause, and a pace)."""
     share = p.refused / max(p.answers, MIN_ANSWERS)
     if p.mode == STARTING and share < OVERLOAD_SHARE:
-        if sent >= p.round_at:  # the window halves, once a round: no more sent into a limit
+        if sent >= p.halved_at:  # the window halves, once a window: no more sent into a limit
             p.window = max(min(START_WINDOW, p.window), p.window // 2)
-            p.round_at, p.round_window = now, p.window
+            p.round_at, p.round_window, p.halved_at = now, p.window, now
         return False  # isolated: its request is retried at once, as chance deserves
     if sent >= p.paused_at:  # a new episode, not an echo of requests in flight
         p.strikes += 1
