@@ -11,7 +11,6 @@ import pytest
 from imggw_client.batch._report import (
     MANIFEST_NAME,
     iter_manifest,
-    manifest_record,
     manifest_row,
     manifest_rows,
     write_manifest,
@@ -58,7 +57,6 @@ def test_a_row_says_what_the_line_delivered_and_lists_files_only_once_saved() ->
         "failed",
         {"code": "result_expired", "message": ""},
     )
-    assert manifest_record is manifest_row  # its first name still works
 
 
 def test_a_manifest_is_written_in_line_order_and_read_back_row_by_row(tmp_path: Path) -> None:

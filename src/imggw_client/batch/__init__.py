@@ -42,8 +42,6 @@ from ._report import (
     BatchReport,
     RunOutcome,
     iter_manifest,
-    manifest_record,
-    manifest_row,
     write_manifest,
 )
 from ._run import BatchPlan, acollect_tasks, arun_batch, collect_tasks, plan_batch, run_batch
@@ -127,8 +125,6 @@ __all__ = [
     "is_url",
     "iter_lines",
     "iter_manifest",
-    "manifest_record",
-    "manifest_row",
     "merge",
     "open_storage",
     "parse_shard",

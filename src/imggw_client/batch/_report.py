@@ -204,13 +204,7 @@ MANIFEST_NAME = "manifest.jsonl"
 
 def manifest_row(row: Row) -> dict[str, Any]:
     """One manifest row of a ledger row. ``files`` lists the files of a saved line only (a
-    line waiting to download them again may remember files that are gone).
-
-    Example::
-
-        # not run: the ledger's rows are the batch's own (its store hands them out)
-        write_manifest("out/", (manifest_row(row) for row in ledger.iter_rows()))
-    """
+    line waiting to download them again may remember files that are gone)."""
     error = None
     if row.error_code is not None:
         error = {"code": row.error_code, "message": row.error_message or ""}
@@ -237,9 +231,6 @@ def manifest_row(row: Row) -> dict[str, Any]:
         "expires_at": expires,
     } | ({"warning": note} if note is not None else {})
 
-
-# Its first name, kept for code that imported it.
-manifest_record = manifest_row
 
 
 def manifest_rows(rows: Iterable[Row]) -> Iterator[dict[str, Any]]:
