@@ -32,7 +32,7 @@ from imggw_client._core import budget as B
 from imggw_client.batch import KeyChangedError, status
 from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch.scale import _dask_dispatch, _shards
+from imggw_client.batch.scale import _dask_budget, _dask_dispatch, _shards
 from imggw_client.batch.scale._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded
 from imggw_client.batch.scale._dask_budget import PLUGIN_NAME, BudgetPlugin
 from imggw_client.batch.scale._dask_progress import ProgressReader
@@ -322,7 +322,11 @@ async def test_a_shard_that_raises_with_requests_in_flight_gives_back_their_slot
 
 
 @pytest.mark.anyio
-async def test_a_worker_waiting_for_a_slot_is_answered_when_it_frees_not_polled() -> None:
+async def test_a_worker_waiting_for_a_slot_is_answered_when_it_frees_not_polled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Held until the place frees, however long that takes here: no HOLD ends it first.
+    monkeypatch.setattr(_dask_budget, "HOLD", 600.0)
     plugin = BudgetPlugin()
     plugin.handle("run", "open", limit={})
     held = [
