@@ -232,7 +232,6 @@ def manifest_row(row: Row) -> dict[str, Any]:
     } | ({"warning": note} if note is not None else {})
 
 
-
 def manifest_rows(rows: Iterable[Row]) -> Iterator[dict[str, Any]]:
     """The manifest rows of ledger rows, as they come (line order in, line order out)."""
     return (manifest_row(row) for row in rows)
