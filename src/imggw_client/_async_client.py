@@ -675,17 +675,19 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._conn.claim(_io.current_loop())
-        request = _transport.build_request(self._http, self._settings, send, self._agent)
-        started = time.perf_counter()
+        conn = self._conn
+        conn.claim(_io.current_loop())
+        http = conn.http  # after the claim, which may have made it anew
+        request = _transport.build_request(http, self._settings, send, self._agent)
         body = _transport.Body()
         status: int | None = None
-        self._silence.asked(time.monotonic())
+        started = time.monotonic()
+        self._silence.asked(started)
         try:
             with _io.bounded(send.timeout) as deadline:
                 # Never followed, whatever the caller's HTTP client says: a gateway's 3xx is its
                 # answer, not a door to another host (or to this machine) for a paid request.
-                response = await self._http.send(request, stream=True, follow_redirects=False)
+                response = await http.send(request, stream=True, follow_redirects=False)
                 try:
                     async for chunk in response.aiter_bytes():
                         body.add(chunk)
@@ -696,8 +698,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         except Exception as exc:
             return _transport.to_failure(exc) or self._failure(exc)
         finally:
-            self._silence.heard(time.monotonic(), answer=answered(status))
-        return _transport.to_reply(response, body.content, time.perf_counter() - started)
+            ended = time.monotonic()
+            self._silence.heard(ended, answer=answered(status))
+        return _transport.to_reply(response, body.content, ended - started)
 
     async def _fetch(self, fetch: wire.Fetch) -> wire.Fetched | wire.TransportFailure:
         closed = self._closed_failure()

@@ -669,17 +669,19 @@ class Client(BaseClient[httpx.Client]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._conn.claim(_io.current_loop())
-        request = _transport.build_request(self._http, self._settings, send, self._agent)
-        started = time.perf_counter()
+        conn = self._conn
+        conn.claim(_io.current_loop())
+        http = conn.http  # after the claim, which may have made it anew
+        request = _transport.build_request(http, self._settings, send, self._agent)
         body = _transport.Body()
         status: int | None = None
-        self._silence.asked(time.monotonic())
+        started = time.monotonic()
+        self._silence.asked(started)
         try:
             with _io.bounded(send.timeout) as deadline:
                 # Never followed, whatever the caller's HTTP client says: a gateway's 3xx is its
                 # answer, not a door to another host (or to this machine) for a paid request.
-                response = self._http.send(request, stream=True, follow_redirects=False)
+                response = http.send(request, stream=True, follow_redirects=False)
                 try:
                     for chunk in response.iter_bytes():
                         body.add(chunk)
@@ -690,8 +692,9 @@ class Client(BaseClient[httpx.Client]):
         except Exception as exc:
             return _transport.to_failure(exc) or self._failure(exc)
         finally:
-            self._silence.heard(time.monotonic(), answer=answered(status))
-        return _transport.to_reply(response, body.content, time.perf_counter() - started)
+            ended = time.monotonic()
+            self._silence.heard(ended, answer=answered(status))
+        return _transport.to_reply(response, body.content, ended - started)
 
     def _fetch(self, fetch: wire.Fetch) -> wire.Fetched | wire.TransportFailure:
         closed = self._closed_failure()
