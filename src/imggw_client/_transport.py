@@ -76,10 +76,11 @@ def build_request(
     wire = send.request
     headers = dict(wire.headers or {})
     # A caller's own User-Agent (default_headers, extra_headers) names their application, as
-    # their httpx client's does: ours follows it.
-    for name in [name for name in headers if name.lower() == "user-agent"]:
-        theirs = headers.pop(name).strip()
-        agent = f"{theirs} {USER_AGENT}" if theirs else agent
+    # their httpx client's does: ours follows it. The SDK's own headers name none.
+    if not headers.keys() <= surfaces.OWN_HEADERS:
+        for name in [name for name in headers if name.lower() == "user-agent"]:
+            theirs = headers.pop(name).strip()
+            agent = f"{theirs} {USER_AGENT}" if theirs else agent
     # The key goes on each request, never on the httpx client, so a caller's client is not
     # altered and result downloads (which use the same client) never carry it. Last: nothing
     # a caller adds can replace it.

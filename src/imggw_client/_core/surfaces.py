@@ -60,6 +60,9 @@ _unknown_states_logged: set[str] = set()
 _key_hosts_told: set[str] = set()
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+# Every header the requests built here carry: a request with no other header has no
+# User-Agent of a caller's to keep.
+OWN_HEADERS = frozenset({*_JSON_HEADERS, spec.IDEMPOTENCY_HEADER})
 _MESSAGE_LIMIT = 300
 REDACTED = "[redacted]"
 MAX_RESULT_URLS = 64  # a task makes one image; a record listing thousands is not to be trusted
@@ -492,6 +495,8 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
     carries the whole key as a credential (a path segment or a query value, see
     :func:`carries_secret`) is kept too, so the result stays reachable, and said plainly; it
     is never shown (:func:`redact_url`)."""
+    if value is None:  # a record with no result yet: every poll of a running task
+        return []
     if isinstance(value, (str, bytes)):
         value = _json(value)
     if not isinstance(value, Mapping):
