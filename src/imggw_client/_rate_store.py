@@ -294,7 +294,7 @@ class AsyncStoreBudget(_Driver):
         woken: asyncio.Future[None] = loop.create_future()
 
         def wake() -> bool:  # from any thread: the future's loop sets it
-            if woken.done():
+            if woken.done() or loop.is_closed():
                 return False
             loop.call_soon_threadsafe(_settle, woken)
             return True
