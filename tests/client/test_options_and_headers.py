@@ -414,10 +414,10 @@ def test_a_timeout_that_would_let_a_request_hang_is_refused(bad: Any) -> None:
 
 @pytest.mark.anyio
 async def test_wait_timeout_is_the_waits_deadline_whatever_the_request_timeout(
-    kind: str, fake_time: Any, gw: respx.MockRouter
+    kind: str, fake_time: Any, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted())
-    gw.get("/beta/v1/tasks/42").mock(return_value=beta_task())  # running for ever
+    respx_gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted())
+    respx_gateway.get("/beta/v1/tasks/42").mock(return_value=beta_task())  # running for ever
     client = make_client(kind, fake_time)
     quick = Driven(client.inner.with_options(timeout=1), fake_time)
     start = fake_time.now
@@ -465,7 +465,7 @@ async def test_async_timeout_on_a_wait_warns_at_the_callers_line_too() -> None:
 
 @pytest.mark.anyio
 async def test_wait_timeout_and_a_different_deprecated_timeout_together_are_refused(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -477,7 +477,7 @@ async def test_wait_timeout_and_a_different_deprecated_timeout_together_are_refu
     with pytest.raises(RequestValidationError) as bad:
         await client.wait("42", wait_timeout=-1)
     assert bad.value.field == "wait_timeout"
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
 def test_a_copy_for_another_gateway_or_key_tells_that_gateways_silence_not_this_ones() -> None:
