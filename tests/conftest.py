@@ -344,8 +344,6 @@ async def client(kind: str, fake_time: FakeTime) -> AsyncIterator[Driven]:
     await driven.close()
 
 
-
-
 # ---------------------------------------------------------------------------- bodies
 
 
