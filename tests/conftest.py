@@ -210,16 +210,20 @@ def _marked_options(request: pytest.FixtureRequest, options: dict[str, Any]) -> 
 
 
 @pytest.fixture
-def make_gateway() -> Callable[..., MockGateway]:
-    """``make_gateway(**options)``: a gateway in process, for a test that wants more than one
-    or decides its options as it runs."""
-    return MockGateway
+def make_gateway(
+    request: pytest.FixtureRequest, gateway_options: dict[str, Any]
+) -> Callable[..., MockGateway]:
+    """``make_gateway(**options)``: a gateway in process with the folder's options, the
+    ``gateway`` mark's, then ``options``; for a test that wants more than one, or decides its
+    options as it runs."""
+    marked = _marked_options(request, gateway_options)
+    return lambda **options: MockGateway(**{**marked, **options})
 
 
 @pytest.fixture
-def gateway(request: pytest.FixtureRequest, gateway_options: dict[str, Any]) -> MockGateway:
+def gateway(make_gateway: Callable[..., MockGateway]) -> MockGateway:
     """The reference gateway in process, with the folder's options and the ``gateway`` mark's."""
-    return MockGateway(**_marked_options(request, gateway_options))
+    return make_gateway()
 
 
 @pytest.fixture

@@ -24,8 +24,6 @@ from typing import Any
 
 # Tasks that finish in a few tens of ms.
 QUICK: dict[str, Any] = {"duration_min": 0.02, "duration_max": 0.08}
-# Quick tasks, and injected faults that cost no waiting: what a batch of many lines runs against.
-BRISK: dict[str, Any] = {**QUICK, "retry_after": 0, "latency": 0.0}
 
 
 def serve_options(options: dict[str, Any]) -> list[str]:
