@@ -241,6 +241,12 @@ def gateway_url(gateway: MockGateway, serve_gateway: Callable[[MockGateway], str
 
 
 @pytest.fixture
+def shared_gateway_url(gateway: MockGateway, shared_serve: Callable[[Any], str]) -> str:
+    """The URL of ``gateway``, served on the loopback server the session shares."""
+    return shared_serve(gateway)
+
+
+@pytest.fixture
 def served_gateway(gateway: MockGateway, gateway_url: str) -> tuple[MockGateway, str]:
     """``(gateway, gateway_url)``: the gateway to look into, and where the client reaches it."""
     return gateway, gateway_url

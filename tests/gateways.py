@@ -2,6 +2,7 @@
 
 - ``gateway``: the reference gateway in process (:class:`MockGateway`), no socket.
 - ``gateway_url``: that gateway served on a loopback socket of its own (127.0.0.1); its URL.
+- ``shared_gateway_url``: the same on the one loopback server the session shares (quicker).
 - ``served_gateway``: both, ``(gateway, url)``.
 - ``gateway_process``: the URL of ``imggw mock serve`` in a process of its own, same options.
 - ``make_gateway(**options)``: more gateways, or one whose options a test decides as it runs.

@@ -40,6 +40,9 @@ OURS = f"imggw-python/{imggw_client.__version__}"
 Head = tuple[str, str, list[tuple[str, str]]]  # method, path, headers in the order sent
 
 
+pytestmark = pytest.mark.gateway(api_keys=[KEY, OTHER_KEY], duration_min=0.05, duration_max=0.1)
+
+
 class Recording:
     """The reference gateway, with the head of every request it is sent (results included)."""
 
@@ -70,11 +73,6 @@ class Recording:
 
 
 @pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=[KEY, OTHER_KEY], duration_min=0.05, duration_max=0.1)
-
-
-@pytest.fixture
 def recording(gateway: MockGateway) -> Recording:
     return Recording(gateway)
 
@@ -82,11 +80,6 @@ def recording(gateway: MockGateway) -> Recording:
 @pytest.fixture
 def url(recording: Recording, shared_serve: Callable[[Any], str]) -> str:
     return shared_serve(recording)
-
-
-@pytest.fixture(params=["sync", "async"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 async def using(kind: str, url: str, act: Callable[[Any], Any], **options: Any) -> Any:
