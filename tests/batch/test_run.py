@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,11 +43,13 @@ def _workspace(folder: Path, ledger: Ledger) -> Workspace:
 
 
 @pytest.mark.anyio
-async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
+async def test_every_line_goes_through_the_loop_once_and_is_reported(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
-    async with gw.async_client(poll=FAST) as client:
+    async with gateway.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger:
             report = await execute(
                 ["a fox", "a cat", "an owl"],
@@ -55,7 +58,7 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
                 options=BatchOptions(concurrency=2),
             )
     assert report.counts == {LineState.SAVED: 3}
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
     rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
     assert [r["line"] for r in rows] == [1, 2, 3]
     assert all(r["files"] for r in rows)
@@ -64,16 +67,17 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
 
 
 @pytest.mark.anyio
-async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(tmp_path: Path) -> None:
-    gw = MockGateway()
+async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
-    async with gw.async_client(poll=FAST) as client:
+    async with gateway.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger, pytest.raises(BatchInputError):
             await execute(
                 [{"prompt": ""}], _workspace(folder, ledger), client=client, options=BatchOptions()
             )
-    assert gw.stats()["tasks_created"] == 0
+    assert gateway.stats()["tasks_created"] == 0
     assert not (folder / LEDGER_NAME).exists()
 
 
@@ -88,19 +92,12 @@ async def test_a_local_guard_starts_from_what_the_folders_run_was_charged(
     assert state.charged_total.credits == 6.0  # a cap holds across reruns
 
 
-def client(**kw: object) -> AsyncClient:
-    return AsyncClient(api_key="sk-test-progress-0001", base_url="http://127.0.0.1:9", **kw)  # type: ignore[arg-type]
+@pytest.fixture
+def run_lines(tmp_path: Path) -> Callable[[Ledger], RunLines]:
+    """The lines of a run over ``ledger`` in ``tmp_path``, with no deadline nor line timeout."""
 
-
-@pytest.mark.anyio
-async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
-    seen: list[BatchProgress] = []
-    with planned(tmp_path, [row(1), row(2)]) as ledger:
-        run = RunLines(
+    def lines(ledger: Ledger) -> RunLines:
+        return RunLines(
             ledger,
             ledger.totals(),
             Room(tmp_path),
@@ -108,6 +105,23 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
             line_timeout=None,
             redact=str,
         )
+
+    return lines
+
+
+def client(**kw: object) -> AsyncClient:
+    return AsyncClient(api_key="sk-test-progress-0001", base_url="http://127.0.0.1:9", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_lines: Callable[[Ledger], RunLines]
+) -> None:
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    seen: list[BatchProgress] = []
+    with planned(tmp_path, [row(1), row(2)]) as ledger:
+        run = run_lines(ledger)
         progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
         progress.report()
         clock.now += 0.1
@@ -122,16 +136,11 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
 
 
 @pytest.mark.anyio
-async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
+async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(
+    tmp_path: Path, run_lines: Callable[[Ledger], RunLines]
+) -> None:
     with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
-        run = RunLines(
-            ledger,
-            ledger.totals(),
-            Room(tmp_path),
-            deadline=math.inf,
-            line_timeout=None,
-            redact=str,
-        )
+        run = run_lines(ledger)
         run.charged(Charge(), Charge(4.0, 0.01))
         first = ledger.rows()[0]
         run.move(first, RUNNING)
