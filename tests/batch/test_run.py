@@ -8,9 +8,7 @@ clock, what each holds, and a resumed run's learned durations, seeded from its l
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,18 +17,18 @@ import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RateLimit
 from imggw_client.batch import BatchInputError, _run
-from imggw_client.batch._admission import Charge, Room
+from imggw_client.batch._admission import Charge
 from imggw_client.batch._identity import FolderIdentity
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._plan import BatchOptions
 from imggw_client.batch._report import BatchProgress
 from imggw_client.batch._run import Progress, execute, learn_from_ledger, local_guard
 from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
-from imggw_client.batch._store import LocalStore, RunLines, Workspace
+from imggw_client.batch._store import LocalStore, Workspace
 from imggw_client.mock import MockGateway
 from imggw_client.tracking._downloads import DownloadQueue
 
-from .ledgers import planned, row
+from .ledgers import planned, row, run_lines
 
 FAST = PollPolicy(initial_interval=0.01, max_interval=0.05)
 
@@ -92,36 +90,19 @@ async def test_a_local_guard_starts_from_what_the_folders_run_was_charged(
     assert state.charged_total.credits == 6.0  # a cap holds across reruns
 
 
-@pytest.fixture
-def run_lines(tmp_path: Path) -> Callable[[Ledger], RunLines]:
-    """The lines of a run over ``ledger`` in ``tmp_path``, with no deadline nor line timeout."""
-
-    def lines(ledger: Ledger) -> RunLines:
-        return RunLines(
-            ledger,
-            ledger.totals(),
-            Room(tmp_path),
-            deadline=math.inf,
-            line_timeout=None,
-            redact=str,
-        )
-
-    return lines
-
-
 def client(**kw: object) -> AsyncClient:
     return AsyncClient(api_key="sk-test-progress-0001", base_url="http://127.0.0.1:9", **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
 async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_lines: Callable[[Ledger], RunLines]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = SimpleNamespace(now=100.0)
     monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
     seen: list[BatchProgress] = []
     with planned(tmp_path, [row(1), row(2)]) as ledger:
-        run = run_lines(ledger)
+        run = run_lines(ledger, tmp_path)
         progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
         progress.report()
         clock.now += 0.1
@@ -136,11 +117,9 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
 
 
 @pytest.mark.anyio
-async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(
-    tmp_path: Path, run_lines: Callable[[Ledger], RunLines]
-) -> None:
+async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
     with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
-        run = run_lines(ledger)
+        run = run_lines(ledger, tmp_path)
         run.charged(Charge(), Charge(4.0, 0.01))
         first = ledger.rows()[0]
         run.move(first, RUNNING)
