@@ -30,6 +30,19 @@ KEY = "sk-batch-crash-key-01"
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 LINES = 200
 
+# The gateway_process these crash tests run against: tasks of up to a second, a fifth of the
+# answers faulty.
+FAULTY = {
+    "api_keys": [KEY],
+    "seed": 21,
+    "duration_min": 0.2,
+    "duration_max": 1.0,
+    "fault_rate": 0.2,
+    "faults": ["lost", "reset", "latency", "429", "503", "malformed"],
+    "latency": 0.3,
+    "retry_after": 0,
+}
+
 
 def env() -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
@@ -87,16 +100,7 @@ def fetch(url: str) -> bytes:
     raise AssertionError(f"could not fetch {url}")
 
 
-@pytest.mark.gateway(
-    api_keys=[KEY],
-    seed=21,
-    duration_min=0.2,
-    duration_max=1.0,
-    fault_rate=0.2,
-    faults=["lost", "reset", "latency", "429", "503", "malformed"],
-    latency=0.3,
-    retry_after=0,
-)
+@pytest.mark.gateway(**FAULTY)
 def test_sigkill_mid_submit_and_mid_download_never_bills_twice_nor_loses_an_image(
     gateway_process: str, tmp_path: Path
 ) -> None:
