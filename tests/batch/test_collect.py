@@ -54,6 +54,11 @@ class Clock:
         return time.monotonic() + self.offset
 
 
+def collect(source: str, out: str, url: str, stdin: str | None = None) -> tuple[int, str, str]:
+    """``imggw download --from SOURCE --wait -o OUT``: the tasks collected from ``url``."""
+    return imggw("download", "--from", source, "--wait", "-o", out, "--base-url", url, stdin=stdin)
+
+
 def submit_json(url: str, prompts: list[str], *surface: str) -> str:
     lines = []
     for prompt in prompts:
@@ -74,17 +79,7 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
     submitted = submit_json(gateway_url, ["a cat", "a dog", "a fox"])
     created = gateway.stats()["tasks_created"]
     out = tmp_path / "out"
-    code, stdout, err = imggw(
-        "download",
-        "--from",
-        "-",
-        "--wait",
-        "-o",
-        str(out),
-        "--base-url",
-        gateway_url,
-        stdin=submitted,
-    )
+    code, stdout, err = collect("-", str(out), gateway_url, stdin=submitted)
     assert code == 0, err
     assert stdout.strip() == str(out / "manifest.jsonl")
     assert gateway.stats()["tasks_created"] == created  # collected, never submitted
@@ -97,17 +92,7 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
         assert (out / file["path"]).stat().st_size == file["size"]
         assert record["status"] == "succeeded"
     fetched = results_fetched(gateway)
-    code, _, _ = imggw(
-        "download",
-        "--from",
-        "-",
-        "--wait",
-        "-o",
-        str(out),
-        "--base-url",
-        gateway_url,
-        stdin=submitted,
-    )
+    code, _, _ = collect("-", str(out), gateway_url, stdin=submitted)
     assert code == 0
     assert results_fetched(gateway) == fetched  # a rerun saves nothing twice
     assert manifest(out) == records
@@ -121,30 +106,11 @@ def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
         gateway_url, ["a dog"], "--surface", "alpha"
     )
     first = tmp_path / "first"
-    code, _, err = imggw(
-        "download",
-        "--from",
-        "-",
-        "--wait",
-        "-o",
-        str(first),
-        "--base-url",
-        gateway_url,
-        stdin=mixed,
-    )
+    code, _, err = collect("-", str(first), gateway_url, stdin=mixed)
     assert code == 0, err
     assert [r["surface"] for r in manifest(first)] == ["beta", "alpha"]
     again = tmp_path / "again"  # the manifest of one collect is the input of the next
-    code, _, err = imggw(
-        "download",
-        "--from",
-        str(first / "manifest.jsonl"),
-        "--wait",
-        "-o",
-        str(again),
-        "--base-url",
-        gateway_url,
-    )
+    code, _, err = collect(str(first / "manifest.jsonl"), str(again), gateway_url)
     assert code == 0, err
     assert [r["files"][0]["sha256"] for r in manifest(again)] == [
         r["files"][0]["sha256"] for r in manifest(first)
@@ -160,16 +126,8 @@ def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
     beta = json.loads(submit_json(gateway_url, ["a dog"]))
     assert alpha["task_id"] == beta["task_id"]
     out = tmp_path / "out"
-    code, _, err = imggw(
-        "download",
-        "--from",
-        "-",
-        "--wait",
-        "-o",
-        str(out),
-        "--base-url",
-        gateway_url,
-        stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n",
+    code, _, err = collect(
+        "-", str(out), gateway_url, stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n"
     )
     assert code == 0, err
     records = manifest(out)
