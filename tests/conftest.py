@@ -3,8 +3,10 @@ test lanes (a bare ``pytest`` runs the fast lane, ``pytest --all`` everything)."
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import os
 import random
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,8 +17,10 @@ import pytest
 import respx
 
 from imggw_client import AsyncClient, Client, PollPolicy, RetryPolicy
+from imggw_client.mock import MockGateway
 
 from . import loopback
+from .gateways import serve_options
 
 # The fixtures users opt into (tests/mock uses them). Named here, not in tests/mock/conftest.py:
 # pytest refuses `pytest_plugins` in a conftest it only finds while collecting.
@@ -54,6 +58,9 @@ fast_lane_times: dict[str, float] | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "gateway(**options): the options of the test's gateway (tests/gateways.py)"
+    )
     # A shell starts a background job (`bash .ci/run &`) with SIGINT ignored, and an ignored
     # signal stays ignored through exec: every CLI process a test interrupts with Ctrl-C would
     # then finish unbothered (or never stop). A user's Ctrl-C reaches a normal process, so the
@@ -184,6 +191,86 @@ def shared_serve(_shared_server: tuple[_Switch, str]) -> Iterator[Callable[[Any]
     switch.app = None
 
 
+# ---------------------------------------------------------------------------- gateways
+# One family, named by what each gives: tests/gateways.py says which is which.
+
+
+@pytest.fixture
+def gateway_options() -> dict[str, Any]:
+    """A folder's options for its ``gateway`` (a conftest overrides this); a ``gateway`` mark
+    on the module or the test goes over them. None: MockGateway's own defaults."""
+    return {}
+
+
+def _marked_options(request: pytest.FixtureRequest, options: dict[str, Any]) -> dict[str, Any]:
+    marked = dict(options)
+    for mark in reversed(list(request.node.iter_markers("gateway"))):  # the closest last
+        marked.update(mark.kwargs)
+    return marked
+
+
+@pytest.fixture
+def make_gateway(
+    request: pytest.FixtureRequest, gateway_options: dict[str, Any]
+) -> Callable[..., MockGateway]:
+    """``make_gateway(**options)``: a gateway in process with the folder's options, the
+    ``gateway`` mark's, then ``options``; for a test that wants more than one, or decides its
+    options as it runs."""
+    marked = _marked_options(request, gateway_options)
+    return lambda **options: MockGateway(**{**marked, **options})
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., MockGateway]) -> MockGateway:
+    """The reference gateway in process, with the folder's options and the ``gateway`` mark's."""
+    return make_gateway()
+
+
+@pytest.fixture
+def serve_gateway() -> Iterator[Callable[[MockGateway], str]]:
+    """``serve_gateway(gateway)``: serves it on a loopback socket of its own until the test
+    ends; gives its base URL."""
+    with contextlib.ExitStack() as stack:
+        yield lambda gateway: stack.enter_context(gateway.serve())
+
+
+@pytest.fixture
+def gateway_url(gateway: MockGateway, serve_gateway: Callable[[MockGateway], str]) -> str:
+    """The URL of ``gateway``, served on a loopback socket of its own."""
+    return serve_gateway(gateway)
+
+
+@pytest.fixture
+def shared_gateway_url(gateway: MockGateway, shared_serve: Callable[[Any], str]) -> str:
+    """The URL of ``gateway``, served on the loopback server the session shares."""
+    return shared_serve(gateway)
+
+
+@pytest.fixture
+def served_gateway(gateway: MockGateway, gateway_url: str) -> tuple[MockGateway, str]:
+    """``(gateway, gateway_url)``: the gateway to look into, and where the client reaches it."""
+    return gateway, gateway_url
+
+
+@pytest.fixture
+def gateway_process(
+    request: pytest.FixtureRequest, gateway_options: dict[str, Any]
+) -> Iterator[str]:
+    """The URL of ``imggw mock serve`` in a process of its own, with the options ``gateway``
+    would have; stopped with SIGINT when the test ends."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("IMGGW_")}
+    options = serve_options(_marked_options(request, gateway_options))
+    with loopback.mock_serve_process(options, {**env, "PYTHONUNBUFFERED": "1"}) as url:
+        yield url
+
+
+@pytest.fixture
+def respx_gateway() -> Iterator[respx.MockRouter]:
+    """A respx router that answers for the gateway at ``BASE_URL``: no gateway, no socket."""
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        yield router
+
+
 @pytest.fixture
 def redis_store() -> Iterator[loopback.RedisServer]:
     """A real ``redis-server`` on a free loopback port, killed after the test (the redis lane)."""
@@ -265,12 +352,6 @@ async def client(kind: str, fake_time: FakeTime) -> AsyncIterator[Driven]:
     driven = make_client(kind, fake_time)
     yield driven
     await driven.close()
-
-
-@pytest.fixture
-def gw() -> Iterator[respx.MockRouter]:
-    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
-        yield router
 
 
 # ---------------------------------------------------------------------------- bodies

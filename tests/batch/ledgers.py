@@ -4,14 +4,17 @@ planned into a ledger in a folder, as a run's plan puts them."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from imggw_client._core.states import State
+from imggw_client.batch._admission import Room
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._lines import GENERATE
 from imggw_client.batch._schema import UNKNOWN, Row
+from imggw_client.batch._store import RunLines
 
 
 def row(line: int, state: State = UNKNOWN, *, resolution: str = "1k", **kw: Any) -> Row:
@@ -46,3 +49,23 @@ def planned(folder: Path, rows: Iterable[Row]) -> Iterator[Ledger]:
     with Ledger.open(folder) as ledger:
         plan(ledger, rows)
         yield ledger
+
+
+def run_lines(
+    ledger: Ledger,
+    folder: Path = Path("."),
+    *,
+    deadline: float = math.inf,
+    line_timeout: float | None = None,
+    redact: Callable[[str], str] = str,
+) -> RunLines:
+    """The lines of a run over ``ledger``, its results saved in ``folder``: by default with no
+    deadline, no line timeout and nothing hidden from its messages."""
+    return RunLines(
+        ledger,
+        ledger.totals(),
+        Room(folder),
+        deadline=deadline,
+        line_timeout=line_timeout,
+        redact=redact,
+    )

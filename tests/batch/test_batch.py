@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,7 @@ FAST = {
 }
 
 
-def gateway(**kw: Any) -> MockGateway:
-    settings = {"duration_min": 0.02, "duration_max": 0.1, "retry_after": 0, "latency": 0.02}
-    return MockGateway(**{**settings, **kw})
+pytestmark = pytest.mark.gateway(duration_min=0.02, duration_max=0.1, retry_after=0, latency=0.02)
 
 
 def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
@@ -54,8 +53,10 @@ def posts(gw: MockGateway) -> int:
     return sum(n for route, n in requests.items() if route.startswith("POST"))
 
 
-def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -> None:
-    gw = gateway()
+def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl",
         [{"prompt": f"p{i}", "aspect_ratio": "16:9"} for i in range(20)],
@@ -97,8 +98,8 @@ def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(tmp_path: Path) -
     assert manifest(again) == records
 
 
-def test_text_input_and_iterables(tmp_path: Path) -> None:
-    gw = gateway()
+def test_text_input_and_iterables(make_gateway: Callable[..., MockGateway], tmp_path: Path) -> None:
+    gw = make_gateway()
     text = tmp_path / "prompts.txt"
     text.write_text("a cat\n\n# skipped\na dog\n")
     report = batch(gw, text, tmp_path / "out1")
@@ -109,8 +110,10 @@ def test_text_input_and_iterables(tmp_path: Path) -> None:
     assert [r["id"] for r in manifest(report)] == [None, "7", None]
 
 
-def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
-    gw = gateway()
+def test_bad_lines_stop_before_anything_is_sent(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = tmp_path / "in.jsonl"
     source.write_text(
         '{"prompt": "ok"}\n'
@@ -141,9 +144,11 @@ def test_bad_lines_stop_before_anything_is_sent(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_with_the_same_keys(tmp_path: Path) -> None:
+def test_a_killed_run_resumes_with_the_same_keys(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
     # Every answer is lost: the gateway creates the tasks, the runner never learns their ids.
-    gw = gateway(fault_rate=1.0, faults=["lost"])
+    gw = make_gateway(fault_rate=1.0, faults=["lost"])
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
     first = batch(gw, source, tmp_path / "out", timeout=0.5)
     assert first.exit_code == 3
@@ -157,8 +162,10 @@ def test_a_killed_run_resumes_with_the_same_keys(tmp_path: Path) -> None:
     assert stats["replays"] >= 10
 
 
-def test_missing_and_corrupt_files_are_downloaded_again(tmp_path: Path) -> None:
-    gw = gateway()
+def test_missing_and_corrupt_files_are_downloaded_again(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     records = manifest(batch(gw, source, tmp_path / "out"))
     corrupt = tmp_path / "out" / records[0]["files"][0]["path"]
@@ -174,9 +181,10 @@ def test_missing_and_corrupt_files_are_downloaded_again(tmp_path: Path) -> None:
 
 
 def test_a_changed_input_is_refused_unless_allowed_then_changed_lines_are_new_requests(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     source = tmp_path / "in.jsonl"
     jsonl(source, [{"prompt": "a cat", "id": "a"}, {"prompt": "a dog", "id": "b"}])
     before = {r["id"]: r for r in manifest(batch(gw, source, tmp_path / "out"))}
@@ -208,8 +216,10 @@ def test_a_changed_input_is_refused_unless_allowed_then_changed_lines_are_new_re
     assert batch(gw, source, tmp_path / "out").exit_code == 0  # the new input is the run's now
 
 
-def test_a_second_process_on_the_same_folder_is_refused(tmp_path: Path) -> None:
-    gw = gateway()
+def test_a_second_process_on_the_same_folder_is_refused(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
     with Ledger.open(tmp_path / "out"), pytest.raises(BatchLockedError, match="another batch"):
         batch(gw, source, tmp_path / "out")
@@ -218,8 +228,10 @@ def test_a_second_process_on_the_same_folder_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_timeout_leaves_running_tasks_for_the_next_run(tmp_path: Path) -> None:
-    gw = gateway(duration_min=1.0, duration_max=1.0)
+def test_timeout_leaves_running_tasks_for_the_next_run(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway(duration_min=1.0, duration_max=1.0)
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
     first = batch(gw, source, tmp_path / "out", timeout=0.3)
     assert first.exit_code == 3
@@ -230,8 +242,10 @@ def test_timeout_leaves_running_tasks_for_the_next_run(tmp_path: Path) -> None:
     assert gw.stats()["tasks_created"] == 4
 
 
-def test_failed_and_expired_lines_are_reported(tmp_path: Path) -> None:
-    gw = gateway(retention=0.0)
+def test_failed_and_expired_lines_are_reported(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway(retention=0.0)
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "ok"}, {"prompt": "bad #fail:nsfw"}])
     report = batch(gw, source, tmp_path / "out")
     assert report.exit_code == 1
@@ -246,8 +260,10 @@ def test_failed_and_expired_lines_are_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rate_limits_slow_the_run_but_fail_no_line(tmp_path: Path) -> None:
-    gw = gateway(fault_rate=0.6, faults=["429"], retry_after=0)
+def test_rate_limits_slow_the_run_but_fail_no_line(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway(fault_rate=0.6, faults=["429"], retry_after=0)
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(15)])
     report = batch(gw, source, tmp_path / "out", concurrency=8)
     assert report.exit_code == 0
@@ -262,10 +278,12 @@ def test_read_lines_reports_unreadable_files(tmp_path: Path) -> None:
         read_lines(tmp_path / "missing.jsonl")
 
 
-def test_bad_concurrency_and_unusable_folders_are_clear_errors(tmp_path: Path) -> None:
+def test_bad_concurrency_and_unusable_folders_are_clear_errors(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
     from imggw_client import RequestValidationError
 
-    gw = gateway()
+    gw = make_gateway()
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
     for concurrency in (0, -2, True):
         with pytest.raises(RequestValidationError, match="concurrency"):
@@ -282,10 +300,10 @@ def test_bad_concurrency_and_unusable_folders_are_clear_errors(tmp_path: Path) -
 
 
 def test_an_unexpected_fault_on_one_line_leaves_it_for_the_next_run_and_the_rest_go_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = "sk-unexpected-fault-0001"
-    gw = gateway(api_keys=[key])
+    gw = make_gateway(api_keys=[key])
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(6)])
     original = AsyncClient.wait
 
@@ -353,8 +371,10 @@ class Hiding:
         return self.handle(request)
 
 
-def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(tmp_path: Path) -> None:
-    gw = gateway()
+def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     hiding = Hiding(gw, first=2)  # as a replica that has not seen the new task yet
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     report = batch(gw, source, tmp_path / "out")
@@ -365,9 +385,10 @@ def test_a_task_not_visible_at_once_after_its_submit_is_asked_again(tmp_path: Pa
 
 
 def test_a_rerun_looks_again_at_unknown_tasks_and_dead_results_and_never_resubmits(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     hiding = Hiding(gw)  # every query of every task: unknown
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     first = batch(gw, source, tmp_path / "out")
@@ -381,8 +402,10 @@ def test_a_rerun_looks_again_at_unknown_tasks_and_dead_results_and_never_resubmi
     assert gw.stats()["tasks_created"] == 3
 
 
-def test_results_whose_links_died_are_looked_at_again_by_a_rerun(tmp_path: Path) -> None:
-    gw = gateway()
+def test_results_whose_links_died_are_looked_at_again_by_a_rerun(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     hiding = Hiding(gw)
     hiding.on, hiding.results = False, 410  # every link, fresh ones too, says "expired"
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(2)])
@@ -397,9 +420,10 @@ def test_results_whose_links_died_are_looked_at_again_by_a_rerun(tmp_path: Path)
 
 @pytest.mark.slow
 def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     hiding = Hiding(gw)
     hiding.on, hiding.results = False, 503
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "p"}])
@@ -411,9 +435,10 @@ def test_a_result_unreachable_for_a_while_is_left_for_the_next_run_not_expired(
 
 
 def test_a_page_served_in_place_of_a_result_fails_the_line_until_a_rerun_saves_it(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     hiding = Hiding(gw)
     page = MockResponse(
         200, b"<html>Sign in to the hotel Wi-Fi</html>", (("content-type", "text/html"),)

@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,9 @@ FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
     "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
 }
+
+
+pytestmark = pytest.mark.gateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
 
 
 def imggw(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
@@ -52,15 +54,9 @@ class Clock:
         return time.monotonic() + self.offset
 
 
-@pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-
-
-@pytest.fixture
-def url(gateway: MockGateway) -> Iterator[str]:
-    with gateway.serve() as base_url:
-        yield base_url
+def collect(source: str, out: str, url: str, stdin: str | None = None) -> tuple[int, str, str]:
+    """``imggw download --from SOURCE --wait -o OUT``: the tasks collected from ``url``."""
+    return imggw("download", "--from", source, "--wait", "-o", out, "--base-url", url, stdin=stdin)
 
 
 def submit_json(url: str, prompts: list[str], *surface: str) -> str:
@@ -78,14 +74,12 @@ def manifest(folder: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_task(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
-    submitted = submit_json(url, ["a cat", "a dog", "a fox"])
+    submitted = submit_json(gateway_url, ["a cat", "a dog", "a fox"])
     created = gateway.stats()["tasks_created"]
     out = tmp_path / "out"
-    code, stdout, err = imggw(
-        "download", "--from", "-", "--wait", "-o", str(out), "--base-url", url, stdin=submitted
-    )
+    code, stdout, err = collect("-", str(out), gateway_url, stdin=submitted)
     assert code == 0, err
     assert stdout.strip() == str(out / "manifest.jsonl")
     assert gateway.stats()["tasks_created"] == created  # collected, never submitted
@@ -98,9 +92,7 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
         assert (out / file["path"]).stat().st_size == file["size"]
         assert record["status"] == "succeeded"
     fetched = results_fetched(gateway)
-    code, _, _ = imggw(
-        "download", "--from", "-", "--wait", "-o", str(out), "--base-url", url, stdin=submitted
-    )
+    code, _, _ = collect("-", str(out), gateway_url, stdin=submitted)
     assert code == 0
     assert results_fetched(gateway) == fetched  # a rerun saves nothing twice
     assert manifest(out) == records
@@ -108,26 +100,17 @@ def test_submit_json_piped_into_download_from_saves_every_file_and_creates_no_ta
 
 @pytest.mark.slow
 def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
-    mixed = submit_json(url, ["a cat"]) + submit_json(url, ["a dog"], "--surface", "alpha")
-    first = tmp_path / "first"
-    code, _, err = imggw(
-        "download", "--from", "-", "--wait", "-o", str(first), "--base-url", url, stdin=mixed
+    mixed = submit_json(gateway_url, ["a cat"]) + submit_json(
+        gateway_url, ["a dog"], "--surface", "alpha"
     )
+    first = tmp_path / "first"
+    code, _, err = collect("-", str(first), gateway_url, stdin=mixed)
     assert code == 0, err
     assert [r["surface"] for r in manifest(first)] == ["beta", "alpha"]
     again = tmp_path / "again"  # the manifest of one collect is the input of the next
-    code, _, err = imggw(
-        "download",
-        "--from",
-        str(first / "manifest.jsonl"),
-        "--wait",
-        "-o",
-        str(again),
-        "--base-url",
-        url,
-    )
+    code, _, err = collect(str(first / "manifest.jsonl"), str(again), gateway_url)
     assert code == 0, err
     assert [r["files"][0]["sha256"] for r in manifest(again)] == [
         r["files"][0]["sha256"] for r in manifest(first)
@@ -136,23 +119,15 @@ def test_a_batch_manifest_is_collect_input_too_and_mixed_surfaces_work(
 
 @pytest.mark.slow
 def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
-    alpha = json.loads(submit_json(url, ["a cat"], "--surface", "alpha"))
+    alpha = json.loads(submit_json(gateway_url, ["a cat"], "--surface", "alpha"))
     gateway._next_id -= 1  # the reference gateway numbers across surfaces; real ones need not
-    beta = json.loads(submit_json(url, ["a dog"]))
+    beta = json.loads(submit_json(gateway_url, ["a dog"]))
     assert alpha["task_id"] == beta["task_id"]
     out = tmp_path / "out"
-    code, _, err = imggw(
-        "download",
-        "--from",
-        "-",
-        "--wait",
-        "-o",
-        str(out),
-        "--base-url",
-        url,
-        stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n",
+    code, _, err = collect(
+        "-", str(out), gateway_url, stdin=json.dumps(beta) + "\n" + json.dumps(alpha) + "\n"
     )
     assert code == 0, err
     records = manifest(out)
@@ -179,12 +154,12 @@ def test_tasks_of_both_surfaces_with_one_id_keep_both_files(
     ],
 )
 def test_a_bad_line_stops_the_run_before_anything_is_sent(
-    gateway: MockGateway, url: str, tmp_path: Path, line: str, reason: str
+    gateway: MockGateway, gateway_url: str, tmp_path: Path, line: str, reason: str
 ) -> None:
     source = tmp_path / "ids.txt"
     source.write_text(f"1\n{line}\n")
     code, _, err = imggw(
-        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", url
+        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", gateway_url
     )
     assert code == 2
     assert "line 2:" in err
@@ -194,9 +169,9 @@ def test_a_bad_line_stops_the_run_before_anything_is_sent(
 
 @pytest.mark.slow
 def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
-    ids = [json.loads(line)["task_id"] for line in submit_json(url, ["a cat"]).splitlines()]
+    ids = [json.loads(line)["task_id"] for line in submit_json(gateway_url, ["a cat"]).splitlines()]
     source = tmp_path / "ids.txt"
     source.write_text(f"{ids[0]}\n0123\n999999\n")
     out = tmp_path / "out"
@@ -209,7 +184,7 @@ def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
         "-o",
         str(out),
         "--base-url",
-        url,
+        gateway_url,
     )
     assert code == 1, err  # some lines failed; the run went on
     records = {r["line"]: r for r in manifest(out)}
@@ -221,7 +196,7 @@ def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
 
 @pytest.mark.slow
 def test_without_wait_unfinished_tasks_are_reported_and_the_rest_saved(
-    url: str, tmp_path: Path
+    gateway_url: str, tmp_path: Path
 ) -> None:
     slow = MockGateway(api_keys=[KEY], duration_min=30, duration_max=30)
     with slow.serve() as slow_url:
@@ -328,14 +303,14 @@ def test_finished_tasks_are_downloaded_soonest_expiry_first(tmp_path: Path) -> N
 
 
 def test_a_task_named_twice_with_and_without_its_surface_is_one_line(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
-    ids = [json.loads(line)["task_id"] for line in submit_json(url, ["a cat"]).splitlines()]
+    ids = [json.loads(line)["task_id"] for line in submit_json(gateway_url, ["a cat"]).splitlines()]
     source = tmp_path / "ids.jsonl"
     # "beta" is the default surface: both lines name one task, which is saved once.
     source.write_text(f'{ids[0]}\n{{"task_id": "{ids[0]}", "surface": "beta"}}\n')
     code, _, err = imggw(
-        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", url
+        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", gateway_url
     )
     assert code == 2, err
     assert "line 2: task repeats an earlier line" in err
@@ -344,20 +319,28 @@ def test_a_task_named_twice_with_and_without_its_surface_is_one_line(
 
 @pytest.mark.slow
 def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     """The nightly collector of docs/collecting.md: `download --from tasks.jsonl` on a list that
     grows by a line between runs (later loses one, then is run on another --surface). Collecting bills
     nothing: no flag is asked for, the new task is saved, the ones saved before are not fetched
     again, and nothing said mentions billing or a flag the command does not have."""
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(submit_json(url, ["a cat", "a dog"]))
+    tasks.write_text(submit_json(gateway_url, ["a cat", "a dog"]))
     out = tmp_path / "out"
     said: list[str] = []
 
     def collect(*more: str) -> int:
         code, stdout, err = imggw(
-            "download", "--from", str(tasks), "--wait", "-o", str(out), "--base-url", url, *more
+            "download",
+            "--from",
+            str(tasks),
+            "--wait",
+            "-o",
+            str(out),
+            "--base-url",
+            gateway_url,
+            *more,
         )
         said.append(stdout + err)
         assert code == 0, err
@@ -367,7 +350,7 @@ def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
     fetched = results_fetched(gateway)
     assert fetched == 2
     with tasks.open("a") as more:
-        more.write(submit_json(url, ["a fox"]))
+        more.write(submit_json(gateway_url, ["a fox"]))
     created = gateway.stats()["tasks_created"]
     collect()
     assert results_fetched(gateway) == fetched + 1  # only the new task's result
@@ -390,15 +373,16 @@ def test_a_collect_list_that_grows_and_shrinks_is_collected_without_a_flag(
 
 
 def test_collect_tasks_saves_a_list_of_ids_and_an_unknown_one_fails_only_its_line(
-    gateway: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     """The SDK's driver of ``download --from``: ids in, files and a manifest out, nothing
     submitted; the same list again saves nothing twice."""
     ids = [
-        json.loads(line)["task_id"] for line in submit_json(url, ["a cat", "a dog"]).splitlines()
+        json.loads(line)["task_id"]
+        for line in submit_json(gateway_url, ["a cat", "a dog"]).splitlines()
     ]
     created = gateway.stats()["tasks_created"]
-    make = lambda: _client(url)  # noqa: E731
+    make = lambda: _client(gateway_url)  # noqa: E731
     out = tmp_path / "out"
     report = collect_tasks([*ids, "999999"], out, client_factory=make, concurrency=2)
     assert report.counts == {"saved": 2, "failed": 1}

@@ -16,11 +16,11 @@ import pytest
 from imggw_client import Client, RetryPolicy
 
 from .test_crash import (
+    FAULTY,
     IMGGW,
     KEY,
     env,
     fetched_more,
-    gateway_process,  # noqa: F401 - the fixture
     kill_when,
     results_fetched,
 )
@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 TASKS = 120
 
 
+@pytest.mark.gateway(**FAULTY)
 def test_a_collect_killed_mid_download_loses_nothing_and_saves_nothing_twice(
-    gateway_process: str,  # noqa: F811
+    gateway_process: str,
     tmp_path: Path,
 ) -> None:
     url = gateway_process

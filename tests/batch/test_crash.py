@@ -14,15 +14,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-
-from ..loopback import mock_serve_process
 
 # Seconds a test: a gateway process and a batch SIGKILLed three times (the slow lane, tests/conftest.py).
 pytestmark = pytest.mark.slow
@@ -32,34 +30,23 @@ KEY = "sk-batch-crash-key-01"
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 LINES = 200
 
+# The gateway_process these crash tests run against: tasks of up to a second, a fifth of the
+# answers faulty.
+FAULTY = {
+    "api_keys": [KEY],
+    "seed": 21,
+    "duration_min": 0.2,
+    "duration_max": 1.0,
+    "fault_rate": 0.2,
+    "faults": ["lost", "reset", "latency", "429", "503", "malformed"],
+    "latency": 0.3,
+    "retry_after": 0,
+}
+
 
 def env() -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     return {**base, "IMGGW_API_KEY": KEY, "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture
-def gateway_process() -> Iterator[str]:
-    options = [
-        "--api-key",
-        KEY,
-        "--seed",
-        "21",
-        "--duration-min",
-        "0.2",
-        "--duration-max",
-        "1.0",
-        "--fault-rate",
-        "0.2",
-        "--faults",
-        "lost,reset,latency,429,503,malformed",
-        "--latency",
-        "0.3",
-        "--retry-after",
-        "0",
-    ]
-    with mock_serve_process(options, env()) as url:
-        yield url
 
 
 def stats(url: str) -> dict[str, Any]:
@@ -113,6 +100,7 @@ def fetch(url: str) -> bytes:
     raise AssertionError(f"could not fetch {url}")
 
 
+@pytest.mark.gateway(**FAULTY)
 def test_sigkill_mid_submit_and_mid_download_never_bills_twice_nor_loses_an_image(
     gateway_process: str, tmp_path: Path
 ) -> None:

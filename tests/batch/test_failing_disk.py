@@ -14,10 +14,6 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
-# Seconds a test: `imggw batch` in processes of its own under a file-size limit (the slow lane, tests/conftest.py).
-pytestmark = pytest.mark.slow
-
-
 KEY = "sk-disk-key-0042"
 # Runs the CLI with writes past LIMIT bytes failing (EFBIG, as ENOSPC would) instead of killing.
 RUN = (
@@ -25,6 +21,13 @@ RUN = (
     "limit = int(sys.argv.pop(1)); resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); "
     "from imggw_cli import main; sys.argv[0] = 'imggw'; main()"
 )
+
+
+# Seconds a test: `imggw batch` in processes of its own under a file-size limit (the slow lane, tests/conftest.py).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.gateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, result_size=300_000),
+]
 
 
 def imggw(limit: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,12 +40,6 @@ def imggw(limit: int, *args: str) -> subprocess.CompletedProcess[str]:
         env={**env, "IMGGW_API_KEY": KEY},
         check=False,
     )
-
-
-@pytest.fixture
-def gateway() -> MockGateway:
-    # Results of 300 kB: more than the disk below has room for in one file.
-    return MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, result_size=300_000)
 
 
 def test_a_disk_too_full_for_the_results_stops_at_once_in_one_line(

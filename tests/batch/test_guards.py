@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +34,7 @@ FAST = {
 }
 
 
-def gateway(**options: Any) -> MockGateway:
-    return MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.06, **options)
-
-
-@pytest.fixture
-def gw() -> MockGateway:
-    return gateway()
-
-
-@pytest.fixture
-def url(gw: MockGateway) -> Iterator[str]:
-    with gw.serve() as base_url:
-        yield base_url
+pytestmark = pytest.mark.gateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.06)
 
 
 def prompts(path: Path, count: int, *, resolution: str | None = None) -> Path:
@@ -85,28 +73,41 @@ def billed(gw: MockGateway) -> float:
 
 @pytest.mark.slow
 def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised_one(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 1000)  # 4 credits a line at 1k
     out = tmp_path / "out"
     first = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40", "-c", "8"
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        gateway_url,
+        "--max-credits",
+        "40",
+        "-c",
+        "8",
     )
     assert first.code == 6, first.err
-    assert gw.stats()["tasks_created"] == 10
+    assert gateway.stats()["tasks_created"] == 10
     (stop,) = [line for line in first.err.splitlines() if "stopped by --max-credits" in line]
     assert "40 of 40 credits spent" in stop
     assert "raise --max-credits and run the same command again" in stop
     rows = manifest(out)
     assert sum(r["status"] == "succeeded" for r in rows) == 10  # what was paid for is saved
     assert len(list(out.glob("*.png"))) == 10
-    again = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "40")
+    again = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--max-credits", "40"
+    )
     assert again.code == 6
-    assert gw.stats()["tasks_created"] == 10  # the same cap: nothing more
-    more = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--max-credits", "80")
+    assert gateway.stats()["tasks_created"] == 10  # the same cap: nothing more
+    more = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--max-credits", "80"
+    )
     assert more.code == 6
-    assert gw.stats()["tasks_created"] == 20
-    assert gw.stats()["billing"][fingerprint(CANARY)]["credits"] == 80  # none billed twice
+    assert gateway.stats()["tasks_created"] == 20
+    assert gateway.stats()["billing"][fingerprint(CANARY)]["credits"] == 80  # none billed twice
     assert len(list(out.glob("*.png"))) == 20
     status_run = imggw("batch", "status", str(out), "--json")
     record = status_run.records()[0]
@@ -115,9 +116,11 @@ def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised
     assert status_run.code == 6
 
 
-def test_the_first_line_goes_alone_until_its_charge_is_known(tmp_path: Path) -> None:
+def test_the_first_line_goes_alone_until_its_charge_is_known(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
     events: list[str] = []
-    gw = gateway()
+    gw = make_gateway()
     handle = gw.handle
 
     def log(request: MockRequest) -> MockResponse:
@@ -139,8 +142,10 @@ def test_the_first_line_goes_alone_until_its_charge_is_known(tmp_path: Path) -> 
     assert events[0] == "submit"
 
 
-def test_lines_are_estimated_at_the_price_seen_for_their_resolution(tmp_path: Path) -> None:
-    gw = gateway()
+def test_lines_are_estimated_at_the_price_seen_for_their_resolution(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     lines = [{"prompt": "first", "resolution": "4k", "aspect_ratio": "16:9"}]
     lines += [{"prompt": f"small {i}"} for i in range(6)]
     lines += [{"prompt": "big", "resolution": "4k", "aspect_ratio": "16:9"}]
@@ -163,9 +168,10 @@ def test_lines_are_estimated_at_the_price_seen_for_their_resolution(tmp_path: Pa
 
 @pytest.mark.slow
 def test_a_gateway_that_states_no_charge_cannot_be_capped_and_stops_after_one_line(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway(quirks=["no_charge"])
+    gw = make_gateway(quirks=["no_charge"])
     with gw.serve() as url:
         run = imggw(
             "batch",
@@ -184,9 +190,10 @@ def test_a_gateway_that_states_no_charge_cannot_be_capped_and_stops_after_one_li
 
 
 def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     with gw.serve() as url:
         report = batch(
             url, prompts(tmp_path / "in.txt", 5), tmp_path / "out", surface="alpha", max_cost=1.0
@@ -229,12 +236,12 @@ def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
 @pytest.mark.parametrize("stated", ["-4", "-1e999", "1e999", '"NaN"', '"-16"'])
 @pytest.mark.slow
 def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
-    stated: str, tmp_path: Path
+    make_gateway: Callable[..., MockGateway], stated: str, tmp_path: Path
 ) -> None:
     # Negative, infinite (a number too large for a double) or not-a-number charges while tasks
     # run (as JSON tokens): clamped to 0 or to none stated, none of them a price, none of them
     # handing back room under the cap.
-    gw = gateway(quirks=["charge_at_end"])
+    gw = make_gateway(quirks=["charge_at_end"])
     handle, credits = gw.handle, spec.of("beta").record.credits
 
     def hostile(request: MockRequest) -> MockResponse:
@@ -261,11 +268,12 @@ def test_no_charge_a_gateway_states_while_tasks_run_gets_a_credit_past_the_cap(
 
 @pytest.mark.slow
 def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_case(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
     # Issue 27 item 2: the first 4k line was estimated at the 1k price (4) and cost 16: 21 tasks,
     # 96 credits under a cap of 90. A 4k task may cost 16x a 1k one: 80 + 64 > 90.
-    gw = gateway(credits=200)
+    gw = make_gateway(credits=200)
     lines = [{"prompt": f"small {i}"} for i in range(20)]
     lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(10)]
     with gw.serve() as url:
@@ -288,9 +296,10 @@ def test_the_first_line_of_a_resolution_goes_only_when_the_cap_covers_its_worst_
 
 @pytest.mark.slow
 def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     lines = [{"prompt": "small"}]
     lines += [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(3)]
     with gw.serve() as url:
@@ -320,8 +329,10 @@ def test_a_4k_line_whose_worst_case_fits_goes_alone_and_then_at_its_own_price(
 
 
 @pytest.mark.slow
-def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Path) -> None:
-    gw = gateway()
+def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     handle, answered = gw.handle, [0]
 
     def slow_after_three(request: MockRequest) -> MockResponse:
@@ -364,9 +375,10 @@ def test_max_failures_stops_submits_and_lets_lines_in_flight_finish(tmp_path: Pa
 
 @pytest.mark.slow
 def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_resumes(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway(credits=20)  # five 1k tasks
+    gw = make_gateway(credits=20)  # five 1k tasks
     source = prompts(tmp_path / "in.txt", 9)
     out = tmp_path / "out"
     with gw.serve() as url:
@@ -405,9 +417,11 @@ class SlowRefusal:
 
 
 @pytest.mark.slow
-def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
+def test_after_a_402_no_other_submit_is_sent(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
     # Issue 27 item 19: 12 lines, -c 2, a balance for 6: all 12 submits went out, 6 refused.
-    gw = gateway(credits=24)
+    gw = make_gateway(credits=24)
     app = SlowRefusal(gw, held=7)
     out = tmp_path / "out"
     with serve_asgi(app) as url:
@@ -437,26 +451,28 @@ def test_after_a_402_no_other_submit_is_sent(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_dry_run_sends_nothing_and_says_what_a_run_would_do(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 12)
     out = tmp_path / "out"
-    fresh = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--dry-run", "--json")
+    fresh = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--dry-run", "--json"
+    )
     assert fresh.code == 0, fresh.err
-    assert gw.stats()["requests"] == {}
+    assert gateway.stats()["requests"] == {}
     assert not out.exists()  # nothing kept either
     (plan,) = fresh.records()
     pinned = {"total", "to_submit", "to_wait", "to_collect", "done", "changed", "bad", "estimate"}
     assert pinned <= set(plan)
     assert plan["total"] == plan["to_submit"] == 12
     assert plan["estimate"] is None  # no charge seen yet
-    assert batch(url, source, out, max_credits=20).stopped_by == "max_credits"  # 5 made
-    sent = gw.stats()["requests"]
+    assert batch(gateway_url, source, out, max_credits=20).stopped_by == "max_credits"  # 5 made
+    sent = gateway.stats()["requests"]
     capped = imggw(
         "batch", str(source), "-o", str(out), "--dry-run", "--json", "--max-credits", "40"
     )
     assert capped.code == 0, capped.err
-    assert gw.stats()["requests"] == sent  # still nothing sent
+    assert gateway.stats()["requests"] == sent  # still nothing sent
     (plan,) = capped.records()
     assert (plan["to_submit"], plan["done"]) == (7, 5)
     assert plan["estimate"] == {"credits": 28.0, "cost": 0.07}
@@ -523,10 +539,10 @@ def test_the_sdk_refuses_a_bad_limit_before_anything_is_made(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_shard_processes_each_hold_their_share_of_the_cap(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 40)
-    factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
+    factory = lambda: AsyncClient(api_key=CANARY, base_url=gateway_url, **FAST)  # noqa: E731
     reports = [
         run_shard(
             source, tmp_path / "out", index=i, count=2, client_factory=factory, max_credits=40
@@ -534,14 +550,14 @@ def test_shard_processes_each_hold_their_share_of_the_cap(
         for i in (1, 2)
     ]
     assert [r.stopped_by for r in reports] == ["max_credits", "max_credits"]
-    assert gw.stats()["tasks_created"] == 10  # 20 credits each: 5 + 5
+    assert gateway.stats()["tasks_created"] == 10  # 20 credits each: 5 + 5
     assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
 
 
 @pytest.mark.dask  # starts a LocalCluster of its own
 @pytest.mark.slow
 def test_a_dask_run_holds_one_cap_for_every_shard(
-    gw: MockGateway, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gateway: MockGateway, gateway_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from imggw_client.batch import ClientSpec, run_sharded
 
@@ -554,12 +570,12 @@ def test_a_dask_run_holds_one_cap_for_every_shard(
         shard_size=10,
         concurrency=2,
         max_credits=40,
-        client=ClientSpec(base_url=url, poll=FAST["poll"], retry=FAST["retry"]),
+        client=ClientSpec(base_url=gateway_url, poll=FAST["poll"], retry=FAST["retry"]),
         cluster_options={"silence_logs": 40},
     )
     assert report.stopped_by == "max_credits"
     assert report.exit_code == 6
-    assert gw.stats()["tasks_created"] == 10  # one count across the four shards
+    assert gateway.stats()["tasks_created"] == 10  # one count across the four shards
     assert status(tmp_path / "out").spent == Charge(40.0, 0.1)
     assert len(list((tmp_path / "out").glob("*.png"))) == 10
 

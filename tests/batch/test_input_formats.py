@@ -6,7 +6,6 @@ command line where it is the user's way in; what the gateway receives is read of
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,9 @@ SENT = [  # (surface, prompt, aspect_ratio, resolution) as the gateway receives 
     ("beta", 'a poster that reads\r\n"OPEN LATE"', "1:1", "1k"),
     ("alpha", "plain lighthouse", "3:2", "4K"),
 ]
+
+
+pytestmark = pytest.mark.gateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
 
 
 class Wire:
@@ -79,19 +81,8 @@ def _at(body: dict[str, Any], dotted: str) -> str:
 
 
 @pytest.fixture
-def gw() -> MockGateway:
-    return MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
-
-
-@pytest.fixture
-def wire(gw: MockGateway) -> Wire:
-    return Wire(gw)
-
-
-@pytest.fixture
-def url(gw: MockGateway, wire: Wire) -> Iterator[str]:
-    with gw.serve() as base_url:
-        yield base_url
+def wire(gateway: MockGateway) -> Wire:
+    return Wire(gateway)
 
 
 def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
@@ -112,7 +103,7 @@ def events(stderr: str, name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
-    wire: Wire, url: str, tmp_path: Path
+    wire: Wire, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.csv"
     source.write_bytes(CSV.encode())
@@ -120,7 +111,7 @@ def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
     dry = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json")
     assert dry.code == 0, dry.err
     assert (dry.records()[0]["total"], dry.records()[0]["to_submit"]) == (3, 3)
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--json")
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--json")
     assert run.code == 0, run.err
     assert sorted(wire.submits) == sorted(SENT)  # the header is not a prompt; nothing else
     rows = run.records()
@@ -133,14 +124,14 @@ def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
 
 
 def test_a_tsv_file_and_format_csv_on_any_name_read_the_same_rows(
-    gw: MockGateway, wire: Wire, tmp_path: Path
+    gateway: MockGateway, wire: Wire, tmp_path: Path
 ) -> None:
     tsv = tmp_path / "prompts.tsv"
     tsv.write_text('prompt\taspect_ratio\n"a fox, in snow"\t16:9\nsunset, with a comma\t\n')
     named = tmp_path / "prompts.txt"
     named.write_text('prompt,aspect_ratio\n"a fox, in snow",16:9\n"sunset, with a comma",\n')
     for source, options in ((tsv, {}), (named, {"format": "csv"})):
-        report = batch(gw, source, tmp_path / f"out-{source.suffix[1:]}", **options)
+        report = batch(gateway, source, tmp_path / f"out-{source.suffix[1:]}", **options)
         assert report.counts == {"saved": 2}
     assert sorted(wire.submits) == sorted(
         2
@@ -149,14 +140,14 @@ def test_a_tsv_file_and_format_csv_on_any_name_read_the_same_rows(
 
 
 def test_a_csv_rerun_resumes_and_submits_nothing_twice(
-    gw: MockGateway, wire: Wire, tmp_path: Path
+    gateway: MockGateway, wire: Wire, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.csv"
     source.write_bytes(CSV.encode())
     out = tmp_path / "out"
-    assert batch(gw, source, out, timeout=0).counts == {"pending": 3}  # keys written, not sent
+    assert batch(gateway, source, out, timeout=0).counts == {"pending": 3}  # keys written, not sent
     assert wire.submits == []
-    assert batch(gw, source, out).counts == {"saved": 3}
+    assert batch(gateway, source, out).counts == {"saved": 3}
     assert len(wire.submits) == 3
     # The same rows, the columns in another order and spaced by more blank rows: the same
     # lines (known by id, else by their place among the records), the same requests.
@@ -167,15 +158,15 @@ def test_a_csv_rerun_resumes_and_submits_nothing_twice(
         "7,alpha,4K, 3:2 ,plain lighthouse\n"
     )
     source.write_bytes(moved.encode())
-    again = batch(gw, source, out)
+    again = batch(gateway, source, out)
     assert (again.counts, again.changed_count) == ({"saved": 3}, 0)
     assert len(wire.submits) == 3  # no second submit
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
 
 
 @pytest.mark.slow
 def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
-    wire: Wire, url: str, tmp_path: Path
+    wire: Wire, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.csv"
     source.write_text(
@@ -183,7 +174,7 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
         'an owl,1:1,1k,extra\n"a fish"x,1:1,1k\na fox,1:1,1k\n'
     )
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
     assert refused.code == 2
     assert "line 3: 2 fields where the header row names 3: column 3 (resolution) missing" in (
         refused.err
@@ -194,7 +185,14 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     assert "line 5: not a CSV row" in refused.err
     assert wire.requests == 0
     skipped = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines", "--json"
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        gateway_url,
+        "--skip-bad-lines",
+        "--json",
     )
     assert skipped.code == 1  # as for JSONL: the bad lines are reported, the rest run
     assert sorted(p for _, p, _, _ in wire.submits) == ["a cat", "a fox"]
@@ -208,7 +206,13 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
 
     source.write_text("prompt,style\na cat,noir\n")
     header = imggw(
-        "batch", str(source), "-o", str(tmp_path / "h"), "--base-url", url, "--skip-bad-lines"
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "h"),
+        "--base-url",
+        gateway_url,
+        "--skip-bad-lines",
     )
     assert header.code == 2  # no row of it can be read: skipping lines cannot help
     assert "line 1: the header row names an unknown column 'style' (column 2)" in header.err
@@ -226,12 +230,12 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
 )
 @pytest.mark.slow
 def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
-    wire: Wire, url: str, tmp_path: Path, text: str
+    wire: Wire, gateway_url: str, tmp_path: Path, text: str
 ) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text(text)
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "--format csv" in refused.err
@@ -239,22 +243,24 @@ def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
     dry = imggw("batch", str(source), "-o", str(out), "--dry-run")
     assert dry.code == 2
     assert "--format csv" in dry.err
-    piped = imggw("batch", "-", "-o", str(out), "--base-url", url, stdin=text)
+    piped = imggw("batch", "-", "-o", str(out), "--base-url", gateway_url, stdin=text)
     assert piped.code == 2
     assert "--format csv" in piped.err
     assert wire.requests == 0
     assert not out.exists()  # refused before the folder was made
-    told = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--format", "text")
+    told = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--format", "text"
+    )
     assert told.code == 0, told.err  # said outright: every line is a prompt
     assert len(wire.submits) == len([x for x in text.splitlines() if not x.startswith("# ")])
 
 
 def test_text_with_commas_here_and_there_is_still_prompts(
-    gw: MockGateway, wire: Wire, tmp_path: Path
+    gateway: MockGateway, wire: Wire, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text("a fox, in snow\na cat\nan owl, at dusk, in fog\n")
-    assert batch(gw, source, tmp_path / "out").counts == {"saved": 3}
+    assert batch(gateway, source, tmp_path / "out").counts == {"saved": 3}
     assert len(wire.submits) == 3
 
 
@@ -279,19 +285,19 @@ COMMA_PROMPTS = {
 
 @pytest.mark.parametrize("prompts", COMMA_PROMPTS.values(), ids=COMMA_PROMPTS.keys())
 def test_prompts_with_commas_are_sent_as_prompts(
-    gw: MockGateway, wire: Wire, tmp_path: Path, prompts: list[str]
+    gateway: MockGateway, wire: Wire, tmp_path: Path, prompts: list[str]
 ) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text("".join(f"{p}\n" for p in prompts))
     assert plan_batch(source, tmp_path / "plan").total == len(prompts)
-    assert batch(gw, source, tmp_path / "out").counts == {"saved": len(prompts)}
+    assert batch(gateway, source, tmp_path / "out").counts == {"saved": len(prompts)}
     assert sorted(wire.submits) == sorted(("beta", p, "auto", "1k") for p in prompts)
     assert [r["prompt"] for r in manifest(tmp_path / "out")] == prompts
 
 
 @pytest.mark.slow
 def test_prompts_with_commas_on_standard_input_are_sent_as_prompts(
-    wire: Wire, url: str, tmp_path: Path
+    wire: Wire, gateway_url: str, tmp_path: Path
 ) -> None:
     prompts = COMMA_PROMPTS["one comma a line"]
     run = imggw(
@@ -300,7 +306,7 @@ def test_prompts_with_commas_on_standard_input_are_sent_as_prompts(
         "-o",
         str(tmp_path / "out"),
         "--base-url",
-        url,
+        gateway_url,
         "--json",
         stdin="".join(f"{p}\n" for p in prompts),
     )
@@ -362,7 +368,7 @@ HASHTAGS = "# a note\n#hashtag sunset\n#\n#1 bestseller book cover\n  #\tindente
 
 @pytest.mark.slow
 def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
-    wire: Wire, url: str, tmp_path: Path
+    wire: Wire, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text(HASHTAGS)
@@ -375,7 +381,15 @@ def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
     assert "comment lines (skipped): 3" in human.out
 
     run = imggw(
-        "--log-format", "json", "batch", str(source), "-o", str(out), "--base-url", url, "--json"
+        "--log-format",
+        "json",
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        gateway_url,
+        "--json",
     )
     assert run.code == 0, run.err
     assert sorted(p for _, p, _, _ in wire.submits) == [
@@ -389,20 +403,24 @@ def test_hashtag_lines_are_prompts_and_comment_lines_are_counted(
 
 
 @pytest.mark.slow
-def test_the_summary_table_counts_comment_lines(gw: MockGateway, url: str, tmp_path: Path) -> None:
+def test_the_summary_table_counts_comment_lines(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text(HASHTAGS)
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url)
+    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", gateway_url)
     assert run.code == 0, run.err
     assert "comment lines (skipped)" in run.err
     assert run.err.split("comment lines (skipped)")[1].split()[1] == "3"
 
 
-def test_comments_are_counted_in_the_report_and_the_plan(gw: MockGateway, tmp_path: Path) -> None:
+def test_comments_are_counted_in_the_report_and_the_plan(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "prompts.json"  # read line by line: records and prompts
     source.write_text('# records\n{"prompt": "a cat", "id": "c"}\n#nofilter cat\n#\n')
     assert plan_batch(source, tmp_path / "out").comments == 2
-    report = batch(gw, source, tmp_path / "out")
+    report = batch(gateway, source, tmp_path / "out")
     assert (report.counts, report.comments) == ({"saved": 2}, 2)
     assert [r["prompt"] for r in manifest(tmp_path / "out")] == ["a cat", "#nofilter cat"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -20,17 +21,16 @@ from imggw_client.mock import MockGateway
 from ..cli.helpers import CANARY, imggw
 
 # Seconds a test: batches whose tasks take their real 0.2-0.3 s, run twice (the slow lane, tests/conftest.py).
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.gateway(api_keys=[CANARY], duration_min=0.2, duration_max=0.3, seed=2),
+]
 
 
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.2),
     "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
 }
-
-
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=[CANARY], duration_min=0.2, duration_max=0.3, seed=2)
 
 
 def prompts(path: Path, count: int, start: int = 0) -> Path:
@@ -44,8 +44,10 @@ def durations(out: Path) -> list[tuple[float | None, float | None]]:
         return list(db.execute("SELECT submitted_at, completed_at FROM lines ORDER BY line"))
 
 
-def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path: Path) -> None:
-    gw = gateway()
+def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     out = tmp_path / "out"
     with gw.serve() as url:
         factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731
@@ -90,8 +92,10 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(tmp_path
     assert lowest - 0.001 <= seen[0].typical_durations["1k"] <= max(took) + 0.001
 
 
-def test_replayed_and_collected_tasks_teach_no_duration(tmp_path: Path) -> None:
-    gw = gateway()
+def test_replayed_and_collected_tasks_teach_no_duration(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     with gw.serve() as url:
         client = AsyncClient(api_key=CANARY, base_url=url, **FAST)
 
@@ -110,8 +114,10 @@ def test_replayed_and_collected_tasks_teach_no_duration(tmp_path: Path) -> None:
         assert ledger.durations(50) == {}
 
 
-def test_the_display_says_how_long_tasks_take(tmp_path: Path) -> None:
-    gw = gateway()
+def test_the_display_says_how_long_tasks_take(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     with gw.serve() as url:
         run = imggw(
             "batch",
@@ -128,8 +134,10 @@ def test_the_display_says_how_long_tasks_take(tmp_path: Path) -> None:
     assert " s (1k)" in run.err
 
 
-def test_a_replayed_task_keeps_no_submit_time_its_start_is_not_known(tmp_path: Path) -> None:
-    gw = gateway()
+def test_a_replayed_task_keeps_no_submit_time_its_start_is_not_known(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     out = tmp_path / "out"
     with gw.serve() as url:
         factory = lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST)  # noqa: E731

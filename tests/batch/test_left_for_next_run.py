@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,7 @@ QUERY = spec.of("beta").query_path.split("{")[0]  # /beta/v1/tasks/
 TASK_ID = re.compile(rb'"task_?[iI]d"\s*:\s*"?(\d+)')
 
 
-def gateway(**options: Any) -> MockGateway:
-    return MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.06, **options)
+pytestmark = pytest.mark.gateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.06)
 
 
 def prompts(path: Path, *lines: str) -> Path:
@@ -86,11 +85,11 @@ PROXY_400 = MockResponse(400, b"<html>400 Bad Request</html>", (("content-type",
 )
 @pytest.mark.slow
 def test_a_refused_status_query_leaves_the_paid_line_running_and_a_rerun_collects_it(
-    refusal: MockResponse, tmp_path: Path
+    make_gateway: Callable[..., MockGateway], refusal: MockResponse, tmp_path: Path
 ) -> None:
     # Issue 27 item 5: one 402 (a balance just spent) or a proxy's 400 on a status query failed
     # the paid line for good; reruns never asked again.
-    gw = gateway()
+    gw = make_gateway()
     handle, refusals = gw.handle, [1]
 
     def refuse_one_query(request: MockRequest) -> MockResponse:
@@ -118,9 +117,10 @@ def test_a_refused_status_query_leaves_the_paid_line_running_and_a_rerun_collect
 
 @pytest.mark.slow
 def test_a_refused_query_for_fresh_links_leaves_the_line_to_download_next_run(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     handle, dead = gw.handle, [1]
     refusing = [False]
 
@@ -171,8 +171,10 @@ class StuckTask:
 
 
 @pytest.fixture
-def stuck(tmp_path: Path) -> Iterator[tuple[MockGateway, StuckTask, str]]:
-    gw = gateway()
+def stuck(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> Iterator[tuple[MockGateway, StuckTask, str]]:
+    gw = make_gateway()
     wrapper = StuckTask(gw)
     gw.handle = wrapper  # type: ignore[method-assign]
     with gw.serve() as url:
@@ -275,14 +277,14 @@ class FakeDisk:
 
 @pytest.mark.slow
 def test_no_line_is_submitted_without_room_for_its_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 27 item 4: a batch submitted every line before it found the disk full. Here a 10
     # MiB disk whose results take 3 MiB each, 4 MiB kept free for each 1k result to come: two
     # go, a third once they are saved, then there is no room for a fourth.
     disk = FakeDisk(10 * MiB, 3 * MiB)
     monkeypatch.setattr(_admission, "free_bytes", disk)
-    gw = gateway()
+    gw = make_gateway()
     source = prompts(tmp_path / "in.txt", *(f"prompt {i}" for i in range(10)))
     out = tmp_path / "out"
     with gw.serve() as url:
@@ -304,12 +306,12 @@ def test_no_line_is_submitted_without_room_for_its_result(
 
 @pytest.mark.slow
 def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 70 MiB free: one 4k result (64 MiB kept free for it) fits; once saved (30 MiB), the
     # next does not.
     monkeypatch.setattr(_admission, "free_bytes", FakeDisk(70 * MiB, 30 * MiB))
-    gw = gateway()
+    gw = make_gateway()
     out = tmp_path / "out"
     lines = [{"prompt": f"big {i}", "resolution": "4k", "aspect_ratio": "16:9"} for i in range(4)]
     source = tmp_path / "in.jsonl"
@@ -328,10 +330,10 @@ def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
 
 @pytest.mark.slow
 def test_results_still_to_save_count_against_the_room(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rerun counts the lines an earlier run left downloading: their results come first."""
-    gw = gateway()
+    gw = make_gateway()
     source = prompts(tmp_path / "in.txt", "a fox", "a hen")
     out = tmp_path / "out"
     with gw.serve() as url:
@@ -352,10 +354,10 @@ def test_results_still_to_save_count_against_the_room(
 
 
 def test_a_folder_whose_free_space_cannot_be_told_is_not_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_admission, "free_bytes", lambda folder: None)
-    gw = gateway()
+    gw = make_gateway()
     with gw.serve() as url:
         report = batch(url, prompts(tmp_path / "in.txt", "a", "b"), tmp_path / "out")
     assert report.exit_code == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,7 @@ FAST = {
 }
 
 
-def gateway() -> MockGateway:
-    return MockGateway(duration_min=0.02, duration_max=0.05, retry_after=0, latency=0.0)
+pytestmark = pytest.mark.gateway(duration_min=0.02, duration_max=0.05, retry_after=0, latency=0.0)
 
 
 def batch(gw: MockGateway, source: Path, out: Path, **kw: Any) -> BatchReport:
@@ -51,8 +51,10 @@ def images(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.suffix == ".png")
 
 
-def test_the_default_names_are_the_task_ids(tmp_path: Path) -> None:
-    gw = gateway()
+def test_the_default_names_are_the_task_ids(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = jsonl(tmp_path / "in.jsonl", [{"prompt": "a cat"}, {"prompt": "a dog"}])
     report = batch(gw, source, tmp_path / "out")
     assert report.exit_code == 0
@@ -61,8 +63,10 @@ def test_the_default_names_are_the_task_ids(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / ".incoming").exists()  # default names land in place
 
 
-def test_files_are_named_by_the_template_and_a_rerun_keeps_them(tmp_path: Path) -> None:
-    gw = gateway()
+def test_files_are_named_by_the_template_and_a_rerun_keeps_them(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a cat", "id": "cat"}, {"prompt": "a dog", "id": "dog"}]
     )
@@ -83,8 +87,10 @@ def test_files_are_named_by_the_template_and_a_rerun_keeps_them(tmp_path: Path) 
     assert images(out) == ["1-cat.png", "2-dog.png"]
 
 
-def test_hostile_ids_make_safe_names_inside_the_folder(tmp_path: Path) -> None:
-    gw = gateway()
+def test_hostile_ids_make_safe_names_inside_the_folder(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     hostile = ["../../escape", "CON", "z" * 250, "a\\b:c*?", "..", "nul.txt", " .hidden"]
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": f"p{i}", "id": v} for i, v in enumerate(hostile)]
@@ -105,9 +111,10 @@ def test_hostile_ids_make_safe_names_inside_the_folder(tmp_path: Path) -> None:
 
 
 def test_a_nul_or_300_characters_in_an_id_is_a_bad_line_before_anything_is_sent(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a", "id": "a\x00b"}, {"prompt": "b", "id": "y" * 300}]
     )
@@ -117,8 +124,10 @@ def test_a_nul_or_300_characters_in_an_id_is_a_bad_line_before_anything_is_sent(
     assert posts(gw) == 0
 
 
-def test_lines_sharing_a_file_are_refused_before_anything_is_sent(tmp_path: Path) -> None:
-    gw = gateway()
+def test_lines_sharing_a_file_are_refused_before_anything_is_sent(
+    make_gateway: Callable[..., MockGateway], tmp_path: Path
+) -> None:
+    gw = make_gateway()
     records = [
         {"prompt": "a", "id": "Cat"},
         {"prompt": "b", "id": "cat"},
@@ -163,9 +172,9 @@ SPECS = [
 
 @pytest.mark.parametrize("text", SPECS)
 def test_a_template_with_a_format_spec_is_refused_before_anything_is_sent(
-    tmp_path: Path, text: str
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, text: str
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a", "id": "cat"}, {"prompt": "b", "id": "dog"}]
     )
@@ -204,11 +213,12 @@ def test_the_cli_refuses_a_format_spec_with_exit_2(
 
 
 def test_a_name_of_300_bytes_is_cut_to_255_at_a_character_and_the_run_completes(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
     """100 CJK characters are 300 bytes: a name the filesystem refuses ("File name too
     long") after the task was paid, on every rerun, when names were counted in characters."""
-    gw = gateway()
+    gw = make_gateway()
     records = [
         {"prompt": "a", "id": "漢" * 100},
         {"prompt": "b", "id": "é" * 255},
@@ -234,9 +244,10 @@ def test_a_name_of_300_bytes_is_cut_to_255_at_a_character_and_the_run_completes(
 
 
 def test_a_name_taken_after_the_result_was_paid_falls_back_to_the_default(
+    make_gateway: Callable[..., MockGateway],
     tmp_path: Path,
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a", "id": "cat"}, {"prompt": "b", "id": "dog"}]
     )
@@ -262,7 +273,10 @@ def test_a_name_taken_after_the_result_was_paid_falls_back_to_the_default(
 
 
 def test_a_name_the_filesystem_refuses_after_paying_falls_back_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    make_gateway: Callable[..., MockGateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A filesystem with a shorter limit (eCryptfs: 143 bytes) or characters it refuses
     answers the rename with ENAMETOOLONG or EINVAL, once the result is paid for."""
@@ -274,7 +288,7 @@ def test_a_name_the_filesystem_refuses_after_paying_falls_back_and_says_so(
         real(source, target)
 
     monkeypatch.setattr(_store.os, "replace", refusing)
-    gw = gateway()
+    gw = make_gateway()
     source = jsonl(
         tmp_path / "in.jsonl", [{"prompt": "a", "id": "cat"}, {"prompt": "b", "id": "dog"}]
     )

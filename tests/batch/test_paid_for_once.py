@@ -11,7 +11,6 @@ import json
 import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -40,17 +39,9 @@ FAST = {
 }
 
 
-@pytest.fixture
-def gw() -> MockGateway:
-    return MockGateway(
-        api_keys=[CANARY, "sk-second-key-0077"], duration_min=0.02, duration_max=0.08
-    )
-
-
-@pytest.fixture
-def url(gw: MockGateway) -> Iterator[str]:
-    with gw.serve() as base_url:
-        yield base_url
+pytestmark = pytest.mark.gateway(
+    api_keys=[CANARY, "sk-second-key-0077"], duration_min=0.02, duration_max=0.08
+)
 
 
 def prompts(path: Path, count: int) -> Path:
@@ -75,29 +66,29 @@ def batch(gw: MockGateway, source: Any, out: Path, **kw: Any) -> BatchReport:
 
 @pytest.mark.slow
 def test_a_rerun_on_a_deleted_and_recreated_folder_replays_every_task(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 20)
     out = tmp_path / "out"
-    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q")
+    first = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q")
     assert first.code == 0, first.err
-    assert gw.stats()["tasks_created"] == 20
+    assert gateway.stats()["tasks_created"] == 20
     shutil.rmtree(out)  # the disk is lost: run id, ledger, images, everything
-    again = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q")
+    again = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q")
     assert again.code == 0, again.err
-    assert gw.stats()["tasks_created"] == 20  # the same keys: the gateway replayed them all
-    assert gw.stats()["replays"] >= 20
+    assert gateway.stats()["tasks_created"] == 20  # the same keys: the gateway replayed them all
+    assert gateway.stats()["replays"] >= 20
     assert len(list(out.glob("*.png"))) == 20
 
 
 @pytest.mark.slow
 def test_the_run_id_follows_from_folder_gateway_and_key_and_the_key_is_never_kept(
-    gw: MockGateway, tmp_path: Path
+    gateway: MockGateway, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 3)
     out = tmp_path / "out"
-    assert batch(gw, source, out).exit_code == 0
-    with gw.client() as client:
+    assert batch(gateway, source, out).exit_code == 0
+    with gateway.client() as client:
         base_url, fingerprint = client.base_url, client.key_fingerprint
     run_id = json.loads((out / RUN_NAME).read_text())["run_id"]
     assert run_id == derive_run_id(destination_name(out), base_url, fingerprint)
@@ -113,21 +104,23 @@ def test_the_run_id_follows_from_folder_gateway_and_key_and_the_key_is_never_kep
         keys = [row.idempotency_key for row in ledger.iter_rows()]
     shutil.rmtree(out)
     other = run_batch(
-        source, out, client_factory=lambda: gw.async_client(api_key="sk-second-key-0077", **FAST)
+        source,
+        out,
+        client_factory=lambda: gateway.async_client(api_key="sk-second-key-0077", **FAST),
     )
     assert other.exit_code == 0
-    assert gw.stats()["tasks_created"] == 6  # another key: another run, its own tasks
+    assert gateway.stats()["tasks_created"] == 6  # another key: another run, its own tasks
     with Ledger.open(out) as ledger:
         assert not {row.idempotency_key for row in ledger.iter_rows()} & set(keys)
-    assert batch(gw, source, tmp_path / "elsewhere").exit_code == 0  # another folder too
-    assert gw.stats()["tasks_created"] == 9
+    assert batch(gateway, source, tmp_path / "elsewhere").exit_code == 0  # another folder too
+    assert gateway.stats()["tasks_created"] == 9
 
 
-def test_an_existing_run_json_keeps_its_id(gw: MockGateway, tmp_path: Path) -> None:
+def test_an_existing_run_json_keeps_its_id(gateway: MockGateway, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / RUN_NAME).write_text(json.dumps({"format": 1, "run_id": "an-older-random-id"}))
-    report = batch(gw, prompts(tmp_path / "in.txt", 2), out)
+    report = batch(gateway, prompts(tmp_path / "in.txt", 2), out)
     assert report.exit_code == 0
     assert json.loads((out / RUN_NAME).read_text())["run_id"] == "an-older-random-id"
     with Ledger.open(out) as ledger:
@@ -138,25 +131,29 @@ def test_an_existing_run_json_keeps_its_id(gw: MockGateway, tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_new_run_makes_new_keys_and_is_refused_where_a_run_is_kept(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 3)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
-    sent = requests(gw)
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--new-run")
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    sent = requests(gateway)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--new-run")
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "use another folder" in refused.err
-    assert requests(gw) == sent
+    assert requests(gateway) == sent
     shutil.rmtree(out)
-    fresh = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--new-run", "-q")
+    fresh = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--new-run", "-q"
+    )
     assert fresh.code == 0, fresh.err
-    assert gw.stats()["tasks_created"] == 6  # asked for: a new run, billed anew
+    assert gateway.stats()["tasks_created"] == 6  # asked for: a new run, billed anew
 
 
 @pytest.mark.slow
-def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_path: Path) -> None:
+def test_shards_on_a_recreated_folder_replay_their_tasks(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
     out = tmp_path / "out"
@@ -164,15 +161,19 @@ def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_pa
     def shards() -> None:
         for index in (1, 2):
             report = run_shard(
-                source, out, index=index, count=2, client_factory=lambda: gw.async_client(**FAST)
+                source,
+                out,
+                index=index,
+                count=2,
+                client_factory=lambda: gateway.async_client(**FAST),
             )
             assert report.exit_code == 0
 
     shards()
-    assert gw.stats()["tasks_created"] == 6
+    assert gateway.stats()["tasks_created"] == 6
     shutil.rmtree(out)
     shards()
-    assert gw.stats()["tasks_created"] == 6
+    assert gateway.stats()["tasks_created"] == 6
 
 
 # ---------------------------------------------------------------------------- 5: the format
@@ -180,13 +181,15 @@ def test_shards_on_a_recreated_folder_replay_their_tasks(gw: MockGateway, tmp_pa
 
 @pytest.mark.slow
 def test_a_jsonl_file_named_json_is_read_as_jsonl(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "p.json"
     source.write_text(
         '{"prompt": "a dog", "id": "d1", "aspect_ratio": "16:9"}\n{"prompt": "a cat", "id": "c1"}\n'
     )
-    run = imggw("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url, "--json")
+    run = imggw(
+        "batch", str(source), "-o", str(tmp_path / "out"), "--base-url", gateway_url, "--json"
+    )
     assert run.code == 0, run.err
     records = run.records()
     assert [(r["prompt"], r["id"], r["aspect_ratio"]) for r in records] == [
@@ -197,18 +200,26 @@ def test_a_jsonl_file_named_json_is_read_as_jsonl(
 
 @pytest.mark.slow
 def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "p.txt"
     source.write_text('{"prompt": "a dog", "aspect_ratio": "16:9"}\n# a note\n{"prompt": "x"}\n')
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "--format jsonl" in refused.err
-    assert gw.stats()["requests"] == {}
+    assert gateway.stats()["requests"] == {}
     run = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", url, "--format", "jsonl", "--json"
+        "batch",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        gateway_url,
+        "--format",
+        "jsonl",
+        "--json",
     )
     assert run.code == 0, run.err
     assert [(r["prompt"], r["aspect_ratio"]) for r in run.records()] == [
@@ -219,10 +230,12 @@ def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
 
 @pytest.mark.slow
 def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     piped = '"Hello," said the fox\n[cinematic] a fox\n{"prompt": "a cat", "id": "c"}\n'
-    run = imggw("batch", "-", "-o", str(tmp_path / "out"), "--base-url", url, "--json", stdin=piped)
+    run = imggw(
+        "batch", "-", "-o", str(tmp_path / "out"), "--base-url", gateway_url, "--json", stdin=piped
+    )
     assert run.code == 0, run.err
     assert [r["prompt"] for r in run.records()] == [
         '"Hello," said the fox',
@@ -235,14 +248,14 @@ def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
         "-o",
         str(tmp_path / "jsonl"),
         "--base-url",
-        url,
+        gateway_url,
         "--format",
         "jsonl",
         stdin=piped,
     )
     assert declared.code == 2  # declared JSONL: a line that is not JSON is a mistake
     assert "line 1: not a JSON object" in declared.err
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
 
 
 # ---------------------------------------------------------------------------- 6: a wrong URL
@@ -250,38 +263,38 @@ def test_text_prompts_on_standard_input_may_begin_with_a_quote_or_a_bracket(
 
 @pytest.mark.slow
 def test_a_submit_answered_404_stops_the_run_and_the_right_url_resumes_every_line(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "three.txt", 3)
     out = tmp_path / "out"
-    wrong = imggw("--base-url", f"{url}/api", "batch", str(source), "-o", str(out), "-q")
+    wrong = imggw("--base-url", f"{gateway_url}/api", "batch", str(source), "-o", str(out), "-q")
     assert wrong.code == 4
     assert wrong.err.count("\n") == 1
-    assert f"{url}/api" in wrong.err
-    assert gw.stats()["tasks_created"] == 0
+    assert f"{gateway_url}/api" in wrong.err
+    assert gateway.stats()["tasks_created"] == 0
     assert {r["status"] for r in manifest(out)} == {"pending"}
     with Ledger.open(out) as ledger:
         assert {(row.state, row.error_code) for row in ledger.iter_rows()} == {("unknown", None)}
-    right = imggw("--base-url", url, "batch", str(source), "-o", str(out), "-q")
+    right = imggw("--base-url", gateway_url, "batch", str(source), "-o", str(out), "-q")
     assert right.code == 0, right.err
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
     assert {r["status"] for r in manifest(out)} == {"succeeded"}
 
 
 def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
-    gw: MockGateway, tmp_path: Path
+    gateway: MockGateway, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "three.txt", 3)
     out = tmp_path / "out"
-    assert batch(gw, source, out, timeout=0).counts == {"pending": 3}
+    assert batch(gateway, source, out, timeout=0).counts == {"pending": 3}
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:
         db.execute(
             "UPDATE lines SET state='failed', error_code='not_found', "
             "error_message='No such route.'"
         )
-    report = batch(gw, source, out)
+    report = batch(gateway, source, out)
     assert report.counts == {"saved": 3}
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
 
 
 # ---------------------------------------------------------------------------- 10: manifests
@@ -289,12 +302,14 @@ def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
 
 @pytest.mark.slow
 def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat"}\nnot json\n{"prompt": "a dog"}\n')
     out = tmp_path / "out"
-    first = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--skip-bad-lines", "-q")
+    first = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--skip-bad-lines", "-q"
+    )
     assert first.code == 1
     assert manifest(out)[1]["task_id"] is None
     collected = imggw(
@@ -305,13 +320,13 @@ def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
         "-o",
         str(tmp_path / "again"),
         "--base-url",
-        url,
+        gateway_url,
         "-q",
     )
     assert collected.code == 0, collected.err
     records = manifest(tmp_path / "again")
     assert [(r["line"], r["status"]) for r in records] == [(1, "succeeded"), (3, "succeeded")]
-    assert gw.stats()["tasks_created"] == 2
+    assert gateway.stats()["tasks_created"] == 2
 
 
 # ---------------------------------------------------------------------------- 12: reports
@@ -343,7 +358,7 @@ def test_a_repeated_json_key_is_named_as_such(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_changed_input_names_only_the_lines_that_changed(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "in.jsonl"
 
@@ -353,34 +368,36 @@ def test_a_changed_input_names_only_the_lines_that_changed(
     ids = [f"i{n}" for n in range(1, 101)]
     write(ids)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
     edited = [*ids[:2], "new", *ids[2:50], *ids[51:]]  # one inserted at 3, i51 (line 51) gone
     write(edited)
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
     assert refused.code == 2
     assert "1 line(s) new or changed: 3;" in refused.err
     assert "1 line(s) removed, as the run's input numbered them: 51" in refused.err
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--allow-changes")
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--allow-changes")
     assert run.code == 0, run.err
     assert "submitted as new requests: 3\n" in run.err
     assert "nothing sent: 51\n" in run.err
-    assert gw.stats()["tasks_created"] == 101
+    assert gateway.stats()["tasks_created"] == 101
 
 
 @pytest.mark.slow
 def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 5)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
-    sent = requests(gw)
-    moved = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--surface", "alpha")
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    sent = requests(gateway)
+    moved = imggw(
+        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--surface", "alpha"
+    )
     assert moved.code == 2
     assert "this folder's run was made on surface beta, and this run is on alpha" in moved.err
     assert "--surface beta" in moved.err
     assert "5 line" not in moved.err
-    assert requests(gw) == sent
+    assert requests(gateway) == sent
     run_json = out / RUN_NAME  # a run.json of an older imggw: the ledger tells the surface
     record = json.loads(run_json.read_text())
     del record["surface"]
@@ -390,10 +407,10 @@ def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
             source,
             out,
             surface="alpha",
-            client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST),
+            client_factory=lambda: AsyncClient(api_key=CANARY, base_url=gateway_url, **FAST),
         )
     assert (info.value.surface_was, info.value.surface) == ("beta", "alpha")
-    assert requests(gw) == sent
+    assert requests(gateway) == sent
 
 
 # ---------------------------------------------------------------------------- 13: words
@@ -425,7 +442,7 @@ def test_an_expired_line_is_failed_in_the_manifest_and_apart_in_the_status(
 
 @pytest.mark.slow
 def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     run = imggw(
         "batch",
@@ -433,7 +450,7 @@ def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
         "-o",
         str(tmp_path / "out"),
         "--base-url",
-        url,
+        gateway_url,
     )
     assert run.code == 0, run.err
     assert "batch: 3/3 finished (succeeded 3)" in run.err
@@ -442,15 +459,15 @@ def test_the_progress_line_says_succeeded_for_saved_lines_and_never_done(
 
 @pytest.mark.slow
 def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_before_download(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 2)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
     for png in out.glob("*.png"):
         png.unlink()
-    gw.reset()  # the gateway's retention is over: tasks and files forgotten
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+    gateway.reset()  # the gateway's retention is over: tasks and files forgotten
+    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
     assert run.code == 1
     assert "expired before download" not in run.err
     for record in manifest(out):
@@ -460,11 +477,18 @@ def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_befo
 
 @pytest.mark.slow
 def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     source = prompts(tmp_path / "in.txt", 2)
     run = imggw(
-        "batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url, "--surface", "alpha"
+        "batch",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        gateway_url,
+        "--surface",
+        "alpha",
     )
     assert run.code == 0, run.err
     # Nothing charged yet costs 0; two lines charged credits with no cost stated: unknown.
@@ -478,7 +502,7 @@ def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
         source,
         tmp_path / "api",
         surface="alpha",
-        client_factory=lambda: AsyncClient(api_key=CANARY, base_url=url, **FAST),
+        client_factory=lambda: AsyncClient(api_key=CANARY, base_url=gateway_url, **FAST),
     )
     assert (report.credits, report.cost_unknown) == (8.0, 2)
 
@@ -487,19 +511,19 @@ def test_a_cost_the_gateway_does_not_state_is_unknown_not_zero(
 
 
 def test_a_refused_input_leaves_no_ledger_and_no_folder(
-    gw: MockGateway, url: str, tmp_path: Path
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
     out = tmp_path / "out"
-    refused = imggw("batch", str(bad), "-o", str(out), "--base-url", url)
+    refused = imggw("batch", str(bad), "-o", str(out), "--base-url", gateway_url)
     assert refused.code == 2
     assert not out.exists()
     kept = tmp_path / "kept"  # a folder that was there stays, with no ledger in it
     kept.mkdir()
-    assert imggw("batch", str(bad), "-o", str(kept), "--base-url", url).code == 2
+    assert imggw("batch", str(bad), "-o", str(kept), "--base-url", gateway_url).code == 2
     assert not (kept / LEDGER_NAME).exists()
-    assert gw.stats()["requests"] == {}
+    assert gateway.stats()["requests"] == {}
 
 
 WAL_BOUND = 1 << 20  # bytes

@@ -8,7 +8,6 @@ clock, what each holds, and a resumed run's learned durations, seeded from its l
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,18 +17,18 @@ import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RateLimit
 from imggw_client.batch import BatchInputError, _run
-from imggw_client.batch._admission import Charge, Room
+from imggw_client.batch._admission import Charge
 from imggw_client.batch._identity import FolderIdentity
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch._plan import BatchOptions
 from imggw_client.batch._report import BatchProgress
 from imggw_client.batch._run import Progress, execute, learn_from_ledger, local_guard
 from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
-from imggw_client.batch._store import LocalStore, RunLines, Workspace
+from imggw_client.batch._store import LocalStore, Workspace
 from imggw_client.mock import MockGateway
 from imggw_client.tracking._downloads import DownloadQueue
 
-from .ledgers import planned, row
+from .ledgers import planned, row, run_lines
 
 FAST = PollPolicy(initial_interval=0.01, max_interval=0.05)
 
@@ -42,11 +41,13 @@ def _workspace(folder: Path, ledger: Ledger) -> Workspace:
 
 
 @pytest.mark.anyio
-async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
+async def test_every_line_goes_through_the_loop_once_and_is_reported(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
-    async with gw.async_client(poll=FAST) as client:
+    async with gateway.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger:
             report = await execute(
                 ["a fox", "a cat", "an owl"],
@@ -55,7 +56,7 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
                 options=BatchOptions(concurrency=2),
             )
     assert report.counts == {LineState.SAVED: 3}
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
     rows = [json.loads(line) for line in report.manifest.read_text().splitlines()]
     assert [r["line"] for r in rows] == [1, 2, 3]
     assert all(r["files"] for r in rows)
@@ -64,16 +65,17 @@ async def test_every_line_goes_through_the_loop_once_and_is_reported(tmp_path: P
 
 
 @pytest.mark.anyio
-async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(tmp_path: Path) -> None:
-    gw = MockGateway()
+async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
-    async with gw.async_client(poll=FAST) as client:
+    async with gateway.async_client(poll=FAST) as client:
         with Ledger.open(folder) as ledger, pytest.raises(BatchInputError):
             await execute(
                 [{"prompt": ""}], _workspace(folder, ledger), client=client, options=BatchOptions()
             )
-    assert gw.stats()["tasks_created"] == 0
+    assert gateway.stats()["tasks_created"] == 0
     assert not (folder / LEDGER_NAME).exists()
 
 
@@ -100,14 +102,7 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
     monkeypatch.setattr(_run, "time", SimpleNamespace(monotonic=lambda: clock.now))
     seen: list[BatchProgress] = []
     with planned(tmp_path, [row(1), row(2)]) as ledger:
-        run = RunLines(
-            ledger,
-            ledger.totals(),
-            Room(tmp_path),
-            deadline=math.inf,
-            line_timeout=None,
-            redact=str,
-        )
+        run = run_lines(ledger, tmp_path)
         progress = Progress(seen.append, client(), run, DownloadQueue(), BatchOptions(), "beta")
         progress.report()
         clock.now += 0.1
@@ -124,14 +119,7 @@ async def test_snapshots_come_at_most_every_quarter_second_unless_forced(
 @pytest.mark.anyio
 async def test_a_snapshot_holds_the_lines_money_budget_queue_and_guard(tmp_path: Path) -> None:
     with planned(tmp_path, [row(1), row(2), row(3), row(4, SAVED, task_id="4")]) as ledger:
-        run = RunLines(
-            ledger,
-            ledger.totals(),
-            Room(tmp_path),
-            deadline=math.inf,
-            line_timeout=None,
-            redact=str,
-        )
+        run = run_lines(ledger, tmp_path)
         run.charged(Charge(), Charge(4.0, 0.01))
         first = ledger.rows()[0]
         run.move(first, RUNNING)

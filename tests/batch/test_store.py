@@ -31,7 +31,7 @@ from imggw_client._core.states import State, Work
 from imggw_client._core.surfaces import REDACTED
 from imggw_client._files import StorageError
 from imggw_client.batch import _store
-from imggw_client.batch._admission import BatchHooks, Charge, Room
+from imggw_client.batch._admission import BatchHooks, Charge
 from imggw_client.batch._gallery import GALLERY_NAME
 from imggw_client.batch._identity import RunIdentity
 from imggw_client.batch._ledger import STOPPED_BY, Ledger
@@ -61,7 +61,7 @@ from imggw_client.batch._store import (
 from imggw_client.mock import MockGateway
 from imggw_client.tracking._loop import Loop
 
-from .ledgers import planned, row
+from .ledgers import planned, row, run_lines
 
 QUERY = "GET /beta/v1/tasks/{id}"
 
@@ -69,14 +69,7 @@ QUERY = "GET /beta/v1/tasks/{id}"
 def store_over(
     tmp_path: Path, ledger: object, redact: object = str
 ) -> tuple[RunLines, LedgerStore]:
-    run = RunLines(
-        ledger,
-        ledger.totals(),
-        Room(tmp_path),  # type: ignore[attr-defined,arg-type]
-        deadline=math.inf,
-        line_timeout=None,
-        redact=redact,
-    )  # type: ignore[arg-type]
+    run = run_lines(ledger, tmp_path, redact=redact)  # type: ignore[arg-type]
     identity = RunIdentity("run", "digest", "beta", None)
     work = Workspace(tmp_path, ledger, identity, LocalStore(tmp_path))  # type: ignore[arg-type]
     return run, LedgerStore(run, work, "beta")
@@ -201,14 +194,7 @@ def run_over(
     line_timeout: float | None = None,
     redact=lambda text: text.replace("sk-secret", "***"),
 ) -> RunLines:
-    return RunLines(
-        ledger,
-        ledger.totals(),
-        Room(Path(".")),
-        deadline=deadline,
-        line_timeout=line_timeout,
-        redact=redact,
-    )
+    return run_lines(ledger, deadline=deadline, line_timeout=line_timeout, redact=redact)
 
 
 @pytest.mark.anyio  # a run's cancel scope belongs to its event loop

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from imggw_cli import _runtime
 from imggw_client import PollPolicy, _io_sync
-from imggw_client.mock import MockGateway
 
+from ..gateways import QUICK
 from .helpers import CANARY
 
 
@@ -37,10 +36,9 @@ def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
-    with gw.serve() as url:
-        yield gw, url
+def gateway_options() -> dict[str, Any]:
+    """The CLI tests' gateway (tests/gateways.py): quick tasks, for the canary key."""
+    return {"api_keys": [CANARY], **QUICK}
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ def posts(gw: MockGateway) -> int:
     return sum(n for route, n in gw.stats()["requests"].items() if route.startswith("POST"))
 
 
-def test_files_are_named_by_the_template(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
-    _gw, url = gateway
+def test_files_are_named_by_the_template(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _gw, url = served_gateway
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat", "id": "cat/../x"}\n{"prompt": "a dog", "id": "dog"}\n')
     out = tmp_path / "out"
@@ -39,9 +41,9 @@ def test_files_are_named_by_the_template(gateway: tuple[MockGateway, str], tmp_p
 
 
 def test_a_collision_exits_2_naming_the_lines_and_sends_nothing(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = tmp_path / "in.jsonl"
     source.write_text(
         "".join(

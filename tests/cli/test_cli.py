@@ -75,9 +75,9 @@ def test_global_options_before_or_after_the_command(tmp_path: Path, where: str) 
 
 @pytest.mark.slow
 def test_submit_status_poll_download_over_loopback(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     sub = imggw("submit", "a cat", "--base-url", url, "--json", "-r", "2K", "-a", "3:2")
     assert sub.code == 0, sub.err
     (record,) = sub.records()
@@ -114,8 +114,8 @@ def test_submit_status_poll_download_over_loopback(
     assert "image_url: http://127.0.0.1:" in human.out
 
 
-def test_alpha_surface_over_loopback(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+def test_alpha_surface_over_loopback(served_gateway: tuple[MockGateway, str]) -> None:
+    _, url = served_gateway
     sub = imggw("submit", "a cat", "--surface", "alpha", "--base-url", url, "--json")
     task_id = sub.records()[0]["task_id"]
     assert sub.records()[0]["surface"] == "alpha"
@@ -157,10 +157,10 @@ def test_exit_2_for_usage_and_invalid_requests(args: list[str]) -> None:
     assert run.err
 
 
-def test_exit_2_for_a_reused_key(gateway: tuple[MockGateway, str]) -> None:
+def test_exit_2_for_a_reused_key(served_gateway: tuple[MockGateway, str]) -> None:
     """The journal knows the key's request: another one is refused before it is sent
     (DESIGN 22), in the command line's words."""
-    gw, url = gateway
+    gw, url = served_gateway
     imggw("submit", "a cat", "--base-url", url, "--idempotency-key", "order-1")
     run = imggw("submit", "a dog", "--base-url", url, "--idempotency-key", "order-1")
     assert run.code == 2
@@ -208,9 +208,9 @@ def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
     ],
 )
 def test_exit_4_for_authentication_and_configuration(
-    gateway: tuple[MockGateway, str], env: dict[str, str | None], says: str
+    served_gateway: tuple[MockGateway, str], env: dict[str, str | None], says: str
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     run = imggw("status", "1", env={"IMGGW_BASE_URL": url, **env})
     assert run.code == 4
     assert says in run.err
@@ -254,8 +254,8 @@ def test_exit_5_for_an_unknown_submit_outcome_with_the_safe_retry(
     assert (stats["tasks_created"], stats["replays"]) == (1, 5)  # six attempts, one key, one task
 
 
-def test_verbose_logs_go_to_stderr_without_the_key(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+def test_verbose_logs_go_to_stderr_without_the_key(served_gateway: tuple[MockGateway, str]) -> None:
+    _, url = served_gateway
     run = imggw("submit", "a cat", "--base-url", url, "--verbose", "--json")
     assert run.code == 0
     assert "POST /beta/v1/images/generations -> 200" in run.err
@@ -269,9 +269,9 @@ def test_verbose_logs_go_to_stderr_without_the_key(gateway: tuple[MockGateway, s
 
 @pytest.mark.slow
 def test_download_reports_each_task_and_the_worst_exit(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     ok = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
     bad = imggw("submit", "a cat #fail", "--base-url", url, "--json").records()[0]["task_id"]
     imggw("poll", ok, "--base-url", url, "-q")
@@ -289,11 +289,11 @@ def test_download_reports_each_task_and_the_worst_exit(
 
 
 def test_a_failed_download_gives_no_hint_to_run_the_download_again(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
     """The "save its results with: imggw download" hint is for generate: after a failed
     imggw download it would name the command that just failed."""
-    _, url = gateway
+    _, url = served_gateway
     task_id = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
     assert imggw("poll", task_id, "--base-url", url, "-q").code == 0
     first = imggw("download", task_id, "--base-url", url, "-o", str(tmp_path))
@@ -307,9 +307,9 @@ def test_a_failed_download_gives_no_hint_to_run_the_download_again(
 
 
 def test_generate_checks_its_folder_before_paying_and_says_how_to_save_a_paid_result(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("mine")
     refused = imggw("generate", "a cat", "--base-url", url, "-o", str(a_file))

@@ -28,9 +28,9 @@ def finished_tasks(url: str, count: int) -> list[str]:
 
 
 def test_downloading_the_same_tasks_twice_exits_0_and_prints_the_records_both_times(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     ids = finished_tasks(url, 3)
     folder = tmp_path / "dl"
     first = imggw("download", *ids, "--base-url", url, "-o", str(folder), "--json")
@@ -52,9 +52,9 @@ def test_downloading_the_same_tasks_twice_exits_0_and_prints_the_records_both_ti
 
 
 def test_a_different_file_of_that_name_is_still_a_conflict(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     ok, other = finished_tasks(url, 2)
     first = imggw("download", ok, other, "--base-url", url, "-o", str(tmp_path), "--json")
     assert first.code == 0, first.err

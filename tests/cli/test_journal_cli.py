@@ -27,9 +27,9 @@ def journal_file() -> Path:
 
 
 def test_submit_records_before_sending_and_tasks_lists_it(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = journal_file()
     at_arrival: list[list[dict[str, Any]]] = []
     handle = gw.handle
@@ -81,9 +81,9 @@ def test_submit_records_before_sending_and_tasks_lists_it(
 
 @pytest.mark.parametrize("off", [["--no-journal"], ["--mock"]])
 def test_no_journal_is_kept_when_asked_or_for_mock_tasks(
-    gateway: tuple[MockGateway, str], off: list[str]
+    served_gateway: tuple[MockGateway, str], off: list[str]
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     args = ["submit", "a fox", *off] + ([] if "--mock" in off else ["--base-url", url])
     assert imggw(*args).code == 0
     assert not journal_file().exists()
@@ -93,9 +93,9 @@ def test_no_journal_is_kept_when_asked_or_for_mock_tasks(
 
 
 def test_imggw_journal_off_and_a_named_path(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     assert imggw("submit", "a", "--base-url", url, env={"IMGGW_JOURNAL": "off"}).code == 0
     assert not journal_file().exists()
     named = tmp_path / "mine.sqlite"
@@ -104,9 +104,9 @@ def test_imggw_journal_off_and_a_named_path(
 
 
 def test_a_default_journal_that_cannot_be_opened_warns_and_a_named_one_stops(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     blocked = tmp_path / "a-file"
     blocked.write_text("x")
     monkeypatch.setenv("XDG_STATE_HOME", str(blocked))  # a file where the folder would go
@@ -182,9 +182,9 @@ def test_collect_exits_3_while_tasks_run_and_1_when_one_failed(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_many_processes_at_once_share_the_default_journal(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     env = process_env(CANARY)
     procs = [
         subprocess.Popen(

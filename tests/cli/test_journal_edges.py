@@ -130,9 +130,9 @@ def _linked_folder(state: Path) -> None:
 @pytest.mark.parametrize("make", [_unsafe_folder, _planted_file, _linked_folder])
 @pytest.mark.parametrize("command", [["submit", "a fox", "--base-url"], ["tasks"]])
 def test_a_journal_others_could_write_exits_4_naming_it_and_sends_nothing(
-    gateway: tuple[MockGateway, str], tmp_path: Path, make: Any, command: list[str]
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, make: Any, command: list[str]
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     make(state)
@@ -146,9 +146,9 @@ def test_a_journal_others_could_write_exits_4_naming_it_and_sends_nothing(
 
 
 def test_a_relative_xdg_state_home_is_ignored(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(mode=0o700)
     work.mkdir()
@@ -163,9 +163,9 @@ def test_a_relative_xdg_state_home_is_ignored(
 
 
 def test_prune_removes_old_final_rows_and_says_how_many(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     saved = submitted(url, "saved long ago")
     assert imggw("download", saved, "--wait", "-o", str(tmp_path), "--base-url", url).code == 0
     running = submitted(url, "still to collect")  # never final: never pruned, however old
@@ -236,9 +236,9 @@ def planted(count: int, *, prompt: str = "prompt", files: list[str] | None = Non
 
 
 def test_tasks_shows_the_newest_50_under_a_header_and_says_how_many_more(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     submitted(url, "the very first")
     planted(99, prompt="a prompt of many words that goes on " * 5 + "\x1b[31mred")
     run = imggw("tasks")
@@ -263,9 +263,9 @@ def test_tasks_shows_the_newest_50_under_a_header_and_says_how_many_more(
 
 
 def test_tasks_refuses_an_unknown_state_and_all_with_limit(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     submitted(url)
     bad = imggw("tasks", "--state", "done")
     assert bad.code == 2
@@ -277,9 +277,9 @@ def test_tasks_refuses_an_unknown_state_and_all_with_limit(
 
 
 def test_tasks_shows_saved_paths_absolute(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     monkeypatch.chdir(tmp_path)
     made = imggw("generate", "a fox", "-o", "out", "--base-url", url)
     assert made.code == 0, made.err
@@ -291,8 +291,10 @@ def test_tasks_shows_saved_paths_absolute(
 
 
 @pytest.mark.slow
-def test_tasks_into_a_closed_pipe_ends_quietly_with_0(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+def test_tasks_into_a_closed_pipe_ends_quietly_with_0(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    _, url = served_gateway
     submitted(url)
     planted(5000, files=["/a/long/path/to/a/result/file-0.png"] * 4)
     for words in (
@@ -316,10 +318,12 @@ def test_tasks_into_a_closed_pipe_ends_quietly_with_0(gateway: tuple[MockGateway
 
 
 @pytest.mark.slow
-def test_tasks_on_100000_rows_reads_only_what_it_shows(gateway: tuple[MockGateway, str]) -> None:
+def test_tasks_on_100000_rows_reads_only_what_it_shows(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
     """The newest 50 of 100,000 rows: what is read is what is shown, whatever the journal
     holds (reading every row took 251 MiB and 8 s)."""
-    _, url = gateway
+    _, url = served_gateway
     submitted(url)
     planted(99_999, files=["/out/1-0.png"])
     # The peak of this process's own memory (VmHWM: getrusage's ru_maxrss would count the
@@ -350,9 +354,9 @@ def test_tasks_on_100000_rows_reads_only_what_it_shows(gateway: tuple[MockGatewa
 
 
 def test_download_from_tells_the_journal_and_collect_does_not_save_again(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     task_id = submitted(url)
     wait_done(url, task_id)
     ids = tmp_path / "ids.txt"
@@ -372,9 +376,9 @@ def test_download_from_tells_the_journal_and_collect_does_not_save_again(
 
 
 def test_status_and_download_tell_the_journal_what_they_see(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     task_id = submitted(url)
     wait_done(url, task_id)
     assert rows(journal_file())[0]["state"] == "pending"
@@ -407,13 +411,13 @@ def test_collect_says_how_many_tasks_belong_to_another_key_or_gateway(tmp_path: 
 
 
 def test_a_task_s_surface_is_looked_for_in_the_newest_rows_only(
-    gateway: tuple[MockGateway, str], monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``status ID`` finds the surface a task was submitted on in the journal: among the
     unfinished tasks, then the newest rows, never by reading a journal of any size whole."""
     from imggw_client.tracking import Journal
 
-    _, url = gateway
+    _, url = served_gateway
     task_id = submitted(url, "a fox", "--surface", "alpha")
     asked: list[dict[str, Any]] = []
     listed = Journal.tasks

@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -66,18 +65,14 @@ def steady(stdout: str) -> str:
     return re.sub(r"links expire in [^(]*\(", "links expire in ... (", stdout)
 
 
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[CANARY], duration_min=0.05, duration_max=0.15)
-    with gw.serve() as url:
-        yield gw, url
+pytestmark = pytest.mark.gateway(duration_min=0.05, duration_max=0.15)
 
 
 @pytest.mark.slow
 def test_generate_logs_json_objects_and_prints_the_same_stdout(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     # One idempotency key: the second run is the same task (replayed), so its stdout can be
     # compared byte for byte.
     same = [
@@ -110,9 +105,9 @@ def test_generate_logs_json_objects_and_prints_the_same_stdout(
 
 @pytest.mark.slow
 def test_the_environment_variable_asks_for_it_and_status_keeps_its_stdout(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     task_id = json.loads(run("submit", "a cat", "--base-url", url, "--json").stdout)["task_id"]
     run("poll", task_id, "--base-url", url, "-q")
     for data in ([], ["--json"]):
@@ -129,9 +124,9 @@ def test_the_environment_variable_asks_for_it_and_status_keeps_its_stdout(
 
 @pytest.mark.slow
 def test_a_refused_key_is_one_error_object_with_the_exit_code(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     text = run("submit", "a cat", "--base-url", url, IMGGW_API_KEY=WRONG)
     logged = run("submit", "a cat", "--base-url", url, "--log-format", "json", IMGGW_API_KEY=WRONG)
     assert text.returncode == logged.returncode == 4
@@ -148,9 +143,9 @@ def test_a_refused_key_is_one_error_object_with_the_exit_code(
 
 @pytest.mark.slow
 def test_verbose_puts_the_traceback_and_the_debug_logs_inside_objects(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     done = run("status", "1", "--base-url", url, "-v", "--log-format", "json", IMGGW_API_KEY=WRONG)
     assert done.returncode == 4
     records = objects(done.stderr)  # no "Traceback" line of its own: each line parses
@@ -165,9 +160,9 @@ def test_verbose_puts_the_traceback_and_the_debug_logs_inside_objects(
 
 @pytest.mark.slow
 def test_a_batch_logs_its_progress_with_counts_and_its_summary_as_one_object(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     source = tmp_path / "in.jsonl"
     source.write_text(
         '{"prompt": "a cat"}\n{"prompt": "a dog"}\n{"prompt": "x", "resolution": "9k"}\n'
@@ -208,9 +203,9 @@ def on_a_terminal(*args: str) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_on_a_terminal_too_there_is_no_live_display_only_objects(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a cat\na dog\n")
     code, out, err = on_a_terminal(
@@ -229,8 +224,8 @@ def test_on_a_terminal_too_there_is_no_live_display_only_objects(
 
 
 @pytest.mark.slow
-def test_usage_errors_are_objects_too(gateway: tuple[MockGateway, str]) -> None:
-    gw, url = gateway
+def test_usage_errors_are_objects_too(served_gateway: tuple[MockGateway, str]) -> None:
+    gw, url = served_gateway
     for args in (
         ["--rate", "abc", "submit", "a cat", "--base-url", url, "--log-format", "json"],
         ["submit", "a cat", "--base-url", url, "--log-format=json", "--query-rate", "0"],
@@ -247,8 +242,8 @@ def test_usage_errors_are_objects_too(gateway: tuple[MockGateway, str]) -> None:
 
 
 @pytest.mark.slow
-def test_a_bad_log_format_exits_2_with_one_line(gateway: tuple[MockGateway, str]) -> None:
-    gw, url = gateway
+def test_a_bad_log_format_exits_2_with_one_line(served_gateway: tuple[MockGateway, str]) -> None:
+    gw, url = served_gateway
     done = run("--log-format", "xml", "status", "1", "--base-url", url)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "error: --log-format must be text or json (got 'xml')\n"
@@ -304,10 +299,10 @@ def test_ctrl_c_or_sigterm_during_a_wait_is_an_interrupted_object_and_its_exit_c
 
 
 def test_each_command_in_one_process_starts_from_the_environment_again(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
     """In-process runs (tests, embedding): one command's --log-format json is not the next's."""
-    _, url = gateway
+    _, url = served_gateway
     logged = imggw("--log-format", "json", "status", "1", "--base-url", url)
     assert logged.code == 1  # no such task
     assert json.loads(logged.err)["event"] == "error"

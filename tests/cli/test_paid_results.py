@@ -152,9 +152,9 @@ def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) 
 
 
 def test_generate_refuses_a_folder_without_room_for_a_result_before_paying(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     real = shutil.disk_usage
 
     def nearly_full(path: Any) -> Any:
@@ -203,9 +203,9 @@ def test_json_poll_and_generate_print_the_record_of_a_failed_or_unfinished_task(
 
 
 def test_download_of_several_ids_exits_1_when_some_could_not_be_had(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
     run = imggw(
         "download",
@@ -229,9 +229,9 @@ def test_download_of_several_ids_exits_1_when_some_could_not_be_had(
 
 
 def test_a_base_url_with_a_wrong_path_says_so_and_bills_nothing(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     wrong = url + "/api"
     run = imggw("submit", "a cat", "--base-url", wrong)
     assert run.code == 4
@@ -244,9 +244,9 @@ def test_a_base_url_with_a_wrong_path_says_so_and_bills_nothing(
 
 
 def test_a_proxy_that_cannot_be_reached_is_named(
-    gateway: tuple[MockGateway, str], no_backoff: list[float]
+    served_gateway: tuple[MockGateway, str], no_backoff: list[float]
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     proxy = {
         "HTTP_PROXY": "http://user:secret-pass@127.0.0.1:9",
         "NO_PROXY": None,
@@ -276,9 +276,9 @@ def test_the_command_line_says_how_the_command_line_takes_its_key() -> None:
 
 
 def test_a_batch_folder_that_cannot_be_made_exits_4_like_one_that_cannot_be_written(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a fox\n")
     target = tmp_path / "ro" / "new"

@@ -113,9 +113,9 @@ def test_the_silence_events_are_json_objects(capsys: pytest.CaptureFixture[str])
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
 def test_a_bad_progress_every_exits_2_in_one_line_and_sends_nothing(
-    gateway: tuple[MockGateway, str], tmp_path: Path, value: str
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, value: str
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a cat\n")
     for command in (["batch", str(source)], ["download", "--from", str(source)]):

@@ -37,9 +37,9 @@ def lines_file(tmp_path: Path, *records: dict[str, Any]) -> Path:
 
 
 def test_a_resumed_batch_keeps_its_recorded_name_and_refuses_another(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = lines_file(tmp_path, {"prompt": "a cat", "id": "cat"})
     out = tmp_path / "out"
     first = imggw(
@@ -67,9 +67,9 @@ def test_a_resumed_batch_keeps_its_recorded_name_and_refuses_another(
 
 
 def test_a_folder_made_before_runs_kept_their_name_takes_name_as_given(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     source = lines_file(tmp_path, {"prompt": "a cat", "id": "cat"})
     out = tmp_path / "out"
     assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
@@ -129,8 +129,10 @@ def test_batch_status_resumes_with_the_recorded_input_and_name(tmp_path: Path) -
 # ---------------------------------------------------------------------------- (b) -q names failures
 
 
-def test_batch_q_names_the_failed_lines(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
-    _, url = gateway
+def test_batch_q_names_the_failed_lines(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a cat\na doomed dog #fail:content_policy\n")
     out = tmp_path / "out"
@@ -144,8 +146,10 @@ def test_batch_q_names_the_failed_lines(gateway: tuple[MockGateway, str], tmp_pa
     )
 
 
-def test_batch_q_counts_skipped_bad_lines(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
-    _, url = gateway
+def test_batch_q_counts_skipped_bad_lines(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat"}\n{"prompt": \n')
     out = tmp_path / "out"
@@ -164,9 +168,9 @@ def _shape(records: list[dict[str, Any]]) -> set[tuple[str, ...]]:
 
 
 def test_saved_files_have_one_json_shape_in_every_command(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     made = imggw("generate", "a fox", "-o", str(tmp_path / "g"), "--base-url", url, "--json")
     later = imggw("submit", "-q", "a cat", "--base-url", url).out.strip()
     collect_me = imggw("submit", "-q", "a dog", "--base-url", url).out.strip()
@@ -190,11 +194,11 @@ def test_saved_files_have_one_json_shape_in_every_command(
 
 
 def test_a_task_s_files_are_named_by_one_rule(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
     """``<task id>-<n>.<ext>`` for a task of the command's surface; a task of the other
     surface (whose ids may be the same) starts with ``<surface>-``."""
-    _, url = gateway
+    _, url = served_gateway
     made = imggw("generate", "a fox", "-o", str(tmp_path), "--base-url", url, "--json")
     (record,) = made.records()
     assert [Path(f["path"]).name for f in record["files"]] == [f"{record['task_id']}-0.png"]
@@ -219,9 +223,9 @@ def test_a_task_s_files_are_named_by_one_rule(
 
 
 def test_collect_names_a_task_of_the_command_s_surface_as_generate_does(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     task_id = imggw("submit", "-q", "a fox", "--base-url", url).out.strip()
     collected = imggw(
         "tasks", "collect", "-o", str(tmp_path), "--wait", "--base-url", url, "--json"

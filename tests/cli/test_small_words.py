@@ -36,8 +36,8 @@ def test_the_surface_takes_either_case_from_the_environment_or_the_option(
     assert sent.records()[0]["surface"] == surface
 
 
-def test_submit_q_prints_the_bare_task_id(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+def test_submit_q_prints_the_bare_task_id(served_gateway: tuple[MockGateway, str]) -> None:
+    _, url = served_gateway
     sent = imggw("submit", "-q", "a fox", "--base-url", url)
     assert sent.code == 0, sent.err
     task_id = sent.out.removesuffix("\n")
@@ -62,9 +62,9 @@ def _task_id_command(name: str, task_id: str, out: Path) -> list[str]:
 
 @pytest.mark.parametrize("command", ["status", "poll", "download"])
 def test_a_task_id_is_asked_on_the_surface_the_journal_recorded(
-    gateway: tuple[MockGateway, str], tmp_path: Path, command: str
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, command: str
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     sent = imggw("submit", "a fox", "--surface", "alpha", "--base-url", url, "--json")
     task_id = sent.records()[0]["task_id"]
     found = imggw(*_task_id_command(command, task_id, tmp_path / "a"), "--base-url", url, "--json")

@@ -22,9 +22,9 @@ REASON = "not UTF-8 text (invalid start byte)"
 
 @pytest.mark.parametrize("command", ["submit", "generate"])
 def test_a_prompt_that_is_not_utf8_exits_2_in_one_line(
-    gateway: tuple[MockGateway, str], tmp_path: Path, command: str
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, command: str
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     output = ["-o", str(tmp_path)] if command == "generate" else []
     run = imggw(command, "-", "--base-url", url, *output, stdin=NOT_UTF8)
     assert run.code == 2, run.err
@@ -37,9 +37,9 @@ def test_a_prompt_that_is_not_utf8_exits_2_in_one_line(
     "args", [["batch", "-"], ["download", "--from", "-"]], ids=["batch", "download"]
 )
 def test_batch_input_that_is_not_utf8_exits_2_like_a_file(
-    gateway: tuple[MockGateway, str], tmp_path: Path, args: list[str]
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, args: list[str]
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     run = imggw(*args, "-o", str(tmp_path / "piped"), "--base-url", url, stdin=NOT_UTF8)
     assert run.code == 2, run.err
     assert run.out == ""

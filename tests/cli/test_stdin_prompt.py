@@ -23,9 +23,9 @@ from .helpers import imggw
     ],
 )
 def test_submit_dash_submits_standard_input_less_one_trailing_newline(
-    gateway: tuple[MockGateway, str], stdin: str, prompt: str
+    served_gateway: tuple[MockGateway, str], stdin: str, prompt: str
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     first = imggw("submit", "-", "--base-url", url, "--json", stdin=stdin)
     assert first.code == 0, first.err
     record = first.records()[0]
@@ -45,9 +45,9 @@ def test_submit_dash_submits_standard_input_less_one_trailing_newline(
 
 
 def test_generate_dash_reads_the_prompt_from_standard_input(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     run = imggw(
         "generate",
         "-",
@@ -82,9 +82,9 @@ def test_generate_dash_reads_the_prompt_from_standard_input(
 )
 @pytest.mark.parametrize("command", ["submit", "generate"])
 def test_a_blank_standard_input_exits_2_and_sends_nothing(
-    gateway: tuple[MockGateway, str], tmp_path: Path, stdin: str, rule: str, command: str
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, stdin: str, rule: str, command: str
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     output = ["-o", str(tmp_path)] if command == "generate" else []
     run = imggw(command, "-", "--base-url", url, *output, stdin=stdin)
     assert run.code == 2

@@ -68,6 +68,7 @@ def huge_charges(base: list[str]) -> Any:
     return app
 
 
+# Not the shared family (tests/gateways.py): this gateway answers charges no MockGateway states.
 @pytest.fixture
 def gateway() -> Iterator[str]:
     base: list[str] = []

@@ -93,9 +93,9 @@ def test_task_record_adds_cost_credits_and_expires_at_to_the_pinned_fields() -> 
 
 @pytest.mark.slow
 def test_status_poll_and_generate_json_carry_cost_and_credits(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     task_id = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]
     poll = imggw("poll", task_id, "--base-url", url, "--json").records()[0]
     status = imggw("status", task_id, "--base-url", url, "--json").records()[0]
@@ -126,9 +126,9 @@ def expiring(monkeypatch: pytest.MonkeyPatch) -> datetime:
 
 @pytest.mark.slow
 def test_status_poll_and_generate_say_when_the_links_expire(
-    gateway: tuple[MockGateway, str], expiring: datetime, tmp_path: Path
+    served_gateway: tuple[MockGateway, str], expiring: datetime, tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     stamp = expiring.isoformat().replace("+00:00", "Z")
     line = f"links expire in 23 h 59 min ({stamp})"
     task_id = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]["task_id"]

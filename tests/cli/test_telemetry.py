@@ -43,9 +43,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 def test_generate_is_one_span_holding_its_submit_wait_and_download(
-    spans: InMemorySpanExporter, gateway: tuple[MockGateway, str], tmp_path: Path
+    spans: InMemorySpanExporter, served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     run = imggw("generate", PROMPT, "--base-url", url, "-o", str(tmp_path), "--json")
     assert run.code == 0, run.err
     (record,) = run.records()
@@ -76,9 +76,9 @@ def test_generate_is_one_span_holding_its_submit_wait_and_download(
 
 @pytest.mark.slow
 def test_a_download_that_fails_marks_the_generate_span(
-    spans: InMemorySpanExporter, gateway: tuple[MockGateway, str], tmp_path: Path
+    spans: InMemorySpanExporter, served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     (tmp_path / "file").write_text("")
     run = imggw("generate", "a cat", "--base-url", url, "-o", str(tmp_path / "file"))
     assert run.code == 2  # a file where the folder goes: refused before the submit

@@ -14,7 +14,7 @@ from imggw_client import __version__
 from imggw_client.mock import MockGateway
 from imggw_client.mock._asgi import serve_app
 
-from .helpers import CANARY, imggw
+from .helpers import imggw
 
 AGENT = f"imggw-cli/{__version__} imggw-python/{__version__}"
 
@@ -34,8 +34,7 @@ class AgentRecorder:
 
 
 @pytest.fixture
-def recorded() -> Iterator[tuple[AgentRecorder, str]]:
-    gateway = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.08)
+def recorded(gateway: MockGateway) -> Iterator[tuple[AgentRecorder, str]]:
     recorder = AgentRecorder(gateway.asgi())
     with serve_app(recorder) as url:
         yield recorder, url

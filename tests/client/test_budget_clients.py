@@ -289,10 +289,12 @@ def service_for(client: Driven, holder: Holder) -> Any:
 
 
 @pytest.mark.anyio
-async def test_both_clients_ask_a_shared_budget_for_every_request(client: Driven, gw: Any) -> None:
+async def test_both_clients_ask_a_shared_budget_for_every_request(
+    client: Driven, respx_gateway: Any
+) -> None:
     holder = Holder(first_wait=2.0)
     client.inner.share_budget(service_for(client, holder))
-    gw.get("/beta/v1/tasks/42").mock(
+    respx_gateway.get("/beta/v1/tasks/42").mock(
         side_effect=[beta_error(429, "rate_limited", retry_after="1"), beta_task("42")]
     )
     task = await client.get("42")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,24 +29,16 @@ from ..loopback import raw_server
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.05)
 
 
-@pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(duration_min=30, duration_max=30)  # tasks that stay running
-
-
-@pytest.fixture
-def url(gateway: MockGateway) -> Iterator[str]:
-    with gateway.serve() as base_url:
-        yield base_url
-
-
 # ---------------------------------------------------------------------------- with_options
 
 
-def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(url: str) -> None:
+pytestmark = pytest.mark.gateway(duration_min=30, duration_max=30)  # tasks that stay running
+
+
+def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(gateway_url: str) -> None:
     client = Client(
         api_key="test-key",
-        base_url=url,
+        base_url=gateway_url,
         timeout=30,
         poll=FAST,
         rate_limit=RateLimit(queries_per_second=50),
@@ -92,8 +83,8 @@ def test_with_options_checks_what_it_is_given(changes: dict[str, object]) -> Non
 
 
 @pytest.mark.anyio
-async def test_async_with_options_shares_the_budget(url: str) -> None:
-    async with AsyncClient(api_key="test-key", base_url=url) as client:
+async def test_async_with_options_shares_the_budget(gateway_url: str) -> None:
+    async with AsyncClient(api_key="test-key", base_url=gateway_url) as client:
         copy = client.with_options(timeout=3)
         assert copy._flows.budget is client._flows.budget
         assert copy._http is client._http
@@ -104,8 +95,8 @@ async def test_async_with_options_shares_the_budget(url: str) -> None:
 # ---------------------------------------------------------------------------- closing
 
 
-def test_a_closed_client_says_so_and_sends_nothing(gateway: MockGateway, url: str) -> None:
-    client = Client(api_key="test-key", base_url=url)
+def test_a_closed_client_says_so_and_sends_nothing(gateway: MockGateway, gateway_url: str) -> None:
+    client = Client(api_key="test-key", base_url=gateway_url)
     client.close()
     before = gateway.stats()["requests"]
     with pytest.raises(ClientClosedError):
@@ -115,8 +106,8 @@ def test_a_closed_client_says_so_and_sends_nothing(gateway: MockGateway, url: st
     assert gateway.stats()["requests"] == before
 
 
-def test_close_from_another_thread_ends_a_wait_with_an_imggw_error(url: str) -> None:
-    client = Client(api_key="test-key", base_url=url, poll=FAST)
+def test_close_from_another_thread_ends_a_wait_with_an_imggw_error(gateway_url: str) -> None:
+    client = Client(api_key="test-key", base_url=gateway_url, poll=FAST)
     sub = client.submit("a lighthouse")
     waiting = threading.Event()  # the wait has had its first answer: it is under way
 
@@ -134,8 +125,10 @@ def test_close_from_another_thread_ends_a_wait_with_an_imggw_error(url: str) -> 
 
 
 @pytest.mark.anyio
-async def test_close_from_another_task_ends_an_async_wait_with_an_imggw_error(url: str) -> None:
-    client = AsyncClient(api_key="test-key", base_url=url, poll=FAST)
+async def test_close_from_another_task_ends_an_async_wait_with_an_imggw_error(
+    gateway_url: str,
+) -> None:
+    client = AsyncClient(api_key="test-key", base_url=gateway_url, poll=FAST)
     sub = await client.submit("a lighthouse")
     waiting = asyncio.Event()  # the wait has had its first answer: it is under way
 
@@ -184,8 +177,10 @@ def test_a_submit_cut_short_by_close_keeps_its_key() -> None:
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.slow
-def test_an_async_client_works_under_a_second_event_loop(gateway: MockGateway, url: str) -> None:
-    client = AsyncClient(api_key="test-key", base_url=url)
+def test_an_async_client_works_under_a_second_event_loop(
+    gateway: MockGateway, gateway_url: str
+) -> None:
+    client = AsyncClient(api_key="test-key", base_url=gateway_url)
     first = asyncio.run(client.submit("a lighthouse"))
     second = asyncio.run(client.submit("a red fox"))  # the first loop, and its sockets, are gone
     assert first.task_id != second.task_id
@@ -197,10 +192,10 @@ def test_an_async_client_works_under_a_second_event_loop(gateway: MockGateway, u
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_callers_http_client_on_another_loop_is_refused_before_sending(
-    gateway: MockGateway, url: str
+    gateway: MockGateway, gateway_url: str
 ) -> None:
     http = httpx.AsyncClient()
-    client = AsyncClient(api_key="test-key", base_url=url, http_client=http)
+    client = AsyncClient(api_key="test-key", base_url=gateway_url, http_client=http)
     asyncio.run(client.submit("a lighthouse"))
     with pytest.raises(ConfigurationError, match="event loop"):
         asyncio.run(client.submit("a red fox"))
@@ -209,8 +204,7 @@ def test_a_callers_http_client_on_another_loop_is_refused_before_sending(
     gc.collect()  # the caller's client died with its loop: reported here, under these filters
 
 
-def test_a_gateway_wired_async_client_works_under_a_second_event_loop() -> None:
-    gateway = MockGateway(duration_min=30, duration_max=30)
+def test_a_gateway_wired_async_client_works_under_a_second_event_loop(gateway: MockGateway) -> None:
     client = gateway.async_client()
     asyncio.run(client.submit("a lighthouse"))
     asyncio.run(client.submit("a red fox"))
@@ -243,8 +237,7 @@ class Recording(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self.closed += 1
 
 
-def test_a_client_over_a_transport_owns_the_http_client_it_makes() -> None:
-    gateway = MockGateway(duration_min=30, duration_max=30)
+def test_a_client_over_a_transport_owns_the_http_client_it_makes(gateway: MockGateway) -> None:
     transport = Recording(gateway.transport())
     client = Client(
         api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
@@ -260,8 +253,9 @@ def test_a_client_over_a_transport_owns_the_http_client_it_makes() -> None:
 
 
 @pytest.mark.anyio
-async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes() -> None:
-    gateway = MockGateway(duration_min=30, duration_max=30)
+async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes(
+    gateway: MockGateway,
+) -> None:
     transport = Recording(gateway.transport())
     async with AsyncClient(
         api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
@@ -272,8 +266,9 @@ async def test_an_async_client_over_a_transport_owns_the_http_client_it_makes() 
     assert transport.closed == 1
 
 
-def test_an_async_client_over_a_transport_makes_its_http_client_again_on_a_new_loop() -> None:
-    gateway = MockGateway(duration_min=30, duration_max=30)
+def test_an_async_client_over_a_transport_makes_its_http_client_again_on_a_new_loop(
+    gateway: MockGateway,
+) -> None:
     transport = Recording(gateway.transport())
     client = AsyncClient(
         api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=transport
@@ -292,9 +287,11 @@ def test_an_async_client_over_a_transport_makes_its_http_client_again_on_a_new_l
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_pooling_transport_on_another_loop_is_refused_before_sending(
-    gateway: MockGateway, url: str
+    gateway: MockGateway, gateway_url: str
 ) -> None:
-    client = AsyncClient(api_key="test-key", base_url=url, transport=httpx.AsyncHTTPTransport())
+    client = AsyncClient(
+        api_key="test-key", base_url=gateway_url, transport=httpx.AsyncHTTPTransport()
+    )
     asyncio.run(client.submit("a lighthouse"))
     with pytest.raises(ConfigurationError, match="event loop"):
         asyncio.run(client.submit("a red fox"))  # its pool's sockets died with the first loop

@@ -44,9 +44,9 @@ ALPHA_SUBMIT = "/alpha/api/v1/jobs/createTask"
 
 
 async def test_beta_submit_sends_exactly_the_spec_request(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=beta_submitted("42"))
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_submitted("42"))
     sub = await client.submit("a red fox", aspect_ratio="16:9", resolution="2K")
     assert route.call_count == 1
     request = route.calls.last.request
@@ -73,9 +73,9 @@ async def test_beta_submit_sends_exactly_the_spec_request(
 
 
 async def test_alpha_submit_sends_exactly_the_spec_request(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.post(ALPHA_SUBMIT).mock(return_value=alpha_submitted("43"))
+    route = respx_gateway.post(ALPHA_SUBMIT).mock(return_value=alpha_submitted("43"))
     sub = await client.submit("a red fox", aspect_ratio="1:1", resolution="2k", surface="alpha")
     request = route.calls.last.request
     assert request.headers["authorization"] == f"Bearer {CANARY_KEY}"
@@ -87,16 +87,20 @@ async def test_alpha_submit_sends_exactly_the_spec_request(
     assert (sub.task_id, sub.surface) == ("43", "alpha")
 
 
-async def test_each_logical_submit_gets_its_own_key(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=beta_submitted())
+async def test_each_logical_submit_gets_its_own_key(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_submitted())
     await client.submit("one")
     await client.submit("one")
     keys = [c.request.headers["idempotency-key"] for c in route.calls]
     assert len(set(keys)) == 2
 
 
-async def test_callers_key_is_sent_as_given(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=beta_submitted())
+async def test_callers_key_is_sent_as_given(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_submitted())
     sub = await client.submit("x", idempotency_key="order-17/line-3")
     assert route.calls.last.request.headers["idempotency-key"] == "order-17/line-3"
     assert sub.idempotency_key == "order-17/line-3"
@@ -104,9 +108,9 @@ async def test_callers_key_is_sent_as_given(client: Driven, gw: respx.MockRouter
 
 @pytest.mark.parametrize("key", ["", "a" * 256, "bad\nkey", "ключ", " padded "])
 async def test_bad_callers_key_is_refused_before_sending(
-    client: Driven, gw: respx.MockRouter, key: str
+    client: Driven, respx_gateway: respx.MockRouter, key: str
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=beta_submitted())
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_submitted())
     with pytest.raises(RequestValidationError) as info:
         await client.submit("x", idempotency_key=key)
     assert info.value.field == "idempotency_key"
@@ -127,17 +131,19 @@ async def test_bad_callers_key_is_refused_before_sending(
     ],
 )
 async def test_invalid_requests_send_nothing(
-    client: Driven, gw: respx.MockRouter, kwargs: dict[str, str], field: str
+    client: Driven, respx_gateway: respx.MockRouter, kwargs: dict[str, str], field: str
 ) -> None:
-    gw.route().mock(return_value=beta_submitted())
+    respx_gateway.route().mock(return_value=beta_submitted())
     with pytest.raises(RequestValidationError) as info:
         await client.submit(**kwargs)
     assert info.value.field == field
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
-async def test_validate_false_sends_what_it_is_given(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=beta_error(422, "invalid_size"))
+async def test_validate_false_sends_what_it_is_given(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_error(422, "invalid_size"))
     with pytest.raises(InvalidRequestError) as info:
         await client.submit("x", aspect_ratio="7:5", resolution="8K", validate=False)
     assert body_of(route.calls.last.request)["size"] == "7:5"
@@ -155,13 +161,13 @@ async def test_validate_false_sends_what_it_is_given(client: Driven, gw: respx.M
     ],
 )
 async def test_validate_false_still_needs_text(
-    client: Driven, gw: respx.MockRouter, kwargs: dict[str, object], field: str
+    client: Driven, respx_gateway: respx.MockRouter, kwargs: dict[str, object], field: str
 ) -> None:
     arguments: dict[str, object] = {"prompt": "a cat", **kwargs}
     with pytest.raises(RequestValidationError) as info:
         await client.submit(arguments.pop("prompt"), validate=False, **arguments)
     assert info.value.field == field
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
 @pytest.mark.parametrize(
@@ -187,9 +193,9 @@ async def test_validate_false_still_needs_text(
     ),
 )
 async def test_retryable_submit_faults_are_retried_with_the_same_key_and_body(
-    client: Driven, gw: respx.MockRouter, fault: object
+    client: Driven, respx_gateway: respx.MockRouter, fault: object
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(side_effect=[fault, fault, beta_submitted("77")])
+    route = respx_gateway.post(BETA_SUBMIT).mock(side_effect=[fault, fault, beta_submitted("77")])
     sub = await client.submit("a cat")
     assert sub.task_id == "77"
     assert route.call_count == 3
@@ -211,9 +217,9 @@ async def test_retryable_submit_faults_are_retried_with_the_same_key_and_body(
     ],
 )
 async def test_non_retryable_submit_errors_are_raised_after_one_attempt(
-    client: Driven, gw: respx.MockRouter, fault: httpx.Response, cls: type
+    client: Driven, respx_gateway: respx.MockRouter, fault: httpx.Response, cls: type
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(return_value=fault)
+    route = respx_gateway.post(BETA_SUBMIT).mock(return_value=fault)
     with pytest.raises(cls) as info:
         await client.submit("a cat")
     assert route.call_count == 1
@@ -224,11 +230,13 @@ async def test_non_retryable_submit_errors_are_raised_after_one_attempt(
 
 @pytest.mark.parametrize("surface", ["alpha", "beta"])
 async def test_a_submit_answered_404_is_a_wrong_base_url_not_a_missing_task(
-    client: Driven, gw: respx.MockRouter, surface: str
+    client: Driven, respx_gateway: respx.MockRouter, surface: str
 ) -> None:
     # A submit names no task: only its route can be missing, which is the base URL's fault.
     fault = beta_error(404, "not_found") if surface == "beta" else alpha_error(404, "no route")
-    route = gw.post(BETA_SUBMIT if surface == "beta" else ALPHA_SUBMIT).mock(return_value=fault)
+    route = respx_gateway.post(BETA_SUBMIT if surface == "beta" else ALPHA_SUBMIT).mock(
+        return_value=fault
+    )
     with pytest.raises(ConfigurationError) as info:
         await client.submit("a cat", surface=surface)
     assert route.call_count == 1
@@ -238,31 +246,39 @@ async def test_a_submit_answered_404_is_a_wrong_base_url_not_a_missing_task(
     assert not isinstance(info.value, NotFoundError)
 
 
-async def test_alpha_error_on_http_200_is_detected(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.post(ALPHA_SUBMIT).mock(return_value=alpha_error(401, "bad key"))
+async def test_alpha_error_on_http_200_is_detected(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    route = respx_gateway.post(ALPHA_SUBMIT).mock(return_value=alpha_error(401, "bad key"))
     with pytest.raises(AuthenticationError) as info:
         await client.submit("a cat", surface="alpha")
     assert route.call_count == 1
     assert (info.value.status_code, info.value.surface) == (401, "alpha")
 
 
-async def test_alpha_key_reused_from_msg(client: Driven, gw: respx.MockRouter) -> None:
-    gw.post(ALPHA_SUBMIT).mock(return_value=alpha_error(422, "idempotency_key_reused: differs"))
+async def test_alpha_key_reused_from_msg(client: Driven, respx_gateway: respx.MockRouter) -> None:
+    respx_gateway.post(ALPHA_SUBMIT).mock(
+        return_value=alpha_error(422, "idempotency_key_reused: differs")
+    )
     with pytest.raises(IdempotencyConflictError) as info:
         await client.submit("a cat", surface="alpha")
     assert info.value.code == "idempotency_key_reused"
 
 
-async def test_alpha_retryable_body_code_on_http_200(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.post(ALPHA_SUBMIT).mock(side_effect=[alpha_error(500), alpha_submitted("5")])
+async def test_alpha_retryable_body_code_on_http_200(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    route = respx_gateway.post(ALPHA_SUBMIT).mock(
+        side_effect=[alpha_error(500), alpha_submitted("5")]
+    )
     assert (await client.submit("a cat", surface="alpha")).task_id == "5"
     assert route.call_count == 2
 
 
 async def test_exhausted_unknown_submit_raises_unknown_outcome_with_key_and_request(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(side_effect=httpx.ReadTimeout("slow"))
+    route = respx_gateway.post(BETA_SUBMIT).mock(side_effect=httpx.ReadTimeout("slow"))
     with pytest.raises(UnknownOutcomeError) as info:
         await client.submit("a cat", aspect_ratio="3:2", resolution="2k")
     err = info.value
@@ -278,7 +294,7 @@ async def test_exhausted_unknown_submit_raises_unknown_outcome_with_key_and_requ
     assert isinstance(err.__cause__, Exception)
 
     # Resuming with the key is the safe retry: same key, same body.
-    gw.post(BETA_SUBMIT).mock(return_value=beta_submitted("8"))
+    respx_gateway.post(BETA_SUBMIT).mock(return_value=beta_submitted("8"))
     sub = await client.submit(
         err.request.prompt,
         aspect_ratio=err.request.aspect_ratio,
@@ -290,18 +306,18 @@ async def test_exhausted_unknown_submit_raises_unknown_outcome_with_key_and_requ
 
 
 async def test_a_submit_that_never_left_is_a_connection_error_not_unknown(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post(BETA_SUBMIT).mock(side_effect=httpx.ConnectError("refused"))
+    respx_gateway.post(BETA_SUBMIT).mock(side_effect=httpx.ConnectError("refused"))
     with pytest.raises(APIConnectionError) as info:
         await client.submit("a cat")
     assert info.value.request_sent is False
 
 
 async def test_one_unknown_attempt_makes_the_whole_submit_unknown(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post(BETA_SUBMIT).mock(
+    respx_gateway.post(BETA_SUBMIT).mock(
         side_effect=[
             httpx.ReadTimeout("x"),
             httpx.ConnectError("y"),
@@ -314,9 +330,9 @@ async def test_one_unknown_attempt_makes_the_whole_submit_unknown(
 
 
 async def test_indeterminate_reason_stops_at_once_keeping_the_key(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(
+    route = respx_gateway.post(BETA_SUBMIT).mock(
         return_value=beta_error(500, "idempotency_result_indeterminate")
     )
     with pytest.raises(UnknownOutcomeError) as info:
@@ -325,8 +341,10 @@ async def test_indeterminate_reason_stops_at_once_keeping_the_key(
     assert info.value.code == "idempotency_result_indeterminate"
 
 
-async def test_retry_after_seconds_is_honoured(client: Driven, gw: respx.MockRouter) -> None:
-    gw.post(BETA_SUBMIT).mock(
+async def test_retry_after_seconds_is_honoured(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    respx_gateway.post(BETA_SUBMIT).mock(
         side_effect=[beta_error(429, "rate_limited", retry_after="7"), beta_submitted()]
     )
     await client.submit("a cat")
@@ -334,9 +352,11 @@ async def test_retry_after_seconds_is_honoured(client: Driven, gw: respx.MockRou
     assert 7.0 <= client.fake.slept[0] <= 7.7
 
 
-async def test_retry_after_http_date_is_honoured(client: Driven, gw: respx.MockRouter) -> None:
+async def test_retry_after_http_date_is_honoured(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
     when = email.utils.formatdate(time.time() + 20, usegmt=True)
-    gw.post(BETA_SUBMIT).mock(
+    respx_gateway.post(BETA_SUBMIT).mock(
         side_effect=[beta_error(503, "overloaded", retry_after=when), beta_submitted()]
     )
     await client.submit("a cat")
@@ -344,9 +364,9 @@ async def test_retry_after_http_date_is_honoured(client: Driven, gw: respx.MockR
 
 
 async def test_retry_after_beyond_the_cap_ends_in_rate_limit_error(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.post(BETA_SUBMIT).mock(
+    route = respx_gateway.post(BETA_SUBMIT).mock(
         return_value=beta_error(429, "rate_limited", retry_after="3600")
     )
     with pytest.raises(RateLimitError) as info:
@@ -357,14 +377,16 @@ async def test_retry_after_beyond_the_cap_ends_in_rate_limit_error(
 
 
 async def test_backoff_between_attempts_is_jittered_and_capped(
-    kind: str, fake_time: FakeTime, gw: respx.MockRouter
+    kind: str, fake_time: FakeTime, respx_gateway: respx.MockRouter
 ) -> None:
     from imggw_client import RetryPolicy
 
     driven = make_client(
         kind, fake_time, retry=RetryPolicy(max_attempts=8, initial_backoff=1.0, max_backoff=4.0)
     )
-    gw.get("/beta/v1/tasks/42").mock(side_effect=[httpx.Response(500)] * 7 + [beta_task("42")])
+    respx_gateway.get("/beta/v1/tasks/42").mock(
+        side_effect=[httpx.Response(500)] * 7 + [beta_task("42")]
+    )
     await driven.get("42")
     caps = [1.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]
     assert len(fake_time.slept) == 7
@@ -372,9 +394,13 @@ async def test_backoff_between_attempts_is_jittered_and_capped(
     await driven.close()
 
 
-async def test_get_sends_the_spec_queries(client: Driven, gw: respx.MockRouter) -> None:
-    beta = gw.get("/beta/v1/tasks/42").mock(return_value=beta_task("42", "processing", progress=40))
-    alpha = gw.get("/alpha/api/v1/jobs/recordInfo").mock(return_value=alpha_task("42", "waiting"))
+async def test_get_sends_the_spec_queries(client: Driven, respx_gateway: respx.MockRouter) -> None:
+    beta = respx_gateway.get("/beta/v1/tasks/42").mock(
+        return_value=beta_task("42", "processing", progress=40)
+    )
+    alpha = respx_gateway.get("/alpha/api/v1/jobs/recordInfo").mock(
+        return_value=alpha_task("42", "waiting")
+    )
     task_b = await client.get("42")
     task_a = await client.get("42", surface="alpha")
     assert beta.calls.last.request.headers["authorization"] == f"Bearer {CANARY_KEY}"
@@ -386,18 +412,18 @@ async def test_get_sends_the_spec_queries(client: Driven, gw: respx.MockRouter) 
 
 @pytest.mark.parametrize("task_id", ["0", "01", "../42", "42/../../x", "", "abc"])
 async def test_bad_task_ids_are_refused_before_sending(
-    client: Driven, gw: respx.MockRouter, task_id: str
+    client: Driven, respx_gateway: respx.MockRouter, task_id: str
 ) -> None:
     with pytest.raises(RequestValidationError) as info:
         await client.get(task_id)
     assert info.value.field == "task_id"
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
 async def test_get_retries_run_out_into_the_last_error(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.get("/beta/v1/tasks/42").mock(return_value=beta_error(502, "bad_gateway"))
+    route = respx_gateway.get("/beta/v1/tasks/42").mock(return_value=beta_error(502, "bad_gateway"))
     with pytest.raises(ServerError):
         await client.get("42")
     assert route.call_count == 4

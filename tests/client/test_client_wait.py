@@ -33,9 +33,9 @@ QUERY = "/beta/v1/tasks/42"
 
 
 async def test_wait_polls_until_success_and_reports_every_change(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.get(QUERY).mock(
+    route = respx_gateway.get(QUERY).mock(
         side_effect=[
             beta_task("42", "pending"),
             beta_task("42", "processing", progress=30),
@@ -56,10 +56,12 @@ async def test_wait_polls_until_success_and_reports_every_change(
 
 
 async def test_async_on_update_may_be_a_coroutine(
-    fake_time: FakeTime, gw: respx.MockRouter
+    fake_time: FakeTime, respx_gateway: respx.MockRouter
 ) -> None:
     client = make_client("async", fake_time)  # coroutine callbacks are an AsyncClient feature
-    gw.get(QUERY).mock(side_effect=[beta_task("42", "processing", progress=5), beta_done("42")])
+    respx_gateway.get(QUERY).mock(
+        side_effect=[beta_task("42", "processing", progress=5), beta_done("42")]
+    )
     seen: list[int | None] = []
 
     async def on_update(task: Task) -> None:
@@ -71,10 +73,10 @@ async def test_async_on_update_may_be_a_coroutine(
 
 
 async def test_wait_accepts_a_submission_and_keeps_its_surface(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post("/alpha/api/v1/jobs/createTask").mock(return_value=alpha_submitted("42"))
-    route = gw.get("/alpha/api/v1/jobs/recordInfo").mock(
+    respx_gateway.post("/alpha/api/v1/jobs/createTask").mock(return_value=alpha_submitted("42"))
+    route = respx_gateway.get("/alpha/api/v1/jobs/recordInfo").mock(
         side_effect=[alpha_task("42", "queuing"), alpha_task("42", "generating"), alpha_done("42")]
     )
     sub = await client.submit("a cat", surface="alpha")
@@ -86,9 +88,9 @@ async def test_wait_accepts_a_submission_and_keeps_its_surface(
 
 
 async def test_query_timeouts_and_5xx_are_retried_inside_the_wait(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.get(QUERY).mock(
+    route = respx_gateway.get(QUERY).mock(
         side_effect=[
             beta_task("42", "processing", progress=10),
             httpx.ReadTimeout("slow"),
@@ -106,9 +108,9 @@ async def test_query_timeouts_and_5xx_are_retried_inside_the_wait(
 
 
 async def test_terminal_failure_raises_task_failed_with_public_error(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.get(QUERY).mock(
+    route = respx_gateway.get(QUERY).mock(
         side_effect=[
             beta_task("42", "processing"),
             beta_task("42", "failed", error={"code": "content_policy", "message": "Refused."}),
@@ -123,8 +125,8 @@ async def test_terminal_failure_raises_task_failed_with_public_error(
     assert route.call_count == 2
 
 
-async def test_alpha_failure(client: Driven, gw: respx.MockRouter) -> None:
-    gw.get("/alpha/api/v1/jobs/recordInfo").mock(
+async def test_alpha_failure(client: Driven, respx_gateway: respx.MockRouter) -> None:
+    respx_gateway.get("/alpha/api/v1/jobs/recordInfo").mock(
         return_value=alpha_task("42", "fail", failCode="nsfw", failMsg="Not allowed.")
     )
     with pytest.raises(TaskFailedError) as info:
@@ -133,17 +135,17 @@ async def test_alpha_failure(client: Driven, gw: respx.MockRouter) -> None:
     assert info.value.task.error.code == "nsfw"
 
 
-async def test_cancelled_counts_as_failed(client: Driven, gw: respx.MockRouter) -> None:
-    gw.get(QUERY).mock(return_value=beta_task("42", "cancelled"))
+async def test_cancelled_counts_as_failed(client: Driven, respx_gateway: respx.MockRouter) -> None:
+    respx_gateway.get(QUERY).mock(return_value=beta_task("42", "cancelled"))
     with pytest.raises(TaskFailedError) as info:
         await client.wait("42")
     assert info.value.code == "cancelled"
 
 
 async def test_deadline_raises_wait_timeout_not_failure(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    route = gw.get(QUERY).mock(return_value=beta_task("42", "processing", progress=50))
+    route = respx_gateway.get(QUERY).mock(return_value=beta_task("42", "processing", progress=50))
     with pytest.raises(WaitTimeoutError) as info:
         await client.wait("42", wait_timeout=45)
     err = info.value
@@ -157,25 +159,29 @@ async def test_deadline_raises_wait_timeout_not_failure(
 
 
 async def test_unknown_state_is_active_until_the_deadline(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.get(QUERY).mock(return_value=beta_task("42", "warming_up"))
+    respx_gateway.get(QUERY).mock(return_value=beta_task("42", "warming_up"))
     with pytest.raises(WaitTimeoutError):
         await client.wait("42", wait_timeout=20)
 
 
-async def test_not_found_ends_the_wait(client: Driven, gw: respx.MockRouter) -> None:
-    route = gw.get(QUERY).mock(return_value=beta_error(404, "task_not_found"))
+async def test_not_found_ends_the_wait(client: Driven, respx_gateway: respx.MockRouter) -> None:
+    route = respx_gateway.get(QUERY).mock(return_value=beta_error(404, "task_not_found"))
     with pytest.raises(NotFoundError):
         await client.wait("42")
     assert route.call_count == 1
 
 
-async def test_generate_submits_once_and_waits(client: Driven, gw: respx.MockRouter) -> None:
-    submit = gw.post("/beta/v1/images/generations").mock(
+async def test_generate_submits_once_and_waits(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    submit = respx_gateway.post("/beta/v1/images/generations").mock(
         side_effect=[httpx.ReadTimeout("lost"), beta_submitted("42")]
     )
-    query = gw.get(QUERY).mock(side_effect=[beta_task("42", "processing"), beta_done("42")])
+    query = respx_gateway.get(QUERY).mock(
+        side_effect=[beta_task("42", "processing"), beta_done("42")]
+    )
     updates: list[TaskStatus] = []
     task = await client.generate("a cat", on_update=lambda t: updates.append(t.status))
     assert task.status is TaskStatus.SUCCEEDED
@@ -186,9 +192,13 @@ async def test_generate_submits_once_and_waits(client: Driven, gw: respx.MockRou
     assert updates == [TaskStatus.RUNNING, TaskStatus.SUCCEEDED]
 
 
-async def test_generate_timeout_never_resubmits(client: Driven, gw: respx.MockRouter) -> None:
-    submit = gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
-    gw.get(QUERY).mock(return_value=beta_task("42", "processing"))
+async def test_generate_timeout_never_resubmits(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    submit = respx_gateway.post("/beta/v1/images/generations").mock(
+        return_value=beta_submitted("42")
+    )
+    respx_gateway.get(QUERY).mock(return_value=beta_task("42", "processing"))
     with pytest.raises(WaitTimeoutError) as info:
         await client.generate("a cat", wait_timeout=30)
     assert submit.call_count == 1
@@ -196,29 +206,33 @@ async def test_generate_timeout_never_resubmits(client: Driven, gw: respx.MockRo
 
 
 @pytest.mark.parametrize("timeout", [-1, "soon", float("nan"), True])
-async def test_bad_wait_timeout(client: Driven, gw: respx.MockRouter, timeout: object) -> None:
+async def test_bad_wait_timeout(
+    client: Driven, respx_gateway: respx.MockRouter, timeout: object
+) -> None:
     from imggw_client import RequestValidationError
 
     with pytest.raises(RequestValidationError):
         await client.wait("42", wait_timeout=timeout)
     with pytest.raises(RequestValidationError):
         await client.generate("a cat", wait_timeout=timeout)  # refused before the (paid) submit
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
-async def test_generate_waits_before_its_first_query(client: Driven, gw: respx.MockRouter) -> None:
-    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
-    query = gw.get(QUERY).mock(return_value=beta_done("42"))
+async def test_generate_waits_before_its_first_query(
+    client: Driven, respx_gateway: respx.MockRouter
+) -> None:
+    respx_gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
+    query = respx_gateway.get(QUERY).mock(return_value=beta_done("42"))
     await client.generate("a cat")
     assert query.call_count == 1  # no query at t=0: the task was just created
     assert 0.8 <= client.fake.slept[0] <= 1.0
 
 
 async def test_waiting_on_a_fresh_submission_skips_the_pointless_first_query(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
-    query = gw.get(QUERY).mock(return_value=beta_done("42"))
+    respx_gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("42"))
+    query = respx_gateway.get(QUERY).mock(return_value=beta_done("42"))
     sub = await client.submit("a cat")
     client.fake.now += 0.3  # the caller did something else for a while
     await client.wait(sub)

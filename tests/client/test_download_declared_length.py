@@ -55,6 +55,7 @@ def chunked(body: bytes) -> Serve:
     return serve
 
 
+# Not the shared family (tests/gateways.py): it answers with crafted bytes (lengths that lie).
 def gateway(result: Serve, served: list[str]) -> Any:
     """Answers ``GET /beta/v1/tasks/8`` with a succeeded task whose one result link is
     ``/r/8``, and serves that link with ``result``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,6 +63,9 @@ FAILED = Task(
     error=TaskError(code="content_policy", message="refused"),
 )
 REQUEST = ImageRequest("a lighthouse", "3:2", "2k")
+
+
+pytestmark = pytest.mark.gateway(api_keys=[KEY], manual_clock=True)  # tasks run only when told
 
 
 def samples() -> dict[type[BaseException], ImggwError]:
@@ -182,17 +185,6 @@ def test_a_submission_leaves_its_monotonic_time_behind() -> None:
 # ---------------------------------------------------------------------------- over a socket
 
 
-@pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=[KEY], manual_clock=True)  # tasks run only when told
-
-
-@pytest.fixture
-def url(gateway: MockGateway) -> Iterator[str]:
-    with gateway.serve() as base_url:
-        yield base_url
-
-
 def queries(gateway: MockGateway, surface: spec.Surface) -> int:
     return int(gateway.stats()["requests"].get(f"GET {spec.of(surface).query_path}", 0))
 
@@ -207,14 +199,14 @@ def generate_in_a_child(url: str) -> Task:
 
 @pytest.mark.slow
 def test_a_child_process_wait_timeout_reaches_the_parent_whole(
-    gateway: MockGateway, url: str
+    gateway: MockGateway, gateway_url: str
 ) -> None:
     context = multiprocessing.get_context("spawn")  # no fork of a process with server threads
     with (
         ProcessPoolExecutor(max_workers=1, mp_context=context) as pool,
         pytest.raises(WaitTimeoutError) as info,  # before: BrokenProcessPool, the task id lost
     ):
-        pool.submit(generate_in_a_child, url).result(timeout=120)
+        pool.submit(generate_in_a_child, gateway_url).result(timeout=120)
     err = info.value
     assert err.task_id == "1"
     assert err.surface == "alpha"
@@ -224,7 +216,7 @@ def test_a_child_process_wait_timeout_reaches_the_parent_whole(
     assert err.last_task is not None
     assert err.last_task.status is TaskStatus.PENDING
     gateway.advance(3600)
-    with Client(api_key=KEY, base_url=url, poll=FAST) as client:  # beta by default
+    with Client(api_key=KEY, base_url=gateway_url, poll=FAST) as client:  # beta by default
         task = client.wait(err, wait_timeout=30)
     assert (task.id, task.surface, task.status) == ("1", "alpha", TaskStatus.SUCCEEDED)
     assert gateway.stats()["tasks_created"] == 1
@@ -234,9 +226,9 @@ def test_a_child_process_wait_timeout_reaches_the_parent_whole(
     "again", [lambda err: err, lambda err: err.submission], ids=["err", "err.submission"]
 )
 def test_waiting_again_asks_the_surface_of_the_call_that_timed_out(
-    gateway: MockGateway, url: str, again: Callable[[WaitTimeoutError], object]
+    gateway: MockGateway, gateway_url: str, again: Callable[[WaitTimeoutError], object]
 ) -> None:
-    with Client(api_key=KEY, base_url=url, poll=FAST) as client:
+    with Client(api_key=KEY, base_url=gateway_url, poll=FAST) as client:
         assert client.surface == "beta"
         with pytest.raises(WaitTimeoutError) as info:
             client.generate("a lighthouse", surface="alpha", wait_timeout=0.05)
@@ -246,8 +238,10 @@ def test_waiting_again_asks_the_surface_of_the_call_that_timed_out(
     assert queries(gateway, "beta") == 0  # beta would answer 404, which invites a resubmit
 
 
-def test_a_wait_on_a_task_id_times_out_with_its_surface(gateway: MockGateway, url: str) -> None:
-    with Client(api_key=KEY, base_url=url, poll=FAST) as client:
+def test_a_wait_on_a_task_id_times_out_with_its_surface(
+    gateway: MockGateway, gateway_url: str
+) -> None:
+    with Client(api_key=KEY, base_url=gateway_url, poll=FAST) as client:
         sub = client.submit("a lighthouse", surface="alpha")
         with pytest.raises(WaitTimeoutError) as info:
             client.wait(sub.task_id, surface="alpha", wait_timeout=0.05)
@@ -259,10 +253,10 @@ def test_a_wait_on_a_task_id_times_out_with_its_surface(gateway: MockGateway, ur
 
 
 def test_an_unknown_outcome_is_resent_on_its_surface_and_replayed(
-    gateway: MockGateway, url: str
+    gateway: MockGateway, gateway_url: str
 ) -> None:
     gateway.configure(fault_rate=1.0, faults=("lost",))  # made, then the answer is lost
-    with Client(api_key=KEY, base_url=url, retry=RetryPolicy(max_attempts=1)) as client:
+    with Client(api_key=KEY, base_url=gateway_url, retry=RetryPolicy(max_attempts=1)) as client:
         with pytest.raises(UnknownOutcomeError) as info:
             client.submit("a lighthouse", aspect_ratio="3:2", resolution="2k", surface="alpha")
         err = pickle.loads(pickle.dumps(info.value))  # from another process, say

@@ -99,6 +99,8 @@ def handler(gw: Gateway) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+# Not the shared family (tests/gateways.py): a plain threading server of our own, whose state a
+# forked child and its parent reach over the same socket, whatever the child inherited.
 @pytest.fixture
 def gateway() -> Iterator[tuple[Gateway, str]]:
     gw = Gateway()

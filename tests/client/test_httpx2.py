@@ -10,7 +10,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,13 @@ from ..loopback import tcp_listener
 if sys.version_info >= (3, 11):
     import httpx2
 
+KEY = "sk-httpx2-canary-4d7e1b"
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(sys.version_info < (3, 11), reason="httpx2 needs Python 3.11 or newer"),
+    pytest.mark.gateway(api_keys=[KEY], duration_min=0.02, duration_max=0.1),
 ]
 
-KEY = "sk-httpx2-canary-4d7e1b"
 FAST = {
     "retry": RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.02),
     "poll": PollPolicy(initial_interval=0.01, max_interval=0.05),
@@ -74,12 +75,6 @@ def imggw(kind: str, http: Any, base_url: str, **options: Any) -> Driven:
 
 
 @pytest.fixture
-def gateway(shared_serve: Callable[[MockGateway], str]) -> tuple[MockGateway, str]:
-    mock = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.1)
-    return mock, shared_serve(mock)
-
-
-@pytest.fixture
 def refused() -> str:
     """A loopback URL nothing listens on: every connection is refused."""
     with socket.socket() as sock:
@@ -103,9 +98,9 @@ def mute() -> Iterator[str]:
 
 
 async def test_submit_wait_and_download_through_an_httpx2_client(
-    kind: str, gateway: tuple[MockGateway, str], tmp_path: Path
+    kind: str, gateway: MockGateway, shared_gateway_url: str, tmp_path: Path
 ) -> None:
-    mock, url = gateway
+    mock, url = gateway, shared_gateway_url
     seen: list[Any] = []
     http = their_client(kind, httpx2, seen, headers={"User-Agent": "my-app/3"})
     client = imggw(kind, http, url)
@@ -128,9 +123,9 @@ async def test_submit_wait_and_download_through_an_httpx2_client(
 
 
 async def test_httpx2s_own_user_agent_is_replaced_by_ours(
-    kind: str, gateway: tuple[MockGateway, str]
+    kind: str, gateway: MockGateway, shared_gateway_url: str
 ) -> None:
-    _, url = gateway
+    _, url = gateway, shared_gateway_url
     seen: list[Any] = []
     http = their_client(kind, httpx2, seen)
     client = imggw(kind, http, url)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -21,8 +22,7 @@ from ..cli.helpers import imggw
 FAST = PollPolicy(initial_interval=0.01, max_interval=0.05)
 
 
-def gateway() -> MockGateway:
-    return MockGateway(duration_min=0.01, duration_max=0.02, retry_after=0, latency=0.0)
+pytestmark = pytest.mark.gateway(duration_min=0.01, duration_max=0.02, retry_after=0, latency=0.0)
 
 
 def secrets_of(url: str) -> list[str]:
@@ -31,9 +31,9 @@ def secrets_of(url: str) -> list[str]:
 
 
 def test_a_downloaded_links_query_is_in_no_record(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     caplog.set_level(logging.DEBUG)
     with gw.client(poll=FAST) as client:
         task = client.generate("a cat")
@@ -53,9 +53,9 @@ def test_a_downloaded_links_query_is_in_no_record(
 
 @pytest.mark.anyio
 async def test_the_async_client_hides_it_too(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_gateway: Callable[..., MockGateway], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gw = gateway()
+    gw = make_gateway()
     caplog.set_level(logging.DEBUG)
     async with gw.async_client(poll=FAST) as client:
         task = await client.generate("a cat")

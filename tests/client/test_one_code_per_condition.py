@@ -91,10 +91,12 @@ def test_a_reason_of_its_own_is_kept() -> None:
 
 @pytest.mark.parametrize(("status", "code"), SAME_CODE)
 async def test_a_query_refused_on_either_surface_has_one_code(
-    client: Driven, gw: respx.MockRouter, status: int, code: str
+    client: Driven, respx_gateway: respx.MockRouter, status: int, code: str
 ) -> None:
-    gw.get(spec.of("alpha").query_path).mock(return_value=alpha_error(status, "refused", status))
-    gw.get(url__regex=r"/beta/v1/tasks/\d+$").mock(return_value=beta_error(status, code))
+    respx_gateway.get(spec.of("alpha").query_path).mock(
+        return_value=alpha_error(status, "refused", status)
+    )
+    respx_gateway.get(url__regex=r"/beta/v1/tasks/\d+$").mock(return_value=beta_error(status, code))
     codes = []
     for surface in ("alpha", "beta"):
         with pytest.raises(ImggwError) as info:

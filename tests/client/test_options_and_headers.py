@@ -40,6 +40,9 @@ OURS = f"imggw-python/{imggw_client.__version__}"
 Head = tuple[str, str, list[tuple[str, str]]]  # method, path, headers in the order sent
 
 
+pytestmark = pytest.mark.gateway(api_keys=[KEY, OTHER_KEY], duration_min=0.05, duration_max=0.1)
+
+
 class Recording:
     """The reference gateway, with the head of every request it is sent (results included)."""
 
@@ -70,11 +73,6 @@ class Recording:
 
 
 @pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=[KEY, OTHER_KEY], duration_min=0.05, duration_max=0.1)
-
-
-@pytest.fixture
 def recording(gateway: MockGateway) -> Recording:
     return Recording(gateway)
 
@@ -82,11 +80,6 @@ def recording(gateway: MockGateway) -> Recording:
 @pytest.fixture
 def url(recording: Recording, shared_serve: Callable[[Any], str]) -> str:
     return shared_serve(recording)
-
-
-@pytest.fixture(params=["sync", "async"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 async def using(kind: str, url: str, act: Callable[[Any], Any], **options: Any) -> Any:
@@ -414,10 +407,10 @@ def test_a_timeout_that_would_let_a_request_hang_is_refused(bad: Any) -> None:
 
 @pytest.mark.anyio
 async def test_wait_timeout_is_the_waits_deadline_whatever_the_request_timeout(
-    kind: str, fake_time: Any, gw: respx.MockRouter
+    kind: str, fake_time: Any, respx_gateway: respx.MockRouter
 ) -> None:
-    gw.post("/beta/v1/images/generations").mock(return_value=beta_submitted())
-    gw.get("/beta/v1/tasks/42").mock(return_value=beta_task())  # running for ever
+    respx_gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted())
+    respx_gateway.get("/beta/v1/tasks/42").mock(return_value=beta_task())  # running for ever
     client = make_client(kind, fake_time)
     quick = Driven(client.inner.with_options(timeout=1), fake_time)
     start = fake_time.now
@@ -465,7 +458,7 @@ async def test_async_timeout_on_a_wait_warns_at_the_callers_line_too() -> None:
 
 @pytest.mark.anyio
 async def test_wait_timeout_and_a_different_deprecated_timeout_together_are_refused(
-    client: Driven, gw: respx.MockRouter
+    client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -477,7 +470,7 @@ async def test_wait_timeout_and_a_different_deprecated_timeout_together_are_refu
     with pytest.raises(RequestValidationError) as bad:
         await client.wait("42", wait_timeout=-1)
     assert bad.value.field == "wait_timeout"
-    assert len(gw.calls) == 0
+    assert len(respx_gateway.calls) == 0
 
 
 def test_a_copy_for_another_gateway_or_key_tells_that_gateways_silence_not_this_ones() -> None:

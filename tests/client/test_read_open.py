@@ -32,13 +32,19 @@ from imggw_client.mock import MockGateway
 from ..conftest import PNG
 from ..loopback import raw_server
 
-pytestmark = pytest.mark.anyio
-
 KEY = "test-key"
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.05)
 QUICK_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)
 RESULTS = "GET /results/{token}"
 QUERY = "GET /beta/v1/tasks/{id}"
+
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.gateway(
+        api_keys=[KEY], duration_min=0, duration_max=0, manual_clock=True, link_ttl=60
+    ),
+]
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -86,19 +92,6 @@ def served(answers: Callable[[int, bytes], bytes]) -> Callable[[socket.socket, i
 # ---------------------------------------------------------------------------- the gateway
 
 
-@pytest.fixture
-def gateway() -> MockGateway:
-    # Tasks finish at once; links last 60 s of the gateway's own (manual) clock.
-    return MockGateway(
-        api_keys=[KEY], duration_min=0, duration_max=0, manual_clock=True, link_ttl=60
-    )
-
-
-@pytest.fixture
-def url(gateway: MockGateway, shared_serve: Callable[[Any], str]) -> str:
-    return shared_serve(gateway)
-
-
 def finished_task(gateway: MockGateway, url: str) -> Task:
     with Client(api_key=KEY, base_url=url, poll=FAST) as client:
         return client.generate("a fox")
@@ -109,16 +102,16 @@ async def test_the_result_is_the_downloads_very_bytes_and_nothing_is_written(
     kind: str,
     method: str,
     gateway: MockGateway,
-    url: str,
+    shared_gateway_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    task = finished_task(gateway, url)
-    with Client(api_key=KEY, base_url=url) as client:
+    task = finished_task(gateway, shared_gateway_url)
+    with Client(api_key=KEY, base_url=shared_gateway_url) as client:
         saved = client.download(task, tmp_path / "saved")[0]
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    got = await call(kind, url, method, task)
+    got = await call(kind, shared_gateway_url, method, task)
     data = got[0] if method == "open" else got
     assert hashlib.sha256(data).hexdigest() == saved.sha256
     assert data.startswith(b"\x89PNG")
@@ -130,12 +123,12 @@ async def test_the_result_is_the_downloads_very_bytes_and_nothing_is_written(
 
 @pytest.mark.parametrize("method", ["read", "open"])
 async def test_a_dead_link_is_asked_for_again_and_the_fresh_one_read(
-    kind: str, method: str, gateway: MockGateway, url: str
+    kind: str, method: str, gateway: MockGateway, shared_gateway_url: str
 ) -> None:
-    task = finished_task(gateway, url)
+    task = finished_task(gateway, shared_gateway_url)
     gateway.advance(120)  # its link has expired (403), the result is still kept
     before = gateway.stats()["requests"]
-    got = await call(kind, url, method, task)
+    got = await call(kind, shared_gateway_url, method, task)
     data = got[0] if method == "open" else got
     assert data.startswith(b"\x89PNG")
     after = gateway.stats()["requests"]
@@ -144,12 +137,12 @@ async def test_a_dead_link_is_asked_for_again_and_the_fresh_one_read(
 
 
 async def test_a_result_gone_from_the_gateway_is_expired(
-    kind: str, gateway: MockGateway, url: str
+    kind: str, gateway: MockGateway, shared_gateway_url: str
 ) -> None:
-    task = finished_task(gateway, url)
+    task = finished_task(gateway, shared_gateway_url)
     gateway.advance(gateway.config.retention + 1)
     with pytest.raises(ResultExpiredError):
-        await call(kind, url, "read", task)
+        await call(kind, shared_gateway_url, "read", task)
 
 
 async def test_a_large_result_is_held_in_a_temporary_file_deleted_with_the_block(

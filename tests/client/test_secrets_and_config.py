@@ -27,7 +27,10 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_the_key_never_appears_in_errors_reprs_or_debug_logs(
-    client: Driven, gw: respx.MockRouter, caplog: pytest.LogCaptureFixture, tmp_path: Path
+    client: Driven,
+    respx_gateway: respx.MockRouter,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
     echo = f"key {CANARY_KEY} was refused"  # a gateway that (wrongly) echoes the key
@@ -53,8 +56,8 @@ async def test_the_key_never_appears_in_errors_reprs_or_debug_logs(
             assert isinstance(fault, httpx.Response)
             return httpx.Response(fault.status_code, headers=fault.headers, content=fault.content)
 
-        gw.post("/beta/v1/images/generations").mock(side_effect=answer)
-        gw.get("/beta/v1/tasks/42").mock(side_effect=answer)
+        respx_gateway.post("/beta/v1/images/generations").mock(side_effect=answer)
+        respx_gateway.get("/beta/v1/tasks/42").mock(side_effect=answer)
         for call in (lambda: client.submit("p"), lambda: client.wait("42", wait_timeout=0)):
             try:
                 await call()

@@ -28,8 +28,6 @@ from imggw_client.mock import IN_PROCESS_URL, MockGateway
 from ..conftest import Driven
 from .helpers import png_size
 
-pytestmark = pytest.mark.anyio
-
 FAST = {
     "poll": PollPolicy(initial_interval=0.01, max_interval=0.05),
     "retry": RetryPolicy(max_attempts=6, initial_backoff=0.01, max_backoff=0.05),
@@ -37,14 +35,15 @@ FAST = {
 QUICK = {"duration_min": 0.02, "duration_max": 0.1}
 
 
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.gateway(api_keys=["test-key", "someone-else"], seed=5, **QUICK),
+]
+
+
 @pytest.fixture(params=["in-process", "loopback"])
 def where(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def gateway() -> MockGateway:
-    return MockGateway(api_keys=["test-key", "someone-else"], seed=5, **QUICK)
 
 
 @pytest.fixture

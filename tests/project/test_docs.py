@@ -15,7 +15,6 @@ import subprocess
 import symtable
 import sys
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,6 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 KEY = "sk-docs-key-7d1e"
 # What the blocks' environment must not inherit from the shell running the tests.
-UNSET = ("IMGGW_JOURNAL", "IMGGW_SURFACE", "IMGGW_LOG", "IMGGW_LOG_FORMAT", "IMGGW_RATE_STORE")
 # The Quickstart's first command: a fresh clone to a saved image, with no key and no network.
 FIRST_STEP = (
     "python3 -m venv .venv && .venv/bin/pip install -q -e . && "
@@ -119,20 +117,6 @@ def close_clients(namespace: dict[str, object]) -> None:
             anyio.run(value.close)
 
 
-@pytest.fixture
-def docs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MockGateway]:
-    """A reference gateway on 127.0.0.1, named by the environment as a user's would be; the
-    blocks run in an empty folder."""
-    gateway = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-    with gateway.serve() as url:
-        monkeypatch.setenv("IMGGW_API_KEY", KEY)
-        monkeypatch.setenv("IMGGW_BASE_URL", url)
-        for name in UNSET:
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.chdir(tmp_path)
-        yield gateway
-
-
 def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
@@ -141,9 +125,10 @@ RUN_PAGES = [page for page in PAGES if any(b.lang == "python" for b in blocks(pa
 
 
 # Seconds a page: the blocks wait on real tasks over a socket, with the default poll policy.
+@pytest.mark.gateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES, ids=page_id)
-def test_every_python_block_of_the_page_runs(page: Path, docs_env: MockGateway) -> None:
+def test_every_python_block_of_the_page_runs(page: Path, env_gateway: MockGateway) -> None:
     ran = run_page(page, Path.cwd())
     assert ran > 0, f"{page_id(page)}: every python block is marked not run"
 

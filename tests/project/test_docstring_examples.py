@@ -52,7 +52,6 @@ KEY = "sk-docstring-examples-51c3"
 # The longest a block may take: each waits on tasks of tens of milliseconds.
 LONGEST = 60.0
 NOT_RUN = re.compile(r"# not run: \S.*")
-UNSET = ("IMGGW_JOURNAL", "IMGGW_SURFACE", "IMGGW_LOG", "IMGGW_LOG_FORMAT", "IMGGW_RATE_STORE")
 
 
 @dataclass(frozen=True)
@@ -217,27 +216,15 @@ def run(example: Example, namespace: dict[str, Any]) -> None:
                 value.close()
 
 
-@pytest.fixture
-def example_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MockGateway]:
-    """A reference gateway on 127.0.0.1 named by the environment; an empty folder to run in."""
-    gateway = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, seed=3)
-    with gateway.serve() as url:
-        monkeypatch.setenv("IMGGW_API_KEY", KEY)
-        monkeypatch.setenv("IMGGW_BASE_URL", url)
-        for name in UNSET:
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.chdir(tmp_path)
-        yield gateway
-
-
 # Seconds in all: each block waits on real tasks over a socket.
+@pytest.mark.gateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05, seed=3)
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
-def test_the_example_runs(example: Example, example_env: MockGateway, tmp_path: Path) -> None:
+def test_the_example_runs(example: Example, env_gateway: MockGateway, tmp_path: Path) -> None:
     if NOT_RUN.match(example.code):
         compile(example.code, example.name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         return
-    run(example, setting(example_env, tmp_path))
+    run(example, setting(env_gateway, tmp_path))
 
 
 def test_examples_not_run_are_few_and_each_says_why() -> None:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from imggw_client.mock import MockGateway
 
-# Seconds a test: each example in a process of its own (the slow lane, tests/conftest.py).
-pytestmark = pytest.mark.slow
-
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 KEY = "sk-example-key-0123"
+# Seconds a test: each example in a process of its own (the slow lane, tests/conftest.py).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.gateway(api_keys=[KEY], duration_min=0.05, duration_max=0.3),
+]
 
 
 def run(script: str, *args: str, url: str, key: str = KEY) -> subprocess.CompletedProcess[str]:
@@ -32,15 +32,8 @@ def run(script: str, *args: str, url: str, key: str = KEY) -> subprocess.Complet
     )
 
 
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.3)
-    with gw.serve() as url:
-        yield gw, url
-
-
-def test_sync_generate(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
-    gw, url = gateway
+def test_sync_generate(served_gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
+    gw, url = served_gateway
     done = run("sync_generate.py", "a lighthouse", "--out", str(tmp_path), url=url)
     assert done.returncode == 0, done.stderr
     assert "succeeded; credits 8.0" in done.stdout
@@ -48,8 +41,8 @@ def test_sync_generate(gateway: tuple[MockGateway, str], tmp_path: Path) -> None
     assert gw.stats()["tasks_created"] == 1
 
 
-def test_async_many(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
-    gw, url = gateway
+def test_async_many(served_gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
+    gw, url = served_gateway
     gw.configure(fault_rate=0.2, faults=["503", "lost", "latency"], latency=0.05, retry_after=0)
     done = run(
         "async_many.py", "--count", "12", "--concurrency", "4", "--out", str(tmp_path), url=url
@@ -60,8 +53,8 @@ def test_async_many(gateway: tuple[MockGateway, str], tmp_path: Path) -> None:
     assert gw.stats()["tasks_created"] == 12  # faults, yet exactly once
 
 
-def test_custom_http_client(gateway: tuple[MockGateway, str]) -> None:
-    _, url = gateway
+def test_custom_http_client(served_gateway: tuple[MockGateway, str]) -> None:
+    _, url = served_gateway
     done = run("custom_http_client.py", "a red fox", url=url)
     assert done.returncode == 0, done.stderr
     assert "succeeded" in done.stdout
@@ -88,9 +81,9 @@ def test_errors_and_resume_waits_again_on_the_same_task() -> None:
     ],
 )
 def test_errors_and_resume_reports_each_outcome(
-    gateway: tuple[MockGateway, str], prompt: str, key: str, code: int, says: str
+    served_gateway: tuple[MockGateway, str], prompt: str, key: str, code: int, says: str
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     done = run("errors_and_resume.py", prompt, url=url, key=key)
     assert done.returncode == code, done.stderr
     assert says in done.stderr

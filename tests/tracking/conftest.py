@@ -1,18 +1,14 @@
-"""The gateway most journal tests run against: quick tasks, on loopback."""
+"""The gateway most journal tests run against (tests/gateways.py): quick tasks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
-
-from imggw_client.mock import MockGateway
 
 from ..journals import KEY
 
 
 @pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.2)
-    with gw.serve() as url:
-        yield gw, url
+def gateway_options() -> dict[str, Any]:
+    return {"api_keys": [KEY], "duration_min": 0.05, "duration_max": 0.2}

@@ -23,11 +23,11 @@ from ..journals import FAST, KEY, rows
 
 @pytest.fixture
 def locked_after_send(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[MockGateway, str, Path]]:
     """A gateway whose first submit, once it arrives (its row committed), finds the journal
     locked by another connection until the test ends; the journal waits 0.2 s for a lock."""
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     monkeypatch.setattr(_journal, "BUSY_TIMEOUT_MS", 200)
     holder: list[sqlite3.Connection] = []
@@ -87,9 +87,9 @@ def test_an_async_submit_too(
 
 
 def test_a_submits_own_row_that_cannot_be_written_is_an_error_before_sending(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     monkeypatch.setattr(_journal, "BUSY_TIMEOUT_MS", 200)
     with Client(KEY, url, poll=FAST, journal=path) as client:

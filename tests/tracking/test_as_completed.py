@@ -38,11 +38,9 @@ KEY = "sk-completed-0b8e2f4a6c1d3957"
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 
 
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.05, duration_max=0.5, failure_rate=0.3)
-    with gw.serve() as url:
-        yield gw, url
+pytestmark = pytest.mark.gateway(
+    api_keys=[KEY], seed=5, duration_min=0.05, duration_max=0.5, failure_rate=0.3
+)
 
 
 def finished_by(gw: MockGateway) -> dict[str, float]:
@@ -62,9 +60,9 @@ def finished_by(gw: MockGateway) -> dict[str, float]:
 
 
 def test_sync_yields_every_task_once_as_it_finishes_failed_ones_included(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     with Client(KEY, url, poll=FAST) as client:
         subs = [client.submit(f"p{i}") for i in range(30)]
         order = finished_by(gw)
@@ -87,9 +85,9 @@ def test_sync_yields_every_task_once_as_it_finishes_failed_ones_included(
 
 
 def test_async_yields_every_task_once_and_shares_one_budget(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
 
     async def main() -> list[Task]:
         async with AsyncClient(KEY, url, poll=FAST) as client:
@@ -193,9 +191,9 @@ async def test_one_task_left_running_is_named_as_a_single_wait_names_it(
 
 
 def test_an_unknown_task_id_is_that_tasks_outcome_and_the_others_go_on(
-    gateway: tuple[MockGateway, str], caplog: pytest.LogCaptureFixture
+    served_gateway: tuple[MockGateway, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     with Client(KEY, url, poll=FAST) as client:
         sub = client.submit("a fox")
         got = {task.id: task for task in client.as_completed(["999999", sub])}
@@ -219,9 +217,9 @@ def test_an_unknown_task_id_is_that_tasks_outcome_and_the_others_go_on(
 
 
 def test_an_error_of_the_whole_client_still_ends_the_call(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     refused = Client("sk-not-this-gateways-key", url, poll=FAST)
     with refused, pytest.raises(AuthenticationError):
         list(refused.as_completed(["1", "2", "3"]))
@@ -288,8 +286,10 @@ async def test_the_start_up_pattern_saves_every_result_left_and_reports_the_rest
 
 
 @pytest.mark.slow
-def test_on_submit_sees_the_submission_before_any_wait(gateway: tuple[MockGateway, str]) -> None:
-    gw, url = gateway
+def test_on_submit_sees_the_submission_before_any_wait(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gw, url = served_gateway
     queries_at_callback: list[int] = []
     subs: list[Submission] = []
 

@@ -43,6 +43,8 @@ anyio.run(main)
 """
 
 
+# Beside its test, not in tests/gateways.py: a gateway that holds the hold-th submit until the
+# app it answers is killed (tests/held.py).
 @contextlib.contextmanager
 def gateway(hold: int, seed: int) -> Iterator[tuple[MockGateway, Holder, str]]:
     gw = MockGateway(api_keys=[KEY], seed=seed, duration_min=0.2, duration_max=1.5)

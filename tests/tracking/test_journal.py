@@ -32,9 +32,9 @@ from ..journals import FAST, KEY, rows
 
 
 def test_the_row_is_on_disk_before_the_submit_reaches_the_gateway(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "journal.sqlite"
     seen_at_arrival: list[list[dict[str, Any]]] = []
     keys: list[str] = []
@@ -69,9 +69,9 @@ def test_the_row_is_on_disk_before_the_submit_reaches_the_gateway(
 
 
 def test_entries_say_what_the_design_pins_newest_first(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     with Client(KEY, url, poll=FAST, journal=tmp_path / "j.sqlite") as client:
         first = client.generate("first", resolution="2k", aspect_ratio="3:2")
         second = client.submit("second")
@@ -96,9 +96,9 @@ def test_entries_say_what_the_design_pins_newest_first(
 
 
 def test_without_a_journal_nothing_is_written(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     monkeypatch.delenv("IMGGW_JOURNAL", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -111,9 +111,12 @@ def test_without_a_journal_nothing_is_written(
 
 @pytest.mark.parametrize("value", ["off", "OFF", ""])
 def test_imggw_journal_names_one_for_every_client_or_none(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+    served_gateway: tuple[MockGateway, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    value: str,
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "env" / "journal.sqlite"
     monkeypatch.setenv("IMGGW_JOURNAL", str(path))
     with Client(KEY, url, poll=FAST) as client:
@@ -127,9 +130,9 @@ def test_imggw_journal_names_one_for_every_client_or_none(
 
 
 def test_the_file_is_private_and_a_planted_link_is_refused_before_sending(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "state" / "imggw" / "journal.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         client.submit("a fox")
@@ -153,9 +156,9 @@ def test_the_file_is_private_and_a_planted_link_is_refused_before_sending(
 
 
 def test_a_named_journal_that_cannot_be_written_is_an_error_before_anything_is_sent(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     in_the_way = tmp_path / "a-file"
     in_the_way.write_text("x")
     with pytest.raises(ConfigurationError) as refused:
@@ -179,9 +182,9 @@ def test_a_submit_the_gateway_refuses_leaves_no_row(tmp_path: Path) -> None:
 
 
 def test_a_status_seen_by_get_and_a_gateway_going_back_are_recorded_by_the_table(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "j.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         sub = client.submit("a fox")
@@ -196,9 +199,9 @@ def test_a_status_seen_by_get_and_a_gateway_going_back_are_recorded_by_the_table
 
 @pytest.mark.slow
 def test_processes_share_one_journal_without_locking_errors(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "shared.sqlite"
     script = (
         "import sys\n"
@@ -222,9 +225,9 @@ def test_processes_share_one_journal_without_locking_errors(
 
 
 def test_threads_of_one_client_and_an_async_client_record_every_task(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "j.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         threads = [threading.Thread(target=client.submit, args=(f"t{i}",)) for i in range(8)]
@@ -247,9 +250,9 @@ def test_threads_of_one_client_and_an_async_client_record_every_task(
 
 
 def test_a_journal_passed_in_is_the_callers_to_close(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     journal = Journal(tmp_path / "j.sqlite")
     with Client(KEY, url, poll=FAST, journal=journal) as client:
         client.submit("one")

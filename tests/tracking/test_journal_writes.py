@@ -41,11 +41,11 @@ def data_version(observer: sqlite3.Connection) -> int:
 
 
 def test_an_async_clients_writes_stay_on_the_loops_thread(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hop to a worker thread cost about 0.3 ms a write (1.4 ms a task, over the target):
     only the first write (a checkpoint, which syncs) leaves the loop's thread."""
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "j.sqlite"
     journal = Journal(path)
     hops: list[str] = []
@@ -71,12 +71,12 @@ def test_an_async_clients_writes_stay_on_the_loops_thread(
 
 
 def test_a_busy_file_sends_the_write_to_a_worker_thread_and_the_submit_waits_for_it(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another process holds the write lock: the submit's row waits for it off the loop (the
     busy timeout), other work on the loop goes on, and the request leaves only once the row
     is committed."""
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     journal = Journal(path)
     at_arrival: dict[str, list[dict[str, Any]]] = {}
@@ -195,9 +195,9 @@ def test_a_due_checkpoint_goes_to_one_write_and_the_loops_other_writes_go_on(
 
 
 def test_a_status_seen_again_is_not_written_and_a_new_link_expiry_is(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     path = tmp_path / "j.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         task = client.wait(client.submit("a fox"))
@@ -282,12 +282,12 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
 
 
 def test_an_async_client_made_inside_a_loop_never_opens_its_journal_there(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another process holds the file (a journal in the old rollback mode, locked while it is
     opened): the constructor returns at once; the first submit opens it in a worker thread,
     the loop runs meanwhile, and the request leaves once its row is committed."""
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_MS", 5_000)
     locker = sqlite3.connect(path, isolation_level=None)

@@ -99,9 +99,9 @@ def test_within_the_window_the_same_row_is_resent_and_billed_once(tmp_path: Path
 
 
 def test_a_resend_keeps_the_rows_first_send_time(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         first = client.submit("a fox")

@@ -129,9 +129,9 @@ def test_a_lease_is_free_when_lapsed_or_its_process_is_gone(
 
 
 def test_a_live_process_renews_its_leases(
-    gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, url = gateway
+    _, url = served_gateway
     monkeypatch.setattr(_lease, "RENEW_EVERY", 0.01)
     path = tmp_path / "j.sqlite"
 

@@ -59,9 +59,9 @@ def test_a_refusal_or_a_request_that_never_left_removes_only_the_row_its_own_cal
 
 
 def test_a_retyped_prompt_reusing_a_journaled_key_is_refused_before_sending_and_the_paid_row_stays(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     key = "fox-key-0123456789abcdef"
     with Client(KEY, url) as bare:  # the fox's submit left and was paid; its answer was lost

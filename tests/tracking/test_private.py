@@ -64,9 +64,9 @@ UNSAFE: list[tuple[Plant, str]] = [
 
 @pytest.mark.parametrize(("plant", "problem"), UNSAFE)
 def test_a_journal_another_user_could_write_is_refused_before_sending(
-    gateway: tuple[MockGateway, str], tmp_path: Path, plant: Plant, problem: str
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, plant: Plant, problem: str
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = plant(tmp_path)
     with pytest.raises(ConfigurationError) as refused:
         Client(KEY, url, journal=path)

@@ -62,9 +62,9 @@ def plant(path: Path, key: str, **columns: Any) -> None:
 
 @pytest.fixture
 def journal_with_damage(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> tuple[MockGateway, str, Path, list[str]]:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     with Client(KEY, url, poll=FAST, journal=path) as client:
         good = [client.submit("a fox").task_id, client.submit("an owl").task_id]

@@ -31,9 +31,9 @@ def _collect(url: str, journal: Path, dest: Path, **kw: object) -> tuple[Collect
 
 
 def test_collect_saves_every_journaled_task_and_resends_a_lost_submit_with_its_key(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
 
     async def submit() -> None:
@@ -131,11 +131,11 @@ def test_an_unexpected_fault_is_logged_without_the_key(
 
 
 def test_a_collect_removes_the_partial_files_a_killed_collect_left(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
     import os
 
-    _, url = gateway
+    _, url = served_gateway
     out = tmp_path / "out"
     out.mkdir()
     old = [out / ".123-0.deadbeef.part", out / ".alpha-9-1.0123abcd.part"]
@@ -155,9 +155,9 @@ def test_a_collect_removes_the_partial_files_a_killed_collect_left(
 
 
 def test_a_collect_counts_the_unfinished_tasks_of_other_keys_and_gateways(
-    gateway: tuple[MockGateway, str], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     gw.configure(api_keys=[KEY, "sk-another-key-000000000"])
 

@@ -6,7 +6,6 @@ gateway; what it receives is read off its wire."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,12 @@ LINES = [2, 4, 7, 8]
 IDENTITIES = {("id:c", 2), ("id:p", 4), ("line:3", 7), ("id:h", 8)}
 
 
-@pytest.fixture
-def gw() -> MockGateway:
-    return MockGateway(api_keys=[KEY], seed=3, duration_min=0.05, duration_max=0.2)
+pytestmark = pytest.mark.gateway(api_keys=[KEY], seed=3, duration_min=0.05, duration_max=0.2)
 
 
 @pytest.fixture
-def wire(gw: MockGateway) -> Wire:
-    return Wire(gw)
-
-
-@pytest.fixture
-def url(gw: MockGateway, wire: Wire) -> Iterator[str]:
-    with gw.serve() as base_url:
-        yield base_url
+def wire(gateway: MockGateway) -> Wire:
+    return Wire(gateway)
 
 
 def identities(out: Path) -> set[tuple[str, int]]:
@@ -60,13 +51,15 @@ def manifest(out: Path) -> list[dict[str, Any]]:
 
 
 def test_shards_take_each_record_where_it_begins_and_send_it_once_whole(
-    gw: MockGateway, wire: Wire, tmp_path: Path
+    gateway: MockGateway, wire: Wire, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.csv"
     source.write_text(CSV)
     out = tmp_path / "out"
     reports = [
-        run_shard(source, out, index=i, count=2, client_factory=lambda: gw.async_client(**FAST))
+        run_shard(
+            source, out, index=i, count=2, client_factory=lambda: gateway.async_client(**FAST)
+        )
         for i in (1, 2)
     ]
     assert [r.counts for r in reports] == [{"saved": 2}, {"saved": 2}]  # c and p; dog and owl
@@ -76,14 +69,16 @@ def test_shards_take_each_record_where_it_begins_and_send_it_once_whole(
     assert [(r["line"], r["prompt"]) for r in manifest(out)] == list(
         zip(LINES, PROMPTS, strict=True)
     )
-    again = run_shard(source, out, index=2, count=2, client_factory=lambda: gw.async_client(**FAST))
+    again = run_shard(
+        source, out, index=2, count=2, client_factory=lambda: gateway.async_client(**FAST)
+    )
     assert (again.counts, again.changed_count) == ({"saved": 2}, 0)
     assert len(wire.submits) == 4
 
 
 @pytest.mark.slow
 def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
-    gw: MockGateway, wire: Wire, url: str, dask_client: Any, tmp_path: Path
+    gateway: MockGateway, wire: Wire, gateway_url: str, dask_client: Any, tmp_path: Path
 ) -> None:
     source = tmp_path / "prompts.txt"  # not named .csv: --format says it
     source.write_text(CSV)
@@ -101,7 +96,7 @@ def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
         "--shard-size",
         "3",
         "--base-url",
-        url,
+        gateway_url,
         "--format",
         "csv",
     ]
@@ -120,7 +115,7 @@ def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
         out,
         address=dask_client.scheduler.address,
         shard_size=3,
-        client=ClientSpec(base_url=url, **FAST),
+        client=ClientSpec(base_url=gateway_url, **FAST),
         format="csv",
         on_progress=seen.append,
         progress_every=0.05,
@@ -129,4 +124,4 @@ def test_the_dask_engine_cuts_csv_into_slices_that_keep_every_record_whole(
     assert seen
     assert {p.total for p in seen} == {4}  # each record counted once, in one shard
     assert len(wire.submits) == 4  # nothing sent again
-    assert gw.stats()["tasks_created"] == 4
+    assert gateway.stats()["tasks_created"] == 4

@@ -44,12 +44,7 @@ from ...loopback import redis_server
 from .conftest import FAST, KEY, check_from_storage, write_prompts
 from .faults import ShardRaises
 
-
-@pytest.fixture
-def gateway() -> Iterator[tuple[MockGateway, str]]:
-    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6)
-    with gw.serve() as url:
-        yield gw, url
+pytestmark = pytest.mark.gateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6)
 
 
 TERMINAL = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
@@ -60,12 +55,12 @@ def spec(url: str) -> ClientSpec:
 
 
 def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     lines = 60
     fired = tmp_path / "fault-fired"
     # One try of shard 2 raises after 3 lines; the plugin is on every worker, restarted ones too.
@@ -127,9 +122,9 @@ def test_a_worker_killed_mid_run_and_a_shard_that_raises_bill_every_line_once(
 
 
 def test_s3_output_folder_on_a_local_moto_server(
-    gateway: tuple[MockGateway, str], dask_client: Any, s3: dict[str, Any], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], dask_client: Any, s3: dict[str, Any], tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     import fsspec
 
     source = write_prompts(tmp_path / "in.jsonl", 20)
@@ -287,11 +282,11 @@ SUBMIT = "POST /beta/v1/images/generations"
 
 @pytest.mark.anyio
 async def test_a_shard_that_raises_with_requests_in_flight_gives_back_their_slots(
-    gateway: tuple[MockGateway, str], monkeypatch: pytest.MonkeyPatch
+    served_gateway: tuple[MockGateway, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 39: a shard that raised on a live worker cancelled its requests in flight, whose
     # slots no one gave back: held 900 s (TICKET_TTL), enough of them stalled every worker.
-    gw, url = gateway
+    gw, url = served_gateway
     plugin = BudgetPlugin()
     plugin.handle("run", "open", limit={})
     service = OnScheduler(plugin, expect=3)
@@ -349,9 +344,9 @@ async def test_a_worker_waiting_for_a_slot_is_answered_when_it_frees_not_polled(
 
 
 def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
-    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+    served_gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = write_prompts(tmp_path / "in.jsonl", 6)
     out = tmp_path / "out"
     command = [
@@ -394,7 +389,7 @@ def test_a_changed_input_is_refused_before_dispatch_and_run_with_allow_changes(
 
 
 def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
-    gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -402,7 +397,7 @@ def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
     """A driver without the key leaves it to the workers, which record theirs; a driver with a
     key refuses a folder made with another before any shard is dispatched (a rotated key would
     otherwise mark every line not_found)."""
-    gw, url = gateway
+    gw, url = served_gateway
     source = write_prompts(tmp_path / "in.jsonl", 4)
     out = tmp_path / "out"
     monkeypatch.delenv("IMGGW_API_KEY")  # the driver's own environment only
@@ -433,9 +428,9 @@ def test_the_runs_key_is_recorded_and_a_folder_made_with_another_is_refused(
 
 
 def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
-    gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+    served_gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = tmp_path / "in.txt"
     # Comments and blank lines fall in every slice of 3 physical lines.
     source.write_text("# cats\na\n\nb\n# dogs\nc\nd\n\ne\nf\n")
@@ -474,9 +469,9 @@ def test_lines_are_known_by_entry_across_slices_so_comments_change_nothing(
 @pytest.mark.dask  # starts a LocalCluster of its own
 @pytest.mark.slow
 def test_workers_starts_and_stops_a_local_cluster(
-    gateway: tuple[MockGateway, str], worker_env: None, tmp_path: Path
+    served_gateway: tuple[MockGateway, str], worker_env: None, tmp_path: Path
 ) -> None:
-    gw, url = gateway
+    gw, url = served_gateway
     source = write_prompts(tmp_path / "in.jsonl", 4)
     result = CliRunner().invoke(
         app,

@@ -9,7 +9,6 @@ import math
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from imggw_client.batch._plan import Scan, scan_input
 from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway
 
-from ...loopback import mock_serve_process
 from .conftest import FAST, KEY, check_from_storage, local_env, write_prompts
 
 IMGGW = [sys.executable, "-m", "imggw_cli"]
@@ -87,29 +85,16 @@ def test_concurrent_first_runs_agree_on_one_run_id(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / RUN_NAME).read_text())["run_id"] == won[0][0].run_id
 
 
-@pytest.fixture
-def gateway_process() -> Iterator[str]:
-    options = [
-        "--api-key",
-        KEY,
-        "--seed",
-        "5",
-        "--duration-min",
-        "0.1",
-        "--duration-max",
-        "0.4",
-        "--fault-rate",
-        "0.1",
-        "--faults",
-        "lost,reset,503",
-        "--retry-after",
-        "0",
-    ]
-    with mock_serve_process(options, local_env()) as url:
-        yield url
-
-
 @pytest.mark.slow
+@pytest.mark.gateway(
+    api_keys=[KEY],
+    seed=5,
+    duration_min=0.1,
+    duration_max=0.4,
+    fault_rate=0.1,
+    faults=["lost", "reset", "503"],
+    retry_after=0,
+)
 def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
     gateway_process: str, tmp_path: Path
 ) -> None:
