@@ -25,7 +25,7 @@ from imggw_client.batch._admission import Charge, Spending, Verdict, reported, s
 from imggw_client.batch._plan import Caps
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
-from ..cli.helpers import CANARY, imggw
+from ..cli.helpers import CANARY, imggw, imggw_batch
 from ..loopback import serve_asgi
 
 FAST = {
@@ -77,12 +77,9 @@ def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised
 ) -> None:
     source = prompts(tmp_path / "in.txt", 1000)  # 4 credits a line at 1k
     out = tmp_path / "out"
-    first = imggw(
-        "batch",
-        str(source),
-        "-o",
-        str(out),
-        "--base-url",
+    first = imggw_batch(
+        source,
+        out,
         gateway_url,
         "--max-credits",
         "40",
@@ -97,14 +94,10 @@ def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised
     rows = manifest(out)
     assert sum(r["status"] == "succeeded" for r in rows) == 10  # what was paid for is saved
     assert len(list(out.glob("*.png"))) == 10
-    again = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--max-credits", "40"
-    )
+    again = imggw_batch(source, out, gateway_url, "--max-credits", "40")
     assert again.code == 6
     assert gateway.stats()["tasks_created"] == 10  # the same cap: nothing more
-    more = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--max-credits", "80"
-    )
+    more = imggw_batch(source, out, gateway_url, "--max-credits", "80")
     assert more.code == 6
     assert gateway.stats()["tasks_created"] == 20
     assert gateway.stats()["billing"][fingerprint(CANARY)]["credits"] == 80  # none billed twice
@@ -382,7 +375,7 @@ def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_
     source = prompts(tmp_path / "in.txt", 9)
     out = tmp_path / "out"
     with gw.serve() as url:
-        run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-c", "3")
+        run = imggw_batch(source, out, url, "-c", "3")
         assert run.code == 6, run.err
         assert gw.stats()["tasks_created"] == 5
         assert "stopped by the gateway (insufficient_credits)" in run.err
@@ -390,7 +383,7 @@ def test_a_balance_that_runs_out_stops_submits_saves_what_was_made_and_a_top_up_
         assert len(list(out.glob("*.png"))) == 5
         assert gw.stats()["balances"] == {next(iter(gw.stats()["balances"])): 0.0}
         gw.configure(credits=100)
-        again = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+        again = imggw_batch(source, out, url)
         assert again.code == 0, again.err
     assert gw.stats()["tasks_created"] == 9
     assert len(list(out.glob("*.png"))) == 9
@@ -455,9 +448,7 @@ def test_a_dry_run_sends_nothing_and_says_what_a_run_would_do(
 ) -> None:
     source = prompts(tmp_path / "in.txt", 12)
     out = tmp_path / "out"
-    fresh = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--dry-run", "--json"
-    )
+    fresh = imggw_batch(source, out, gateway_url, "--dry-run", "--json")
     assert fresh.code == 0, fresh.err
     assert gateway.stats()["requests"] == {}
     assert not out.exists()  # nothing kept either

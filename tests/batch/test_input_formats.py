@@ -17,7 +17,7 @@ from imggw_client.batch import BatchInputError, BatchReport, plan_batch, run_bat
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.mock import _serving as serving
 
-from ..cli.helpers import CANARY, imggw
+from ..cli.helpers import CANARY, imggw, imggw_batch
 
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
@@ -111,7 +111,7 @@ def test_a_csv_file_runs_its_rows_and_the_gateway_receives_exactly_them(
     dry = imggw("batch", str(source), "-o", str(out), "--dry-run", "--json")
     assert dry.code == 0, dry.err
     assert (dry.records()[0]["total"], dry.records()[0]["to_submit"]) == (3, 3)
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--json")
+    run = imggw_batch(source, out, gateway_url, "--json")
     assert run.code == 0, run.err
     assert sorted(wire.submits) == sorted(SENT)  # the header is not a prompt; nothing else
     rows = run.records()
@@ -174,7 +174,7 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
         'an owl,1:1,1k,extra\n"a fish"x,1:1,1k\na fox,1:1,1k\n'
     )
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
+    refused = imggw_batch(source, out, gateway_url)
     assert refused.code == 2
     assert "line 3: 2 fields where the header row names 3: column 3 (resolution) missing" in (
         refused.err
@@ -184,12 +184,9 @@ def test_a_bad_row_is_a_bad_line_and_a_bad_header_stops_the_input_whole(
     )
     assert "line 5: not a CSV row" in refused.err
     assert wire.requests == 0
-    skipped = imggw(
-        "batch",
-        str(source),
-        "-o",
-        str(out),
-        "--base-url",
+    skipped = imggw_batch(
+        source,
+        out,
         gateway_url,
         "--skip-bad-lines",
         "--json",
@@ -235,7 +232,7 @@ def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
     source = tmp_path / "prompts.txt"
     source.write_text(text)
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
+    refused = imggw_batch(source, out, gateway_url)
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "--format csv" in refused.err
@@ -248,9 +245,7 @@ def test_a_text_file_that_looks_like_csv_is_refused_before_anything_is_sent(
     assert "--format csv" in piped.err
     assert wire.requests == 0
     assert not out.exists()  # refused before the folder was made
-    told = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--format", "text"
-    )
+    told = imggw_batch(source, out, gateway_url, "--format", "text")
     assert told.code == 0, told.err  # said outright: every line is a prompt
     assert len(wire.submits) == len([x for x in text.splitlines() if not x.startswith("# ")])
 

@@ -31,7 +31,7 @@ from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.mock import _serving as serving
 
-from ..cli.helpers import CANARY, imggw
+from ..cli.helpers import CANARY, imggw, imggw_batch
 
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
@@ -243,7 +243,7 @@ def test_line_timeout_on_the_command_line(
 ) -> None:
     _, _, url = stuck
     source, out = prompts(tmp_path / "in.txt", "stuck", "a hen"), tmp_path / "out"
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "--line-timeout", "0.3")
+    run = imggw_batch(source, out, url, "--line-timeout", "0.3")
     assert run.code == 3, run.err
     assert "still runs after 0.3 s" in run.err
     assert (out / "manifest.jsonl").is_file()
@@ -317,7 +317,7 @@ def test_a_full_disk_is_exit_4_naming_the_folder_and_the_room(
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with gw.serve() as url:
-        run = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+        run = imggw_batch(source, out, url)
     assert run.code == 4, run.err
     (error,) = [line for line in run.err.splitlines() if line.startswith("error:")]
     assert error.startswith(f"error: {out} has 40.0 MiB free;")

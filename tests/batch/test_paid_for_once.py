@@ -31,7 +31,7 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.batch.scale._storage import destination_name
 from imggw_client.mock import MockGateway
 
-from ..cli.helpers import CANARY, imggw
+from ..cli.helpers import CANARY, imggw, imggw_batch
 
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
@@ -70,11 +70,11 @@ def test_a_rerun_on_a_deleted_and_recreated_folder_replays_every_task(
 ) -> None:
     source = prompts(tmp_path / "in.txt", 20)
     out = tmp_path / "out"
-    first = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q")
+    first = imggw_batch(source, out, gateway_url, "-q")
     assert first.code == 0, first.err
     assert gateway.stats()["tasks_created"] == 20
     shutil.rmtree(out)  # the disk is lost: run id, ledger, images, everything
-    again = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q")
+    again = imggw_batch(source, out, gateway_url, "-q")
     assert again.code == 0, again.err
     assert gateway.stats()["tasks_created"] == 20  # the same keys: the gateway replayed them all
     assert gateway.stats()["replays"] >= 20
@@ -135,17 +135,15 @@ def test_new_run_makes_new_keys_and_is_refused_where_a_run_is_kept(
 ) -> None:
     source = prompts(tmp_path / "in.txt", 3)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    assert imggw_batch(source, out, gateway_url, "-q").code == 0
     sent = requests(gateway)
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--new-run")
+    refused = imggw_batch(source, out, gateway_url, "--new-run")
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "use another folder" in refused.err
     assert requests(gateway) == sent
     shutil.rmtree(out)
-    fresh = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--new-run", "-q"
-    )
+    fresh = imggw_batch(source, out, gateway_url, "--new-run", "-q")
     assert fresh.code == 0, fresh.err
     assert gateway.stats()["tasks_created"] == 6  # asked for: a new run, billed anew
 
@@ -205,17 +203,14 @@ def test_a_text_file_of_json_objects_is_refused_before_anything_is_paid(
     source = tmp_path / "p.txt"
     source.write_text('{"prompt": "a dog", "aspect_ratio": "16:9"}\n# a note\n{"prompt": "x"}\n')
     out = tmp_path / "out"
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
+    refused = imggw_batch(source, out, gateway_url)
     assert refused.code == 2
     assert refused.err.count("\n") == 1
     assert "--format jsonl" in refused.err
     assert gateway.stats()["requests"] == {}
-    run = imggw(
-        "batch",
-        str(source),
-        "-o",
-        str(out),
-        "--base-url",
+    run = imggw_batch(
+        source,
+        out,
         gateway_url,
         "--format",
         "jsonl",
@@ -307,9 +302,7 @@ def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat"}\nnot json\n{"prompt": "a dog"}\n')
     out = tmp_path / "out"
-    first = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--skip-bad-lines", "-q"
-    )
+    first = imggw_batch(source, out, gateway_url, "--skip-bad-lines", "-q")
     assert first.code == 1
     assert manifest(out)[1]["task_id"] is None
     collected = imggw(
@@ -368,14 +361,14 @@ def test_a_changed_input_names_only_the_lines_that_changed(
     ids = [f"i{n}" for n in range(1, 101)]
     write(ids)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    assert imggw_batch(source, out, gateway_url, "-q").code == 0
     edited = [*ids[:2], "new", *ids[2:50], *ids[51:]]  # one inserted at 3, i51 (line 51) gone
     write(edited)
-    refused = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
+    refused = imggw_batch(source, out, gateway_url)
     assert refused.code == 2
     assert "1 line(s) new or changed: 3;" in refused.err
     assert "1 line(s) removed, as the run's input numbered them: 51" in refused.err
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "--allow-changes")
+    run = imggw_batch(source, out, gateway_url, "--allow-changes")
     assert run.code == 0, run.err
     assert "submitted as new requests: 3\n" in run.err
     assert "nothing sent: 51\n" in run.err
@@ -388,11 +381,9 @@ def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
 ) -> None:
     source = prompts(tmp_path / "in.txt", 5)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    assert imggw_batch(source, out, gateway_url, "-q").code == 0
     sent = requests(gateway)
-    moved = imggw(
-        "batch", str(source), "-o", str(out), "--base-url", gateway_url, "--surface", "alpha"
-    )
+    moved = imggw_batch(source, out, gateway_url, "--surface", "alpha")
     assert moved.code == 2
     assert "this folder's run was made on surface beta, and this run is on alpha" in moved.err
     assert "--surface beta" in moved.err
@@ -424,7 +415,7 @@ def test_an_expired_line_is_failed_in_the_manifest_and_apart_in_the_status(
     source = prompts(tmp_path / "in.txt", 1)
     out = tmp_path / "out"
     with gw.serve() as url:
-        run = imggw("batch", str(source), "-o", str(out), "--base-url", url)
+        run = imggw_batch(source, out, url)
     assert run.code == 1
     (record,) = manifest(out)
     assert (record["status"], record["error"]["code"]) == ("failed", "result_expired")
@@ -463,11 +454,11 @@ def test_files_deleted_after_the_gateway_forgot_them_are_not_called_expired_befo
 ) -> None:
     source = prompts(tmp_path / "in.txt", 2)
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url, "-q").code == 0
+    assert imggw_batch(source, out, gateway_url, "-q").code == 0
     for png in out.glob("*.png"):
         png.unlink()
     gateway.reset()  # the gateway's retention is over: tasks and files forgotten
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", gateway_url)
+    run = imggw_batch(source, out, gateway_url)
     assert run.code == 1
     assert "expired before download" not in run.err
     for record in manifest(out):
@@ -516,12 +507,12 @@ def test_a_refused_input_leaves_no_ledger_and_no_folder(
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
     out = tmp_path / "out"
-    refused = imggw("batch", str(bad), "-o", str(out), "--base-url", gateway_url)
+    refused = imggw_batch(bad, out, gateway_url)
     assert refused.code == 2
     assert not out.exists()
     kept = tmp_path / "kept"  # a folder that was there stays, with no ledger in it
     kept.mkdir()
-    assert imggw("batch", str(bad), "-o", str(kept), "--base-url", gateway_url).code == 2
+    assert imggw_batch(bad, kept, gateway_url).code == 2
     assert not (kept / LEDGER_NAME).exists()
     assert gateway.stats()["requests"] == {}
 

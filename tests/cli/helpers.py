@@ -38,6 +38,13 @@ def imggw(
     return Run(CliRunner().invoke(app, list(args), env=environment, input=stdin))
 
 
+def imggw_batch(
+    source: object, out: object, base_url: str, *args: str, env: dict[str, str | None] | None = None
+) -> Run:
+    """``imggw batch SOURCE -o OUT --base-url URL`` with ``args`` after it."""
+    return imggw("batch", str(source), "-o", str(out), "--base-url", base_url, *args, env=env)
+
+
 IMGGW = [sys.executable, "-m", "imggw_cli"]  # the command in a process of its own
 
 

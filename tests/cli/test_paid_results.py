@@ -17,7 +17,7 @@ import pytest
 
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 
-from .helpers import CANARY, imggw
+from .helpers import CANARY, imggw, imggw_batch
 
 RUN_LIMITED = (
     "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
@@ -290,12 +290,12 @@ def test_a_batch_folder_that_cannot_be_made_exits_4_like_one_that_cannot_be_writ
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", read_only)
-    run = imggw("batch", str(source), "-o", str(target), "--base-url", url)
+    run = imggw_batch(source, target, url)
     assert run.code == 4, run.err
     assert f"cannot create {target} (Read-only file system)" in run.err
     a_file = tmp_path / "file"
     a_file.write_text("mine")
-    clash = imggw("batch", str(source), "-o", str(a_file), "--base-url", url)
+    clash = imggw_batch(source, a_file, url)
     assert clash.code == 2
     assert "a file is there" in clash.err
     assert gw.stats()["requests"] == {}

@@ -20,7 +20,7 @@ from imggw_client.batch._schema import RUNNING
 from imggw_client.mock import MockGateway
 
 from ..batch.ledgers import planned, row
-from .helpers import CANARY, IMGGW, imggw, process_env
+from .helpers import CANARY, IMGGW, imggw, imggw_batch, process_env
 
 
 def posts(gw: MockGateway) -> int:
@@ -72,7 +72,7 @@ def test_a_folder_made_before_runs_kept_their_name_takes_name_as_given(
     _, url = served_gateway
     source = lines_file(tmp_path, {"prompt": "a cat", "id": "cat"})
     out = tmp_path / "out"
-    assert imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q").code == 0
+    assert imggw_batch(source, out, url, "-q").code == 0
     record = json.loads((out / "run.json").read_text())
     del record["name"], record["input"]  # as an earlier version wrote it
     (out / "run.json").write_text(json.dumps(record))
@@ -136,7 +136,7 @@ def test_batch_q_names_the_failed_lines(
     source = tmp_path / "in.txt"
     source.write_text("a cat\na doomed dog #fail:content_policy\n")
     out = tmp_path / "out"
-    run = imggw("batch", str(source), "-o", str(out), "--base-url", url, "-q")
+    run = imggw_batch(source, out, url, "-q")
     assert run.code == 1
     first, last = run.err.splitlines()
     assert first.startswith("warning: line 2 failed (task ")
