@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +44,28 @@ def limited(limit: int, *args: str, key: str = CANARY) -> subprocess.CompletedPr
 
 @pytest.mark.parametrize("key", ["e", "1", "png", "http", "ab"])
 @pytest.mark.slow
-def test_a_short_key_that_occurs_in_result_links_loses_no_result(key: str, tmp_path: Path) -> None:
-    gateway = MockGateway(api_keys=[key], duration_min=0.02, duration_max=0.05)
+def test_a_short_key_that_occurs_in_result_links_loses_no_result(
+    key: str,
+    tmp_path: Path,
+    make_gateway: Callable[..., MockGateway],
+    serve_gateway: Callable[[MockGateway], str],
+) -> None:
+    gateway = make_gateway(api_keys=[key])
     env = {"IMGGW_API_KEY": key}
-    with gateway.serve() as url:
-        made = imggw("generate", "a fox", "--base-url", url, "--json", "-o", str(tmp_path), env=env)
-        assert made.code == 0, made.err
-        (record,) = made.records()
-        assert len(record["files"]) == 1
-        assert Path(record["files"][0]["path"]).read_bytes().startswith(b"\x89PNG")
-        assert "not usable" not in made.err
-        status = imggw("status", record["task_id"], "--base-url", url, "--json", env=env)
-        assert status.code == 0
-        assert len(status.records()[0]["image_urls"]) == 1
-        source = tmp_path / "in.txt"
-        source.write_text("a fox\na hen\n")
-        batch = imggw("batch", str(source), "-o", str(tmp_path / "b"), "--base-url", url, env=env)
-        assert batch.code == 0, batch.err
+    url = serve_gateway(gateway)
+    made = imggw("generate", "a fox", "--base-url", url, "--json", "-o", str(tmp_path), env=env)
+    assert made.code == 0, made.err
+    (record,) = made.records()
+    assert len(record["files"]) == 1
+    assert Path(record["files"][0]["path"]).read_bytes().startswith(b"\x89PNG")
+    assert "not usable" not in made.err
+    status = imggw("status", record["task_id"], "--base-url", url, "--json", env=env)
+    assert status.code == 0
+    assert len(status.records()[0]["image_urls"]) == 1
+    source = tmp_path / "in.txt"
+    source.write_text("a fox\na hen\n")
+    batch = imggw("batch", str(source), "-o", str(tmp_path / "b"), "--base-url", url, env=env)
+    assert batch.code == 0, batch.err
     assert len(list((tmp_path / "b").glob("*.png"))) == 2
     assert gateway.stats()["tasks_created"] == 3
 
@@ -101,16 +106,14 @@ def test_a_link_that_carries_the_key_is_kept_said_plainly_and_never_shown(
 # ---------------------------------------------------------------------------- full disks
 
 
+@pytest.mark.gateway(result_size=20_000)
 @pytest.mark.slow
 def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
-    tmp_path: Path,
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
-    gateway = MockGateway(
-        api_keys=[CANARY], duration_min=0.02, duration_max=0.05, result_size=20_000
-    )
+    gateway, url = served_gateway
     out = tmp_path / "g"
-    with gateway.serve() as url:
-        done = limited(16_384, "generate", "a fox", "--base-url", url, "-o", str(out))
+    done = limited(16_384, "generate", "a fox", "--base-url", url, "-o", str(out))
     assert done.returncode == 4, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -121,11 +124,11 @@ def test_a_sync_download_onto_a_full_disk_is_one_line_and_leaves_no_part_file(
     assert gateway.stats()["tasks_created"] == 1
 
 
+@pytest.mark.gateway(result_size=20_000)
 @pytest.mark.slow
-def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) -> None:
-    gateway = MockGateway(
-        api_keys=[CANARY], duration_min=0.02, duration_max=0.05, result_size=20_000
-    )
+def test_client_download_onto_a_full_disk_raises_download_error(
+    gateway_url: str, tmp_path: Path
+) -> None:
     script = (
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -138,14 +141,13 @@ def test_client_download_onto_a_full_disk_raises_download_error(tmp_path: Path) 
         "    except DownloadError as err:\n"
         "        print(type(err).__name__, err.code)\n"
     )
-    with gateway.serve() as url:
-        done = subprocess.run(
-            [sys.executable, "-c", script, CANARY, url, str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+    done = subprocess.run(
+        [sys.executable, "-c", script, CANARY, gateway_url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "DownloadError write_failed"
     assert list(tmp_path.iterdir()) == []
@@ -175,24 +177,24 @@ def test_generate_refuses_a_folder_without_room_for_a_result_before_paying(
 @pytest.mark.slow
 def test_json_poll_and_generate_print_the_record_of_a_failed_or_unfinished_task(
     tmp_path: Path,
+    make_gateway: Callable[..., MockGateway],
+    serve_gateway: Callable[[MockGateway], str],
 ) -> None:
-    slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
-    with slow.serve() as url:
-        sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
-        polled = imggw("poll", sub["task_id"], "-t", "0.3", "--base-url", url, "--json")
-        made = imggw(
-            "generate", "a cat", "-t", "0.3", "--base-url", url, "--json", "-o", str(tmp_path)
-        )
+    slow = make_gateway(duration_min=30, duration_max=30)
+    url = serve_gateway(slow)
+    sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
+    polled = imggw("poll", sub["task_id"], "-t", "0.3", "--base-url", url, "--json")
+    made = imggw("generate", "a cat", "-t", "0.3", "--base-url", url, "--json", "-o", str(tmp_path))
     assert polled.code == 3
     assert [(r["task_id"], r["status"]) for r in polled.records()] == [(sub["task_id"], "pending")]
     assert made.code == 3
     (record,) = made.records()
     assert record["status"] in ("pending", "running")
     assert record["error"] is None
-    failing = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05)
-    with failing.serve() as url:
-        sub = imggw("submit", "a cat #fail", "--base-url", url, "--json").records()[0]
-        polled = imggw("poll", sub["task_id"], "--base-url", url, "--json")
+    failing = make_gateway()
+    url = serve_gateway(failing)
+    sub = imggw("submit", "a cat #fail", "--base-url", url, "--json").records()[0]
+    polled = imggw("poll", sub["task_id"], "--base-url", url, "--json")
     assert polled.code == 1
     (record,) = polled.records()
     assert record["status"] == "failed"

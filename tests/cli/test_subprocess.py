@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,11 @@ def test_generate_mock_in_a_real_process(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def slow_gateway() -> Iterator[tuple[MockGateway, str]]:
-    gateway = MockGateway(api_keys=[CANARY], duration_min=60, duration_max=60)
-    with gateway.serve() as url:
-        yield gateway, url
+def slow_gateway(
+    make_gateway: Callable[..., MockGateway], serve_gateway: Callable[[MockGateway], str]
+) -> tuple[MockGateway, str]:
+    gateway = make_gateway(api_keys=[CANARY], duration_min=60, duration_max=60)
+    return gateway, serve_gateway(gateway)
 
 
 @pytest.mark.slow
