@@ -168,42 +168,42 @@ async def test_a_429_on_surface_a_as_http_200_pauses_every_task() -> None:
 # ---------------------------------------------------------------------------- the gateway
 
 
+# The same rates over 2 s windows: this gateway runs in the test's own process, where the
+# GIL can delay its clock by more than the 10 ms a 1 s window leaves.
+@pytest.mark.gateway(submit_limit="10/2", query_limit="40/2", duration_min=0.2, duration_max=0.3)
 @pytest.mark.anyio
 @pytest.mark.slow
-async def test_a_budget_at_the_gateways_limit_meets_no_429() -> None:
-    # The same rates over 2 s windows: this gateway runs in the test's own process, where the
-    # GIL can delay its clock by more than the 10 ms a 1 s window leaves.
-    gateway = MockGateway(
-        submit_limit="10/2", query_limit="40/2", duration_min=0.2, duration_max=0.3
-    )
-    with gateway.serve() as url:
-        limit = RateLimit(submits_per_second=5, queries_per_second=20)
-        fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
-        async with AsyncClient(
-            api_key="test-key", base_url=url, rate_limit=limit, poll=fast
-        ) as client:
-            started = time.monotonic()
-            async with anyio.create_task_group() as group:
-                for i in range(15):
-                    group.start_soon(client.generate, f"image {i}")
-            took = time.monotonic() - started
+async def test_a_budget_at_the_gateways_limit_meets_no_429(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gateway, url = served_gateway
+    limit = RateLimit(submits_per_second=5, queries_per_second=20)
+    fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
+    async with AsyncClient(api_key="test-key", base_url=url, rate_limit=limit, poll=fast) as client:
+        started = time.monotonic()
+        async with anyio.create_task_group() as group:
+            for i in range(15):
+                group.start_soon(client.generate, f"image {i}")
+        took = time.monotonic() - started
     stats = gateway.stats()
     assert stats["tasks_created"] == 15
     assert stats["rate_limited"] == 0
     assert took >= 14 / 5  # 15 submits at 5/s: the first at once, the last 2.8 s later
 
 
+@pytest.mark.gateway(submit_limit="4/1", duration_min=0.05, duration_max=0.1)
 @pytest.mark.anyio
 @pytest.mark.slow
-async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> None:
-    gateway = MockGateway(submit_limit="4/1", duration_min=0.05, duration_max=0.1)
-    with gateway.serve() as url:
-        fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
-        patient = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
-        client = AsyncClient(api_key="test-key", base_url=url, poll=fast, retry=patient)
-        async with client, anyio.create_task_group() as group:
-            for i in range(40):
-                group.start_soon(client.submit, f"image {i}")
+async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gateway, url = served_gateway
+    fast = PollPolicy(initial_interval=0.05, max_interval=0.1)
+    patient = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
+    client = AsyncClient(api_key="test-key", base_url=url, poll=fast, retry=patient)
+    async with client, anyio.create_task_group() as group:
+        for i in range(40):
+            group.start_soon(client.submit, f"image {i}")
     stats = gateway.stats()
     assert stats["tasks_created"] == 40
     # A storm of 40 at once would meet 36 429s; the start window (4 in flight, at most
@@ -212,12 +212,12 @@ async def test_without_a_ceiling_a_client_converges_on_the_gateways_limit() -> N
     assert stats["rate_limited"] <= 20
 
 
+@pytest.mark.gateway(latency=0.2, fault_rate=1.0, faults=["latency"])
 @pytest.mark.anyio
-async def test_requests_cancelled_in_flight_give_back_their_places() -> None:
+async def test_requests_cancelled_in_flight_give_back_their_places(gateway: MockGateway) -> None:
     # Cancelled calls must not stay counted in flight: with no ceiling, four of them would
     # fill the start window and hold every later call back for an answer that never comes.
-    gw = MockGateway(latency=0.2, fault_rate=1.0, faults=["latency"])
-    async with gw.async_client() as client:
+    async with gateway.async_client() as client:
         sub = await client.submit("a cat")
         for _ in range(20):
             with anyio.move_on_after(0.01):
@@ -318,13 +318,15 @@ async def test_a_shared_budget_of_the_wrong_kind_is_refused(client: Driven) -> N
         client.inner.share_budget(wrong)
 
 
+@pytest.mark.gateway(latency=5.0, fault_rate=1.0, faults=["latency"])
 @pytest.mark.anyio
-async def test_a_request_cancelled_in_flight_gives_back_its_shared_slot() -> None:
+async def test_a_request_cancelled_in_flight_gives_back_its_shared_slot(
+    gateway: MockGateway,
+) -> None:
     # Its slot would count in flight at the holder (a Redis store, a Dask scheduler) until a
     # lease or a TTL ran out: given back as the cancel passes, shielded from it.
     holder = Holder()
-    gw = MockGateway(latency=5.0, fault_rate=1.0, faults=["latency"])
-    async with gw.async_client() as client:
+    async with gateway.async_client() as client:
         client.share_budget(AsyncHolder(holder))
         with anyio.move_on_after(0.05):
             await client.get("42")

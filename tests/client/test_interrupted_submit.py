@@ -225,13 +225,13 @@ async def test_a_key_the_caller_chose_is_noted_and_said_below_warning(
     assert [r.levelno for r in said] == [logging.INFO]
 
 
+@pytest.mark.gateway(api_keys=[KEY], duration_min=30, duration_max=30)
 @pytest.mark.slow
 async def test_a_generate_cancelled_while_it_waits_names_its_task(
-    caplog: pytest.LogCaptureFixture,
+    gateway: MockGateway, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its caller never saw the task id: the note and the WARNING give it, with the key."""
     caplog.set_level(logging.WARNING, "imggw_client")
-    gateway = MockGateway(api_keys=[KEY], duration_min=30, duration_max=30)
     polled = asyncio.Event()
     async with gateway.async_client() as client:
         call = asyncio.ensure_future(
@@ -251,14 +251,14 @@ async def test_a_generate_cancelled_while_it_waits_names_its_task(
     assert gateway.stats()["tasks_created"] == 1
 
 
+@pytest.mark.gateway(api_keys=[KEY])
 async def test_a_submit_cancelled_before_it_was_sent_says_nothing(
-    caplog: pytest.LogCaptureFixture,
+    gateway: MockGateway, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cancelled while its budget held it back: nothing left, so no key to name."""
     from imggw_client import RateLimit
 
     caplog.set_level(logging.WARNING, "imggw_client")
-    gateway = MockGateway(api_keys=[KEY])
     async with gateway.async_client(rate_limit=RateLimit(submits_per_second=0.001)) as client:
         await client.submit(PROMPT)  # the budget's one slot for a long while
         with anyio.move_on_after(0.05):  # cancels the next one while it waits for a slot

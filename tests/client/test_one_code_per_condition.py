@@ -4,8 +4,6 @@ that code written against beta works on alpha."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import respx
 
@@ -108,19 +106,13 @@ async def test_a_query_refused_on_either_surface_has_one_code(
     assert codes == [code, code]
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[MockGateway, str]]:
-    gateway = MockGateway(api_keys=["test-key"], credits=0.0)
-    with gateway.serve() as url:
-        yield gateway, url
-
-
+@pytest.mark.gateway(api_keys=["test-key"], credits=0.0)
 @pytest.mark.parametrize("quirks", [(), ("alpha_http200",)], ids=["plain", "alpha-http200"])
 async def test_the_reference_gateway_gives_one_code_on_both_surfaces(
-    served: tuple[MockGateway, str], quirks: tuple[str, ...]
+    served_gateway: tuple[MockGateway, str], quirks: tuple[str, ...]
 ) -> None:
     """Over a socket: an unknown key, an unknown task, an empty balance."""
-    gateway, url = served
+    gateway, url = served_gateway
     gateway.configure(quirks=quirks)
     seen: dict[str, list[str | None]] = {}
     for surface in ("alpha", "beta"):
