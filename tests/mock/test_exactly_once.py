@@ -88,16 +88,18 @@ def verify(gateway: MockGateway, done: dict[int, tuple[Task, Any]], n: int) -> N
             assert (width >= height) == (w >= h)
 
 
-async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(tmp_path: Path) -> None:
-    gateway = MockGateway(
-        seed=11,
-        duration_min=0.0,
-        duration_max=0.05,
-        fault_rate=0.3,
-        faults=FAULT_KINDS,
-        latency=0.02,
-        retry_after=0,
-    )
+@pytest.mark.gateway(
+    seed=11,
+    duration_min=0.0,
+    duration_max=0.05,
+    fault_rate=0.3,
+    faults=FAULT_KINDS,
+    latency=0.02,
+    retry_after=0,
+)
+async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     async with gateway.async_client(
         poll=QUICK_POLL, retry=PATIENT, rate_limit=OUT_OF_THE_WAY
     ) as client:
@@ -110,39 +112,41 @@ async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(tmp_pa
     assert list(tmp_path.glob(".*.part")) == []
 
 
-async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(tmp_path: Path) -> None:
-    gateway = MockGateway(
-        seed=12,
-        duration_min=0.0,
-        duration_max=0.05,
-        fault_rate=0.3,
-        faults=FAULT_KINDS,
-        latency=0.3,
-        retry_after=0,
-    )
-    with gateway.serve() as url:
-        async with AsyncClient(
-            api_key="test-key",
-            base_url=url,
-            timeout=0.15,
-            poll=QUICK_POLL,
-            retry=PATIENT,
-            rate_limit=OUT_OF_THE_WAY,
-        ) as client:
-            done = await run_many(client, 150, tmp_path, concurrency=16)
+@pytest.mark.gateway(
+    seed=12,
+    duration_min=0.0,
+    duration_max=0.05,
+    fault_rate=0.3,
+    faults=FAULT_KINDS,
+    latency=0.3,
+    retry_after=0,
+)
+async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gateway, url = served_gateway
+    async with AsyncClient(
+        api_key="test-key",
+        base_url=url,
+        timeout=0.15,
+        poll=QUICK_POLL,
+        retry=PATIENT,
+        rate_limit=OUT_OF_THE_WAY,
+    ) as client:
+        done = await run_many(client, 150, tmp_path, concurrency=16)
     verify(gateway, done, 150)
 
 
-def test_answers_that_come_too_late_are_replayed_not_rebilled() -> None:
+@pytest.mark.gateway(
+    seed=4, fault_rate=0.5, faults=["latency"], latency=0.6, duration_min=0.0, duration_max=0.01
+)
+def test_answers_that_come_too_late_are_replayed_not_rebilled(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
     """The client gives up on slow answers while the gateway has already created the task:
     its retries meet 409 (still in flight) or a replay, and never a second task."""
-    gateway = MockGateway(
-        seed=4, fault_rate=0.5, faults=["latency"], latency=0.6, duration_min=0.0, duration_max=0.01
-    )
-    with (
-        gateway.serve() as url,
-        Client(api_key="test-key", base_url=url, timeout=0.25, retry=PATIENT) as client,
-    ):
+    gateway, url = served_gateway
+    with Client(api_key="test-key", base_url=url, timeout=0.25, retry=PATIENT) as client:
         subs = [client.submit(f"request {i}") for i in range(12)]
     stats = gateway.stats()
     assert stats["tasks_created"] == 12

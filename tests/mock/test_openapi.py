@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -43,8 +43,10 @@ CONFORMANCE = [
 ]
 
 
-def test_the_served_document_is_valid_openapi_3_1_and_covers_the_result_links() -> None:
-    served = json.loads(call(MockGateway(), "GET", "/openapi.json", key=None).body)
+def test_the_served_document_is_valid_openapi_3_1_and_covers_the_result_links(
+    gateway: MockGateway,
+) -> None:
+    served = json.loads(call(gateway, "GET", "/openapi.json", key=None).body)
     assert served == DOC
     validate(served)  # raises OpenAPIValidationError with the path of the first problem
     results = served["paths"]["/results/{file}"]["get"]
@@ -105,12 +107,12 @@ def assert_documented(path: str, method: str, answer: MockResponse) -> None:
 
 @pytest.mark.parametrize(("path", "method", "send"), ROUTES)
 def test_every_status_and_header_the_gateway_sends_is_documented(
-    path: str, method: str, send: Any
+    path: str, method: str, send: Any, make_gateway: Callable[..., MockGateway]
 ) -> None:
     """Faults, limits, conflicts: whatever a route can answer, its document says."""
-    gateways = [MockGateway(fault_rate=1.0, faults=[kind]) for kind in FAULT_KINDS]
-    gateways.append(MockGateway(submit_limit="1/60", query_limit="1/60"))
-    gateways.append(MockGateway(api_keys=["someone-else"]))  # 401
+    gateways = [make_gateway(fault_rate=1.0, faults=[kind]) for kind in FAULT_KINDS]
+    gateways.append(make_gateway(submit_limit="1/60", query_limit="1/60"))
+    gateways.append(make_gateway(api_keys=["someone-else"]))  # 401
     seen = set()
     for gw in gateways:
         for _ in range(3):
@@ -121,35 +123,37 @@ def test_every_status_and_header_the_gateway_sends_is_documented(
     assert {429, 500, 502, 503, 504} <= seen
 
 
-def test_conflicts_and_replays_are_documented_with_their_headers() -> None:
-    conflict = MockGateway(fault_rate=1.0, faults=["latency"], latency=5)
+def test_conflicts_and_replays_are_documented_with_their_headers(
+    make_gateway: Callable[..., MockGateway],
+) -> None:
+    conflict = make_gateway(fault_rate=1.0, faults=["latency"], latency=5)
     first = submit(conflict, idem="k")
     assert_documented("/beta/v1/images/generations", "post", first)
     conflict.configure(fault_rate=0)
     in_flight = submit(conflict, idem="k")
     assert in_flight.status == 409
     assert_documented("/beta/v1/images/generations", "post", in_flight)
-    replayed = MockGateway()
+    replayed = make_gateway()
     submit(replayed, idem="k")
     again = submit(replayed, idem="k")
     assert ("idempotent-replayed", "true") in again.headers
     assert_documented("/beta/v1/images/generations", "post", again)
 
 
-def test_result_statuses_are_documented() -> None:
-    gw = MockGateway(manual_clock=True, duration_min=1, duration_max=1, retention=10, link_ttl=5)
-    tid = task_id(submit(gw))
-    assert call(gw, "GET", "/results/x.png", key=None).status == 403
-    gw.advance(1)
-    data = json.loads(query(gw, tid).body)["data"]
+@pytest.mark.gateway(manual_clock=True, duration_min=1, duration_max=1, retention=10, link_ttl=5)
+def test_result_statuses_are_documented(gateway: MockGateway) -> None:
+    tid = task_id(submit(gateway))
+    assert call(gateway, "GET", "/results/x.png", key=None).status == 403
+    gateway.advance(1)
+    data = json.loads(query(gateway, tid).body)["data"]
     url = data["result"]["images"][0]["url"][0].removeprefix("http://imggw.mock")
-    statuses = [call(gw, "GET", url, key=None).status]
-    gw.advance(6)
-    statuses.append(call(gw, "GET", url, key=None).status)
-    gw.advance(10)
-    statuses.append(call(gw, "GET", url, key=None).status)
-    gw.reset()
-    statuses.append(call(gw, "GET", url, key=None).status)
+    statuses = [call(gateway, "GET", url, key=None).status]
+    gateway.advance(6)
+    statuses.append(call(gateway, "GET", url, key=None).status)
+    gateway.advance(10)
+    statuses.append(call(gateway, "GET", url, key=None).status)
+    gateway.reset()
+    statuses.append(call(gateway, "GET", url, key=None).status)
     assert statuses == [200, 403, 410, 404]
     for status in statuses:
         assert str(status) in documented("/results/{file}", "get")
@@ -180,6 +184,8 @@ SCHEMA = schemathesis_schema(25)
 FAULTY_SCHEMA = schemathesis_schema(15, phases=["examples", "fuzzing"])
 
 
+# Here and in `faulty`, a gateway of its own: the family's are per test, and a sweep's
+# cases share one gateway (with bound_keys).
 @pytest.fixture(scope="module")
 def served() -> Iterator[str]:
     gateway = MockGateway(seed=0, duration_min=0, duration_max=0)
