@@ -146,6 +146,7 @@ class Batch:
 def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     folder = tmp_path_factory.mktemp("gallery")
     source = folder / "in.jsonl"
+    # A gateway of its own: one batch for the module, and the family's gateways are per test.
     gateway = MockGateway(duration_min=0.02, duration_max=0.05, image_size=128)
     with gateway.client() as alpha:  # a task made elsewhere, on the other surface
         made = alpha.submit(COLLECTED, surface="alpha")
