@@ -58,13 +58,16 @@ def run_lines(
     deadline: float = math.inf,
     line_timeout: float | None = None,
     redact: Callable[[str], str] = str,
+    room: Room | None = None,
 ) -> RunLines:
     """The lines of a run over ``ledger``, its results saved in ``folder``: by default with no
-    deadline, no line timeout and nothing hidden from its messages."""
+    deadline, no line timeout and nothing hidden from its messages. ``room``: the room its
+    moves go through when a test shares it with other parts of the run (by default its own,
+    over ``folder``)."""
     return RunLines(
         ledger,
         ledger.totals(),
-        Room(folder),
+        Room(folder) if room is None else room,
         deadline=deadline,
         line_timeout=line_timeout,
         redact=redact,

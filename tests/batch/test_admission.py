@@ -8,7 +8,6 @@ charges kept in the run's money and told to the guard, failures counted for the 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from imggw_client.batch._plan import Caps
 from imggw_client.batch._schema import RUNNING, SAVED, SUCCEEDED, UNKNOWN
 from imggw_client.batch._store import GalleryPace, RunLines
 
-from .ledgers import planned, row
+from .ledgers import planned, row, run_lines
 
 MiB = 1 << 20
 
@@ -134,7 +133,7 @@ class _Pace(GalleryPace):
 
 def _hooks(ledger: Any, tmp_path: Path, caps: Caps) -> tuple[RunLines, BatchHooks, LocalGuard]:
     room = Room(tmp_path)
-    run = RunLines(ledger, ledger.totals(), room, deadline=math.inf, line_timeout=None, redact=str)
+    run = run_lines(ledger, room=room)  # the hooks move lines through the same room
     guard = LocalGuard(Spending(caps))
     return run, BatchHooks(run, guard, room, _Pace()), guard
 
