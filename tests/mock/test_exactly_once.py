@@ -40,6 +40,14 @@ QUICK_POLL = PollPolicy(initial_interval=0.01, max_interval=0.05)
 # A ceiling far above what these runs send keeps the budget out of the way: random 429 faults
 # must not slow them (the budget's answer to 429s has its own tests and benchmark).
 OUT_OF_THE_WAY = RateLimit(submits_per_second=100_000, queries_per_second=100_000)
+# The gateway of the runs below: quick tasks, 30 % of requests struck by a fault of any kind.
+FAULTY: dict[str, Any] = {
+    "duration_min": 0.0,
+    "duration_max": 0.05,
+    "fault_rate": 0.3,
+    "faults": FAULT_KINDS,
+    "retry_after": 0,
+}
 
 
 async def run_many(
@@ -88,15 +96,7 @@ def verify(gateway: MockGateway, done: dict[int, tuple[Task, Any]], n: int) -> N
             assert (width >= height) == (w >= h)
 
 
-@pytest.mark.gateway(
-    seed=11,
-    duration_min=0.0,
-    duration_max=0.05,
-    fault_rate=0.3,
-    faults=FAULT_KINDS,
-    latency=0.02,
-    retry_after=0,
-)
+@pytest.mark.gateway(seed=11, latency=0.02, **FAULTY)
 async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(
     gateway: MockGateway, tmp_path: Path
 ) -> None:
@@ -112,15 +112,7 @@ async def test_1000_logical_requests_with_30_percent_faults_of_every_kind(
     assert list(tmp_path.glob(".*.part")) == []
 
 
-@pytest.mark.gateway(
-    seed=12,
-    duration_min=0.0,
-    duration_max=0.05,
-    fault_rate=0.3,
-    faults=FAULT_KINDS,
-    latency=0.3,
-    retry_after=0,
-)
+@pytest.mark.gateway(seed=12, latency=0.3, **FAULTY)
 async def test_exactly_once_over_loopback_with_lost_answers_and_timeouts(
     served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:
