@@ -24,6 +24,8 @@ import pytest
 from imggw_client import AsyncClient, Client
 from imggw_client.mock import MockGateway
 
+from . import PUBLIC_MODULES
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -293,14 +295,7 @@ def test_every_example_has_a_test_that_runs_it() -> None:
 def test_every_public_name_has_its_entry_in_the_api_reference() -> None:
     reference = "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md"))
     entries = set(re.findall(r"^::: ([\w.]+)", reference, re.M))
-    for module_name in (
-        "imggw_client",
-        "imggw_client.tracking",
-        "imggw_client.batch",
-        "imggw_client.mock",
-        "imggw_client.rules",
-        "imggw_client.text",
-    ):
+    for module_name in PUBLIC_MODULES:
         module = importlib.import_module(module_name)
         if module_name in entries and module_name != "imggw_client":
             continue  # the whole module, every name of its __all__

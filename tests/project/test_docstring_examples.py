@@ -38,16 +38,10 @@ from imggw_client import AsyncClient, Client
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import Journal
 
+from . import PUBLIC_MODULES
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-PUBLIC = (
-    "imggw_client",
-    "imggw_client.tracking",
-    "imggw_client.batch",
-    "imggw_client.mock",
-    "imggw_client.rules",
-    "imggw_client.text",
-)
 KEY = "sk-docstring-examples-51c3"
 # The longest a block may take: each waits on tasks of tens of milliseconds.
 LONGEST = 60.0
@@ -123,7 +117,7 @@ def public_examples() -> list[Example]:
         for index, code in enumerate(blocks(doc)):
             found.append(Example(owner, index, code, asynchronous))
 
-    for module_name in PUBLIC:
+    for module_name in PUBLIC_MODULES:
         module = importlib.import_module(module_name)
         take(module_name, module.__doc__)
         for name in module.__all__:
@@ -151,7 +145,7 @@ def setting(gateway: MockGateway, folder: Path) -> dict[str, Any]:
     namespace.update({"httpx": httpx, "Hashable": Hashable, "Path": Path, "Any": Any})
     namespace["log"] = logging.getLogger("example")
     namespace["imggw_client"] = imggw_client
-    for module_name in PUBLIC:
+    for module_name in PUBLIC_MODULES:
         module = importlib.import_module(module_name)
         namespace.update({name: getattr(module, name) for name in module.__all__})
     journal = Journal(folder / "journal.sqlite")
