@@ -287,6 +287,8 @@ class AsyncStoreBudget(_Driver):
                     failure = exc
         except StopIteration as end:
             return end.value
+        finally:  # cut short (a cancel in a hold): its waiting line is left at once
+            steps.close()
 
     async def _hold(self, kind: str, seconds: float) -> None:
         """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
@@ -382,6 +384,8 @@ class StoreBudget(_Driver):
                     failure = exc
         except StopIteration as end:
             return end.value
+        finally:  # cut short: its waiting line is left at once
+            steps.close()
 
     def _hold(self, kind: str, seconds: float) -> None:
         """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
