@@ -53,7 +53,9 @@ OVERLOAD_SHARE = 0.25
 MIN_ANSWERS = 20
 DEFAULT_BACKOFF = (RetryPolicy.initial_backoff, RetryPolicy.max_backoff)
 MAX_PAUSE = 60.0  # the longest pause a Retry-After may impose on the whole client
-NO_HINT_PAUSE = 4.0  # with no ceiling nor Retry-After: a retry every 4 s at worst
+# With no ceiling nor Retry-After the pause doubles from 1 s (a limit's window is a second or
+# more: sooner, the retry is refused too) to 4 s (a retry every 4 s at worst).
+NO_HINT_PAUSES = (1.0, 4.0)
 # Every paced interval is 1% longer than the pace says, so jitter on the way cannot push one
 # request into the window of another.
 GUARD = 0.01
@@ -447,6 +449,9 @@ def answered(
             if took_rate < p.rate:
                 p.rate = p.overloaded_at = took_rate
             p.taken, p.burst, p.decreased_at = 0, 0, now
+            # The burst's refusals answered the old pace: counted against the learned one, they
+            # would cut it at its first 429 to half, not to DECREASE (55 s, not 52, on A's limits).
+            p.answers = p.refused = 0.0
         p.strikes = 0
     if took is not None:
         _widen(p, took, now, used=used)
@@ -466,11 +471,13 @@ def _limited(
     if sent >= p.paused_at:  # a new episode, not an echo of requests in flight
         p.strikes += 1
     first, longest = backoff
+    if retry_after is None and p.ceiling is None:
+        first = max(first, NO_HINT_PAUSES[0])
     pause = min(longest, first * 2.0 ** min(max(p.strikes - 1, 0), 30))
     if retry_after is not None:
         pause = max(pause, min(retry_after, MAX_PAUSE))
     elif p.ceiling is None:
-        pause = min(pause, NO_HINT_PAUSE)
+        pause = min(pause, NO_HINT_PAUSES[1])
     changed = now + pause > p.paused_until
     if changed:
         p.paused_until, p.paused_at = now + pause, now
