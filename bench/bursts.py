@@ -351,7 +351,16 @@ def child_main(spec: dict[str, Any]) -> int:
     if spec["start_window"] is not None:
         from imggw_client._core import budget
 
-        budget.START_WINDOW = spec["start_window"]
+        # A lane's window is set as it is made (the default is bound when the class is made),
+        # and a halving falls back to no less than START_WINDOW: both follow the spec.
+        window, made = spec["start_window"], budget._lane
+
+        def lane(ceiling: float | None) -> Any:
+            new = made(ceiling)
+            new.window = new.round_window = window
+            return new
+
+        budget.START_WINDOW, budget._lane = window, lane
     budget_bench.watchdog(spec["cut"] + budget_bench.GRACE / 2)
     result = budget_bench.run_sdk(spec["url"], spec["n"], None, spec["surface"], spec["cut"])
     print(json.dumps(result))
