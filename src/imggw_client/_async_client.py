@@ -58,7 +58,7 @@ from ._telemetry import Watch
 if TYPE_CHECKING:
     import httpx2
 
-    from .tracking._journal import Journal, JournalEntry
+    from ._journal.journal import Journal, JournalEntry
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from ._transport import require_http_client, user_agent
 if TYPE_CHECKING:
     import httpx2
 
-    from .tracking._journal import Journal, JournalEntry, Scope
+    from ._journal.journal import Journal, JournalEntry, Scope
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
@@ -304,7 +304,7 @@ class BaseClient(Generic[H]):
 
             mine = client.journal.tasks(scope=client.journal_scope)
         """
-        from .tracking._journal import Scope
+        from ._journal.journal import Scope
 
         return Scope(self._settings.base_url, self.key_fingerprint)
 
@@ -664,7 +664,7 @@ def open_journal(journal: object, *, defer: bool = False) -> tuple[Journal | Non
         if not named or named.strip().lower() == "off":
             return None, False
         journal = named
-    from .tracking._journal import Journal
+    from ._journal.journal import Journal  # here: a client with no journal never loads SQLite
 
     if isinstance(journal, Journal):
         return journal, False

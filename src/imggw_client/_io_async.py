@@ -26,7 +26,7 @@ from ._core.models import Submission, Task
 from ._files import StorageError
 
 if TYPE_CHECKING:
-    from .tracking._journal import Journal, Scope
+    from ._journal.journal import Journal, Scope
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -15,8 +15,9 @@ import anyio
 import pytest
 
 from imggw_client import AsyncClient, Client
+from imggw_client._journal import journal as _journal
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
-from imggw_client.tracking import StorageError, _journal
+from imggw_client.tracking import StorageError
 
 from ..journals import FAST, KEY, rows
 

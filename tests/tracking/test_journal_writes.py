@@ -20,10 +20,10 @@ import pytest
 
 from imggw_client import AsyncClient, Client, ImageRequest, TaskStatus, _io_async
 from imggw_client._core.states import Event, Seen, Sending, State, event_of, move
+from imggw_client._journal import journal as journal_module
+from imggw_client._journal.journal import CHECKPOINT_EVERY
 from imggw_client.mock import MockGateway, MockRequest, MockResponse
 from imggw_client.tracking import Journal, Scope
-from imggw_client.tracking import _journal as journal_module
-from imggw_client.tracking._journal import CHECKPOINT_EVERY
 
 from ..journals import FAST, KEY, rows
 

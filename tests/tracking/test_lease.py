@@ -20,9 +20,10 @@ import anyio
 import pytest
 
 from imggw_client import AsyncClient, Client
+from imggw_client._journal import lease as _lease
+from imggw_client._journal.lease import HOST, Leases
 from imggw_client.mock import MockGateway
-from imggw_client.tracking import CollectReport, Tracker, _lease
-from imggw_client.tracking._lease import HOST, Leases
+from imggw_client.tracking import CollectReport, Tracker
 
 from ..journals import FAST, KEY, rows
 

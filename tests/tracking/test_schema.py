@@ -1,4 +1,4 @@
-"""The journal's file format (``tracking/_schema.py``): a journal written by the first format
+"""The journal's file format (``_journal/schema.py``): a journal written by the first format
 opens with every row kept and works on; its rows were made by no submit this code can name, so
 no refusal removes them; a journal of a newer format is refused, untouched."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from imggw_client import ConfigurationError, ImageRequest, Submission
 from imggw_client._core.states import Accepted, NotSent, Refused, Sending
+from imggw_client._journal.schema import FORMAT
 from imggw_client.tracking import Journal, Scope
-from imggw_client.tracking._schema import FORMAT
 
 SCOPE = Scope("http://127.0.0.1:9", "f" * 16)
 

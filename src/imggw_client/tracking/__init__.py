@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._files import StorageError
-    from ._journal import DamagedRow, Journal, JournalEntry, Scope
+    from .._journal.journal import DamagedRow, Journal, JournalEntry, Scope
     from ._tracker import CollectReport, Tracker
 
 __all__ = [
@@ -41,7 +41,7 @@ _HOMES = {
     "CollectReport": "imggw_client.tracking._tracker",
     "Tracker": "imggw_client.tracking._tracker",
     **dict.fromkeys(
-        ["DamagedRow", "Journal", "JournalEntry", "Scope"], "imggw_client.tracking._journal"
+        ["DamagedRow", "Journal", "JournalEntry", "Scope"], "imggw_client._journal.journal"
     ),
 }
 

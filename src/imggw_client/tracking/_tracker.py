@@ -29,8 +29,8 @@ from .._core.models import DownloadedFile, Task
 from .._core.states import WORK, State, Work
 from .._core.surfaces import safe_message
 from .._core.text import printable
+from .._journal.journal import Journal, JournalEntry, Scope
 from ._downloads import PARTIAL_AFTER, sweep_partial_files
-from ._journal import Journal, JournalEntry, Scope
 from ._loop import Loop
 from ._store import NOT_FOUND, Course, in_order
 

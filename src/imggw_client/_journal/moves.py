@@ -20,7 +20,7 @@ from .._core.exceptions import IdempotencyConflictError
 from .._core.models import Task
 from .._core.states import State
 from .._core.text import printable
-from ._schema import Scope
+from .schema import Scope
 
 __all__ = ["Memo", "apply", "event_of", "named", "seen_values"]
 

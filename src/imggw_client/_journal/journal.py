@@ -36,12 +36,13 @@ from .._core import states
 from .._core.exceptions import ConfigurationError, ImggwError
 from .._core.states import State
 from .._files import StorageError, open_private
-from . import _rows, _schema
-from ._lease import Leases
-from ._moves import Memo, apply, event_of, named, seen_values
-from ._private import ready_folder, refuse_unsafe_files
-from ._rows import DamagedRow, JournalEntry
-from ._schema import FINAL, NEWEST_FIRST, OPEN, Scope
+from . import rows as _rows
+from . import schema as _schema
+from .lease import Leases
+from .moves import Memo, apply, event_of, named, seen_values
+from .private import ready_folder, refuse_unsafe_files
+from .rows import DamagedRow, JournalEntry
+from .schema import FINAL, NEWEST_FIRST, OPEN, Scope
 
 __all__ = ["DamagedRow", "Journal", "JournalEntry", "Scope"]
 
