@@ -34,8 +34,8 @@ __all__ = [
     "Tracker",
 ]
 
-# Loaded on first use (PEP 562): the clients reach the journal without the tracker, which
-# drives a client.
+# Loaded on first use (PEP 562): the journal's names without the tracker and the clients it
+# imports, and none of them for `import imggw_client.tracking` alone.
 _HOMES = {
     "StorageError": "imggw_client._files",
     "CollectReport": "imggw_client.tracking._tracker",
