@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,51 +196,46 @@ def test_skip_bad_lines_reports_them_and_an_unknown_task_fails_only_its_line(
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(duration_min=30, duration_max=30)
 def test_without_wait_unfinished_tasks_are_reported_and_the_rest_saved(
     gateway_url: str, tmp_path: Path
 ) -> None:
-    slow = MockGateway(api_keys=[KEY], duration_min=30, duration_max=30)
-    with slow.serve() as slow_url:
-        with Client(api_key=KEY, base_url=slow_url) as client:
-            running = client.submit("slow").task_id
-        source = tmp_path / "ids.txt"
-        source.write_text(f"{running}\n")
-        code, _, err = imggw(
-            "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", slow_url
-        )
+    with Client(api_key=KEY, base_url=gateway_url) as client:
+        running = client.submit("slow").task_id
+    source = tmp_path / "ids.txt"
+    source.write_text(f"{running}\n")
+    code, _, err = imggw(
+        "download", "--from", str(source), "-o", str(tmp_path / "out"), "--base-url", gateway_url
+    )
     assert code == 3, err
     (record,) = manifest(tmp_path / "out")
     assert record["status"] == "running"
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05, link_ttl=60, retention=86_400)
 def test_a_batch_resumed_after_its_links_died_saves_every_file_through_fresh_links(
+    make_gateway: Callable[..., MockGateway],
+    serve_gateway: Callable[[MockGateway], str],
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
-    gw = MockGateway(
-        api_keys=[KEY],
-        duration_min=0.02,
-        duration_max=0.05,
-        link_ttl=60,
-        retention=86_400,
-        clock=clock,
-    )
+    clock = Clock()  # the test moves it: made here, so the gateway is too
+    gw = make_gateway(clock=clock)
+    base_url = serve_gateway(gw)
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(4)))
-    with gw.serve() as base_url:
 
-        def batch() -> Any:
-            return run_batch(source, tmp_path / "out", client_factory=lambda: _client(base_url))
+    def batch() -> Any:
+        return run_batch(source, tmp_path / "out", client_factory=lambda: _client(base_url))
 
-        first = batch()
-        assert first.exit_code == 0
-        saved = manifest(tmp_path / "out")
-        for record in saved:  # the downloads "were cut short": the files are gone
-            (tmp_path / "out" / record["files"][0]["path"]).unlink()
-        clock.offset += 3600  # the links handed out then are dead now; the files are kept
-        queries = gw.stats()["requests"].get("GET /beta/v1/tasks/{id}", 0)
-        second = batch()
+    first = batch()
+    assert first.exit_code == 0
+    saved = manifest(tmp_path / "out")
+    for record in saved:  # the downloads "were cut short": the files are gone
+        (tmp_path / "out" / record["files"][0]["path"]).unlink()
+    clock.offset += 3600  # the links handed out then are dead now; the files are kept
+    queries = gw.stats()["requests"].get("GET /beta/v1/tasks/{id}", 0)
+    second = batch()
     assert second.exit_code == 0, second.counts
     assert second.counts == {"saved": 4}  # not "expired": the gateway still had every file
     assert [r["files"][0]["sha256"] for r in manifest(tmp_path / "out")] == [

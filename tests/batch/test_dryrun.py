@@ -40,12 +40,14 @@ def test_bad_lines_are_refused_as_a_run_would_or_counted_when_skipped(tmp_path: 
     assert plan_batch(source, tmp_path / "out", skip_bad_lines=True).bad == 1
 
 
-def test_a_folder_with_prices_is_estimated_and_its_cap_says_how_many_fit(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
+def test_a_folder_with_prices_is_estimated_and_its_cap_says_how_many_fit(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     first = prompts(tmp_path / "in.txt", ["p0", "p1", "p2"])
-    assert run_batch(first, out, client_factory=lambda: gw.async_client(**FAST)).exit_code == 0
-    made = gw.stats()["tasks_created"]
+    assert run_batch(first, out, client_factory=lambda: gateway.async_client(**FAST)).exit_code == 0
+    made = gateway.stats()["tasks_created"]
     more = prompts(tmp_path / "in.txt", ["p0", "p1", "p2", "p3", "p4", "p5"])
     before = sorted(p.name for p in out.iterdir())
     plan = plan_batch(more, out, allow_changes=True, max_credits=24)
@@ -54,5 +56,5 @@ def test_a_folder_with_prices_is_estimated_and_its_cap_says_how_many_fit(tmp_pat
     assert plan.spent == {"credits": 12.0, "cost": 0.03}
     assert plan.fit == 3  # 12 spent + 3 x 4 <= 24
     assert plan_batch(more, out, allow_changes=True, max_credits=20).fit == 2
-    assert gw.stats()["tasks_created"] == made  # nothing sent
+    assert gateway.stats()["tasks_created"] == made  # nothing sent
     assert sorted(p.name for p in out.iterdir()) == before

@@ -19,14 +19,17 @@ from imggw_client.mock import MockGateway
 
 FAST = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1)}
 
+pytestmark = pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
 
-def test_a_single_runs_status_and_charges_come_from_its_folder_alone(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
+
+def test_a_single_runs_status_and_charges_come_from_its_folder_alone(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"colour": "red"}\n')
     out = tmp_path / "out"
     report = run_batch(
-        source, out, skip_bad_lines=True, client_factory=lambda: gw.async_client(**FAST)
+        source, out, skip_bad_lines=True, client_factory=lambda: gateway.async_client(**FAST)
     )
     assert report.exit_code == 1  # a bad line
     found = status(out)
@@ -46,13 +49,13 @@ def test_a_folder_that_holds_no_run_is_refused(tmp_path: Path) -> None:
 
 
 def test_shards_merge_into_one_manifest_in_line_order_with_unreached_lines_pending(
+    gateway: MockGateway,
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
     source = tmp_path / "in.txt"
     source.write_text("".join(f"p{n}\n" for n in range(6)))
     out = tmp_path / "out"
-    made = lambda: gw.async_client(**FAST)  # noqa: E731
+    made = lambda: gateway.async_client(**FAST)  # noqa: E731
     assert run_shard(str(source), str(out), index=2, count=2, client_factory=made).exit_code == 0
     merged = merge(out, gallery=False)
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]

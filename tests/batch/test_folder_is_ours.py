@@ -37,6 +37,8 @@ from imggw_client.mock import MockGateway, MockRequest, MockResponse
 KEY_A = "sk-folder-key-a-0001"
 KEY_B = "sk-folder-key-b-0002"
 
+pytestmark = pytest.mark.gateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+
 
 def invoke(key: str, *args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(app, list(args), env={"IMGGW_API_KEY": key, "IMGGW_BASE_URL": None})
@@ -60,42 +62,45 @@ def ledger_rows(folder: Path) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(api_keys=[KEY_A, KEY_B], duration_min=5, duration_max=5)
 def test_a_folder_made_with_another_key_is_refused_and_resumes_with_its_own(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(api_keys=[KEY_A, KEY_B], duration_min=5, duration_max=5)
+    gw, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog"])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        code, _, err = invoke(
-            KEY_A, "batch", str(source), "-o", str(out), "--base-url", url, "-t", "0.5"
-        )
-        assert code == 3, err  # both tasks still run: left to the next run
-        run = json.loads((out / RUN_NAME).read_text())
-        fp_a, fp_b = key_fingerprint(KEY_A), key_fingerprint(KEY_B)
-        assert run["key_fingerprint"] == fp_a
-        before = ledger_rows(out)
-        sent = gw.stats()["requests"]
+    code, _, err = invoke(
+        KEY_A, "batch", str(source), "-o", str(out), "--base-url", url, "-t", "0.5"
+    )
+    assert code == 3, err  # both tasks still run: left to the next run
+    run = json.loads((out / RUN_NAME).read_text())
+    fp_a, fp_b = key_fingerprint(KEY_A), key_fingerprint(KEY_B)
+    assert run["key_fingerprint"] == fp_a
+    before = ledger_rows(out)
+    sent = gw.stats()["requests"]
 
-        code, stdout, err = invoke(KEY_B, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 4, err
-        assert fp_a[:12] in err
-        assert fp_b[:12] in err
-        assert KEY_A not in stdout + err
-        assert KEY_B not in stdout + err
-        assert ledger_rows(out) == before  # nothing marked failed, nothing touched
-        assert gw.stats()["requests"] == sent  # refused before anything was sent
-        assert json.loads((out / RUN_NAME).read_text())["key_fingerprint"] == fp_a
+    code, stdout, err = invoke(KEY_B, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 4, err
+    assert fp_a[:12] in err
+    assert fp_b[:12] in err
+    assert KEY_A not in stdout + err
+    assert KEY_B not in stdout + err
+    assert ledger_rows(out) == before  # nothing marked failed, nothing touched
+    assert gw.stats()["requests"] == sent  # refused before anything was sent
+    assert json.loads((out / RUN_NAME).read_text())["key_fingerprint"] == fp_a
 
-        gw.configure(duration_min=0.01, duration_max=0.05)
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 0, err
+    gw.configure(duration_min=0.01, duration_max=0.05)
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 0, err
     assert gw.stats()["tasks_created"] == 2  # resumed, not submitted again
 
 
 @pytest.mark.slow
-def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY_A, KEY_B], duration_min=0.01, duration_max=0.05)
+@pytest.mark.gateway(api_keys=[KEY_A, KEY_B])
+def test_a_shard_of_a_run_made_with_another_key_is_refused(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog"])
     out = tmp_path / "out"
     fast = {"poll": PollPolicy(initial_interval=0.02, max_interval=0.1)}
@@ -106,7 +111,7 @@ def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> No
             out,
             index=index,
             count=2,
-            client_factory=lambda: gw.async_client(api_key=key, **fast),
+            client_factory=lambda: gateway.async_client(api_key=key, **fast),
         )
         return int(report.exit_code)
 
@@ -116,43 +121,46 @@ def test_a_shard_of_a_run_made_with_another_key_is_refused(tmp_path: Path) -> No
         shard(KEY_B, 2)
     assert refused.value.fingerprint_was == key_fingerprint(KEY_A)
     assert refused.value.fingerprint == key_fingerprint(KEY_B)
-    assert gw.stats()["tasks_created"] == 1
+    assert gateway.stats()["tasks_created"] == 1
     assert shard(KEY_A, 2) == 0
 
 
 @pytest.mark.slow
-def test_a_run_record_without_a_fingerprint_works_and_gets_it(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY_A, KEY_B], duration_min=0.01, duration_max=0.05)
+@pytest.mark.gateway(api_keys=[KEY_A, KEY_B])
+def test_a_run_record_without_a_fingerprint_works_and_gets_it(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat"])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
-        run = json.loads((out / RUN_NAME).read_text())
-        del run["key_fingerprint"]  # as an older imggw wrote it
-        (out / RUN_NAME).write_text(json.dumps(run))
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 0, err
-        kept = json.loads((out / RUN_NAME).read_text())
-        assert kept["key_fingerprint"] == key_fingerprint(KEY_A)
-        assert kept["run_id"] == run["run_id"]
-        code, _, err = invoke(KEY_B, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 4, err
+    assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+    run = json.loads((out / RUN_NAME).read_text())
+    del run["key_fingerprint"]  # as an older imggw wrote it
+    (out / RUN_NAME).write_text(json.dumps(run))
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 0, err
+    kept = json.loads((out / RUN_NAME).read_text())
+    assert kept["key_fingerprint"] == key_fingerprint(KEY_A)
+    assert kept["run_id"] == run["run_id"]
+    code, _, err = invoke(KEY_B, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 4, err
 
 
 @pytest.mark.slow
-def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
+def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
     """The folder's writer chose it: a fingerprint that is not hex never reaches a message."""
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    gw, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat"])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
-        run = json.loads((out / RUN_NAME).read_text())
-        run["key_fingerprint"] = "\x1b]0;owned\x07" + "a" * 20
-        (out / RUN_NAME).write_text(json.dumps(run))
-        created = gw.stats()["tasks_created"]
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert gw.stats()["tasks_created"] == created
+    assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+    run = json.loads((out / RUN_NAME).read_text())
+    run["key_fingerprint"] = "\x1b]0;owned\x07" + "a" * 20
+    (out / RUN_NAME).write_text(json.dumps(run))
+    created = gw.stats()["tasks_created"]
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert gw.stats()["tasks_created"] == created
     assert code == 2, err
     assert "key fingerprint is not one" in err
     assert "\x1b" not in err
@@ -160,20 +168,21 @@ def test_a_run_record_whose_fingerprint_is_not_one_is_refused_unprinted(tmp_path
 
 
 @pytest.mark.slow
-def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(tmp_path: Path) -> None:
+def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
     """The run's surface picks where a rerun's requests go: one the spec does not name is a
     damaged record, refused before anything is sent and never printed."""
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    gw, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat"])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
-        run = json.loads((out / RUN_NAME).read_text())
-        run["surface"] = "../gamma\x1b[2J"
-        (out / RUN_NAME).write_text(json.dumps(run))
-        requests = sum(gw.stats()["requests"].values())
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert sum(gw.stats()["requests"].values()) == requests
+    assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+    run = json.loads((out / RUN_NAME).read_text())
+    run["surface"] = "../gamma\x1b[2J"
+    (out / RUN_NAME).write_text(json.dumps(run))
+    requests = sum(gw.stats()["requests"].values())
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert sum(gw.stats()["requests"].values()) == requests
     assert code == 2, err
     assert "surface is not one" in err
     assert "gamma" not in err
@@ -185,37 +194,38 @@ def test_a_run_record_whose_surface_is_not_one_is_refused_unprinted(tmp_path: Pa
 
 @pytest.mark.parametrize("where", ["header", "pages"])
 @pytest.mark.slow
-def test_a_damaged_ledger_says_deleting_it_is_safe_and_it_is(tmp_path: Path, where: str) -> None:
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+def test_a_damaged_ledger_says_deleting_it_is_safe_and_it_is(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, where: str
+) -> None:
+    gw, url = served_gateway
     source = prompts(tmp_path / "in.txt", [f"a cat {i}" for i in range(40)])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
-        ledger = out / LEDGER_NAME
-        data = bytearray(ledger.read_bytes())
-        assert len(data) >= 3 * 4096
-        if where == "header":  # no database at all any more
-            data[:100] = b"\xa5" * 100
-        else:  # the database's pages past the first, as a write cut short leaves them
-            data[4096:] = b"\xa5" * (len(data) - 4096)
-        ledger.write_bytes(bytes(data))
-        for suffix in ("-wal", "-shm"):
-            Path(f"{ledger}{suffix}").unlink(missing_ok=True)
-        created = gw.stats()["tasks_created"]
+    assert invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)[0] == 0
+    ledger = out / LEDGER_NAME
+    data = bytearray(ledger.read_bytes())
+    assert len(data) >= 3 * 4096
+    if where == "header":  # no database at all any more
+        data[:100] = b"\xa5" * 100
+    else:  # the database's pages past the first, as a write cut short leaves them
+        data[4096:] = b"\xa5" * (len(data) - 4096)
+    ledger.write_bytes(bytes(data))
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    created = gw.stats()["tasks_created"]
 
-        for _ in range(2):  # the same words on every rerun: a remedy, not a loop
-            code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-            assert code == 4, err
-            assert "damaged" in err
-            assert "Deleting it is safe" in err
-            assert f"{LEDGER_NAME}-wal" in err
-            assert "never billed twice" in err
-            assert gw.stats()["tasks_created"] == created
-
-        for path in out.glob(f"{LEDGER_NAME}*"):  # what the message says to do
-            path.unlink()
+    for _ in range(2):  # the same words on every rerun: a remedy, not a loop
         code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 0, err
+        assert code == 4, err
+        assert "damaged" in err
+        assert "Deleting it is safe" in err
+        assert f"{LEDGER_NAME}-wal" in err
+        assert "never billed twice" in err
+        assert gw.stats()["tasks_created"] == created
+
+    for path in out.glob(f"{LEDGER_NAME}*"):  # what the message says to do
+        path.unlink()
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 0, err
     assert gw.stats()["tasks_created"] == 40  # every task replayed, none billed again
 
 
@@ -357,28 +367,27 @@ def outside(tmp_path: Path) -> tuple[Path, bytes]:
 @pytest.mark.parametrize("name", PLANTED)
 @pytest.mark.slow
 def test_a_planted_symlink_stops_the_run_and_is_never_followed(
-    tmp_path: Path, name: str, fresh: bool
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, name: str, fresh: bool
 ) -> None:
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    gw, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat", "a dog"])
     out = tmp_path / "out"
     target, content = outside(tmp_path)
-    with gw.serve() as url:
-        if not fresh:
-            code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-            assert code == 0, err
-        out.mkdir(exist_ok=True)
-        planted = out / name
-        if planted.is_dir():
-            os.rename(planted, tmp_path / "gallery-was")
-        planted.unlink(missing_ok=True)
-        planted.symlink_to(target.parent if name == "gallery" else target)
-        created = gw.stats()["tasks_created"]
+    if not fresh:
         code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 4, err
-        assert str(planted) in err
-        assert "symbolic link" in err
-        assert gw.stats()["tasks_created"] == created  # refused before anything was sent
+        assert code == 0, err
+    out.mkdir(exist_ok=True)
+    planted = out / name
+    if planted.is_dir():
+        os.rename(planted, tmp_path / "gallery-was")
+    planted.unlink(missing_ok=True)
+    planted.symlink_to(target.parent if name == "gallery" else target)
+    created = gw.stats()["tasks_created"]
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 4, err
+    assert str(planted) in err
+    assert "symbolic link" in err
+    assert gw.stats()["tasks_created"] == created  # refused before anything was sent
     assert target.read_bytes() == content
     assert os.listdir(target.parent) == ["bashrc"]  # nothing written beside it either
     assert planted.is_symlink()  # left for its owner to look at
@@ -431,21 +440,21 @@ def test_the_manifest_is_written_under_an_unpredictable_name(
 
 @pytest.mark.slow
 def test_a_link_planted_as_the_incoming_folder_removes_nothing_where_it_points(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
     """A rerun sweeps partial downloads, in the folder and in its incoming folder: a link
     planted as ``.incoming`` must stop the run before the sweep reaches what it points at."""
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    _, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat"])
     out = tmp_path / "out"
     victim = tmp_path / "elsewhere"
     victim.mkdir()
     (victim / ".keep.part").write_bytes(b"the user's own file")
-    with gw.serve() as url:
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 0, err
-        (out / ".incoming").symlink_to(victim)
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 0, err
+    (out / ".incoming").symlink_to(victim)
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
     assert code == 4, err
     assert str(out / ".incoming") in err
     assert "symbolic link" in err
@@ -453,22 +462,22 @@ def test_a_link_planted_as_the_incoming_folder_removes_nothing_where_it_points(
 
 
 def test_a_link_planted_over_a_saved_image_is_refused_not_counted_as_saved(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
     """A co-user replaces a saved image by a link to a file of the same size: a rerun would
     take it for the image (the paid result never saved again). It stops, naming the link."""
-    gw = MockGateway(api_keys=[KEY_A], duration_min=0.01, duration_max=0.05)
+    _, url = served_gateway
     source = prompts(tmp_path / "in.txt", ["a cat"])
     out = tmp_path / "out"
-    with gw.serve() as url:
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
-        assert code == 0, err
-        [image] = [p for p in out.iterdir() if p.suffix == ".png"]
-        decoy = tmp_path / "elsewhere.png"
-        decoy.write_bytes(b"x" * image.stat().st_size)
-        image.unlink()
-        image.symlink_to(decoy)
-        code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
+    assert code == 0, err
+    [image] = [p for p in out.iterdir() if p.suffix == ".png"]
+    decoy = tmp_path / "elsewhere.png"
+    decoy.write_bytes(b"x" * image.stat().st_size)
+    image.unlink()
+    image.symlink_to(decoy)
+    code, _, err = invoke(KEY_A, "batch", str(source), "-o", str(out), "--base-url", url)
     assert code == 4, err
     assert str(image) in err
     assert "symbolic link" in err

@@ -52,10 +52,12 @@ def keys_sent(gw: MockGateway, calls: list[str]) -> None:
     gw.handle = spy  # type: ignore[method-assign]
 
 
-def test_the_run_id_is_written_before_anything_is_sent(tmp_path: Path) -> None:
-    gw = MockGateway(fault_rate=1.0, faults=["reset"])  # nothing ever gets through
+@pytest.mark.gateway(fault_rate=1.0, faults=["reset"])  # nothing ever gets through
+def test_the_run_id_is_written_before_anything_is_sent(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = write(tmp_path / "in.jsonl", ["a cat", "a dog"])
-    report = batch(gw, source, tmp_path / "out", timeout=0.3)
+    report = batch(gateway, source, tmp_path / "out", timeout=0.3)
     assert report.exit_code == 3
     run = json.loads((tmp_path / "out" / RUN_NAME).read_text())
     assert len(run["run_id"]) == 32
@@ -63,23 +65,25 @@ def test_the_run_id_is_written_before_anything_is_sent(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(tmp_path: Path) -> None:
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"])
+def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     # Every answer is lost: the gateway creates each task, the run never learns its id.
-    gw = MockGateway(duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"])
     sent: list[str] = []
-    keys_sent(gw, sent)
+    keys_sent(gateway, sent)
     source = write(tmp_path / "in.jsonl", [f"p{i}" for i in range(6)])
     out = tmp_path / "out"
-    first = batch(gw, source, out, timeout=0.4)
+    first = batch(gateway, source, out, timeout=0.4)
     assert first.exit_code == 3
-    assert gw.stats()["tasks_created"] == 6
+    assert gateway.stats()["tasks_created"] == 6
     for path in out.glob(f"{LEDGER_NAME}*"):  # the ledger, its WAL and shared memory
         path.unlink()
-    gw.configure(fault_rate=0.0)
-    second = batch(gw, source, out)
+    gateway.configure(fault_rate=0.0)
+    second = batch(gateway, source, out)
     assert second.exit_code == 0
-    assert gw.stats()["tasks_created"] == 6  # the same keys, derived again: all replays
-    assert gw.stats()["replays"] >= 6
+    assert gateway.stats()["tasks_created"] == 6  # the same keys, derived again: all replays
+    assert gateway.stats()["replays"] >= 6
     run_id = json.loads((out / RUN_NAME).read_text())["run_id"]
     with Ledger.open(out) as ledger:
         rows = list(ledger.iter_rows())
@@ -88,12 +92,14 @@ def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(tmp_path: 
     assert set(sent) == {row.idempotency_key for row in rows}  # never any other key
 
 
-def test_keys_differ_between_runs_and_lines_but_not_between_reruns(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_keys_differ_between_runs_and_lines_but_not_between_reruns(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = write(tmp_path / "in.jsonl", ["same prompt", "same prompt"])
-    batch(gw, source, tmp_path / "a")
-    batch(gw, source, tmp_path / "b")  # another folder: another run, other keys
-    assert gw.stats()["tasks_created"] == 4
+    batch(gateway, source, tmp_path / "a")
+    batch(gateway, source, tmp_path / "b")  # another folder: another run, other keys
+    assert gateway.stats()["tasks_created"] == 4
 
     def keys(folder: Path) -> list[str | None]:
         with Ledger.open(folder) as ledger:
@@ -102,19 +108,20 @@ def test_keys_differ_between_runs_and_lines_but_not_between_reruns(tmp_path: Pat
     a, b = keys(tmp_path / "a"), keys(tmp_path / "b")
     assert len(set(a)) == 2  # two lines, two logical requests, even with one prompt
     assert not set(a) & set(b)
-    batch(gw, source, tmp_path / "a")
+    batch(gateway, source, tmp_path / "a")
     assert keys(tmp_path / "a") == a
 
 
-def test_a_ledger_from_a_newer_imggw_is_refused_clearly(tmp_path: Path) -> None:
+def test_a_ledger_from_a_newer_imggw_is_refused_clearly(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    gw = MockGateway()
     with pytest.raises(StorageError, match="newer imggw"):
-        batch(gw, write(tmp_path / "in.jsonl", ["x"]), out)
-    assert gw.stats()["requests"] == {}
+        batch(gateway, write(tmp_path / "in.jsonl", ["x"]), out)
+    assert gateway.stats()["requests"] == {}
 
 
 def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None:
@@ -137,33 +144,37 @@ def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None
     assert {"kind", "fields", "expires_at", "planned", "first_sent"} <= columns
 
 
-def test_comments_blank_lines_and_a_byte_order_mark_change_no_line(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_comments_blank_lines_and_a_byte_order_mark_change_no_line(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "prompts.txt"
     source.write_text("a cat\na dog\na wolf\n")
     out = tmp_path / "out"
-    first = batch(gw, source, out)
+    first = batch(gateway, source, out)
     assert first.exit_code == 0
     with Ledger.open(out) as ledger:
         keys = {row.identity: row.idempotency_key for row in ledger.iter_rows()}
     # Lines without ids are known by their place among the input's entries, not by their
     # line number: notes and spacing added anywhere (and an editor's BOM) are not changes.
     source.write_bytes("\ufeff# my prompts\n\na cat\n\n# dogs\na dog\na wolf\n".encode())
-    sent = sum(gw.stats()["requests"].values())
-    second = batch(gw, source, out)
+    sent = sum(gateway.stats()["requests"].values())
+    second = batch(gateway, source, out)
     assert second.exit_code == 0
     assert second.changed_count == 0
-    assert gw.stats()["tasks_created"] == 3
+    assert gateway.stats()["tasks_created"] == 3
     with Ledger.open(out) as ledger:
         rows = list(ledger.iter_rows())
     assert {row.identity: row.idempotency_key for row in rows} == keys
     assert sorted(row.line for row in rows) == [3, 6, 7]  # the manifest follows the new lines
     assert json.loads((out / "manifest.jsonl").read_text().splitlines()[0])["line"] == 3
-    assert sum(gw.stats()["requests"].values()) == sent  # all saved already: nothing sent
+    assert sum(gateway.stats()["requests"].values()) == sent  # all saved already: nothing sent
 
 
-def test_lines_with_ids_may_move_but_a_removed_line_is_a_change(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_lines_with_ids_may_move_but_a_removed_line_is_a_change(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "in.jsonl"
 
     def lines(*ids: str) -> None:
@@ -171,33 +182,35 @@ def test_lines_with_ids_may_move_but_a_removed_line_is_a_change(tmp_path: Path) 
 
     lines("a", "b", "c", "d")
     out = tmp_path / "out"
-    assert batch(gw, source, out).exit_code == 0
+    assert batch(gateway, source, out).exit_code == 0
     lines("d", "c", "b", "a")  # reordered: the same requests, nothing new to pay for
-    assert batch(gw, source, out).changed_count == 0
+    assert batch(gateway, source, out).changed_count == 0
     lines("d", "c", "a")  # "b", at line 3 now, is gone: maybe the wrong file, so ask
     with pytest.raises(InputChangedError) as info:
-        batch(gw, source, out)
+        batch(gateway, source, out)
     # Removed, named by its number in the run's input; nothing new or changed.
     assert (info.value.removed, info.value.removed_count) == ([3], 1)
     assert (info.value.lines, info.value.count) == ([], 0)
     assert "1 line(s) removed, as the run's input numbered them: 3" in info.value.message
-    assert gw.stats()["tasks_created"] == 4
+    assert gateway.stats()["tasks_created"] == 4
 
 
-def test_a_damaged_input_record_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.02, duration_max=0.05)
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_a_damaged_input_record_is_refused_with_what_to_do(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = write(tmp_path / "in.jsonl", ["a cat", "a dog"])
     out = tmp_path / "out"
-    assert batch(gw, source, out).exit_code == 0
+    assert batch(gateway, source, out).exit_code == 0
     record = out / LINES_NAME
     record.write_bytes(record.read_bytes()[:-3])  # a torn copy
-    sent = sum(gw.stats()["requests"].values())
+    sent = sum(gateway.stats()["requests"].values())
     with pytest.raises(RequestValidationError, match=r"lines\.fp is damaged.*delete it"):
-        batch(gw, source, out)
-    assert sum(gw.stats()["requests"].values()) == sent
+        batch(gateway, source, out)
+    assert sum(gateway.stats()["requests"].values()) == sent
     record.unlink()  # as the message says: the rerun compares with nothing, replays all
-    assert batch(gw, source, out).exit_code == 0
-    assert gw.stats()["tasks_created"] == 2
+    assert batch(gateway, source, out).exit_code == 0
+    assert gateway.stats()["tasks_created"] == 2
 
 
 @pytest.mark.parametrize(
@@ -212,12 +225,11 @@ def test_a_damaged_input_record_is_refused_with_what_to_do(tmp_path: Path) -> No
     ],
 )
 def test_a_damaged_run_record_is_refused_before_anything_is_sent(
-    tmp_path: Path, content: bytes, says: str
+    gateway: MockGateway, tmp_path: Path, content: bytes, says: str
 ) -> None:
-    gw = MockGateway()
     out = tmp_path / "out"
     out.mkdir()
     (out / RUN_NAME).write_bytes(content)
     with pytest.raises(RequestValidationError, match=says):
-        batch(gw, write(tmp_path / "in.jsonl", ["a cat"]), out)
-    assert sum(gw.stats()["requests"].values()) == 0
+        batch(gateway, write(tmp_path / "in.jsonl", ["a cat"]), out)
+    assert sum(gateway.stats()["requests"].values()) == 0

@@ -115,11 +115,14 @@ async def test_a_rows_work_follows_its_state_and_task_states_are_kept_as_line_st
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
 async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
+    gateway: MockGateway,
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
-    async with gw.async_client(poll=PollPolicy(initial_interval=0.01, max_interval=0.05)) as client:
+    async with gateway.async_client(
+        poll=PollPolicy(initial_interval=0.01, max_interval=0.05)
+    ) as client:
         sub = await client.submit("a fox", idempotency_key="k-1")
         task = await client.wait(sub)
         line = row(1, SUCCEEDED, task_id=task.id, urls=[f"https://x/{REDACTED}/0.png"])
@@ -129,9 +132,9 @@ async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
             hooks = BatchHooks(run, guard, run.room, GalleryPace(store.space))
             loop = Loop(client, store, hooks, run, concurrency=1)
             stored = ledger.rows()[0]
-            before = gw.stats()["requests"][QUERY]
+            before = gateway.stats()["requests"][QUERY]
             await loop.save_results(stored)
-            assert gw.stats()["requests"][QUERY] == before + 1  # the link asked for again
+            assert gateway.stats()["requests"][QUERY] == before + 1  # the link asked for again
             assert stored.state is SAVED
             assert len(loop.queue.downloaded) == 1
             (saved,) = stored.files
