@@ -196,29 +196,28 @@ def test_a_cost_cap_on_a_surface_that_states_no_cost_stops_after_one_line(
     assert gw.stats()["tasks_created"] == 1
 
 
+# Issue 27 item 1: many providers state a charge of 0 until a job ends. Taken as a price, it
+# let 20 tasks (80 credits) through a cap of 12. Tasks long enough to be seen running at
+# the command's own pace of polls.
 @pytest.mark.slow
+@pytest.mark.gateway(duration_min=2.5, duration_max=2.5, quirks=["charge_at_end"])
 def test_a_gateway_stating_0_while_tasks_run_never_gets_a_credit_past_the_cap(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
-    # Issue 27 item 1: many providers state a charge of 0 until a job ends. Taken as a price, it
-    # let 20 tasks (80 credits) through a cap of 12. Tasks long enough to be seen running at
-    # the command's own pace of polls.
-    gw = MockGateway(
-        api_keys=[CANARY], duration_min=2.5, duration_max=2.5, quirks=["charge_at_end"]
+    gw, url = served_gateway
+    run = imggw(
+        "batch",
+        str(prompts(tmp_path / "in.txt", 20)),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        url,
+        "--max-credits",
+        "12",
+        "-c",
+        "8",
     )
-    with gw.serve() as url:
-        run = imggw(
-            "batch",
-            str(prompts(tmp_path / "in.txt", 20)),
-            "-o",
-            str(tmp_path / "out"),
-            "--base-url",
-            url,
-            "--max-credits",
-            "12",
-            "-c",
-            "8",
-        )
     assert run.code == 6, run.err
     assert gw.stats()["tasks_created"] == 3
     assert billed(gw) == 12
@@ -655,47 +654,49 @@ def test_a_charge_reported_twice_counts_once() -> None:
 # ---------------------------------------------------------------------------- Ctrl-C
 
 
+# No task ever finishes (the gateway's clock moves only when told): the guard stops the
+# submits from the charges stated while tasks run, never from a task that finished.
 @pytest.mark.slow
-def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(tmp_path: Path) -> None:
-    # No task ever finishes (the gateway's clock moves only when told): the guard stops the
-    # submits from the charges stated while tasks run, never from a task that finished.
-    gw = MockGateway(api_keys=[CANARY], manual_clock=True)
+@pytest.mark.gateway(manual_clock=True)
+def test_ctrl_c_while_a_stopped_run_drains_is_130_and_bills_nothing_more(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMGGW_")}
     env.update(IMGGW_API_KEY=CANARY, PYTHONUNBUFFERED="1")
-    with gw.serve() as url:
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "imggw_cli",
-                "batch",
-                str(prompts(tmp_path / "in.txt", 20)),
-                "-o",
-                str(tmp_path / "out"),
-                "--base-url",
-                url,
-                "--max-credits",
-                "12",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert child.stderr is not None
-        seen: list[str] = []
-        # A run that never says it stopped is killed: the test fails instead of waiting on it.
-        watchdog = threading.Timer(60, child.kill)
-        watchdog.start()
-        try:
-            for line in child.stderr:  # the display says when the guard stopped the submits
-                seen.append(line)
-                if "stopped by max_credits" in line:
-                    break
-        finally:
-            watchdog.cancel()
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=60)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "imggw_cli",
+            "batch",
+            str(prompts(tmp_path / "in.txt", 20)),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--max-credits",
+            "12",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stderr is not None
+    seen: list[str] = []
+    # A run that never says it stopped is killed: the test fails instead of waiting on it.
+    watchdog = threading.Timer(60, child.kill)
+    watchdog.start()
+    try:
+        for line in child.stderr:  # the display says when the guard stopped the submits
+            seen.append(line)
+            if "stopped by max_credits" in line:
+                break
+    finally:
+        watchdog.cancel()
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
     assert any("stopped by max_credits" in line for line in seen), seen
     assert child.returncode == 130
     assert "run the same command to resume" in err

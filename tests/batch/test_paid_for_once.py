@@ -325,13 +325,14 @@ def test_a_manifest_with_skipped_bad_lines_pipes_into_a_collect(
 # ---------------------------------------------------------------------------- 12: reports
 
 
-def test_bad_lines_are_named_up_to_ten_and_all_listed_in_a_file(tmp_path: Path) -> None:
-    gw = MockGateway()
+def test_bad_lines_are_named_up_to_ten_and_all_listed_in_a_file(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(f'{{"prompt": "p{i}", "colour": "red"}}\n' for i in range(25)))
     out = tmp_path / "out"
     with pytest.raises(BatchInputError) as info:
-        batch(gw, source, out)
+        batch(gateway, source, out)
     message = info.value.message
     assert message.startswith("25 bad lines: line 1: unknown field 'colour'; line 2: ")
     assert "line 10: unknown field" in message
@@ -339,14 +340,14 @@ def test_bad_lines_are_named_up_to_ten_and_all_listed_in_a_file(tmp_path: Path) 
     assert f"all 25 are listed in {out / 'bad-lines.txt'}" in message
     listed = (out / "bad-lines.txt").read_text().splitlines()
     assert listed == [f"line {n}: unknown field 'colour'" for n in range(1, 26)]
-    assert gw.stats()["requests"] == {}
+    assert gateway.stats()["requests"] == {}
 
 
-def test_a_repeated_json_key_is_named_as_such(tmp_path: Path) -> None:
+def test_a_repeated_json_key_is_named_as_such(gateway: MockGateway, tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text('{"prompt": "a cat"}\n{"prompt": "a", "prompt": "b"}\n')
     with pytest.raises(BatchInputError, match=r"^line 2: repeated key 'prompt'; nothing was sent"):
-        batch(MockGateway(), source, tmp_path / "out")
+        batch(gateway, source, tmp_path / "out")
 
 
 @pytest.mark.slow
@@ -408,14 +409,15 @@ def test_a_rerun_on_another_surface_is_reported_as_a_change_of_surface(
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05, retention=0.0)
 def test_an_expired_line_is_failed_in_the_manifest_and_apart_in_the_status(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05, retention=0.0)
+    _, url = served_gateway
     source = prompts(tmp_path / "in.txt", 1)
     out = tmp_path / "out"
-    with gw.serve() as url:
-        run = imggw_batch(source, out, url)
+    run = imggw_batch(source, out, url)
     assert run.code == 1
     (record,) = manifest(out)
     assert (record["status"], record["error"]["code"]) == ("failed", "result_expired")
@@ -521,8 +523,8 @@ WAL_BOUND = 1 << 20  # bytes
 
 
 @pytest.mark.slow
-def test_the_ledger_log_stays_small_while_a_run_goes(tmp_path: Path) -> None:
-    gw = MockGateway(duration_min=0.01, duration_max=0.03)
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.03)
+def test_the_ledger_log_stays_small_while_a_run_goes(gateway: MockGateway, tmp_path: Path) -> None:
     source = prompts(tmp_path / "in.txt", 400)
     out = tmp_path / "out"
     wal = out / f"{LEDGER_NAME}-wal"
@@ -540,7 +542,7 @@ def test_the_ledger_log_stays_small_while_a_run_goes(tmp_path: Path) -> None:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        report = batch(gw, source, out, concurrency=16, on_progress=look)
+        report = batch(gateway, source, out, concurrency=16, on_progress=look)
     finally:
         stop.set()
         watcher.join()

@@ -17,7 +17,8 @@ from imggw_client.batch import BatchProgress, _run, arun_batch
 from imggw_client.batch._schema import LineState
 from imggw_client.mock import IN_PROCESS_URL, MockGateway
 
-pytestmark = pytest.mark.anyio
+# Its tasks run until told: no line moves.
+pytestmark = [pytest.mark.anyio, pytest.mark.gateway(manual_clock=True)]
 
 
 class HeldQueries(httpx.AsyncBaseTransport):
@@ -75,11 +76,10 @@ async def told_until(
 
 
 async def test_snapshots_are_told_while_no_line_moves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_run, "PROGRESS_TICK", 0.05)
     monkeypatch.setattr(_run, "PROGRESS_EVERY", 0.01)
-    gw = MockGateway(manual_clock=True)  # its tasks run until told: no line moves
     idle: list[BatchProgress] = []
 
     def both_running(progress: BatchProgress) -> bool:
@@ -87,7 +87,7 @@ async def test_snapshots_are_told_while_no_line_moves(
             idle.append(progress)
         return len(idle) >= 4
 
-    await told_until(tmp_path, HeldQueries(gw, held=False), gw, both_running)
+    await told_until(tmp_path, HeldQueries(gateway, held=False), gateway, both_running)
     # Four snapshots while no line moved: told by the tick alone, each later than the last.
     elapsed = [p.elapsed for p in idle]
     assert elapsed == sorted(elapsed)
@@ -95,12 +95,11 @@ async def test_snapshots_are_told_while_no_line_moves(
 
 
 async def test_a_snapshot_says_how_long_the_gateway_has_answered_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_run, "PROGRESS_TICK", 0.05)
     monkeypatch.setattr(_run, "PROGRESS_EVERY", 0.01)
-    gw = MockGateway(manual_clock=True)
-    transport = HeldQueries(gw, held=True)  # the submits answered, then every query hangs
+    transport = HeldQueries(gateway, held=True)  # the submits answered, then every query hangs
 
     def silent(progress: BatchProgress) -> bool:
         if progress.gateway_silent_for >= 0.3:
@@ -111,7 +110,7 @@ async def test_a_snapshot_says_how_long_the_gateway_has_answered_nothing(
     def answering(progress: BatchProgress) -> bool:
         return progress.gateway_silent_for == 0.0
 
-    seen = await told_until(tmp_path, transport, gw, silent, answering)
+    seen = await told_until(tmp_path, transport, gateway, silent, answering)
     first = next(n for n, p in enumerate(seen) if p.gateway_silent_for >= 0.3)
     # lines in flight, nothing moved: only the silence
     assert seen[first].counts == {LineState.RUNNING: 2}

@@ -64,12 +64,12 @@ def test_the_run_id_is_written_before_anything_is_sent(
     assert (tmp_path / "out" / LINES_NAME).stat().st_size == 2 * 16  # a 16-byte entry a line
 
 
+# Every answer is lost: the gateway creates each task, the run never learns its id.
 @pytest.mark.slow
 @pytest.mark.gateway(duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"])
 def test_every_ledger_deleted_mid_run_and_a_rerun_creates_no_new_task(
     gateway: MockGateway, tmp_path: Path
 ) -> None:
-    # Every answer is lost: the gateway creates each task, the run never learns its id.
     sent: list[str] = []
     keys_sent(gateway, sent)
     source = write(tmp_path / "in.jsonl", [f"p{i}" for i in range(6)])

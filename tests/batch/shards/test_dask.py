@@ -171,21 +171,23 @@ def submits_of(gw: MockGateway) -> list[float]:
     return sent
 
 
-def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], seed=4, duration_min=0.1, duration_max=0.2)
+@pytest.mark.gateway(seed=4, duration_min=0.1, duration_max=0.2)
+def test_one_budget_for_the_whole_run_on_the_scheduler(
+    served_gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     sent = submits_of(gw)
     rate, lines = 10.0, 30
     source = write_prompts(tmp_path / "in.jsonl", lines)
-    with gw.serve() as url:
-        report = run_sharded(
-            source,
-            tmp_path / "out",
-            address=dask_client.scheduler.address,
-            shard_size=8,
-            client=spec(url),
-            concurrency=8,
-            rate_limit=RateLimit(submits_per_second=rate),
-        )
+    report = run_sharded(
+        source,
+        tmp_path / "out",
+        address=dask_client.scheduler.address,
+        shard_size=8,
+        client=spec(url),
+        concurrency=8,
+        rate_limit=RateLimit(submits_per_second=rate),
+    )
     assert report.exit_code == 0
     assert len(sent) == lines
     peak = max(sum(1 for t in sent if start <= t < start + 1.0) for start in sent)
@@ -194,14 +196,15 @@ def test_one_budget_for_the_whole_run_on_the_scheduler(dask_client: Any, tmp_pat
 
 
 @pytest.mark.redis
+@pytest.mark.gateway(seed=5, duration_min=0.1, duration_max=0.2)
 def test_a_run_with_a_rate_store_shares_the_stores_budget_not_the_schedulers(
-    dask_client: Any, tmp_path: Path
+    served_gateway: tuple[MockGateway, str], dask_client: Any, tmp_path: Path
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], seed=5, duration_min=0.1, duration_max=0.2)
+    gw, url = served_gateway
     sent = submits_of(gw)
     rate, lines = 10.0, 20
     source = write_prompts(tmp_path / "in.jsonl", lines)
-    with redis_server() as store, gw.serve() as url:
+    with redis_server() as store:
         report = run_sharded(
             source,
             tmp_path / "out",
@@ -498,14 +501,6 @@ def test_workers_starts_and_stops_a_local_cluster(
     assert gw.stats()["tasks_created"] == 4
 
 
-@pytest.fixture
-def held_gateway() -> Iterator[tuple[MockGateway, str]]:
-    """A gateway whose tasks finish only when the test moves its clock."""
-    gw = MockGateway(api_keys=[KEY], seed=3, duration_min=0.2, duration_max=0.6, manual_clock=True)
-    with gw.serve() as url:
-        yield gw, url
-
-
 class Readings:
     """A run's progress readings as it reports them, for another thread to wait on."""
 
@@ -583,13 +578,15 @@ def clock_moved(gw: MockGateway, readings: Readings, step: float) -> Iterator[No
         raise failure[0]
 
 
+# Its tasks finish only when the test moves the gateway's clock.
+@pytest.mark.gateway(manual_clock=True)
 def test_progress_across_shards_shows_between_shard_completions(
-    held_gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gw, url = held_gateway
+    gw, url = served_gateway
     lines = 24
     source = write_prompts(tmp_path / "in.jsonl", lines)
     readings = Readings()
@@ -652,13 +649,15 @@ def test_progress_across_shards_shows_between_shard_completions(
     assert (final.finished, final.shards_ended) == (lines, 4)
 
 
+# Its tasks finish only when the test moves the gateway's clock.
+@pytest.mark.gateway(manual_clock=True)
 def test_cli_shows_progress_on_stderr_and_keeps_json_on_stdout(
-    held_gateway: tuple[MockGateway, str],
+    served_gateway: tuple[MockGateway, str],
     dask_client: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gw, url = held_gateway
+    gw, url = served_gateway
     monkeypatch.setattr(_scale, "PROGRESS_EVERY", 0.1)  # a run of seconds, read often
     readings = Readings()
     shown = _scale.sharded_text

@@ -37,6 +37,8 @@ from .conftest import FAST, KEY, check_from_storage, local_env, write_prompts
 
 IMGGW = [sys.executable, "-m", "imggw_cli"]
 
+pytestmark = pytest.mark.gateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
+
 
 def shard(
     gw: MockGateway, source: Path, dest: str | Path, index: int, count: int, **kw: Any
@@ -135,41 +137,42 @@ def test_three_shard_processes_at_once_then_merge_give_the_full_manifest(
         assert (out / "shards" / f"000{i}-of-0003" / "manifest.jsonl").is_file()
 
 
+# Every answer is lost: the gateway makes each task, the shards never learn their ids.
 @pytest.mark.slow
+@pytest.mark.gateway(fault_rate=1.0, faults=["lost"])
 def test_every_sqlite_file_deleted_mid_run_and_a_rerun_creates_no_new_task(
+    gateway: MockGateway,
     tmp_path: Path,
 ) -> None:
-    # Every answer is lost: the gateway makes each task, the shards never learn their ids.
-    gw = MockGateway(
-        api_keys=[KEY], duration_min=0.02, duration_max=0.05, fault_rate=1.0, faults=["lost"]
-    )
     source = write_prompts(tmp_path / "in.jsonl", 8)
     out = tmp_path / "out"
     for i in (1, 2):
-        assert shard(gw, source, out, i, 2, timeout=0.4).exit_code == 3
-    assert gw.stats()["tasks_created"] == 8
+        assert shard(gateway, source, out, i, 2, timeout=0.4).exit_code == 3
+    assert gateway.stats()["tasks_created"] == 8
     doomed = [p for p in out.rglob("*") if ".sqlite" in p.name]
     assert len(doomed) >= 2
     for path in doomed:
         path.unlink()
-    gw.configure(fault_rate=0.0)
+    gateway.configure(fault_rate=0.0)
     for i in (1, 2):
-        assert shard(gw, source, out, i, 2).exit_code == 0
-    assert gw.stats()["tasks_created"] == 8  # the same keys, derived again: all replays
+        assert shard(gateway, source, out, i, 2).exit_code == 0
+    assert gateway.stats()["tasks_created"] == 8  # the same keys, derived again: all replays
     assert merge(out).exit_code == 0
     check_from_storage(str(out), None, 8)
 
 
 @pytest.mark.slow
-def test_memory_storage_results_uploaded_checkpointed_and_merged(tmp_path: Path) -> None:
+@pytest.mark.gateway(duration_max=0.1)
+def test_memory_storage_results_uploaded_checkpointed_and_merged(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     import fsspec
 
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.1)
     source = write_prompts(tmp_path / "in.jsonl", 9)
     dest = "memory://imggw-shards-test"
     scratch = tmp_path / "scratch"
     for i in (1, 2, 3):
-        report = shard(gw, source, dest, i, 3, scratch=scratch)
+        report = shard(gateway, source, dest, i, 3, scratch=scratch)
         assert report.exit_code == 0
         assert report.lines == shard_range(i, 3, 9)
     st = status(dest)
@@ -183,61 +186,63 @@ def test_memory_storage_results_uploaded_checkpointed_and_merged(tmp_path: Path)
     assert fs.exists("/imggw-shards-test/index.html")
     assert not list(scratch.rglob("*.png"))  # local copies gone once uploaded
     # Resuming with every file checked by sha256 in storage: nothing to redo, nothing billed.
-    assert shard(gw, source, dest, 2, 3, scratch=scratch, verify=True).exit_code == 0
-    assert gw.stats()["tasks_created"] == 9
+    assert shard(gateway, source, dest, 2, 3, scratch=scratch, verify=True).exit_code == 0
+    assert gateway.stats()["tasks_created"] == 9
     fs.rm("/imggw-shards-test", recursive=True)
 
 
 @pytest.mark.slow
 def test_a_changed_input_is_refused_without_allow_changes_and_run_with_it(
+    gateway: MockGateway,
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
     source = write_prompts(tmp_path / "in.jsonl", 6)
     out = tmp_path / "out"
     for i in (1, 2):
-        assert shard(gw, source, out, i, 2).exit_code == 0
-    assert gw.stats()["tasks_created"] == 6
+        assert shard(gateway, source, out, i, 2).exit_code == 0
+    assert gateway.stats()["tasks_created"] == 6
     lines = source.read_text().splitlines()
     lines[1] = json.dumps({"prompt": "an edited line", "aspect_ratio": "3:2"})
     source.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputChangedError) as refused:
-        shard(gw, source, out, 1, 2)
+        shard(gateway, source, out, 1, 2)
     assert refused.value.lines == [2]
-    assert gw.stats()["tasks_created"] == 6  # nothing was sent
-    assert shard(gw, source, out, 2, 2).exit_code == 0  # its range did not change
-    report = shard(gw, source, out, 1, 2, allow_changes=True)
+    assert gateway.stats()["tasks_created"] == 6  # nothing was sent
+    assert shard(gateway, source, out, 2, 2).exit_code == 0  # its range did not change
+    report = shard(gateway, source, out, 1, 2, allow_changes=True)
     assert (report.exit_code, report.changed_lines) == (0, [2])
-    assert gw.stats()["tasks_created"] == 7  # the changed line, a new request
-    assert shard(gw, source, out, 1, 2).exit_code == 0  # accepted now: no flag needed
-    assert gw.stats()["tasks_created"] == 7
+    assert gateway.stats()["tasks_created"] == 7  # the changed line, a new request
+    assert shard(gateway, source, out, 1, 2).exit_code == 0  # accepted now: no flag needed
+    assert gateway.stats()["tasks_created"] == 7
     records = check_from_storage(str(merge(out).manifest).rsplit("/", 1)[0], None, 6)
     assert records[1]["prompt"] == "an edited line"
 
 
-def test_a_shard_on_a_fresh_folder_records_the_runs_name_and_input(tmp_path: Path) -> None:
+def test_a_shard_on_a_fresh_folder_records_the_runs_name_and_input(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     # As a single run does: a rerun and `batch status`'s resume hint go by them.
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
     source = write_prompts(tmp_path / "in.jsonl", 4)
     out = tmp_path / "out"
-    assert shard(gw, source, out, 1, 2, name="img-{line}").exit_code == 0
+    assert shard(gateway, source, out, 1, 2, name="img-{line}").exit_code == 0
     recorded = json.loads((out / RUN_NAME).read_text())
     assert (recorded["name"], recorded["input"]) == ("img-{line}", str(source))
-    assert shard(gw, source, out, 2, 2, name="img-{line}").exit_code == 0
+    assert shard(gateway, source, out, 2, 2, name="img-{line}").exit_code == 0
     assert json.loads((out / RUN_NAME).read_text()) == recorded
     saved = sorted(p.name for p in out.rglob("*.png"))
     assert saved == [f"img-{line}.png" for line in range(1, 5)]
 
 
-def test_batch_status_json_reads_progress_from_the_folder_alone(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
+def test_batch_status_json_reads_progress_from_the_folder_alone(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text(
         "".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c #fail", "d", "e", "f"])
     )
     out = tmp_path / "out"
-    assert shard(gw, source, out, 1, 3).exit_code == 0  # lines 1-2
-    assert shard(gw, source, out, 2, 3).exit_code == 1  # lines 3-4, one failed
+    assert shard(gateway, source, out, 1, 3).exit_code == 0  # lines 1-2
+    assert shard(gateway, source, out, 2, 3).exit_code == 1  # lines 3-4, one failed
     result = CliRunner().invoke(app, ["batch", "status", str(out), "--json"])
     assert result.exit_code == 3, result.output  # shard 3 has not run: unfinished
     (line,) = result.stdout.splitlines()
@@ -252,11 +257,12 @@ def test_batch_status_json_reads_progress_from_the_folder_alone(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("damage", ["{not json", '{"line": 1, "task_id": "7", "sta', "[" * 5000])
-def test_a_damaged_shard_manifest_is_one_clear_error_naming_it(tmp_path: Path, damage: str) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.02, duration_max=0.05)
+def test_a_damaged_shard_manifest_is_one_clear_error_naming_it(
+    gateway: MockGateway, tmp_path: Path, damage: str
+) -> None:
     source = write_prompts(tmp_path / "in.jsonl", 2)
     out = tmp_path / "out"
-    assert shard(gw, source, out, 1, 1).exit_code == 0
+    assert shard(gateway, source, out, 1, 1).exit_code == 0
     manifest = out / "shards" / "0001-of-0001" / "manifest.jsonl"
     manifest.write_text(manifest.read_text() + damage + "\n")
     for read in (status, merge):
@@ -266,13 +272,13 @@ def test_a_damaged_shard_manifest_is_one_clear_error_naming_it(tmp_path: Path, d
     assert result.exit_code == 4
     assert "Traceback" not in result.output
     manifest.unlink()  # as the message says: the same command writes it again
-    assert shard(gw, source, out, 1, 1).exit_code == 0
+    assert shard(gateway, source, out, 1, 1).exit_code == 0
     assert status(out).counts["succeeded"] == 2
-    assert gw.stats()["tasks_created"] == 2
+    assert gateway.stats()["tasks_created"] == 2
 
 
 def test_a_remote_folders_backend_failure_is_a_storage_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import fsspec.implementations.memory as memory
 
@@ -282,18 +288,17 @@ def test_a_remote_folders_backend_failure_is_a_storage_error(
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise NoCredentials("Unable to locate credentials")
 
-    gw = MockGateway(api_keys=[KEY])
     monkeypatch.setattr(memory.MemoryFileSystem, "cat_file", refuse)
     with pytest.raises(StorageError, match=r"cannot read memory://imggw-no-creds/run\.json"):
         shard(
-            gw,
+            gateway,
             write_prompts(tmp_path / "in.jsonl", 1),
             "memory://imggw-no-creds",
             1,
             1,
             scratch=tmp_path / "scratch",
         )
-    assert gw.stats()["tasks_created"] == 0
+    assert gateway.stats()["tasks_created"] == 0
 
 
 @pytest.mark.parametrize(
