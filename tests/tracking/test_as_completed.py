@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -30,7 +30,7 @@ from imggw_client import (
     TaskStatus,
     WaitTimeoutError,
 )
-from imggw_client.mock import ManualClock, MockGateway, MockRequest, MockResponse
+from imggw_client.mock import MockGateway, MockRequest, MockResponse
 
 from ..conftest import CANARY_KEY, Driven, FakeTime, make_client
 
@@ -41,6 +41,13 @@ FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 pytestmark = pytest.mark.gateway(
     api_keys=[KEY], seed=5, duration_min=0.05, duration_max=0.5, failure_rate=0.3
 )
+# Tests whose gateway moves only when they move its clock, for the canary key, no failures.
+ON_ITS_CLOCK: dict[str, Any] = {
+    "api_keys": [CANARY_KEY],
+    "seed": 0,
+    "failure_rate": 0.0,
+    "manual_clock": True,
+}
 
 
 def finished_by(gw: MockGateway) -> dict[str, float]:
@@ -101,9 +108,12 @@ def test_async_yields_every_task_once_and_shares_one_budget(
 
 
 @pytest.mark.slow
-def test_past_its_timeout_it_names_every_task_still_running(tmp_path: Any) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
-    with gw.serve() as url, Client(KEY, url, poll=FAST) as client:
+@pytest.mark.gateway(seed=0, duration_max=0.1, failure_rate=0.0)
+def test_past_its_timeout_it_names_every_task_still_running(
+    served_gateway: tuple[MockGateway, str], tmp_path: Any
+) -> None:
+    gw, url = served_gateway
+    with Client(KEY, url, poll=FAST) as client:
         quick = [client.submit(f"quick {i}") for i in range(2)]
         gw.configure(duration_min=60, duration_max=60)
         slow = [client.submit(f"slow {i}") for i in range(3)]
@@ -139,17 +149,20 @@ async def completed(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("slow_count", [3, 13])
+@pytest.mark.gateway(**ON_ITS_CLOCK, duration_min=1, duration_max=1)
 async def test_its_timeout_error_names_every_task_left_running_and_carries_their_ids(
-    kind: str, fake_time: FakeTime, shared_serve: Any, slow_count: int
+    kind: str,
+    fake_time: FakeTime,
+    gateway: MockGateway,
+    shared_gateway_url: str,
+    slow_count: int,
 ) -> None:
-    clock = ManualClock()
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1)
-    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    client = make_client(kind, fake_time, base_url=shared_gateway_url, poll=FAST)
     try:
         quick = [await client.submit(f"quick {i}") for i in range(2)]
-        gw.configure(duration_min=3600, duration_max=3600)
+        gateway.configure(duration_min=3600, duration_max=3600)
         slow = [await client.submit(f"slow {i}") for i in range(slow_count)]
-        clock.advance(2)  # the quick ones are done at the gateway; the slow ones run on
+        gateway.advance(2)  # the quick ones are done at the gateway; the slow ones run on
         got: list[str] = []
         with pytest.raises(WaitTimeoutError) as timed_out:
             await completed(client, [*slow, *quick], 5, got)
@@ -166,17 +179,17 @@ async def test_its_timeout_error_names_every_task_left_running_and_carries_their
         )
         again = pickle.loads(pickle.dumps(err))
         assert (again.still_running, str(again)) == (err.still_running, str(err))
-        assert gw.stats()["tasks_created"] == 2 + slow_count  # a wait never submits
+        assert gateway.stats()["tasks_created"] == 2 + slow_count  # a wait never submits
     finally:
         await client.close()
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(**ON_ITS_CLOCK, duration_min=60, duration_max=60)
 async def test_one_task_left_running_is_named_as_a_single_wait_names_it(
-    kind: str, fake_time: FakeTime, shared_serve: Any
+    kind: str, fake_time: FakeTime, shared_gateway_url: str
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=60, duration_max=60)
-    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    client = make_client(kind, fake_time, base_url=shared_gateway_url, poll=FAST)
     try:
         sub = await client.submit("slow")
         with pytest.raises(WaitTimeoutError) as timed_out:
@@ -234,25 +247,28 @@ async def recovered(client: Driven, items: list[Submission]) -> list[Task]:
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(**ON_ITS_CLOCK, duration_min=1, duration_max=1)
 async def test_the_start_up_pattern_saves_every_result_left_and_reports_the_rest_by_id_and_key(
-    kind: str, fake_time: FakeTime, shared_serve: Any, tmp_path: Any
+    kind: str,
+    fake_time: FakeTime,
+    make_gateway: Callable[..., MockGateway],
+    shared_serve: Any,
+    tmp_path: Any,
 ) -> None:
     journal, out = tmp_path / "journal.sqlite", tmp_path / "out"
     # Two tasks made on a gateway that has since lost them (a restart, say): its queries 404.
-    before = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), first_task_id=500)
+    # Its clock never moves: they never finish there.
+    before = make_gateway(first_task_id=500)
     url = shared_serve(before)
     made = make_client(kind, fake_time, base_url=url, journal=journal, poll=FAST)
     try:
         forgotten = [await made.submit(f"forgotten {i}") for i in range(2)]
-        clock = ManualClock()
-        gw = MockGateway(
-            api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1, retention=100
-        )
+        gw = make_gateway(retention=100)
         assert shared_serve(gw) == url  # the same gateway, as far as the journal knows
         stale = await made.submit("kept too long")
-        clock.advance(150)  # done long ago: its result is past retention, its link dead
+        gw.advance(150)  # done long ago: its result is past retention, its link dead
         fine = [await made.submit(f"picture {i}", aspect_ratio="3:2") for i in range(7)]
-        clock.advance(2)
+        gw.advance(2)
     finally:
         await made.close()  # the process ends with ten paid tasks, none saved
 

@@ -169,10 +169,13 @@ def test_a_named_journal_that_cannot_be_written_is_an_error_before_anything_is_s
     assert sum(gw.stats()["requests"].values()) == 0
 
 
-def test_a_submit_the_gateway_refuses_leaves_no_row(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], credits=4.0, duration_min=0.01, duration_max=0.02)
+@pytest.mark.gateway(credits=4.0, duration_min=0.01, duration_max=0.02)
+def test_a_submit_the_gateway_refuses_leaves_no_row(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
-    with gw.serve() as url, Client(KEY, url, poll=FAST, journal=path) as client:
+    with Client(KEY, url, poll=FAST, journal=path) as client:
         client.submit("paid for")
         with pytest.raises(InsufficientCreditsError) as refused:
             client.submit("no credits left")

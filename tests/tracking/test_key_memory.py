@@ -47,26 +47,26 @@ def _age(path: Path, seconds: float) -> None:
         db.execute("UPDATE tasks SET created = created - ?", (seconds,))
 
 
+@pytest.mark.gateway(idempotency_ttl=HOUR, manual_clock=True)
 def test_an_unknown_submit_older_than_the_gateways_key_memory_is_reported_never_resent(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], idempotency_ttl=HOUR, manual_clock=True)
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     key = "fox-key-0123456789abcdef"
-    with gw.serve() as url:
-        # The submit left and was billed; its answer was lost (the journal says unknown).
-        with Client(KEY, url) as bare:
-            bare.submit("a fox", idempotency_key=key)
-        with Client(KEY, url, journal=path) as client:
-            assert client.journal is not None
-            client.journal.record(Sending(key, "beta", ImageRequest("a fox")), client.journal_scope)
-        _age(path, 2 * HOUR)
-        gw.advance(2 * HOUR)  # the gateway forgot the key: a resend would make a second task
-        before = posts(gw)
-        with caplog.at_level(logging.WARNING, logger="imggw_client"):
-            report = _collect(url, path, tmp_path / "out", idempotency_window=HOUR)
-        assert posts(gw) == before  # nothing sent
-        assert gw.stats()["tasks_created"] == 1  # billed once, never twice
+    # The submit left and was billed; its answer was lost (the journal says unknown).
+    with Client(KEY, url) as bare:
+        bare.submit("a fox", idempotency_key=key)
+    with Client(KEY, url, journal=path) as client:
+        assert client.journal is not None
+        client.journal.record(Sending(key, "beta", ImageRequest("a fox")), client.journal_scope)
+    _age(path, 2 * HOUR)
+    gw.advance(2 * HOUR)  # the gateway forgot the key: a resend would make a second task
+    before = posts(gw)
+    with caplog.at_level(logging.WARNING, logger="imggw_client"):
+        report = _collect(url, path, tmp_path / "out", idempotency_window=HOUR)
+    assert posts(gw) == before  # nothing sent
+    assert gw.stats()["tasks_created"] == 1  # billed once, never twice
     assert report.stale_keys == [key]
     assert report.exit_code == 1
     assert (report.saved, report.running, report.unresolved_keys) == ([], [], [])
@@ -79,21 +79,21 @@ def test_an_unknown_submit_older_than_the_gateways_key_memory_is_reported_never_
     assert (row["idempotency_key"], row["state"], row["task_id"]) == (key, "unknown", None)
 
 
-def test_within_the_window_the_same_row_is_resent_and_billed_once(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], idempotency_ttl=HOUR, duration_min=0.01, duration_max=0.02)
+@pytest.mark.gateway(idempotency_ttl=HOUR, duration_min=0.01, duration_max=0.02)
+def test_within_the_window_the_same_row_is_resent_and_billed_once(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     key = "owl-key-0123456789abcdef"
-    with gw.serve() as url:
-        with Client(KEY, url) as bare:
-            bare.submit("an owl", idempotency_key=key)
-        with Client(KEY, url, journal=path) as client:
-            assert client.journal is not None
-            client.journal.record(
-                Sending(key, "beta", ImageRequest("an owl")), client.journal_scope
-            )
-        _age(path, HOUR / 2)
-        report = _collect(url, path, tmp_path / "out", idempotency_window=HOUR)
-        assert gw.stats()["tasks_created"] == 1  # the key replayed the task
+    with Client(KEY, url) as bare:
+        bare.submit("an owl", idempotency_key=key)
+    with Client(KEY, url, journal=path) as client:
+        assert client.journal is not None
+        client.journal.record(Sending(key, "beta", ImageRequest("an owl")), client.journal_scope)
+    _age(path, HOUR / 2)
+    report = _collect(url, path, tmp_path / "out", idempotency_window=HOUR)
+    assert gw.stats()["tasks_created"] == 1  # the key replayed the task
     assert report.stale_keys == []
     assert len(report.saved) == 1  # the same task, found again and saved
 
@@ -125,61 +125,56 @@ def _lines(folder: Path) -> list[tuple[str, str, float | None]]:
         return list(found)
 
 
+@pytest.mark.gateway(
+    duration_min=0.01, duration_max=0.02, retry_after=0, fault_rate=1.0, faults=["lost"]
+)
 def test_a_batch_line_whose_key_may_be_forgotten_is_held_back_until_the_window_allows(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gw = MockGateway(
-        api_keys=[KEY],
-        duration_min=0.01,
-        duration_max=0.02,
-        retry_after=0,
-        fault_rate=1.0,
-        faults=["lost"],
-    )
+    gw, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a fox\nan owl\n")
     out = tmp_path / "out"
     quick = RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.02)
-    with gw.serve() as url:
 
-        def run(window: float) -> BatchReport:
-            return run_batch(
-                source,
-                out,
-                timeout=1.0,
-                client_factory=lambda: AsyncClient(
-                    KEY, url, poll=FAST, retry=quick, idempotency_window=window
-                ),
-            )
-
-        before = time.time()
-        first = run(HOUR)  # every answer lost: two tasks made and billed, their ids unknown
-        assert first.counts == {"pending": 2}
-        assert gw.stats()["tasks_created"] == 2
-        sent = _lines(out)
-        # Each line's first send is kept, once, however many tries followed it.
-        assert all(
-            state == "unknown" and when is not None and when >= before for _, state, when in sent
+    def run(window: float) -> BatchReport:
+        return run_batch(
+            source,
+            out,
+            timeout=1.0,
+            client_factory=lambda: AsyncClient(
+                KEY, url, poll=FAST, retry=quick, idempotency_window=window
+            ),
         )
 
-        gw.configure(fault_rate=0.0)
-        _age_lines(out, 2 * HOUR)
-        posted = posts(gw)
-        with caplog.at_level(logging.WARNING, logger="imggw_client"):
-            held = run(HOUR)
-        assert posts(gw) == posted  # nothing sent: the gateway may have forgotten both keys
-        assert held.exit_code == 3
-        assert held.counts == {"pending": 2}
-        for key, _, _ in sent:
-            (warned,) = [r for r in caplog.records if key in r.getMessage()]
-            assert "idempotency_window" in warned.getMessage()
-        assert KEY not in caplog.text
-        assert [(k, s) for k, s, _ in _lines(out)] == [(k, s) for k, s, _ in sent]
+    before = time.time()
+    first = run(HOUR)  # every answer lost: two tasks made and billed, their ids unknown
+    assert first.counts == {"pending": 2}
+    assert gw.stats()["tasks_created"] == 2
+    sent = _lines(out)
+    # Each line's first send is kept, once, however many tries followed it.
+    assert all(
+        state == "unknown" and when is not None and when >= before for _, state, when in sent
+    )
 
-        # The caller's explicit word (a gateway that remembers keys longer): sent again with
-        # their keys, the same two tasks found, nothing billed twice, the first send kept.
-        again = run(3 * HOUR)
-        assert again.exit_code == 0
-        assert again.counts == {"saved": 2}
-        assert gw.stats()["tasks_created"] == 2
+    gw.configure(fault_rate=0.0)
+    _age_lines(out, 2 * HOUR)
+    posted = posts(gw)
+    with caplog.at_level(logging.WARNING, logger="imggw_client"):
+        held = run(HOUR)
+    assert posts(gw) == posted  # nothing sent: the gateway may have forgotten both keys
+    assert held.exit_code == 3
+    assert held.counts == {"pending": 2}
+    for key, _, _ in sent:
+        (warned,) = [r for r in caplog.records if key in r.getMessage()]
+        assert "idempotency_window" in warned.getMessage()
+    assert KEY not in caplog.text
+    assert [(k, s) for k, s, _ in _lines(out)] == [(k, s) for k, s, _ in sent]
+
+    # The caller's explicit word (a gateway that remembers keys longer): sent again with
+    # their keys, the same two tasks found, nothing billed twice, the first send kept.
+    again = run(3 * HOUR)
+    assert again.exit_code == 0
+    assert again.counts == {"saved": 2}
+    assert gw.stats()["tasks_created"] == 2
     assert [when for _, _, when in _lines(out)] == [when - 2 * HOUR for _, _, when in sent]

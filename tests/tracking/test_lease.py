@@ -79,34 +79,38 @@ def downloads(gw: MockGateway) -> int:
     return sum(n for route, n in gw.stats()["requests"].items() if "results" in route)
 
 
-def test_a_recovery_leaves_the_tasks_a_live_process_works_on(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], duration_min=0.5, duration_max=1.0)
+@pytest.mark.gateway(duration_min=0.5, duration_max=1.0)
+def test_a_recovery_leaves_the_tasks_a_live_process_works_on(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
-    with gw.serve() as url:
-        with app(url, path, tmp_path / "app") as proc:
-            with Client(KEY, url, poll=FAST, journal=path) as client:
-                assert client.unfinished() == []  # all ten are the application's
-            report = _collect(url, path, tmp_path / "recovered")
-            out, err = proc.communicate(timeout=60)
-            assert b"all done" in out, err.decode()
-        assert (report.saved, report.running, report.unresolved_keys) == ([], [], [])
-        assert downloads(gw) == 10  # each result once, by the process that made it (not 20)
-        assert gw.stats()["tasks_created"] == 10
+    with app(url, path, tmp_path / "app") as proc:
+        with Client(KEY, url, poll=FAST, journal=path) as client:
+            assert client.unfinished() == []  # all ten are the application's
+        report = _collect(url, path, tmp_path / "recovered")
+        out, err = proc.communicate(timeout=60)
+        assert b"all done" in out, err.decode()
+    assert (report.saved, report.running, report.unresolved_keys) == ([], [], [])
+    assert downloads(gw) == 10  # each result once, by the process that made it (not 20)
+    assert gw.stats()["tasks_created"] == 10
     assert [r["state"] for r in rows(path)] == ["saved"] * 10
 
 
-def test_a_killed_process_frees_its_tasks_at_once(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[KEY], manual_clock=True)  # no task ends unless told
+@pytest.mark.gateway(manual_clock=True)  # no task ends unless told
+def test_a_killed_process_frees_its_tasks_at_once(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
-    with gw.serve() as url:
-        with app(url, path, tmp_path / "app") as proc:
-            assert _collect(url, path, tmp_path / "out").saved == []  # held by a live process
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        gw.advance(3600)
-        report = _collect(url, path, tmp_path / "out")  # its pid is gone: no lease to wait out
-        assert len(report.saved) == 10
-        assert gw.stats()["tasks_created"] == 10
+    with app(url, path, tmp_path / "app") as proc:
+        assert _collect(url, path, tmp_path / "out").saved == []  # held by a live process
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    gw.advance(3600)
+    report = _collect(url, path, tmp_path / "out")  # its pid is gone: no lease to wait out
+    assert len(report.saved) == 10
+    assert gw.stats()["tasks_created"] == 10
 
 
 def test_a_lease_is_free_when_lapsed_or_its_process_is_gone(

@@ -47,24 +47,26 @@ class HeldQueries(httpx.AsyncBaseTransport):
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(manual_clock=True)  # no task finishes unless told
 async def test_no_more_lines_are_in_flight_than_the_window_holds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_loop, "MIN_IN_FLIGHT", 3)
     monkeypatch.setattr(_loop, "IN_FLIGHT_PER_SLOT", 1)
-    gw = MockGateway(manual_clock=True)  # no task finishes unless told
-    held = HeldQueries(gw)
+    held = HeldQueries(gateway)
     source = [f"p{n}" for n in range(10)]
-    client = AsyncClient(api_key=gw.config.api_keys[0], base_url=IN_PROCESS_URL, transport=held)
+    client = AsyncClient(
+        api_key=gateway.config.api_keys[0], base_url=IN_PROCESS_URL, transport=held
+    )
     async with client, anyio.create_task_group() as group:
         group.start_soon(
             functools.partial(arun_batch, source, tmp_path / "out", client=client, concurrency=2)
         )
         with anyio.fail_after(60):  # a run that never sends three fails, never hangs
-            while gw.stats()["tasks_created"] < 3:
+            while gateway.stats()["tasks_created"] < 3:
                 await anyio.sleep(0.01)
         await anyio.wait_all_tasks_blocked()  # every line that could go has gone
-        assert gw.stats()["tasks_created"] == 3  # max(3, 2 x 1): the window is full
+        assert gateway.stats()["tasks_created"] == 3  # max(3, 2 x 1): the window is full
         group.cancel_scope.cancel()
     with Ledger.open(tmp_path / "out") as ledger:
         assert ledger.totals().counts == {RUNNING: 3, UNKNOWN: 7}
@@ -163,22 +165,24 @@ class _Memory:
 
 
 @pytest.mark.anyio
-async def test_what_an_item_is_says_what_the_loop_does_with_it(tmp_path: Path) -> None:
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
+async def test_what_an_item_is_says_what_the_loop_does_with_it(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
     """No mode of the loop: an item with no task id is submitted with its key, one with an id
     is waited on and never submitted, and a NotFound is asked again a few times only for an
     item its store made (a task just made may not be visible everywhere yet)."""
-    gw = MockGateway(duration_min=0.01, duration_max=0.02)
     asked: Counter[str] = Counter()
-    handle = gw.handle
+    handle = gateway.handle
 
     def spy(request: MockRequest) -> MockResponse:
         if request.method == "GET" and "/tasks/" in request.path:
             asked[request.path.rsplit("/", 1)[1]] += 1
         return handle(request)
 
-    gw.handle = spy  # type: ignore[method-assign]
+    gateway.handle = spy  # type: ignore[method-assign]
     retry = RetryPolicy(max_attempts=2, initial_backoff=0.001, max_backoff=0.002)
-    async with gw.async_client(retry=retry) as client:
+    async with gateway.async_client(retry=retry) as client:
         made_elsewhere = await client.submit("made elsewhere")
         fields = {"prompt": "a fox", "aspect_ratio": "auto", "resolution": "1k"}
         items = [
@@ -192,7 +196,7 @@ async def test_what_an_item_is_says_what_the_loop_does_with_it(tmp_path: Path) -
         memory = _Memory(items, tmp_path)
         course = Course(deadline=math.inf, line_timeout=None, redact=client.redact)
         await _loop.Loop(client, memory, memory, course, concurrency=2).run()
-    assert gw.stats()["tasks_created"] == 2  # the one made elsewhere, and the fox: none resent
+    assert gateway.stats()["tasks_created"] == 2  # the one made elsewhere, and the fox: none resent
     assert memory.sent == [1]  # the store was told before the fox's submit left, and only then
     assert [item.state for item in items[:2]] == [State.SAVED, State.SAVED]
     assert memory.failed == {3: "not_found", 4: "not_found"}  # each fails alone

@@ -65,39 +65,40 @@ def test_collect_saves_every_journaled_task_and_resends_a_lost_submit_with_its_k
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(manual_clock=True)  # no task ends unless told
 def test_without_wait_running_tasks_are_reported_and_an_unknown_one_fails_alone(
+    served_gateway: tuple[MockGateway, str],
     tmp_path: Path,
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], manual_clock=True)  # no task ends unless told
+    gw, url = served_gateway
     path = tmp_path / "j.sqlite"
-    with gw.serve() as url:
 
-        async def submit() -> None:
-            async with AsyncClient(KEY, url, poll=FAST, journal=path) as client:
-                await client.submit("still running")
-                # A task the gateway does not know (another gateway's, or forgotten).
-                journal, scope = client.journal, client.journal_scope
-                assert journal is not None
-                journal.record(Sending("k-gone", "beta", ImageRequest("gone")), scope)
-                when = datetime.now(timezone.utc)
-                journal.record(
-                    Accepted(
-                        Submission(
-                            task_id="999999",
-                            idempotency_key="k-gone",
-                            surface="beta",
-                            submitted_at=when,
-                        )
-                    ),
-                    scope,
-                )
+    async def submit() -> None:
+        async with AsyncClient(KEY, url, poll=FAST, journal=path) as client:
+            await client.submit("still running")
+            # A task the gateway does not know (another gateway's, or forgotten).
+            journal, scope = client.journal, client.journal_scope
+            assert journal is not None
+            journal.record(Sending("k-gone", "beta", ImageRequest("gone")), scope)
+            when = datetime.now(timezone.utc)
+            journal.record(
+                Accepted(
+                    Submission(
+                        task_id="999999",
+                        idempotency_key="k-gone",
+                        surface="beta",
+                        submitted_at=when,
+                    )
+                ),
+                scope,
+            )
 
-        anyio.run(submit)
-        report, seen = _collect(url, path, tmp_path / "out", wait=False)
-        asked = gw.stats()["requests"]
-        again, _ = _collect(url, path, tmp_path / "out", wait=False)
-        # Final: the second collect never asks about it again (one query, the running task's).
-        assert sum(gw.stats()["requests"].values()) - sum(asked.values()) == 1
+    anyio.run(submit)
+    report, seen = _collect(url, path, tmp_path / "out", wait=False)
+    asked = gw.stats()["requests"]
+    again, _ = _collect(url, path, tmp_path / "out", wait=False)
+    # Final: the second collect never asks about it again (one query, the running task's).
+    assert sum(gw.stats()["requests"].values()) - sum(asked.values()) == 1
     assert (report.not_found, report.failed) == (["999999"], [])
     assert len(report.running) == 1
     assert report.saved == []
