@@ -10,7 +10,7 @@ import pytest
 
 from imggw_client.mock import MockGateway
 
-from .helpers import CANARY, imggw
+from .helpers import imggw
 
 # The pinned fields of DESIGN 6, then money and link expiry.
 TASK_FIELDS = {
@@ -176,17 +176,19 @@ def test_exit_2_for_a_reused_key(served_gateway: tuple[MockGateway, str]) -> Non
 
 
 @pytest.mark.slow
-def test_exit_3_on_timeout_with_how_to_resume(tmp_path: Path) -> None:
-    slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
-    with slow.serve() as url:
-        sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
-        run = imggw("poll", sub["task_id"], "--timeout", "0.3", "--base-url", url)
-        gen = imggw("generate", "a cat", "--timeout", "0.3", "--base-url", url, "-o", str(tmp_path))
-        dl = imggw("download", sub["task_id"], "--base-url", url, "-o", str(tmp_path))
-        # --wait -t 0 means now, not the default 600 s: one look, then exit 3
-        now = imggw(
-            "download", sub["task_id"], "--wait", "-t", "0", "--base-url", url, "-o", str(tmp_path)
-        )
+@pytest.mark.gateway(duration_min=30, duration_max=30)
+def test_exit_3_on_timeout_with_how_to_resume(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
+    sub = imggw("submit", "a cat", "--base-url", url, "--json").records()[0]
+    run = imggw("poll", sub["task_id"], "--timeout", "0.3", "--base-url", url)
+    gen = imggw("generate", "a cat", "--timeout", "0.3", "--base-url", url, "-o", str(tmp_path))
+    dl = imggw("download", sub["task_id"], "--base-url", url, "-o", str(tmp_path))
+    # --wait -t 0 means now, not the default 600 s: one look, then exit 3
+    now = imggw(
+        "download", sub["task_id"], "--wait", "-t", "0", "--base-url", url, "-o", str(tmp_path)
+    )
     assert run.code == 3
     assert f"resume with: imggw poll {sub['task_id']} --surface beta" in run.err
     assert gen.code == 3
@@ -240,12 +242,13 @@ def test_exit_5_for_a_network_error_and_1_for_no_such_task(no_backoff: list[floa
     assert "imggw mock serve" in missing.err
 
 
+@pytest.mark.gateway(fault_rate=1.0, faults=["lost"])
 def test_exit_5_for_an_unknown_submit_outcome_with_the_safe_retry(
+    served_gateway: tuple[MockGateway, str],
     no_backoff: list[float],
 ) -> None:
-    lossy = MockGateway(api_keys=[CANARY], fault_rate=1.0, faults=["lost"])
-    with lossy.serve() as url:
-        run = imggw("submit", "a private prompt", "--base-url", url, "-a", "16:9")
+    lossy, url = served_gateway
+    run = imggw("submit", "a private prompt", "--base-url", url, "-a", "16:9")
     assert run.code == 5
     assert "--idempotency-key" in run.err
     assert "--aspect-ratio 16:9" in run.err

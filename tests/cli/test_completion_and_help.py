@@ -65,16 +65,18 @@ def test_bash_loads_the_script_and_completes_through_it() -> None:
     assert done.stdout.split() == ["tasks"]
 
 
-def test_imggw_surface_chooses_the_surface_and_an_option_beats_it() -> None:
-    gw = MockGateway(api_keys=["sk-surface-test-0001"], duration_min=0.01, duration_max=0.02)
-    with gw.serve() as url:
-        env = {"IMGGW_API_KEY": "sk-surface-test-0001", "IMGGW_SURFACE": "alpha"}
-        sent = imggw("submit", "a fox", "--base-url", url, "--json", env=env)
-        assert sent.code == 0, sent.err
-        assert sent.records()[0]["surface"] == "alpha"
-        beta = imggw("submit", "a fox", "--base-url", url, "--json", "--surface", "beta", env=env)
-        assert beta.records()[0]["surface"] == "beta"
-        requests = gw.stats()["requests"]
+@pytest.mark.gateway(api_keys=["sk-surface-test-0001"], duration_min=0.01, duration_max=0.02)
+def test_imggw_surface_chooses_the_surface_and_an_option_beats_it(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gw, url = served_gateway
+    env = {"IMGGW_API_KEY": "sk-surface-test-0001", "IMGGW_SURFACE": "alpha"}
+    sent = imggw("submit", "a fox", "--base-url", url, "--json", env=env)
+    assert sent.code == 0, sent.err
+    assert sent.records()[0]["surface"] == "alpha"
+    beta = imggw("submit", "a fox", "--base-url", url, "--json", "--surface", "beta", env=env)
+    assert beta.records()[0]["surface"] == "beta"
+    requests = gw.stats()["requests"]
     assert any(path.startswith("POST /alpha") for path in requests)
     bad = imggw("status", "1", "--mock", env={"IMGGW_SURFACE": "gamma"})
     assert bad.code == 2

@@ -91,14 +91,16 @@ def test_a_task_the_key_cannot_see_exits_1_on_every_command_and_over_3(
 
 
 @pytest.mark.slow
-def test_credits_ran_out_exits_6_on_every_command(tasks: Tasks, tmp_path: Path) -> None:
-    poor = MockGateway(api_keys=[CANARY], credits=0, duration_min=0.02, duration_max=0.05)
-    with poor.serve() as url:
-        generate = imggw("generate", "a cat", "--base-url", url, "-o", str(tmp_path / "g"))
-        submit = imggw("submit", "a cat", "--base-url", url)
-        source = tmp_path / "prompts.txt"
-        source.write_text("a cat\na dog\n")
-        batch = imggw("batch", str(source), "-o", str(tmp_path / "batch"), "--base-url", url)
+@pytest.mark.gateway(credits=0, duration_max=0.05)
+def test_credits_ran_out_exits_6_on_every_command(
+    served_gateway: tuple[MockGateway, str], tasks: Tasks, tmp_path: Path
+) -> None:
+    poor, url = served_gateway
+    generate = imggw("generate", "a cat", "--base-url", url, "-o", str(tmp_path / "g"))
+    submit = imggw("submit", "a cat", "--base-url", url)
+    source = tmp_path / "prompts.txt"
+    source.write_text("a cat\na dog\n")
+    batch = imggw("batch", str(source), "-o", str(tmp_path / "batch"), "--base-url", url)
     assert (generate.code, submit.code, batch.code) == (6, 6, 6), generate.err
     assert generate.err.rstrip().endswith(
         "(insufficient_credits): top up the account, then run the same command again"

@@ -4,7 +4,7 @@ makes, and help that names each environment variable once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,10 @@ from .helpers import CANARY, imggw
 
 
 @pytest.fixture
-def two_gateways() -> Iterator[tuple[str, str]]:
-    first = MockGateway(api_keys=[CANARY])
-    second = MockGateway(api_keys=[CANARY])
-    with first.serve() as url_a, second.serve() as url_b:
-        yield url_a, url_b
+def two_gateways(
+    make_gateway: Callable[..., MockGateway], serve_gateway: Callable[[MockGateway], str]
+) -> tuple[str, str]:
+    return serve_gateway(make_gateway()), serve_gateway(make_gateway())
 
 
 def created(url: str) -> int:

@@ -165,19 +165,21 @@ def test_a_submit_killed_mid_request_is_collected_once(tmp_path: Path) -> None:
     assert CANARY.encode() not in collected.stdout + collected.stderr
 
 
-def test_collect_exits_3_while_tasks_run_and_1_when_one_failed(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
-    with gw.serve() as url:
-        assert imggw("submit", "slow", "--base-url", url).code == 0
-        running = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
-        assert running.code == 3, running.err
-        assert "still running" in running.err
-        gw.configure(duration_min=0.01, duration_max=0.02, failure_rate=1.0)
-        assert imggw("submit", "doomed", "--base-url", url).code == 0
-        gw.configure(failure_rate=0.0, duration_min=30, duration_max=30)
-        failed = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
-        assert failed.code == 1, failed.err
-        assert "failed" in failed.err
+@pytest.mark.gateway(duration_min=30, duration_max=30)
+def test_collect_exits_3_while_tasks_run_and_1_when_one_failed(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    gw, url = served_gateway
+    assert imggw("submit", "slow", "--base-url", url).code == 0
+    running = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
+    assert running.code == 3, running.err
+    assert "still running" in running.err
+    gw.configure(duration_min=0.01, duration_max=0.02, failure_rate=1.0)
+    assert imggw("submit", "doomed", "--base-url", url).code == 0
+    gw.configure(failure_rate=0.0, duration_min=30, duration_max=30)
+    failed = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
+    assert failed.code == 1, failed.err
+    assert "failed" in failed.err
 
 
 @pytest.mark.slow

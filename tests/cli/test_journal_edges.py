@@ -66,21 +66,21 @@ def wait_done(url: str, task_id: str) -> None:
 # ---------------------------------------------------------------------------- key memory
 
 
+@pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
 def test_collect_names_a_submit_older_than_the_key_memory_sends_nothing_and_exits_1(
-    no_backoff: list[float], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], no_backoff: list[float], tmp_path: Path
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY], duration_min=0.01, duration_max=0.02)
-    with gw.serve() as url:
-        gw.configure(fault_rate=1.0, faults=["lost"])  # the task is made, its answer lost
-        lost = imggw("submit", "a paid fox", "-a", "16:9", "--base-url", url)
-        assert lost.code == 5, lost.err
-        gw.configure(fault_rate=0.0)
-        (row,) = rows(journal_file())
-        assert row["state"] == "unknown"
-        age(journal_file(), 2 * 86400)  # sent two days ago: the gateway forgot the key
-        sent_before = posts(gw)
-        collected = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
-        assert posts(gw) == sent_before  # never sent again: it could be billed twice
+    gw, url = served_gateway
+    gw.configure(fault_rate=1.0, faults=["lost"])  # the task is made, its answer lost
+    lost = imggw("submit", "a paid fox", "-a", "16:9", "--base-url", url)
+    assert lost.code == 5, lost.err
+    gw.configure(fault_rate=0.0)
+    (row,) = rows(journal_file())
+    assert row["state"] == "unknown"
+    age(journal_file(), 2 * 86400)  # sent two days ago: the gateway forgot the key
+    sent_before = posts(gw)
+    collected = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url)
+    assert posts(gw) == sent_before  # never sent again: it could be billed twice
     assert collected.code == 1, collected.err
     key = row["idempotency_key"]
     assert f"idempotency key {key}" in collected.err
@@ -388,22 +388,24 @@ def test_status_and_download_tell_the_journal_what_they_see(
     assert rows(journal_file())[0]["state"] == "saved"
 
 
-def test_collect_says_how_many_tasks_belong_to_another_key_or_gateway(tmp_path: Path) -> None:
-    gw = MockGateway(api_keys=[CANARY, OTHER_KEY], duration_min=0.01, duration_max=0.02)
-    with gw.serve() as url:
-        submitted(url, "a fox")
-        submitted(url.replace("127.0.0.1", "localhost"), "a cat")  # another spelling
-        other = imggw(
-            "tasks",
-            "collect",
-            "-o",
-            str(tmp_path),
-            "--base-url",
-            url,
-            "--wait",
-            "-q",
-            env={"IMGGW_API_KEY": OTHER_KEY},
-        )
+@pytest.mark.gateway(api_keys=[CANARY, OTHER_KEY], duration_min=0.01, duration_max=0.02)
+def test_collect_says_how_many_tasks_belong_to_another_key_or_gateway(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
+    submitted(url, "a fox")
+    submitted(url.replace("127.0.0.1", "localhost"), "a cat")  # another spelling
+    other = imggw(
+        "tasks",
+        "collect",
+        "-o",
+        str(tmp_path),
+        "--base-url",
+        url,
+        "--wait",
+        "-q",
+        env={"IMGGW_API_KEY": OTHER_KEY},
+    )
     assert other.code == 0, other.err  # written down: another key's tasks are not this run's
     assert "2 unfinished task(s) in the journal belong to another API key or gateway" in other.err
     assert "IMGGW_API_KEY" in other.err

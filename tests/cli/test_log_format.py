@@ -260,33 +260,33 @@ def test_a_bad_log_format_exits_2_with_one_line(served_gateway: tuple[MockGatewa
 
 @pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.slow
+@pytest.mark.gateway(duration_min=30, duration_max=30)
 def test_ctrl_c_or_sigterm_during_a_wait_is_an_interrupted_object_and_its_exit_code(
-    tmp_path: Path, sent: signal.Signals, code: int
+    served_gateway: tuple[MockGateway, str], tmp_path: Path, sent: signal.Signals, code: int
 ) -> None:
-    slow = MockGateway(api_keys=[CANARY], duration_min=30, duration_max=30)
-    with slow.serve() as url:
-        child = subprocess.Popen(
-            [
-                *IMGGW,
-                "--log-format",
-                "json",
-                "generate",
-                "a cat",
-                "--base-url",
-                url,
-                "-o",
-                str(tmp_path),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env(),
-        )
-        assert child.stderr is not None
-        first = json.loads(child.stderr.readline())  # the wait is under way
-        assert first["event"] == "progress"
-        child.send_signal(sent)
-        out, rest = child.communicate(timeout=30)
+    _, url = served_gateway
+    child = subprocess.Popen(
+        [
+            *IMGGW,
+            "--log-format",
+            "json",
+            "generate",
+            "a cat",
+            "--base-url",
+            url,
+            "-o",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    assert child.stderr is not None
+    first = json.loads(child.stderr.readline())  # the wait is under way
+    assert first["event"] == "progress"
+    child.send_signal(sent)
+    out, rest = child.communicate(timeout=30)
     assert child.returncode == code
     assert out == ""
     assert CANARY not in out + rest

@@ -131,33 +131,35 @@ def test_a_bad_progress_every_exits_2_in_one_line_and_sends_nothing(
 
 
 @pytest.mark.slow
-def test_progress_lines_come_while_tasks_run_and_nothing_changes(tmp_path: Path) -> None:
+@pytest.mark.gateway(duration_min=4, duration_max=4)
+def test_progress_lines_come_while_tasks_run_and_nothing_changes(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
     """Tasks of 4 s, a line at least every 0.5 s: lines with the same counts, elapsed going
     on (the engine ticks every second), in the JSON log of a real process."""
-    gw = MockGateway(api_keys=[CANARY], duration_min=4, duration_max=4)
+    _, url = served_gateway
     source = tmp_path / "in.txt"
     source.write_text("a cat\n")
-    with gw.serve() as url:
-        done = subprocess.run(
-            [
-                *IMGGW,
-                "--log-format",
-                "json",
-                "batch",
-                str(source),
-                "-o",
-                str(tmp_path / "out"),
-                "--base-url",
-                url,
-                "--progress-every",
-                "0.5",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=process_env(CANARY),
-            check=False,
-        )
+    done = subprocess.run(
+        [
+            *IMGGW,
+            "--log-format",
+            "json",
+            "batch",
+            str(source),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--progress-every",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=process_env(CANARY),
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stderr.splitlines()]
     running = [r for r in records if r["event"] == "batch_progress" and r["counts"]["running"]]

@@ -5,21 +5,22 @@ runs as pasted."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from imggw_client.mock import MockGateway
 
-from .helpers import CANARY, imggw
+from .helpers import imggw
 
 
 @pytest.fixture
-def slow() -> Iterator[str]:
+def slow(
+    make_gateway: Callable[..., MockGateway], serve_gateway: Callable[[MockGateway], str]
+) -> str:
     """A gateway whose tasks run for a minute: every wait here ends before they do."""
-    with MockGateway(api_keys=[CANARY], duration_min=60, duration_max=60).serve() as url:
-        yield url
+    return serve_gateway(make_gateway(duration_min=60, duration_max=60))
 
 
 def hint(err: str, after: str, before: str = "\n") -> list[str]:
@@ -81,15 +82,13 @@ def test_a_task_found_in_the_journal_resumes_on_its_surface(slow: str, tmp_path:
     ]
 
 
+@pytest.mark.gateway(fault_rate=1.0, faults=["lost"])
 def test_a_generate_of_unknown_outcome_is_resent_into_its_folder(
-    no_backoff: list[float], tmp_path: Path
+    served_gateway: tuple[MockGateway, str], no_backoff: list[float], tmp_path: Path
 ) -> None:
-    lossy = MockGateway(api_keys=[CANARY], fault_rate=1.0, faults=["lost"])
+    _, url = served_gateway
     folder = tmp_path / "my out"
-    with lossy.serve() as url:
-        lost = imggw(
-            "generate", "a private prompt", "-a", "16:9", "-o", str(folder), "--base-url", url
-        )
+    lost = imggw("generate", "a private prompt", "-a", "16:9", "-o", str(folder), "--base-url", url)
     assert lost.code == 5, lost.err
     words = hint(lost.err, "resubmit safely (no second task) with: ")
     assert words[:9] == [
