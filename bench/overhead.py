@@ -16,14 +16,18 @@ metric recorded). Target: ``off`` and ``api`` within the noise of each other; ``
 cost of being traced, recorded here.
 
 And, with ``--instructions PAIRS``, only the instructions each contender runs per in-process
-pair, counted by valgrind's callgrind: a figure no other process's load moves.
+pair, counted by valgrind's callgrind: a figure no other process's load moves; with ``--async``
+too, ``AsyncClient`` against ``httpx.AsyncClient`` the same way (the pairs awaited in one
+``asyncio.run``).
 
 Run: python bench/overhead.py [--rounds N] [--per-round N] [--json] [--instructions PAIRS]
+[--async]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import json
@@ -32,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -44,7 +48,7 @@ TELEMETRY = ("off", "api", "sdk")
 if "--telemetry" in sys.argv and sys.argv[sys.argv.index("--telemetry") + 1] == "off":
     sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # as without the extra
 
-from imggw_client import Client  # noqa: E402
+from imggw_client import AsyncClient, Client  # noqa: E402
 
 KEY = "bench-key-0123456789"
 BODY = {
@@ -76,6 +80,31 @@ def sdk_pair(client: Client) -> Callable[[], None]:
     def pair() -> None:
         sub = client.submit("a lighthouse at dusk", aspect_ratio="16:9", resolution="2k")
         assert client.get(sub.task_id).progress == 40
+
+    return pair
+
+
+def async_raw_pair(http: httpx.AsyncClient, base: str) -> Callable[[], Awaitable[None]]:
+    """:func:`raw_pair`, awaited."""
+    import uuid
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    async def pair() -> None:
+        headers = {**auth, "Idempotency-Key": uuid.uuid4().hex}
+        url = f"{base}/beta/v1/images/generations"
+        submitted = await http.post(url, json=BODY, headers=headers)
+        task_id = submitted.json()["data"][0]["task_id"]
+        record = (await http.get(f"{base}/beta/v1/tasks/{task_id}", headers=auth)).json()
+        assert record["data"]["status"] == "processing"
+
+    return pair
+
+
+def async_sdk_pair(client: AsyncClient) -> Callable[[], Awaitable[None]]:
+    async def pair() -> None:
+        sub = await client.submit("a lighthouse at dusk", aspect_ratio="16:9", resolution="2k")
+        assert (await client.get(sub.task_id)).progress == 40
 
     return pair
 
@@ -201,6 +230,9 @@ def telemetry_modes(rounds: int, per_round: int) -> dict[str, dict[str, float]]:
 def run_pairs(contender: str, pairs: int) -> None:
     """(internal) ``pairs`` in-process pairs of one contender after 50 to warm up: what
     :func:`instructions` counts."""
+    if contender.endswith("-async"):
+        asyncio.run(run_async_pairs(contender, pairs))
+        return
     http = httpx.Client(transport=httpx.MockTransport(in_process_handler))
     base = "http://bench.local"
     if contender == "raw":
@@ -216,9 +248,25 @@ def run_pairs(contender: str, pairs: int) -> None:
         pair()
 
 
-def instructions(pairs: int) -> dict[str, float]:
+async def run_async_pairs(contender: str, pairs: int) -> None:
+    """(internal) :func:`run_pairs` for ``raw-async`` and ``imggw-async``, on one event loop."""
+    http = httpx.AsyncClient(transport=httpx.MockTransport(in_process_handler))
+    base = "http://bench.local"
+    if contender == "raw-async":
+        pair = async_raw_pair(http, base)
+    else:
+        pair = async_sdk_pair(AsyncClient(api_key=KEY, base_url=base, http_client=http))
+    for _ in range(50):
+        await pair()
+    gc.freeze()  # as in run_pairs
+    for _ in range(pairs):
+        await pair()
+
+
+def instructions(pairs: int, *, asynchronous: bool = False) -> dict[str, float]:
     """Instructions per in-process pair (valgrind's callgrind), each contender's run less the
-    same run with no pair but the warm-up: a count no other process's load moves."""
+    same run with no pair but the warm-up: a count no other process's load moves.
+    ``asynchronous``: ``AsyncClient`` and ``httpx.AsyncClient`` instead."""
 
     def count(contender: str, n: int) -> int:
         command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
@@ -226,7 +274,8 @@ def instructions(pairs: int) -> dict[str, float]:
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         return int(done.stderr.split("Collected : ")[1].split()[0])
 
-    raw, sdk = ((count(c, pairs) - count(c, 0)) / pairs for c in ("raw", "imggw"))
+    contenders = ("raw-async", "imggw-async") if asynchronous else ("raw", "imggw")
+    raw, sdk = ((count(c, pairs) - count(c, 0)) / pairs for c in contenders)
     return {"raw_ir": raw, "sdk_ir": sdk, "ratio": sdk / raw, "target": 1.25}
 
 
@@ -242,18 +291,26 @@ def main() -> int:
         metavar="PAIRS",
         help="only count instructions per in-process pair over PAIRS pairs (needs valgrind)",
     )
+    parser.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="with --instructions: AsyncClient against httpx.AsyncClient",
+    )
     parser.add_argument("--count-pairs", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.count_pairs:
         run_pairs(args.count_pairs[0], int(args.count_pairs[1]))
         return 0
     if args.instructions:
-        found = instructions(args.instructions)
+        found = instructions(args.instructions, asynchronous=args.asynchronous)
+        which = "AsyncClient, " if args.asynchronous else ""
         print(
             json.dumps(found)
             if args.json
-            else f"instructions per in-process submit+get: raw httpx {found['raw_ir']:,.0f}, "
-            f"imggw {found['sdk_ir']:,.0f}, ratio {found['ratio']:.3f}x"
+            else f"instructions per in-process submit+get ({which}{args.instructions} pairs): "
+            f"raw httpx {found['raw_ir']:,.0f}, imggw {found['sdk_ir']:,.0f}, "
+            f"ratio {found['ratio']:.3f}x"
         )
         return 0
     if args.telemetry:
