@@ -86,30 +86,32 @@ def build_request(
     # a caller adds can replace it.
     headers["User-Agent"] = agent
     headers[surfaces.AUTHORIZATION_HEADER] = surfaces.authorization(settings.api_key)
+    extensions: dict[str, Any] = {"timeout": request_timeout(settings, send.timeout)}
+    if send.gate is not None:
+        extensions["trace"] = _gated(http, send.gate)
     return http.build_request(
         wire.method,
         settings.base_url + wire.path,
         params=wire.params,
         headers=headers,
         content=wire.body,
-        timeout=request_timeout(http, settings, send.timeout),
-        extensions={} if send.gate is None else {"trace": _gated(http, send.gate)},
+        extensions=extensions,
     )
 
 
-def request_timeout(http: HttpClient, settings: Settings, seconds: float) -> Any:
-    """The timeout ``http`` takes for a request that must end within ``seconds``: those
-    seconds, or, when the caller gave an ``httpx.Timeout`` (or httpx2's), each of its limits
-    within them, as a Timeout of ``http``'s own library."""
+def request_timeout(settings: Settings, seconds: float) -> dict[str, float | None]:
+    """The timeout of a request that must end within ``seconds``, as httpx's ``timeout``
+    extension: those seconds for each phase, or, when the caller gave an ``httpx.Timeout`` (or
+    httpx2's), each of its limits within them. What ``Timeout(...).as_dict()`` is, in either
+    library, without a Timeout made (and copied by ``build_request``) for every request."""
     given = settings.http_timeout
     if given is None:
-        return seconds
-    limits = [
+        return {"connect": seconds, "read": seconds, "write": seconds, "pool": seconds}
+    connect, read, write, pool = (
         seconds if limit is None else min(limit, seconds)
         for limit in (given.connect, given.read, given.write, given.pool)
-    ]
-    library = library_of(type(http)) or httpx
-    return library.Timeout(connect=limits[0], read=limits[1], write=limits[2], pool=limits[3])
+    )
+    return {"connect": connect, "read": read, "write": write, "pool": pool}
 
 
 # httpcore's trace event right before it writes a request's head (HTTP/1.1 and HTTP/2 alike):
@@ -206,7 +208,7 @@ def download_request(
         "GET",
         fetch.url,
         headers=download_headers(agent),
-        timeout=request_timeout(http, settings, fetch.timeout),
+        extensions={"timeout": request_timeout(settings, fetch.timeout)},
     )
 
 
