@@ -77,6 +77,17 @@ def authorization(api_key: str) -> str:
     return f"{spec.BEARER} {api_key}"
 
 
+def _places(wire: SurfaceSpec) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """Where each part of a request goes in ``wire``'s submit body, in body order: the part,
+    the objects that hold it, its field."""
+    split = ((part, path.split(".")) for part, path in wire.request.items())
+    return tuple((part, tuple(names[:-1]), names[-1]) for part, names in split)
+
+
+# The dotted paths split once, not at every submit.
+_BODY_PLACES = {name: _places(wire) for name, wire in spec.SPECS.items()}
+
+
 def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
     """The JSON body of a submit, in the wire form of ``surface`` (fields in body order)."""
     wire = spec.of(surface)
@@ -88,8 +99,7 @@ def submit_body(surface: Surface, request: ImageRequest) -> dict[str, Any]:
         "n": spec.N,
     }
     body: dict[str, Any] = {}
-    for name, path in wire.request.items():
-        *parents, leaf = path.split(".")
+    for name, parents, leaf in _BODY_PLACES[surface]:
         place = body
         for parent in parents:
             place = place.setdefault(parent, {})
