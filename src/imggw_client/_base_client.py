@@ -540,11 +540,12 @@ class BaseClient(Generic[H]):
 
     def _operation(self, name: str, surface: object) -> _telemetry.Watch:
         """The span of one public call (DESIGN 17): a null one when telemetry is off."""
-        shown = surface if isinstance(surface, str) else self._settings.surface
-        watch = _telemetry.operation(name, shown)
         # The flows observe only while something records: a provider is set once, at start.
-        self._flows.observe = watch is not _telemetry.NULL
-        return watch
+        self._flows.observe = observe = _telemetry.active()
+        if not observe:
+            return _telemetry.NULL
+        shown = surface if isinstance(surface, str) else self._settings.surface
+        return _telemetry.Operation(name, shown)
 
     def _closed_failure(self) -> TransportFailure | None:
         """The failure to report instead of sending, once the client is closed."""

@@ -49,7 +49,6 @@ __all__ = [
     "current",
     "group",
     "line_span",
-    "operation",
     "resumed",
 ]
 
@@ -286,14 +285,6 @@ def _none_set() -> bool:
         and getattr(_trace, "_TRACER_PROVIDER", _MOVED) is None
         and getattr(_metrics_internal, "_METER_PROVIDER", _MOVED) is None
     )
-
-
-def operation(name: str | None, surface: str) -> Operation | _Null:
-    """The span of one public call (``name``), or the null one when nothing would record it
-    or the call is not one (``name`` None)."""
-    if name is None or not active():
-        return NULL
-    return Operation(name, surface)
 
 
 def group(name: str, surface: str) -> AbstractContextManager[Any]:
