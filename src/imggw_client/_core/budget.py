@@ -388,13 +388,14 @@ class Budget:
 
     def _grow(self, lane: _Lane, now: float) -> None:
         """The policy's growth, asked as requests come; the schedule follows a new pace."""
+        if now < lane.grow_at:  # due once a second at most: every other request asks no more
+            return
         old_interval = lane.interval
         # With no ceiling, places held from before a pause are a queue too.
         queued = lane.queued or (lane.ceiling is None and len(lane.held) > 1)
-        if now >= lane.grow_at:
-            lane.queued = False
-            if grown(lane, now, queued=queued):
-                lane.reschedule(now, old_interval)
+        lane.queued = False
+        if grown(lane, now, queued=queued):
+            lane.reschedule(now, old_interval)
 
 
 # ---------------------------------------------------------------------------- the policy
