@@ -73,9 +73,15 @@ class Attempts:
             ticket = None
             if kind is not None:
                 asked = self.clock() if self.observe else None  # only telemetry asks when
-                ticket = yield from self._slot(
-                    kind, deadline, priority() if priority is not None else None
-                )
+                order = priority() if priority is not None else None
+                if isinstance(self.budget, RemoteBudget):
+                    ticket = yield from self._remote_slot(kind, deadline)
+                else:
+                    now = self.clock()
+                    ticket = self.budget.reserve(kind, now, priority=order)
+                    # Most go as they are reserved (handed out sent): no wait to walk through.
+                    if ticket.sent_at is None or (deadline is not None and now >= deadline):
+                        ticket = yield from self._slot(ticket, deadline)
                 if self.observe and asked is not None and ticket is not None:
                     yield Observe(BUDGET_WAIT, value=self.clock() - asked, kind=kind)
                 if ticket is None:
@@ -148,15 +154,10 @@ class Attempts:
             if delay > 0:
                 yield Sleep(delay)
 
-    def _slot(
-        self, kind: str, deadline: float | None, priority: float | None = None
-    ) -> Flow[Ticket | object | None]:
-        """Waits for the budget's slot of one request; None if it comes only past ``deadline``
-        (the wait then sleeps to the deadline: it ends there, not sooner). A budget held
-        elsewhere hands out its slots in request order: ``priority`` is for this process's."""
-        if isinstance(self.budget, RemoteBudget):
-            return (yield from self._remote_slot(kind, deadline))
-        ticket = self.budget.reserve(kind, self.clock(), priority=priority)
+    def _slot(self, ticket: Ticket, deadline: float | None) -> Flow[Ticket | None]:
+        """Waits for the slot ``ticket`` reserved; None if it comes only past ``deadline`` (the
+        wait then sleeps to the deadline: it ends there, not sooner)."""
+        assert isinstance(self.budget, Budget)
         try:
             while True:
                 now = self.clock()
@@ -179,8 +180,8 @@ class Attempts:
             raise
 
     def _remote_slot(self, kind: str, deadline: float | None) -> Flow[object | None]:
-        """The same as :meth:`_slot` for a budget held elsewhere: the driver asks it; the
-        deadline is still ours."""
+        """The same as :meth:`_slot` for a budget held elsewhere (which hands out its slots in
+        request order): the driver asks it; the deadline is still ours."""
         assert isinstance(self.budget, RemoteBudget)
         ticket, wait = yield Pace(kind)
         try:
