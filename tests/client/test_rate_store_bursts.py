@@ -37,13 +37,19 @@ def scripts(redis_store: RedisServer) -> Iterator[dict[str, Any]]:
         yield {name: store.register_script(body) for name, body in shared.SCRIPTS.items()}
 
 
-def run(scripts: dict[str, Any], steps: Generator[tuple[str, list[str]], object, Any]) -> Any:
-    """Runs an operation's steps as the drivers do."""
+def run(
+    scripts: dict[str, Any],
+    steps: Generator[tuple[str, list[str]], object, Any],
+    replies: list[tuple[str, object]] | None = None,
+) -> Any:
+    """Runs an operation's steps as the drivers do (each script's reply kept in ``replies``)."""
     answer: object = None
     try:
         while True:
             name, args = steps.send(answer)
             answer = scripts[name](keys=KEYS, args=args)
+            if replies is not None:
+                replies.append((name, answer))
     except StopIteration as end:
         return end.value
 
@@ -63,11 +69,13 @@ def finish(
     *,
     limited: bool = False,
     hint: float | None = None,
+    replies: list[tuple[str, object]] | None = None,
 ) -> float | None:
     """Ends a request; returns the hint its retry owes (an isolated 429's)."""
     return run(
         scripts,
         shared.finished_steps(LIMIT, ticket, limited=limited, retry_after=hint, backoff=(0.5, 8.0)),
+        replies,
     )
 
 
@@ -105,31 +113,32 @@ def test_an_isolated_429_neither_pauses_nor_paces_the_store_lane(scripts: dict[s
 
 
 def test_a_store_lane_decides_as_an_in_process_lane_fed_the_same_answers(
-    scripts: dict[str, Any], redis_store: RedisServer
+    scripts: dict[str, Any],
 ) -> None:
     # One policy (DESIGN 25): the same answers make the same overload, pace and pause. The
-    # twin reads the store's clock as each answer is counted (answers are counted by the whole
-    # second they come in: the request's send time would put some in another second).
+    # twin is fed the store's clock as the script that counted each answer read it (answers
+    # are counted by the whole second they come in: a clock read after it, or the request's
+    # send time, may fall in another second).
     twin = B.lane_of(None)
     outcomes = [False] * 30 + [True] * 12
-    with contextlib.closing(redis_store.client()) as store:
-        for limited in outcomes:
-            ticket = sent(scripts)
-            finish(scripts, ticket, limited=limited, hint=2.0 if limited else None)
-            seconds, micros = store.time()
-            answered_at = seconds + micros / 1e6
-            assert ticket.sent is not None
-            B.count(twin, answered_at, limited=limited)
-            B.answered(
-                twin,
-                answered_at,
-                sent=ticket.sent,
-                limited=limited,
-                retry_after=2.0 if limited else None,
-                backoff=(0.5, 8.0),
-            )
-            if twin.rate is not None:
-                break
+    for limited in outcomes:
+        ticket = sent(scripts)
+        replies: list[tuple[str, object]] = []
+        finish(scripts, ticket, limited=limited, hint=2.0 if limited else None, replies=replies)
+        counted = next(reply for name, reply in replies if name == "answer")
+        answered_at = shared.read_lane(LIMIT, B.SUBMIT, counted)[2]
+        assert ticket.sent is not None
+        B.count(twin, answered_at, limited=limited)
+        B.answered(
+            twin,
+            answered_at,
+            sent=ticket.sent,
+            limited=limited,
+            retry_after=2.0 if limited else None,
+            backoff=(0.5, 8.0),
+        )
+        if twin.rate is not None:
+            break
     state = lane(scripts)
     assert state.mode == twin.mode == B.RECOVERING
     assert state.rate == pytest.approx(twin.rate)
