@@ -144,13 +144,13 @@ def test_a_retry_after_on_active_tasks_never_costs_a_query_more(hint: str, learn
 
 
 @pytest.mark.slow  # a dozen real tasks of 0.3 to 0.4 s (the slow lane, tests/conftest.py)
-def test_the_threads_of_a_blocking_client_teach_one_model() -> None:
-    gw = MockGateway(duration_min=0.3, duration_max=0.4, seed=4)
+@pytest.mark.gateway(duration_min=0.3, duration_max=0.4, seed=4)
+def test_the_threads_of_a_blocking_client_teach_one_model(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gw, url = served_gateway
     counting(gw)
-    with (
-        gw.serve() as url,
-        Client(api_key=gw.config.api_keys[0], base_url=url, poll=PollPolicy(**FAST)) as client,
-    ):
+    with Client(api_key=gw.config.api_keys[0], base_url=url, poll=PollPolicy(**FAST)) as client:
         run: Callable[[int], object] = lambda i: client.generate(f"p {i}", wait_timeout=30)  # noqa: E731
         threads = [threading.Thread(target=run, args=(i,)) for i in range(12)]
         for t in threads:

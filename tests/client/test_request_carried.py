@@ -7,7 +7,6 @@ Pickling, JSON and equality stay sane. Both clients, over a real loopback socket
 from __future__ import annotations
 
 import pickle
-from typing import Any
 
 import pytest
 
@@ -20,27 +19,28 @@ from imggw_client import (
     UnknownOutcomeError,
     WaitTimeoutError,
 )
-from imggw_client.mock import ManualClock, MockGateway
+from imggw_client.mock import MockGateway
 
 from ..conftest import CANARY_KEY, FakeTime, make_client
 
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
 FOX = ImageRequest("a red fox in snow", aspect_ratio="3:2", resolution="2K")
+# Tasks end only when a test moves the gateway's clock.
+pytestmark = pytest.mark.gateway(api_keys=[CANARY_KEY], manual_clock=True)
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(duration_min=1, duration_max=1)
 async def test_submissions_and_the_tasks_waited_from_them_carry_their_request_and_key(
-    kind: str, fake_time: FakeTime, shared_serve: Any
+    kind: str, fake_time: FakeTime, gateway: MockGateway, shared_gateway_url: str
 ) -> None:
-    clock = ManualClock()
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=clock, duration_min=1, duration_max=1)
-    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    client = make_client(kind, fake_time, base_url=shared_gateway_url, poll=FAST)
     try:
         sub = await client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
         assert sub.request == FOX
         handed: list[Submission] = []
         seen: list[Task] = []
-        clock.advance(2)
+        gateway.advance(2)
         task = await client.wait(sub, on_update=seen.append)
         assert (task.request, task.idempotency_key) == (FOX, sub.idempotency_key)
         assert all(t.request == FOX for t in seen)  # every sighting, not only the last
@@ -51,7 +51,7 @@ async def test_submissions_and_the_tasks_waited_from_them_carry_their_request_an
         last = timed_out.value.last_task
         assert last is not None
         assert last.request == asked
-        clock.advance(2)
+        gateway.advance(2)
         resumed = await client.wait(timed_out.value)  # a timed-out wait resumed keeps them
         assert (resumed.request, resumed.idempotency_key) == (asked, handed[0].idempotency_key)
         # A bare get knows neither; a wait on a task keeps the task's.
@@ -65,18 +65,17 @@ async def test_submissions_and_the_tasks_waited_from_them_carry_their_request_an
 
 @pytest.mark.anyio
 async def test_an_unknown_outcome_resent_carries_its_request(
-    kind: str, fake_time: FakeTime, shared_serve: Any
+    kind: str, fake_time: FakeTime, gateway: MockGateway, shared_gateway_url: str
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock())
-    client = make_client(kind, fake_time, base_url=shared_serve(gw), poll=FAST)
+    client = make_client(kind, fake_time, base_url=shared_gateway_url, poll=FAST)
     try:
-        gw.configure(fault_rate=1.0, faults=("lost",))
+        gateway.configure(fault_rate=1.0, faults=("lost",))
         with pytest.raises(UnknownOutcomeError) as lost:
             await client.submit("a red fox in snow", aspect_ratio="3:2", resolution="2k")
-        gw.configure(fault_rate=0.0)
+        gateway.configure(fault_rate=0.0)
         sub = await client.submit(lost.value)
         assert sub.request == FOX
-        assert gw.stats()["tasks_created"] == 1
+        assert gateway.stats()["tasks_created"] == 1
     finally:
         await client.close()
 

@@ -27,6 +27,9 @@ from ..conftest import CANARY_KEY, Driven, FakeTime, make_client
 from ..journals import rows
 
 FAST = PollPolicy(initial_interval=0.02, max_interval=0.1)
+pytestmark = pytest.mark.gateway(
+    api_keys=[CANARY_KEY], manual_clock=True, duration_min=1, duration_max=1
+)
 
 
 async def lost_submit(client: Driven, gw: MockGateway, prompt: str, key: str) -> None:
@@ -49,40 +52,38 @@ def first_sent(journal: Path, key: str, seconds_ago: float) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.gateway(idempotency_ttl=3600)
 async def test_a_submit_sent_before_the_gateway_forgot_its_key_is_held_back_until_asked(
     kind: str,
     fake_time: FakeTime,
-    shared_serve: Any,
+    gateway: MockGateway,
+    shared_gateway_url: str,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = ManualClock()
-    gw = MockGateway(
-        api_keys=[CANARY_KEY], clock=clock, idempotency_ttl=3600, duration_min=1, duration_max=1
-    )
     journal = tmp_path / "journal.sqlite"
     client = make_client(
         kind,
         fake_time,
-        base_url=shared_serve(gw),
+        base_url=shared_gateway_url,
         journal=journal,
         poll=FAST,
         idempotency_window=3600,
     )
     old, recent = "key-sent-two-hours-ago", "key-sent-just-now"
     try:
-        await lost_submit(client, gw, "a fox", old)
-        clock.advance(7200)  # the gateway has forgotten the old key: it would bill it again
+        await lost_submit(client, gateway, "a fox", old)
+        gateway.advance(7200)  # the gateway has forgotten the old key: it would bill it again
         first_sent(journal, old, 7200)
-        await lost_submit(client, gw, "a cat", recent)
-        assert gw.stats()["tasks_created"] == 2
+        await lost_submit(client, gateway, "a cat", recent)
+        assert gateway.stats()["tasks_created"] == 2
         caplog.set_level(logging.WARNING, logger="imggw_client")
         caplog.clear()
 
         subs = await client.unfinished()
 
         assert [s.idempotency_key for s in subs] == [recent]  # replayed: the gateway knows it
-        assert gw.stats()["tasks_created"] == 2  # the old one was not sent
+        assert gateway.stats()["tasks_created"] == 2  # the old one was not sent
         said = [r.getMessage() for r in caplog.records if old in r.getMessage()]
         assert len(said) == 1
         assert "unfinished(resend_expired_keys=True)" in said[0]
@@ -94,7 +95,7 @@ async def test_a_submit_sent_before_the_gateway_forgot_its_key_is_held_back_unti
         again = await client.unfinished(resend_expired_keys=True)  # the caller's choice
 
         assert old in [s.idempotency_key for s in again]
-        assert gw.stats()["tasks_created"] == 3  # what the default spared: a second bill
+        assert gateway.stats()["tasks_created"] == 3  # what the default spared: a second bill
     finally:
         await client.close()
 
@@ -131,10 +132,9 @@ class Gathering:
 
 @pytest.mark.anyio
 async def test_unknown_outcomes_are_sent_again_several_at_once_each_replayed(
-    kind: str, shared_serve: Any, tmp_path: Path
+    kind: str, gateway: MockGateway, shared_serve: Any, tmp_path: Path
 ) -> None:
-    gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=1, duration_max=1)
-    gathering = Gathering(gw, size=4)
+    gathering = Gathering(gateway, size=4)
     journal = tmp_path / "journal.sqlite"
     # On real time: requests the budget's start window holds back wait for answers, which a
     # fake sleep on the event loop would never let come.
@@ -151,14 +151,14 @@ async def test_unknown_outcomes_are_sent_again_several_at_once_each_replayed(
     keys = [f"resent-{i}" for i in range(8)]
     try:
         for i, key in enumerate(keys):
-            await lost_submit(client, gw, f"picture {i}", key)
+            await lost_submit(client, gateway, f"picture {i}", key)
         gathering.armed = True
 
         subs = await client.unfinished()
 
         assert gathering.peak >= 4  # one at a time, each would have waited in vain
         assert sorted(s.idempotency_key for s in subs) == sorted(keys)
-        assert gw.stats()["tasks_created"] == 8  # each replayed, none billed twice
+        assert gateway.stats()["tasks_created"] == 8  # each replayed, none billed twice
         assert all(r["task_id"] is not None for r in rows(journal))
         # Each carries what was asked, from the journal: no need to read it.
         asked = {s.idempotency_key: s.request for s in subs}
@@ -175,6 +175,7 @@ async def test_a_resend_that_fails_stays_that_rows_and_the_others_are_resumed(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # A gateway of its own: one of its answers is dropped on purpose below.
     gw = MockGateway(api_keys=[CANARY_KEY], clock=ManualClock(), duration_min=1, duration_max=1)
     journal = tmp_path / "journal.sqlite"
     client = make_client(kind, fake_time, base_url=shared_serve(gw), journal=journal, poll=FAST)
