@@ -18,7 +18,6 @@ import pytest
 
 from imggw_client import AsyncClient, Client, Task, TaskStatus
 from imggw_client.batch import LineState
-from imggw_client.mock import MockGateway
 
 from ..conftest import CANARY_KEY
 
@@ -139,12 +138,10 @@ def resource_warnings(act: Callable[[], None]) -> list[str]:
 
 
 def test_a_client_dropped_unclosed_closes_its_connections(
-    shared_serve: Callable[[Any], str],
+    shared_gateway_url: str,
 ) -> None:
-    url = shared_serve(MockGateway(api_keys=["test-key"]))
-
     def drop() -> None:
-        client = Client(api_key="test-key", base_url=url)
+        client = Client(api_key="test-key", base_url=shared_gateway_url)
         sub = client.submit("a fox")  # a pooled keep-alive connection
         copy = client.with_options(timeout=5)
         del client
@@ -156,12 +153,10 @@ def test_a_client_dropped_unclosed_closes_its_connections(
 
 
 def test_a_client_closed_by_hand_then_dropped_is_fine_too(
-    shared_serve: Callable[[Any], str],
+    shared_gateway_url: str,
 ) -> None:
-    url = shared_serve(MockGateway(api_keys=["test-key"]))
-
     def drop() -> None:
-        client = Client(api_key="test-key", base_url=url)
+        client = Client(api_key="test-key", base_url=shared_gateway_url)
         client.submit("a fox")
         client.close()
         del client
@@ -170,12 +165,10 @@ def test_a_client_closed_by_hand_then_dropped_is_fine_too(
 
 
 def test_an_async_client_dropped_unclosed_in_its_loop_closes_its_connections(
-    shared_serve: Callable[[Any], str],
+    shared_gateway_url: str,
 ) -> None:
-    url = shared_serve(MockGateway(api_keys=["test-key"]))
-
     async def main() -> None:
-        client = AsyncClient(api_key="test-key", base_url=url)
+        client = AsyncClient(api_key="test-key", base_url=shared_gateway_url)
         await client.submit("a fox")
         http = client._http
         del client
@@ -190,13 +183,12 @@ def test_an_async_client_dropped_unclosed_in_its_loop_closes_its_connections(
 
 
 def test_a_callers_own_http_client_is_never_closed_by_a_dropped_client(
-    shared_serve: Callable[[Any], str],
+    shared_gateway_url: str,
 ) -> None:
     import httpx
 
-    url = shared_serve(MockGateway(api_keys=["test-key"]))
     with httpx.Client() as http:
-        client = Client(api_key="test-key", base_url=url, http_client=http)
+        client = Client(api_key="test-key", base_url=shared_gateway_url, http_client=http)
         client.submit("a fox")
         del client
         gc.collect()

@@ -300,13 +300,15 @@ async def test_a_copy_with_another_key_sends_that_key_and_keeps_its_own_budget_a
 
 
 def test_a_copy_for_another_gateway_talks_to_it_alone_and_shares_the_journal(
-    tmp_path: Path, url: str, gateway: MockGateway
+    tmp_path: Path,
+    url: str,
+    gateway: MockGateway,
+    make_gateway: Callable[..., MockGateway],
+    serve_gateway: Callable[[MockGateway], str],
 ) -> None:
-    second = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
-    with (
-        second.serve() as second_url,
-        Client(api_key=KEY, base_url=url, poll=FAST, journal=tmp_path / "j.sqlite") as client,
-    ):
+    second = make_gateway(api_keys=[KEY])
+    second_url = serve_gateway(second)
+    with Client(api_key=KEY, base_url=url, poll=FAST, journal=tmp_path / "j.sqlite") as client:
         there = client.with_options(base_url=second_url + "/")
         assert there.base_url == second_url
         assert there._flows.budget is not client._flows.budget
@@ -362,8 +364,10 @@ class Seen(httpx.BaseTransport):
         return self.inner.handle_request(request)
 
 
-def test_an_httpx_timeout_bounds_each_phase_and_its_largest_limit_the_whole_request() -> None:
-    gateway = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
+@pytest.mark.gateway(api_keys=[KEY])
+def test_an_httpx_timeout_bounds_each_phase_and_its_largest_limit_the_whole_request(
+    gateway: MockGateway,
+) -> None:
     seen = Seen(gateway)
     limits = httpx.Timeout(5, connect=2)
     with Client(
@@ -423,9 +427,11 @@ async def test_wait_timeout_is_the_waits_deadline_whatever_the_request_timeout(
     await client.close()
 
 
-def test_timeout_on_a_wait_still_works_with_a_deprecation_warning_at_the_callers_line() -> None:
-    # A manual clock: tasks finish only when the test says so.
-    gateway = MockGateway(api_keys=[KEY], duration_min=5, duration_max=5, manual_clock=True)
+# A manual clock: tasks finish only when the test says so.
+@pytest.mark.gateway(api_keys=[KEY], duration_min=5, duration_max=5, manual_clock=True)
+def test_timeout_on_a_wait_still_works_with_a_deprecation_warning_at_the_callers_line(
+    gateway: MockGateway,
+) -> None:
     with gateway.client(poll=FAST) as client:
         sub = client.submit("a fox")
         with (
@@ -447,8 +453,10 @@ def test_timeout_on_a_wait_still_works_with_a_deprecation_warning_at_the_callers
 
 
 @pytest.mark.anyio
-async def test_async_timeout_on_a_wait_warns_at_the_callers_line_too() -> None:
-    gateway = MockGateway(api_keys=[KEY], duration_min=0.05, duration_max=0.1)
+@pytest.mark.gateway(api_keys=[KEY])
+async def test_async_timeout_on_a_wait_warns_at_the_callers_line_too(
+    gateway: MockGateway,
+) -> None:
     async with gateway.async_client(poll=FAST) as client:
         sub = await client.submit("a fox")
         with pytest.warns(DeprecationWarning, match="wait_timeout") as caught:

@@ -145,16 +145,18 @@ async def test_a_result_gone_from_the_gateway_is_expired(
         await call(kind, shared_gateway_url, "read", task)
 
 
+# On real time, its links as long-lived as its results: the module's clock and link_ttl undone.
+@pytest.mark.gateway(manual_clock=False, link_ttl=None, result_size=HELD_IN_MEMORY + 1)
 async def test_a_large_result_is_held_in_a_temporary_file_deleted_with_the_block(
-    kind: str, shared_serve: Callable[[Any], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    gateway: MockGateway,
+    shared_gateway_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gateway = MockGateway(
-        api_keys=[KEY], duration_min=0, duration_max=0, result_size=HELD_IN_MEMORY + 1
-    )
-    url = shared_serve(gateway)
-    task = finished_task(gateway, url)
+    task = finished_task(gateway, shared_gateway_url)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    data, stream = await call(kind, url, "open", task)
+    data, stream = await call(kind, shared_gateway_url, "open", task)
     assert len(data) >= HELD_IN_MEMORY + 1
     assert stream._rolled  # out of memory while it was open
     assert stream.closed
