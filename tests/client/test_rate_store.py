@@ -35,6 +35,7 @@ from ..loopback import RedisServer, tcp_listener
 
 KEY = "sk-shared-budget-canary-7f3a9c"
 QUICK = {"duration_min": 0.05, "duration_max": 0.15}
+pytestmark = pytest.mark.gateway(api_keys=[KEY], **QUICK)
 
 
 @pytest.fixture
@@ -179,22 +180,24 @@ def three_processes(url: str, store: str, count: int) -> list[dict[str, int]]:
 
 
 @pytest.mark.slow
+# The gateway's own limits: 5 submits and 10 queries in any 1 s, for the key.
+@pytest.mark.gateway(submit_limit="5/1", query_limit="10/1")
 def test_three_processes_through_one_store_meet_no_429_where_their_own_budgets_do(
     redis: RedisServer,
+    served_gateway: tuple[MockGateway, str],
+    make_gateway: Callable[..., MockGateway],
+    serve_gateway: Callable[[MockGateway], str],
 ) -> None:
-    # The gateway's own limits: 5 submits and 10 queries in any 1 s, for the key.
-    shared = MockGateway(api_keys=[KEY], submit_limit="5/1", query_limit="10/1", **QUICK)
-    with shared.serve() as url:
-        reports = three_processes(url, redis.url, 6)
+    shared, url = served_gateway
+    reports = three_processes(url, redis.url, 6)
     assert [r["submitted"] for r in reports] == [6, 6, 6]
     stats = shared.stats()
     assert stats["rate_limited"] == 0  # no 1 s window ever went over either limit
     assert stats["tasks_created"] == 18
     assert KEY.encode() not in b"".join(store_values(redis))
 
-    alone = MockGateway(api_keys=[KEY], submit_limit="5/1", query_limit="10/1", **QUICK)
-    with alone.serve() as url:
-        three_processes(url, "", 6)
+    alone = make_gateway()
+    three_processes(serve_gateway(alone), "", 6)
     assert alone.stats()["rate_limited"] > 0  # three budgets of 5/s each: 15/s at a 5/s gate
     assert alone.stats()["tasks_created"] == 18  # each 429 retried: still billed once
 
@@ -421,12 +424,16 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.slow
 def test_a_store_that_fails_never_fails_a_request_and_warns_once(
-    store: str, kind: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    store: str,
+    kind: str,
+    served_gateway: tuple[MockGateway, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Not tried again during the test, however slowly it runs: each try of the store is one
     # connection to it, so counting them counts what the store cost.
     monkeypatch.setattr(_rate_store, "REJOIN_AFTER", 3600.0)
-    gw = MockGateway(api_keys=[KEY], **QUICK)
+    gw, base = served_gateway
     connections: list[socket.socket] = []
 
     def counted(handle: Callable[[socket.socket], None]) -> Callable[[socket.socket], None]:
@@ -439,7 +446,6 @@ def test_a_store_that_fails_never_fails_a_request_and_warns_once(
             if store == "unreachable"
             else stack.enter_context(tcp_server(counted(servers[store])))
         )
-        base = stack.enter_context(gw.serve())
         limit = RateLimit(submits_per_second=4, store=url)
         began = time.monotonic()
         if kind == "sync":
@@ -473,19 +479,15 @@ def test_a_store_that_fails_never_fails_a_request_and_warns_once(
 @pytest.mark.redis
 @pytest.mark.slow
 def test_the_client_rejoins_the_store_when_it_answers_again(
-    rejoin_soon: None, caplog: pytest.LogCaptureFixture
+    rejoin_soon: None, gateway_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = RedisServer()  # not started: unreachable at first
-    gw = MockGateway(api_keys=[KEY], **QUICK)
     try:
-        with (
-            gw.serve() as base,
-            Client(
-                api_key=KEY,
-                base_url=base,
-                rate_limit=RateLimit(submits_per_second=50, store=store.url),
-            ) as client,
-        ):
+        with Client(
+            api_key=KEY,
+            base_url=gateway_url,
+            rate_limit=RateLimit(submits_per_second=50, store=store.url),
+        ) as client:
             client.submit("while the store is away")
             store.start()
             time.sleep(0.3)  # past REJOIN_AFTER: the next request tries the store again
@@ -501,9 +503,12 @@ def test_the_client_rejoins_the_store_when_it_answers_again(
 
 @pytest.mark.slow
 def test_killing_the_store_mid_batch_loses_nothing_and_bills_nothing_twice(
-    redis: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    redis: RedisServer,
+    served_gateway: tuple[MockGateway, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gw = MockGateway(api_keys=[KEY], **QUICK)
+    gw, base = served_gateway
     lines = 30
     source = tmp_path / "in.txt"
     source.write_text("".join(f"prompt {i}\n" for i in range(lines)))
@@ -515,15 +520,14 @@ def test_killing_the_store_mid_batch_loses_nothing_and_bills_nothing_twice(
         redis.stop()
 
     killer = threading.Thread(target=kill_after_ten)
-    with gw.serve() as base:
-        killer.start()
-        report = run_batch(
-            source,
-            tmp_path / "out",
-            gallery=False,
-            client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, rate_limit=limit),
-        )
-        killer.join(timeout=30)
+    killer.start()
+    report = run_batch(
+        source,
+        tmp_path / "out",
+        gallery=False,
+        client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, rate_limit=limit),
+    )
+    killer.join(timeout=30)
     assert report.exit_code == 0
     assert report.counts == {"saved": lines}
     assert gw.stats()["tasks_created"] == lines  # each line billed once
@@ -536,28 +540,29 @@ def test_killing_the_store_mid_batch_loses_nothing_and_bills_nothing_twice(
 # ---------------------------------------------------------------------------- the CLI
 
 
-def test_cli_rate_store_from_the_environment_shares_the_budget(redis: RedisServer) -> None:
-    gw = MockGateway(api_keys=[KEY], **QUICK)
-    with gw.serve() as base:
-        result = CliRunner().invoke(
-            app,
-            ["--json", "submit", "a fox", "--base-url", base, "--rate", "2"],
-            env={"IMGGW_API_KEY": KEY, "IMGGW_RATE_STORE": redis.url},
-        )
+def test_cli_rate_store_from_the_environment_shares_the_budget(
+    redis: RedisServer, gateway_url: str
+) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["--json", "submit", "a fox", "--base-url", gateway_url, "--rate", "2"],
+        env={"IMGGW_API_KEY": KEY, "IMGGW_RATE_STORE": redis.url},
+    )
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["task_id"] == "1"
     assert any(k.endswith(b":submit") for k in store_values(redis))
 
 
 @pytest.mark.parametrize("url", ["http://cache:6379", "redis://cache:port/0"])
-def test_cli_a_bad_rate_store_is_a_usage_error_and_nothing_is_sent(url: str) -> None:
-    gw = MockGateway(api_keys=[KEY], **QUICK)
-    with gw.serve() as base:
-        result = CliRunner().invoke(
-            app,
-            ["submit", "a fox", "--base-url", base, "--rate-store", url],
-            env={"IMGGW_API_KEY": KEY},
-        )
+def test_cli_a_bad_rate_store_is_a_usage_error_and_nothing_is_sent(
+    url: str, served_gateway: tuple[MockGateway, str]
+) -> None:
+    gw, base = served_gateway
+    result = CliRunner().invoke(
+        app,
+        ["submit", "a fox", "--base-url", base, "--rate-store", url],
+        env={"IMGGW_API_KEY": KEY},
+    )
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: --rate-store must be a redis://")

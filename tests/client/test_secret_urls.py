@@ -160,21 +160,23 @@ def test_an_at_sign_anywhere_in_a_base_url_is_refused() -> None:
 
 
 @pytest.mark.parametrize("password", PASSWORDS)
-def test_cli_a_base_url_with_userinfo_exits_4_without_the_password(password: str) -> None:
-    gw = MockGateway(api_keys=[KEY])
-    with gw.serve() as base:
-        hostport = base.split("//")[1]
-        url = f"http://user:{password}@{hostport}"
-        for args in (
-            ["-v", "submit", "a fox", "--base-url", url],
-            ["status", "7", "--base-url", url, "--json"],
-        ):
-            result = CliRunner().invoke(app, args, env={"IMGGW_API_KEY": KEY})
-            assert result.exit_code == 4, result.output
-            assert "user:password@" in result.stderr
-            assert not leaked(password, result.stdout, result.stderr)
-            if "-v" not in args:  # -v prints the traceback on purpose, without the password
-                assert "Traceback" not in result.stderr
+@pytest.mark.gateway(api_keys=[KEY])
+def test_cli_a_base_url_with_userinfo_exits_4_without_the_password(
+    password: str, served_gateway: tuple[MockGateway, str]
+) -> None:
+    gw, base = served_gateway
+    hostport = base.split("//")[1]
+    url = f"http://user:{password}@{hostport}"
+    for args in (
+        ["-v", "submit", "a fox", "--base-url", url],
+        ["status", "7", "--base-url", url, "--json"],
+    ):
+        result = CliRunner().invoke(app, args, env={"IMGGW_API_KEY": KEY})
+        assert result.exit_code == 4, result.output
+        assert "user:password@" in result.stderr
+        assert not leaked(password, result.stdout, result.stderr)
+        if "-v" not in args:  # -v prints the traceback on purpose, without the password
+            assert "Traceback" not in result.stderr
     assert gw.stats()["requests"] == {}
 
 
@@ -187,19 +189,21 @@ def test_cli_a_base_url_with_userinfo_exits_4_without_the_password(password: str
         "redis://:pa#ss@cache/0",
     ],
 )
-def test_cli_a_malformed_store_url_is_one_line_and_exit_2(url: str) -> None:
-    gw = MockGateway(api_keys=[KEY])
-    with gw.serve() as base:
-        for env in ({}, {"IMGGW_RATE_STORE": url}):
-            args = ["submit", "a fox", "--base-url", base]
-            if not env:
-                args += ["--rate-store", url]
-            result = CliRunner().invoke(app, args, env={"IMGGW_API_KEY": KEY, **env})
-            assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-            (line,) = result.stderr.splitlines()
-            assert line.startswith("error: --rate-store must be a redis://")
-            for secret in ("pw@", "Zm9v", "YmFy", "pa#ss", "#ss"):
-                assert secret not in result.stderr
+@pytest.mark.gateway(api_keys=[KEY])
+def test_cli_a_malformed_store_url_is_one_line_and_exit_2(
+    url: str, served_gateway: tuple[MockGateway, str]
+) -> None:
+    gw, base = served_gateway
+    for env in ({}, {"IMGGW_RATE_STORE": url}):
+        args = ["submit", "a fox", "--base-url", base]
+        if not env:
+            args += ["--rate-store", url]
+        result = CliRunner().invoke(app, args, env={"IMGGW_API_KEY": KEY, **env})
+        assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: --rate-store must be a redis://")
+        for secret in ("pw@", "Zm9v", "YmFy", "pa#ss", "#ss"):
+            assert secret not in result.stderr
     assert gw.stats()["requests"] == {}
 
 

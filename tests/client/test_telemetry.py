@@ -37,6 +37,7 @@ KEY = "sk-telemetry-canary-4b1d77"
 PROMPT = "a canary prompt 93f1e0 that must never be recorded"
 FAST = {"poll": PollPolicy(initial_interval=0.05, max_interval=0.1)}
 QUICK = {"duration_min": 0.1, "duration_max": 0.2}
+pytestmark = pytest.mark.gateway(api_keys=[KEY], **QUICK)
 
 
 def _reset_globals() -> None:
@@ -131,10 +132,12 @@ def run_kind(kind: str, base: str, job: Any, **options: Any) -> Any:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.slow
 def test_a_generate_is_a_span_tree_under_the_applications_span(
-    kind: str, otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+    kind: str,
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    gateway_url: str,
+    tmp_path: Path,
 ) -> None:
     exporter, _ = otel
-    gw = MockGateway(api_keys=[KEY], **QUICK)
     app = trace.get_tracer("the.application")
 
     def job(client: Any) -> Any:
@@ -145,8 +148,7 @@ def test_a_generate_is_a_span_tree_under_the_applications_span(
         with app.start_as_current_span("handle request"):
             return await client.generate(PROMPT, aspect_ratio="3:2", resolution="2k")
 
-    with gw.serve() as base:
-        task = run_kind(kind, base, job if kind == "sync" else ajob)
+    task = run_kind(kind, gateway_url, job if kind == "sync" else ajob)
     named = by_name(exporter.get_finished_spans())
     (root,) = named["handle request"]
     (generate,) = named["imggw.generate"]
@@ -174,14 +176,13 @@ def test_a_generate_is_a_span_tree_under_the_applications_span(
     assert all(s.status.status_code is StatusCode.UNSET for s in (generate, submit, wait))
 
 
+@pytest.mark.gateway(failure_rate=1.0)
 def test_a_failed_task_sets_the_error_status_with_its_class_and_code(
-    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], gateway_url: str
 ) -> None:
     exporter, reader = otel
-    gw = MockGateway(api_keys=[KEY], failure_rate=1.0, **QUICK)
     with (
-        gw.serve() as base,
-        Client(api_key=KEY, base_url=base, **FAST) as client,
+        Client(api_key=KEY, base_url=gateway_url, **FAST) as client,
         pytest.raises(TaskFailedError) as failed,
     ):
         client.generate(PROMPT)
@@ -199,19 +200,17 @@ def test_a_failed_task_sets_the_error_status_with_its_class_and_code(
 
 @pytest.mark.slow
 def test_each_batch_line_is_a_span_with_its_calls_beneath(
-    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], gateway_url: str, tmp_path: Path
 ) -> None:
     exporter, _ = otel
-    gw = MockGateway(api_keys=[KEY], **QUICK)
     source = tmp_path / "in.txt"
     source.write_text(f"{PROMPT} 1\n{PROMPT} 2\n{PROMPT} 3\n")
-    with gw.serve() as base:
-        report = run_batch(
-            source,
-            tmp_path / "out",
-            gallery=False,
-            client_factory=lambda: AsyncClient(api_key=KEY, base_url=base, **FAST),
-        )
+    report = run_batch(
+        source,
+        tmp_path / "out",
+        gallery=False,
+        client_factory=lambda: AsyncClient(api_key=KEY, base_url=gateway_url, **FAST),
+    )
     assert report.exit_code == 0
     named = by_name(exporter.get_finished_spans())
     lines = {span.attributes["imggw.line"]: span for span in named["imggw.batch.line"]}  # type: ignore[index]
@@ -223,14 +222,16 @@ def test_each_batch_line_is_a_span_with_its_calls_beneath(
 
 
 @pytest.mark.slow
+# One submit a second: the second of two quick submits meets a 429 and is retried.
+@pytest.mark.gateway(submit_limit="1/1")
 def test_metrics_after_a_run_that_met_a_429(
     otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    served_gateway: tuple[MockGateway, str],
 ) -> None:
     _, reader = otel
+    gw, base = served_gateway
     before = points(reader)
-    # One submit a second: the second of two quick submits meets a 429 and is retried.
-    gw = MockGateway(api_keys=[KEY], submit_limit="1/1", **QUICK)
-    with gw.serve() as base, Client(api_key=KEY, base_url=base, **FAST) as client:
+    with Client(api_key=KEY, base_url=base, **FAST) as client:
         began = time.monotonic()
         tasks = [client.generate(f"{PROMPT} {i}") for i in range(2)]
         spent = time.monotonic() - began
@@ -257,12 +258,12 @@ def test_metrics_after_a_run_that_met_a_429(
 
 
 @pytest.mark.slow
+@pytest.mark.gateway(failure_rate=0.5, seed=3)
 def test_neither_the_key_nor_the_prompt_is_recorded_anywhere(
-    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], gateway_url: str, tmp_path: Path
 ) -> None:
     exporter, reader = otel
-    gw = MockGateway(api_keys=[KEY], failure_rate=0.5, seed=3, **QUICK)
-    with gw.serve() as base, Client(api_key=KEY, base_url=base, **FAST) as client:
+    with Client(api_key=KEY, base_url=gateway_url, **FAST) as client:
         for i in range(4):
             try:
                 task = client.generate(f"{PROMPT} {i}")
@@ -324,12 +325,14 @@ def test_without_a_provider_or_the_extra_nothing_is_recorded_and_all_works(mode:
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_generation_of_separate_calls_is_one_generate_span(
-    kind: str, otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+    kind: str,
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    gateway_url: str,
+    tmp_path: Path,
 ) -> None:
     """``client.generation()``: a submit, a wait and a download made one by one are one
     ``imggw.generate`` span, as the CLI's ``generate`` is (DESIGN 17)."""
     exporter, _ = otel
-    gw = MockGateway(api_keys=[KEY], **QUICK)
 
     def job(client: Any) -> Any:
         with client.generation(surface="alpha"):
@@ -343,8 +346,7 @@ def test_a_generation_of_separate_calls_is_one_generate_span(
             task = await client.wait(sub)
             return task, await client.download(task, tmp_path)
 
-    with gw.serve() as base:
-        task, (saved,) = run_kind(kind, base, job if kind == "sync" else ajob)
+    task, (saved,) = run_kind(kind, gateway_url, job if kind == "sync" else ajob)
     assert saved.path.is_file()
     finished = exporter.get_finished_spans()
     (generate,) = by_name(finished)["imggw.generate"]
