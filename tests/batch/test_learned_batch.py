@@ -64,11 +64,12 @@ def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(
         times = durations(out)
         assert all(s is not None and c is not None for s, c in times)
         took = [c - s for s, c in times if s is not None and c is not None]
-        # Each task's seconds, from its submit to the answer that saw it done: at least what
-        # the gateway took (0.2-0.3 s), and inside the run, however loaded the machine. How
-        # soon a wait sees a task done is the poll schedule's, proved on a fake clock
-        # (tests/core/test_learned_waits.py).
-        assert all(0.2 <= t <= spent for t in took), (took, spent)
+        # Each task's seconds, from its submit's answer to the answer that saw it done: more
+        # than nothing and inside the run, however loaded the machine. Not at least what the
+        # gateway took (0.2-0.3 s): a loop busy with eleven other lines reads a submit's answer
+        # late (0.05 s was seen). How soon a wait sees a task done is the poll schedule's,
+        # proved on a fake clock (tests/core/test_learned_waits.py).
+        assert all(0 < t <= spent for t in took), (took, spent)
 
         # A rerun with more lines, in a new process as far as the client knows (a new one).
         seen: list[BatchProgress] = []
