@@ -28,7 +28,7 @@ from imggw_client import (
 )
 from imggw_client._core.budget import RemoteBudget
 from imggw_client._core.interruptions import interrupt
-from imggw_client._core.wire import Pace, Send, Sleep
+from imggw_client._core.wire import Observe, Pace, Send, Sleep
 from imggw_client.mock import MockGateway
 
 from ..conftest import Driven, beta_error, beta_task
@@ -341,6 +341,25 @@ async def test_a_request_cancelled_while_it_waits_for_a_shared_slot_gives_it_bac
         with anyio.move_on_after(0.05):
             await client.get("42")
     assert holder.calls == [("reserve", "query"), ("release", 1)]
+
+
+def test_a_flow_stopped_as_it_tells_its_budget_wait_gives_its_slot_back() -> None:
+    # With telemetry on, a flow tells how long it waited for its slot before it sends: stopped
+    # there (a client closed, a cancel), the slot it holds counts no more, here or elsewhere.
+    made = flows(Script())
+    made.observe = True
+    flow = made.get("42", surface=None)
+    assert isinstance(flow.send(None), Observe)  # the slot came at once: its wait is told
+    lane = made.budget._lanes["query"]
+    assert lane.in_flight == 1
+    flow.close()
+    assert lane.in_flight == 0
+    made.budget = RemoteBudget(Holder())
+    flow = made.get("42", surface=None)
+    assert isinstance(flow.send(None), Pace)
+    assert isinstance(flow.send(("t1", 0.0)), Observe)
+    flow.close()
+    assert list(made.budget.abandoned) == ["t1"]
 
 
 def test_a_flow_stopped_while_it_holds_a_shared_slot_leaves_it_to_the_driver() -> None:

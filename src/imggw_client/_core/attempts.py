@@ -70,7 +70,7 @@ class Attempts:
         attempt, unknown = 0, False
         while True:
             attempt += 1
-            ticket = None
+            ticket, asked = None, None
             if kind is not None:
                 asked = self.clock() if self.observe else None  # only telemetry asks when
                 order = priority() if priority is not None else None
@@ -82,20 +82,21 @@ class Attempts:
                     # Most go as they are reserved (handed out sent): no wait to walk through.
                     if ticket.sent_at is None or (deadline is not None and now >= deadline):
                         ticket = yield from self._slot(ticket, deadline)
-                if self.observe and asked is not None and ticket is not None:
-                    yield Observe(BUDGET_WAIT, value=self.clock() - asked, kind=kind)
                 if ticket is None:
                     err = APITimeoutError(
                         "the request budget left no slot before the deadline", request_sent=False
                     )
                     raise (give_up(err, unknown) if give_up else err) from None
-            action = make_action()
-            if isinstance(ticket, Ticket) and isinstance(action, Send):
-                assert isinstance(self.budget, Budget)
-                gate = self.budget.gate(ticket, self.clock)
-                if gate is not None:  # paced: the write itself waits its turn too
-                    action = replace(action, gate=gate)
+            # From here the slot is held: whatever stops the flow before its answer gives it back.
             try:
+                if asked is not None and kind is not None:  # telemetry on, a slot asked for
+                    yield Observe(BUDGET_WAIT, value=self.clock() - asked, kind=kind)
+                action = make_action()
+                if isinstance(ticket, Ticket) and isinstance(action, Send):
+                    assert isinstance(self.budget, Budget)
+                    gate = self.budget.gate(ticket, self.clock)
+                    if gate is not None:  # paced: the write itself waits its turn too
+                        action = replace(action, gate=gate)
                 outcome = yield action
             except BaseException:  # cancelled or closed in flight: its place counts no more
                 if isinstance(ticket, Ticket):
