@@ -549,7 +549,7 @@ class BaseClient(Generic[H]):
 
     def _closed_failure(self) -> TransportFailure | None:
         """The failure to report instead of sending, once the client is closed."""
-        if self._closed or self._conn.http.is_closed:  # is_closed, asked before every request
+        if self.is_closed:
             return TransportFailure(sent=False, timeout=False, error=ClientClosed())
         return None
 
