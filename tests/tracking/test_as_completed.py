@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pickle
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,48 +54,60 @@ ON_ITS_CLOCK: dict[str, Any] = {
 def test_sync_yields_every_task_once_as_it_finishes_failed_ones_included(
     served_gateway: tuple[MockGateway, str],
 ) -> None:
-    # The gateway's clock moves a step at a time, and the next step waits until every task the
-    # step finished was yielded: tasks finished in an earlier step must come first, whatever
-    # order they were submitted in and however late a loaded machine runs a thread.
+    # The gateway's clock moves a step at a time; the next step waits until every running task
+    # was asked about at this one and every task answered terminal was yielded. Tasks finished
+    # in an earlier step must come first, whatever order they were submitted in and however
+    # late a loaded machine runs a thread.
     gw, url = served_gateway
     step: list[int] = [0]
-    finished_in: dict[str, int] = {}  # the step in which the gateway first answered it terminal
+    polled: dict[str, int] = {}  # the step at which each task was last asked about
+    finished_in: dict[str, int] = {}  # the step at which the gateway first answered it terminal
     got: list[Task] = []
-    yielded = threading.Condition()  # guards all three: a step moves between two answers
+    moved = threading.Condition()  # guards all four: a step never moves during an answer
     handle = gw.handle
 
     def spy(request: MockRequest) -> MockResponse:
-        response = handle(request)
-        terminal = b'"completed"' in response.body or b'"failed"' in response.body
-        if request.method == "GET" and terminal:
-            with yielded:
-                finished_in.setdefault(request.path.rsplit("/", 1)[-1], step[0])
+        if request.method != "GET":
+            return handle(request)
+        with moved:
+            response = handle(request)
+            task_id = request.path.rsplit("/", 1)[-1]
+            polled[task_id] = step[0]
+            if b'"completed"' in response.body or b'"failed"' in response.body:
+                finished_in.setdefault(task_id, step[0])
+            moved.notify_all()
         return response
 
     gw.handle = spy  # type: ignore[method-assign]
+    stalled: list[int] = []
 
-    def drive() -> None:  # a step of 0.05 s; the next once all finished so far were yielded
-        while len(got) < 30:
-            with yielded:
-                # Each task is polled at least every 0.1 s: 10 s of no progress is a stall.
-                if not yielded.wait_for(lambda: len(got) >= len(finished_in), timeout=10):
+    def ready(ids: list[str]) -> bool:
+        asked = all(polled.get(t, -1) >= step[0] for t in ids if t not in finished_in)
+        return asked and len(got) >= len(finished_in)
+
+    def drive(ids: list[str]) -> None:  # a step of 0.05 s at a time
+        while len(finished_in) < len(ids):
+            with moved:
+                # Each task is asked about every 0.1 s at most: 10 s without is a stall.
+                if not moved.wait_for(lambda: ready(ids), timeout=10):
+                    stalled.append(step[0])
                     return
                 step[0] += 1
                 gw.advance(0.05)
-            time.sleep(0.3)  # a poll of every running task sees the step before the next
 
     with Client(KEY, url, poll=FAST) as client:
         subs = [client.submit(f"p{i}") for i in range(30)]
-        driver = threading.Thread(target=drive, daemon=True)
+        driver = threading.Thread(target=drive, args=([s.task_id for s in subs],), daemon=True)
         threads_before = threading.active_count()
         driver.start()
         peak = 0
-        for task in client.as_completed([*subs, subs[0], subs[1].task_id], timeout=60):
-            with yielded:
+        for task in client.as_completed([*subs, subs[0], subs[1].task_id], timeout=30):
+            with moved:
                 got.append(task)
-                yielded.notify_all()
+                moved.notify_all()
             peak = max(peak, threading.active_count())
         driver.join(timeout=10)
+    assert not stalled
     assert sorted(t.id for t in got) == sorted(s.task_id for s in subs)  # each once
     assert {t.status for t in got} == {TaskStatus.SUCCEEDED, TaskStatus.FAILED}
     steps = [finished_in[t.id] for t in got]
