@@ -26,6 +26,8 @@ from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 from imggw_client.mock._gateway import MockResponse
 
+from . import MANIFEST_FIELDS
+
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
     "retry": RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05),
@@ -70,18 +72,7 @@ def test_a_batch_runs_every_line_once_and_a_rerun_does_nothing(
     records = manifest(report)
     assert [r["line"] for r in records] == list(range(1, 21))
     for record in records:
-        pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7
-        added = {
-            "id",
-            "surface",
-            "prompt",
-            "aspect_ratio",
-            "resolution",
-            "cost",
-            "credits",
-            "expires_at",
-        }
-        assert set(record) == pinned | added
+        assert set(record) == MANIFEST_FIELDS
         assert record["status"] == "succeeded"
         assert record["prompt"] == f"p{record['line'] - 1}"
         assert (record["aspect_ratio"], record["resolution"]) == ("16:9", "1k")

@@ -16,6 +16,8 @@ from imggw_cli import _runtime
 from imggw_cli._app import app
 from imggw_client.mock import MockGateway
 
+from . import MANIFEST_FIELDS
+
 KEY = "sk-batch-cli-key-0042"
 
 
@@ -43,18 +45,7 @@ def test_batch_json_writes_the_manifest_records_on_stdout(
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
     assert [r["line"] for r in records] == [1, 2, 4]
-    pinned = {"line", "task_id", "status", "files", "error"}  # DESIGN 7, then ours
-    added = {
-        "id",
-        "surface",
-        "prompt",
-        "aspect_ratio",
-        "resolution",
-        "cost",
-        "credits",
-        "expires_at",
-    }
-    assert all(set(r) == pinned | added for r in records)
+    assert all(set(r) == MANIFEST_FIELDS for r in records)
     assert [r["prompt"] for r in records] == ["a cat", "a dog", "a fox"]
     assert "batch summary" in err  # the summary goes to stderr
     code, out, _ = invoke("batch", str(source), "-o", str(tmp_path / "out"), "--base-url", url)
