@@ -328,7 +328,7 @@ def batch(shape: str, learn: bool, lines: int, concurrency: int) -> dict[str, An
         to_wall = time.time() - time.monotonic()  # this machine's monotonic clock to Unix time
         with contextlib.closing(sqlite3.connect(out / LEDGER_NAME)) as db:
             rows = db.execute(
-                "SELECT task_id, state, completed_at, finished_at FROM lines"
+                "SELECT task_id, state, completed_at, finished_at FROM tasks"
             ).fetchall()
         record = gateway_record(base)
     tasks, arrivals = record["tasks"], sorted(record["arrivals"])

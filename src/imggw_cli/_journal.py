@@ -58,22 +58,39 @@ def tasks(
             "succeeded, saved, failed, expired, not_found.",
         ),
     ] = None,
+    folder: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--folder",
+            metavar="DIR",
+            help="List the tasks of a batch output folder (imggw batch, download --from) "
+            "in place of the journal.",
+        ),
+    ] = None,
 ) -> None:
     """List the tasks submitted from this machine's command line, newest first: a header, then
     each task's id, surface, state, when it was first sent, its prompt (cut short) and the
     files saved; the newest 50 unless --limit N or --all. Kept in a journal (IMGGW_JOURNAL,
     else the XDG state folder) before each submit leaves. --json: one object per task.
 
+    A batch output folder keeps its run's tasks in a file of the same kind: --folder DIR lists
+    them the same way (its run collects and resumes them: imggw batch run).
+
     Example: imggw tasks --unfinished; imggw tasks --state failed --limit 10; imggw tasks
-    collect -o out/ --wait; imggw tasks prune --older-than 7d
+    --folder out/; imggw tasks collect -o out/ --wait; imggw tasks prune --older-than 7d
     """
     if ctx.invoked_subcommand is not None:
+        if folder is not None:  # a prune or collect there would act on the journal instead
+            refuse(
+                f"--folder lists a folder's tasks; tasks {ctx.invoked_subcommand} works on "
+                "the journal"
+            )
         return
     if every and limit is not None:
         refuse("give --all or --limit N, not both")
     shown = None if every else (limit or SHOWN)
     with session() as out:
-        journal = _journal()
+        journal = _journal(folder)
         try:
             entries, total = _listed(journal, unfinished, shown, state)
         finally:
@@ -255,8 +272,16 @@ def collect(
     raise typer.Exit(report.exit_code)
 
 
-def _journal() -> "Journal":
-    """The command line's journal, or a usage error when it keeps none."""
+def _journal(folder: Optional[Path] = None) -> "Journal":  # noqa: UP045
+    """The command line's journal (or a batch ``folder``'s tasks), or a usage error when it
+    keeps none."""
+    if folder is not None:
+        from imggw_client.text import printable
+        from imggw_client.tracking import Journal
+
+        if not folder.is_dir():  # a file would open as a journal, or be made one
+            refuse(f"--folder {printable(str(folder), 200)}: no such folder")
+        return Journal(folder.absolute())
     options = current()
     if options.mock or options.no_journal or journal_path() is None:
         refuse(NO_JOURNAL)

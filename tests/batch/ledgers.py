@@ -16,6 +16,40 @@ from imggw_client.batch._lines import GENERATE
 from imggw_client.batch._schema import UNKNOWN, Row
 from imggw_client.batch._store import RunLines
 
+# The ledger's file as format 5 (the last before the store's one table) made it: a folder left
+# by that release opens and resumes.
+FORMAT_5_LEDGER = """
+CREATE TABLE lines (
+    identity        TEXT PRIMARY KEY,
+    line            INTEGER NOT NULL,
+    caller_id       TEXT,
+    kind            TEXT NOT NULL DEFAULT 'generate',
+    digest          TEXT NOT NULL,
+    fields          TEXT NOT NULL DEFAULT '{}',
+    surface         TEXT NOT NULL,
+    idempotency_key TEXT,
+    task_id         TEXT,
+    state           TEXT NOT NULL,
+    urls            TEXT NOT NULL DEFAULT '[]',
+    expires_at      REAL,
+    error_code      TEXT,
+    error_message   TEXT,
+    files           TEXT NOT NULL DEFAULT '[]',
+    credits         REAL,
+    cost            REAL,
+    finished_at     REAL,
+    submitted_at    REAL,
+    completed_at    REAL,
+    first_sent      REAL,
+    planned         INTEGER NOT NULL DEFAULT 0,
+    created_at      REAL NOT NULL,
+    updated_at      REAL NOT NULL
+);
+CREATE INDEX lines_by_line ON lines (planned, line);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+PRAGMA user_version=5;
+"""
+
 
 def row(line: int, state: State = UNKNOWN, *, resolution: str = "1k", **kw: Any) -> Row:
     """A generate line's row (``kw`` sets any other column)."""

@@ -83,7 +83,7 @@ def kill_when(child: subprocess.Popen[bytes], reached: Callable[[], bool]) -> No
 def ledger_rows(folder: Path) -> list[tuple[str | None, str, str]]:
     # closing(): a connection's own `with` only commits; it never closes (Python 3.13 warns).
     with closing(sqlite3.connect(folder / "ledger.sqlite")) as db:
-        return list(db.execute("SELECT task_id, state, urls FROM lines"))
+        return list(db.execute("SELECT task_id, state, urls FROM tasks"))
 
 
 def fetch(url: str) -> bytes:

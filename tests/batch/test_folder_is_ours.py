@@ -53,7 +53,7 @@ def prompts(path: Path, lines: list[str]) -> Path:
 def ledger_rows(folder: Path) -> list[tuple[object, ...]]:
     with closing(sqlite3.connect(folder / LEDGER_NAME)) as db:
         return db.execute(
-            "SELECT line, task_id, state, error_code, error_message, updated_at FROM lines "
+            "SELECT line, task_id, state, error_code, error_message, changed FROM tasks "
             "ORDER BY line"
         ).fetchall()
 
@@ -285,10 +285,10 @@ def test_a_ledger_that_kept_the_key_in_clear_has_it_wiped(tmp_path: Path) -> Non
         )
         assert code == 3, err
         with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:  # as older versions kept it
-            db.execute("UPDATE lines SET urls = replace(urls, '[redacted]', ?)", (KEY_A,))
+            db.execute("UPDATE tasks SET urls = replace(urls, '[redacted]', ?)", (KEY_A,))
             # A line no later run touches again, with a link as an older version kept it.
             link = json.dumps([f"{url}/results/x.png?api_key={KEY_A}"])
-            db.execute("UPDATE lines SET urls = ? WHERE state = 'failed'", (link,))
+            db.execute("UPDATE tasks SET urls = ? WHERE state = 'failed'", (link,))
             db.execute("DELETE FROM meta WHERE key = 'links_blanked'")  # older: no such mark
         assert KEY_A.encode() in b"".join(p.read_bytes() for p in out.glob(f"{LEDGER_NAME}*"))
         (out / LEDGER_NAME).chmod(0o644)  # and with the mode they made it
@@ -319,7 +319,7 @@ def test_links_carrying_the_key_are_kept_blanked_and_asked_for_again(
         assert fetched  # the key-bearing links were tried
         no_file_holds(out, KEY_A)
         with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
-            urls = [json.loads(u) for (u,) in db.execute("SELECT urls FROM lines")]
+            urls = [json.loads(u) for (u,) in db.execute("SELECT urls FROM tasks")]
         assert all(link and all("[redacted]" in u for u in link) for link in urls)
 
         state["down"] = False

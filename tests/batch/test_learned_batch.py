@@ -41,7 +41,7 @@ def prompts(path: Path, count: int, start: int = 0) -> Path:
 
 def durations(out: Path) -> list[tuple[float | None, float | None]]:
     with sqlite3.connect(out / "ledger.sqlite") as db:
-        return list(db.execute("SELECT submitted_at, completed_at FROM lines ORDER BY line"))
+        return list(db.execute("SELECT submitted_at, completed_at FROM tasks ORDER BY line"))
 
 
 def test_the_ledger_keeps_each_tasks_time_and_a_resumed_run_starts_warm(

@@ -284,7 +284,7 @@ def test_lines_an_older_version_failed_on_a_404_submit_are_submitted_again(
     assert batch(gateway, source, out, timeout=0).counts == {"pending": 3}
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db, db:
         db.execute(
-            "UPDATE lines SET state='failed', error_code='not_found', "
+            "UPDATE tasks SET state='failed', error_code='not_found', "
             "error_message='No such route.'"
         )
     report = batch(gateway, source, out)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from imggw_client import PollPolicy, RequestValidationError, RetryPolicy
+from imggw_client._core.states import State
+from imggw_client._journal.schema import FORMAT
 from imggw_client.batch import (
     LEDGER_NAME,
     BatchReport,
@@ -21,7 +23,6 @@ from imggw_client.batch import (
 )
 from imggw_client.batch._identity import LINES_NAME, RUN_NAME, idempotency_key
 from imggw_client.batch._ledger import Ledger
-from imggw_client.batch._schema import SCHEMA_VERSION
 from imggw_client.mock import MockGateway
 
 FAST = {
@@ -118,7 +119,7 @@ def test_a_ledger_from_a_newer_imggw_is_refused_clearly(
     out = tmp_path / "out"
     out.mkdir()
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        db.execute(f"PRAGMA user_version={FORMAT + 1}")
     with pytest.raises(StorageError, match="newer imggw"):
         batch(gateway, write(tmp_path / "in.jsonl", ["x"]), out)
     assert gateway.stats()["requests"] == {}
@@ -136,12 +137,21 @@ def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None
             " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
             " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
         )
-    with Ledger.open(out):
-        pass
+        db.execute(
+            "INSERT INTO lines VALUES ('line:1', 1, NULL, 'fp', '{\"prompt\": \"a fox\"}', "
+            "'beta', 'k1', 't1', 'done', '[]', NULL, NULL, '[]', 2.0, 0.5, 10.0, 20.0)"
+        )
+        db.commit()
+    with Ledger.open(out) as ledger:
+        (kept,) = ledger.iter_rows()
+    assert (kept.digest, kept.fields, kept.state) == ("fp", {"prompt": "a fox"}, State.SAVED)
+    assert (kept.credits, kept.cost) == (2.0, 0.5)
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        columns = {row[1] for row in db.execute("PRAGMA table_info(lines)")}
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
+        columns = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
+        times = db.execute("SELECT created, changed, charge FROM tasks").fetchone()
     assert {"kind", "fields", "expires_at", "planned", "first_sent"} <= columns
+    assert times == (10.0, 20.0, 2.0)
 
 
 @pytest.mark.gateway(duration_min=0.02, duration_max=0.05)

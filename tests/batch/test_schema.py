@@ -17,6 +17,7 @@ import pytest
 
 from imggw_client._core import states as task
 from imggw_client._files import StorageError
+from imggw_client._journal.schema import FORMAT
 from imggw_client.batch._ledger import STOPPED_BY, Ledger
 from imggw_client.batch._schema import (
     BATCH_MOVES,
@@ -30,7 +31,6 @@ from imggw_client.batch._schema import (
     RECHECKS,
     RUNNING,
     SAVED,
-    SCHEMA_VERSION,
     STATUS,
     STATUSES,
     SUCCEEDED,
@@ -58,7 +58,7 @@ from imggw_client.batch._schema import (
     words,
 )
 
-from .ledgers import plan, planned, row
+from .ledgers import FORMAT_5_LEDGER, plan, planned, row
 
 
 def test_a_row_is_stored_and_read_back_whole_and_old_state_names_are_read() -> None:
@@ -93,9 +93,10 @@ def test_a_new_ledger_is_private_made_whole_and_in_wal_mode(tmp_path: Path) -> N
     with contextlib.closing(connect(path)) as db:
         migrate(db, path)
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-    assert {"lines", "meta"} <= tables
+    assert {"tasks", "meta"} <= tables
+    assert "lines" not in tables
 
 
 def test_a_link_planted_beside_the_ledger_is_refused(tmp_path: Path) -> None:
@@ -110,11 +111,11 @@ def test_a_link_planted_beside_the_ledger_is_refused(tmp_path: Path) -> None:
 def test_a_ledger_from_a_newer_imggw_is_refused_saying_to_upgrade(tmp_path: Path) -> None:
     path = tmp_path / LEDGER_NAME
     with contextlib.closing(sqlite3.connect(path)) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        db.execute(f"PRAGMA user_version={FORMAT + 1}")
     with contextlib.closing(connect(path)) as db, pytest.raises(StorageError) as raised:
         migrate(db, path)
     assert raised.value.code == "ledger_too_new"
-    assert f"ledger format {SCHEMA_VERSION + 1}" in raised.value.message
+    assert f"ledger format {FORMAT + 1}" in raised.value.message
     assert "upgrade imggw to resume this run" in raised.value.message
 
 
@@ -142,7 +143,7 @@ def _old_ledger(path: Path, version: int, states: list[str]) -> None:
     """A ledger as format ``version`` left it: one planned line per state, in that order."""
     values = row(1).values()
     with contextlib.closing(connect(path)) as db:
-        migrate(db, path)
+        db.executescript(FORMAT_5_LEDGER)
         db.execute(f"PRAGMA user_version={version}")
         for n, state in enumerate(states, 1):
             line = (f"line:{n}", n, *values[2:9], state, *values[10:])
@@ -176,9 +177,11 @@ def test_an_older_ledger_keeps_the_cores_states_once_opened_and_is_read_as_them_
     with Ledger.open(out) as ledger:  # opened to run: its rows are moved in place, once
         assert [r.state for r in ledger.rows()] == kept
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        stored = [state for (state,) in db.execute("SELECT state FROM lines ORDER BY line")]
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
+        stored = [state for (state,) in db.execute("SELECT state FROM tasks ORDER BY line")]
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
     assert stored == ["unknown", "running", "succeeded", "saved", "failed"]
+    assert "lines" not in tables  # its rows moved into the store's one table
     with Ledger.open(out) as ledger:  # a ledger of this format is not moved again
         assert [r.state for r in ledger.rows()] == kept
 

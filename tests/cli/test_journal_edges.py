@@ -375,6 +375,38 @@ def test_download_from_tells_the_journal_and_collect_does_not_save_again(
     assert not list((tmp_path / "again").glob("*.png"))
 
 
+def test_tasks_lists_a_batch_folders_tasks_as_it_lists_the_journals(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
+    task_id = submitted(url, "a heron")
+    wait_done(url, task_id)
+    ids = tmp_path / "ids.txt"
+    ids.write_text(task_id + "\n")
+    got = tmp_path / "got"
+    saved = imggw("download", "--from", str(ids), "-o", str(got), "--base-url", url)
+    assert saved.code == 0, saved.err
+    (journaled,) = imggw("tasks", "--json").records()
+    listed = imggw("tasks", "--folder", str(got), "--json")
+    assert listed.code == 0, listed.err
+    (entry,) = listed.records()
+    # The same task in both stores, in the same words; the folder's run collected it by id.
+    assert (entry["task_id"], entry["state"]) == (journaled["task_id"], "saved")
+    assert entry["files"] == journaled["files"] == [str(got / f"{task_id}-0.png")]
+    assert entry["idempotency_key"] == ""
+    text = imggw("tasks", "--folder", str(got))
+    assert text.code == 0
+    assert task_id in text.out
+    assert "saved" in text.out
+    pruned = imggw("tasks", "--folder", str(got), "prune")
+    assert pruned.code == 2  # --folder lists; prune is the journal's
+    assert "works on the journal" in pruned.err
+    missing = imggw("tasks", "--folder", str(tmp_path / "nowhere"))
+    assert missing.code == 2
+    assert "no such folder" in missing.err
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_status_and_download_tell_the_journal_what_they_see(
     served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -116,12 +116,12 @@ def test_a_resend_keeps_the_rows_first_send_time(
 def _age_lines(folder: Path, seconds: float) -> None:
     """Moves every batch line's first send ``seconds`` into the past."""
     with contextlib.closing(sqlite3.connect(folder / LEDGER_NAME)) as db, db:
-        db.execute("UPDATE lines SET first_sent = first_sent - ?", (seconds,))
+        db.execute("UPDATE tasks SET first_sent = first_sent - ?", (seconds,))
 
 
 def _lines(folder: Path) -> list[tuple[str, str, float | None]]:
     with contextlib.closing(sqlite3.connect(folder / LEDGER_NAME)) as db:
-        found = db.execute("SELECT idempotency_key, state, first_sent FROM lines ORDER BY line")
+        found = db.execute("SELECT idempotency_key, state, first_sent FROM tasks ORDER BY line")
         return list(found)
 
 

@@ -61,6 +61,8 @@ def test_a_first_format_journal_opens_with_its_rows_and_works_on(tmp_path: Path)
         assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
         columns = {r[1] for r in db.execute("PRAGMA table_info(tasks)")}
     assert {"attempt", "changed", "lease_owner", "lease_until"} <= columns
+    # The one table's: what a batch folder's rows keep besides, empty in a journal.
+    assert {"identity", "line", "kind", "fields", "credits", "cost", "planned"} <= columns
 
 
 def test_a_journal_of_a_newer_format_is_refused_untouched(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ the first write and every ``CHECKPOINT_EVERY``-th, it hands the event to :meth:`
 in a worker thread, which waits for the lock and checkpoints (and restarts the WAL, which syncs
 its header) off the loop. An ``AsyncClient`` opens its journal there too, on first use.
 
+A batch output folder's ledger is a file of the same format (``schema``): ``Journal(folder)``
+opens it to list its run's tasks, and refuses to write them (the run does, and resumes them).
+
 No result link is stored (one may carry a key): the task is asked for again when its results
 are downloaded. The file is made 0600 in a folder made 0700, and a journal another user could
 write is refused (``_private``). A row that cannot be read is skipped and reported (``_rows``).
@@ -64,6 +67,11 @@ class Journal:
     anything is sent; one another user could write (a folder or file writable by group or
     others, owned by someone else, or reached through a symbolic link) code ``journal_unsafe``.
 
+    A batch output folder (or its ``ledger.sqlite``) opens as the journal of its run's tasks,
+    to list them (:meth:`tasks`, :meth:`count`); it is written by its run alone, so a write
+    (a submit, :meth:`prune`, a collect) raises :class:`ConfigurationError`
+    (``journal_unusable``) and sends nothing.
+
     Example::
 
         journal = Journal("~/.local/state/my-app/imggw.sqlite")
@@ -75,7 +83,7 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._prepare(path)
-        with self._connection():  # opened now: a path that cannot be used says so here
+        with self._connection(writing=False):  # opened now: a path that cannot be used says so
             pass
 
     @classmethod
@@ -88,6 +96,10 @@ class Journal:
 
     def _prepare(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(os.path.expanduser(os.fspath(path)))
+        # A batch folder's ledger: read here, written by its run alone (known once opened).
+        self._ledger = self.path.is_dir()
+        if self._ledger:
+            self.path /= _schema.LEDGER_NAME
         self._lock = threading.Lock()  # _db's; taken before _loop_lock when both are
         self._db: sqlite3.Connection | None = None
         self._loop_lock = threading.Lock()  # _nowait's, which try_record never waits for
@@ -125,10 +137,10 @@ class Journal:
             for entry in journal.tasks(unfinished=True, limit=50):
                 print(entry.task_id or "(outcome unknown)", entry.status)
         """
-        clause, args = _schema.where(unfinished, scope, states, limit=limit)
-        sql = f"SELECT {_rows.COLUMNS} FROM tasks{clause}{NEWEST_FIRST}"
         found: list[JournalEntry] = []
         with self._reading() as db:
+            clause, args = self._where(unfinished, scope, states, limit=limit)
+            sql = f"SELECT {_rows.COLUMNS} FROM tasks{clause}{NEWEST_FIRST}"
             if limit is None:
                 return self._entries(db.execute(sql, args).fetchall())
             offset = 0
@@ -155,8 +167,8 @@ class Journal:
 
             print(journal.count(unfinished=True), "tasks still need something")
         """
-        clause, args = _schema.where(unfinished, scope, states)
         with self._reading() as db:
+            clause, args = self._where(unfinished, scope, states)
             total: int = db.execute(f"SELECT COUNT(*) FROM tasks{clause}", args).fetchone()[0]
         return total
 
@@ -170,14 +182,14 @@ class Journal:
             for bad in journal.damaged():
                 print(f"row {bad.row} ({bad.idempotency_key}): {bad.reason}")
         """
-        clause, args = _schema.where(False, scope, None)
         bad: list[DamagedRow] = []
         with self._reading() as db:
+            clause, args = self._where(False, scope, None)
             for values in db.execute(
                 f"SELECT {_rows.COLUMNS} FROM tasks{clause}{NEWEST_FIRST}", args
             ):
                 try:
-                    _rows.entry_of(values)
+                    _rows.entry_of(values, self._base)
                 except _rows.RowDamaged as why:
                     bad.append(_rows.damaged_row(values, why.reason))
         return bad
@@ -344,6 +356,22 @@ class Journal:
 
     # ------------------------------------------------------------------------ internals
 
+    def _where(
+        self,
+        unfinished: bool,
+        scope: Scope | None,
+        wanted: Collection[str] | None,
+        *,
+        limit: object = None,
+    ) -> tuple[str, list[Any]]:
+        """A listing's WHERE clause in this file (a ledger's lists its rows that are tasks)."""
+        return _schema.where(unfinished, scope, wanted, limit=limit, ledger=self._ledger)
+
+    @property
+    def _base(self) -> Path | None:
+        """Where a ledger's file names are (its folder); None in a journal, whose are paths."""
+        return self.path.parent if self._ledger else None
+
     def _entries(self, rows: Sequence[Sequence[Any]]) -> list[JournalEntry]:
         """The entries of ``rows``; a damaged one is skipped, with one WARNING per row."""
         return [entry for _, entry in self._read(rows)]
@@ -352,7 +380,7 @@ class Journal:
         """Each readable row with its entry; a damaged one is skipped, with one WARNING."""
         for values in rows:
             try:
-                entry = _rows.entry_of(values)
+                entry = _rows.entry_of(values, self._base)
             except _rows.RowDamaged as why:
                 if self._warn_once(("row", values[0])):
                     log.warning(
@@ -379,6 +407,8 @@ class Journal:
     def _open(self) -> sqlite3.Connection:
         ready_folder(self.path.parent)
         refuse_unsafe_files(self.path)
+        if self._ledger and not self.path.exists():
+            raise FileNotFoundError(2, "a folder with no batch ledger in it", str(self.path))
         open_private(self.path)
         db = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
@@ -391,6 +421,7 @@ class Journal:
             # A killed process loses nothing committed; a power cut may lose the last moment.
             db.execute("PRAGMA synchronous=NORMAL")
             _schema.migrate(db)
+            self._ledger = self._ledger or _schema.is_ledger(db)
             refuse_unsafe_files(self.path)  # SQLite's side files, now that they exist
         except BaseException:
             db.close()
@@ -449,7 +480,7 @@ class Journal:
             self._memo[key] = (state, expires, charge)
 
     @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self, *, writing: bool = True) -> Iterator[sqlite3.Connection]:
         with self._lock:
             if self._closed:
                 closed = f"the journal {self.path} is closed"
@@ -463,13 +494,20 @@ class Journal:
                     self._db = self._open()
                 except (OSError, sqlite3.Error, StorageError) as exc:
                     raise unusable(self.path, exc) from exc
+            if writing and self._ledger:
+                raise ConfigurationError(
+                    f"the journal {self.path} is a batch folder's ledger: its run writes it "
+                    "(the same batch command resumes it); it can be listed, not written. "
+                    "Nothing was sent; give a journal of its own to write",
+                    code="journal_unusable",
+                )
             yield self._db
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
         """The connection for a read; a file that cannot be read is a :class:`StorageError`."""
         try:
-            with self._connection() as db:
+            with self._connection(writing=False) as db:
                 yield db
         except sqlite3.Error as exc:
             raise _failed(self.path, exc, "read") from exc

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path, PurePath
 from typing import Any
 
 from .._core import rules, states
@@ -22,9 +23,19 @@ __all__ = ["COLUMNS", "DamagedRow", "JournalEntry", "RowDamaged", "entry_of"]
 
 KEY_SHOWN = 80  # characters of a damaged row's key a message shows at most
 
+
+def _asked(name: str) -> str:
+    """A request field as a read selects it: a ledger's row keeps its request in ``fields``."""
+    return (
+        f"CASE WHEN json_valid(fields) THEN COALESCE(json_extract(fields, '$.{name}'), {name}) "
+        f"ELSE {name} END"
+    )
+
+
 # What a read selects, in the order entry_of takes them.
 COLUMNS = (
-    "row, surface, idempotency_key, task_id, state, prompt, aspect_ratio, resolution, "
+    "row, surface, idempotency_key, task_id, state, "
+    f"{_asked('prompt')}, {_asked('aspect_ratio')}, {_asked('resolution')}, "
     "created, submitted_at, expires_at, charge, files, gateway"
 )
 
@@ -121,9 +132,10 @@ def shown_key(key: object) -> str:
     return printable(key if isinstance(key, str) else repr(key), KEY_SHOWN)
 
 
-def entry_of(values: Sequence[Any]) -> JournalEntry:
+def entry_of(values: Sequence[Any], base: Path | None = None) -> JournalEntry:
     """The entry of a row read with :data:`COLUMNS`; :class:`RowDamaged` if any value is not
-    what the journal writes."""
+    what the journal writes. ``base``: a ledger's folder, where its rows' file names are (a
+    ledger's row of a task collected by id has no key: ``""``)."""
     (
         _,
         surface,
@@ -142,7 +154,9 @@ def entry_of(values: Sequence[Any]) -> JournalEntry:
     ) = values
     if surface not in rules.SURFACES:
         raise RowDamaged("unknown surface")
-    if not _text(key) or rules.check_idempotency_key(key):
+    if key is None and base is not None and task_id is not None:
+        key = ""  # a task made elsewhere, collected by its id
+    elif not _text(key) or rules.check_idempotency_key(key):
         raise RowDamaged("bad idempotency key")
     if task_id is not None and (not _text(task_id) or rules.check_task_id(task_id)):
         raise RowDamaged("bad task id")
@@ -163,7 +177,7 @@ def entry_of(values: Sequence[Any]) -> JournalEntry:
         status=_status(known),
         submitted_at=_when(submitted, "submitted_at"),
         expires_at=_when(expires, "expires_at"),
-        files=_files(files),
+        files=_files(files, base),
         request=ImageRequest.unchecked(prompt, ratio, resolution),
         state=known.value,
         charge=None if charge is None else float(charge),
@@ -203,16 +217,29 @@ def _absent(name: str) -> datetime:
     raise RowDamaged(f"{name} is missing")
 
 
-def _files(stored: object) -> tuple[str, ...]:
+def _files(stored: object, base: Path | None) -> tuple[str, ...]:
+    """A journal's paths; a ledger's files (each its name, size and digest) as paths in its
+    folder ``base``."""
     if not _text(stored):
         raise RowDamaged("files is not text")
     try:
         files = json.loads(stored)  # type: ignore[arg-type]
     except ValueError:
         raise RowDamaged("files is not JSON") from None
+    if base is not None and isinstance(files, list):
+        files = [f.get("path") if isinstance(f, dict) else None for f in files]
+        if not all(_text(f) and _inside(f) for f in files):
+            raise RowDamaged("files is not a list of names in the folder")
+        files = [str(base / f) for f in files]
     if not isinstance(files, list) or not all(_text(f) for f in files):
         raise RowDamaged("files is not a list of paths")
     return tuple(files)
+
+
+def _inside(name: str) -> bool:
+    """Whether a ledger's file name stays in its folder (a row is someone else's bytes)."""
+    path = PurePath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts and "\\" not in name
 
 
 def _status(state: State) -> str:

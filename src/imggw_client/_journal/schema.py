@@ -1,6 +1,16 @@
-"""The journal's file format: its one table, how a file of an earlier format is brought
-forward, whose rows are whose (:class:`Scope`), and the filters of a listing. ``_journal``
-opens the file and runs the queries; ``_moves`` writes an event's move.
+"""The task store's file format, one for every file that keeps paid tasks: an application's
+journal, the shell's, and a batch folder's ledger. Its one table (``tasks``), how a file of an
+earlier format of either kind is brought forward, whose rows are whose (:class:`Scope`), and the
+filters of a listing. ``journal`` opens the file and runs the queries; ``moves`` writes an
+event's move; the batch's ``_ledger`` writes its lines.
+
+A row is one paid task (or one that may be: its submit's answer not known yet). A journal's row
+belongs to a gateway and a key (``gateway``, ``key_fp``) and keeps the request it asked
+(``prompt``, ``aspect_ratio``, ``resolution``) and who holds it (``attempt``, the lease). A batch
+folder's row is its run's: no scope (``''``), the request in ``fields``, and the line it came
+from (``identity``, ``line``, ``caller_id``, ``kind``, ``digest``, ``planned``), its links,
+error, money (``credits``, ``cost``) and times. Every row keeps ``charge``: the task's credits
+where the gateway states them, else its cost. The columns one kind leaves unused are NULL.
 """
 
 from __future__ import annotations
@@ -19,51 +29,114 @@ from .._core.states import State
 __all__ = [
     "FINAL",
     "FORMAT",
+    "LEDGER_NAME",
     "NEWEST_FIRST",
     "OPEN",
+    "RENAMED",
     "Scope",
+    "is_ledger",
     "migrate",
     "refuse_newer",
     "rollback",
     "where",
 ]
 
-FORMAT = 2  # 2 added the submit call that made a row, its last change, and its lease
+LEDGER_NAME = "ledger.sqlite"  # a batch folder's store, in the folder
+# PRAGMA user_version, one sequence for both kinds of file. A journal was 1, then 2 (the submit
+# call that made a row, its last change, its lease). A ledger was 0 or 1 (its own table,
+# ``lines``), 2 (kinds, fields, expiries), 3 (states renamed, ``fingerprint`` as ``digest``,
+# submit and finish times), 4 (``first_sent``), 5 (the core's states). 6: the one table.
+FORMAT = 6
+STATES_KEPT = 5  # the first ledger format whose rows keep the core's states
+# What ledger rows written before STATES_KEPT keep, and the core's state each is ("submitted"
+# was beta's wire word and "done" the first format's; a line that was "succeeded" before the
+# third was downloading then, as the core's ``succeeded`` is).
+RENAMED: dict[str, State] = {
+    "pending": State.UNKNOWN,
+    "submitted": State.RUNNING,
+    "downloading": State.SUCCEEDED,
+    "done": State.SAVED,
+}
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    row INTEGER PRIMARY KEY,
-    gateway TEXT NOT NULL,
-    key_fp TEXT NOT NULL,
-    surface TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
-    task_id TEXT,
-    state TEXT NOT NULL,
-    prompt TEXT NOT NULL,
-    aspect_ratio TEXT NOT NULL,
-    resolution TEXT NOT NULL,
-    created REAL NOT NULL,
-    submitted_at REAL,
-    expires_at REAL,
-    charge REAL,
-    files TEXT NOT NULL DEFAULT '[]',
-    attempt TEXT,
-    changed REAL,
-    lease_owner TEXT,
-    lease_until REAL,
-    UNIQUE (gateway, key_fp, surface, idempotency_key)
-);
-CREATE INDEX IF NOT EXISTS tasks_by_id ON tasks (gateway, key_fp, surface, task_id);
-CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (gateway, key_fp, state)
-"""
-# Columns format 1 lacks; its rows get NULL: made by no submit this code can name (so no
-# refusal removes them), never changed since, held by no one.
-_ADDED = ("attempt TEXT", "changed REAL", "lease_owner TEXT", "lease_until REAL")
+# The table's columns: the journal's (format 2), then what a batch line adds.
+_COLUMNS = (
+    ("row", "INTEGER PRIMARY KEY"),
+    ("gateway", "TEXT NOT NULL DEFAULT ''"),
+    ("key_fp", "TEXT NOT NULL DEFAULT ''"),
+    ("surface", "TEXT NOT NULL"),
+    ("idempotency_key", "TEXT"),
+    ("task_id", "TEXT"),
+    ("state", "TEXT NOT NULL"),
+    ("prompt", "TEXT NOT NULL DEFAULT ''"),
+    ("aspect_ratio", "TEXT NOT NULL DEFAULT ''"),
+    ("resolution", "TEXT NOT NULL DEFAULT ''"),
+    ("created", "REAL NOT NULL"),
+    ("submitted_at", "REAL"),
+    ("expires_at", "REAL"),
+    ("charge", "REAL"),
+    ("files", "TEXT NOT NULL DEFAULT '[]'"),
+    ("attempt", "TEXT"),
+    ("changed", "REAL"),
+    ("lease_owner", "TEXT"),
+    ("lease_until", "REAL"),
+    ("identity", "TEXT"),
+    ("line", "INTEGER"),
+    ("caller_id", "TEXT"),
+    ("kind", "TEXT"),
+    ("digest", "TEXT"),
+    ("fields", "TEXT"),
+    ("urls", "TEXT"),
+    ("error_code", "TEXT"),
+    ("error_message", "TEXT"),
+    ("credits", "REAL"),
+    ("cost", "REAL"),
+    ("finished_at", "REAL"),
+    ("completed_at", "REAL"),
+    ("first_sent", "REAL"),
+    ("planned", "INTEGER"),
+)
+_TABLE = f"CREATE TABLE tasks ({', '.join(f'{name} {kind}' for name, kind in _COLUMNS)})"
+# Each kind of file is indexed for what it is asked: a journal by key, task and state within a
+# scope, a ledger by line (and a line's identity names its row). A key names one task in a
+# journal's scope (a journal made before format 6 keeps this as its table's own constraint).
+_JOURNAL_KEY = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS tasks_by_key ON tasks "
+    "(gateway, key_fp, surface, idempotency_key)"
+)
+_JOURNAL_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS tasks_by_id ON tasks (gateway, key_fp, surface, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (gateway, key_fp, state)",
+)
+_LEDGER_INDEXES = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS tasks_by_identity ON tasks (identity)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_line ON tasks (planned, line)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+# A ledger's columns before FORMAT that its earlier formats lack, with how they are added.
+_LEDGER_ADDED = {
+    "kind": "TEXT NOT NULL DEFAULT 'generate'",
+    "fields": "TEXT NOT NULL DEFAULT '{}'",
+    "expires_at": "REAL",
+    "finished_at": "REAL",
+    "planned": "INTEGER NOT NULL DEFAULT 0",
+    "submitted_at": "REAL",
+    "completed_at": "REAL",
+    "first_sent": "REAL",
+}
+# The ledger's line columns carried over as they are (format 5's ``lines``).
+_CARRIED = (
+    "identity, line, caller_id, kind, digest, fields, surface, idempotency_key, task_id, state, "
+    "urls, expires_at, error_code, error_message, files, credits, cost, finished_at, "
+    "submitted_at, completed_at, first_sent, planned"
+)
 OPEN = [s.value for s, work in states.WORK.items() if work is not None]
 FINAL = [s.value for s, work in states.WORK.items() if work is None]
 # Rows are numbered as they are made: the newest first is the table read backwards, with no
 # index to keep up on every write and no sort, however many rows there are.
 NEWEST_FIRST = " ORDER BY row DESC"
+# The rows of a ledger that are paid tasks: a bad input line is none, nor a line whose submit
+# was refused (no task id, and an outcome known).
+BATCH_TASKS = "kind IS NOT 'bad' AND (task_id IS NOT NULL OR state = 'unknown')"
 
 
 @dataclass(frozen=True)
@@ -83,27 +156,67 @@ def refuse_newer(db: sqlite3.Connection) -> int:
     return version
 
 
-def migrate(db: sqlite3.Connection) -> None:
-    """Makes the schema of a new file, or brings a format 1 file forward (in one transaction:
-    another process may be opening it too); refuses a newer one."""
+def is_ledger(db: sqlite3.Connection) -> bool:
+    """Whether the file is a batch folder's ledger (it keeps a run's ``meta``, or is a ledger
+    of an earlier format), not a journal."""
+    found = db.execute(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name IN ('meta', 'lines')"
+    ).fetchone()
+    return bool(found[0])
+
+
+def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
+    """Makes the schema of a new file (a ledger's with ``ledger``), or brings a file of an
+    earlier format forward, in one transaction (another process may be opening it too);
+    refuses a newer one."""
     if refuse_newer(db) == FORMAT:
         return
     db.execute("BEGIN IMMEDIATE")
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version < FORMAT:
+            ledger = ledger or is_ledger(db)
             have = {r[1] for r in db.execute("PRAGMA table_info(tasks)")}
-            if have:
-                for column in _ADDED:
-                    if column.split()[0] not in have:
-                        db.execute(f"ALTER TABLE tasks ADD COLUMN {column}")
-            for statement in _SCHEMA.split(";"):
+            for name, kind in _COLUMNS:  # a journal of format 1 or 2: the columns it lacks
+                if have and name not in have:
+                    db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {kind}")
+            if not have:
+                db.execute(_TABLE)
+                if not ledger:
+                    db.execute(_JOURNAL_KEY)
+            if ledger:
+                _ledger_forward(db, version)
+            for statement in _LEDGER_INDEXES if ledger else _JOURNAL_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={FORMAT}")
         db.execute("COMMIT")
     except BaseException:
         rollback(db)
         raise
+
+
+def _ledger_forward(db: sqlite3.Connection, version: int) -> None:
+    """A ledger's ``lines`` of any earlier format brought into the one table (its rows kept,
+    their states made the core's), and ``lines`` dropped."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(lines)")}
+    if not have:
+        return
+    if "fingerprint" in have:
+        db.execute("ALTER TABLE lines RENAME COLUMN fingerprint TO digest")
+    for name, kind in _LEDGER_ADDED.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
+    if "request" in have:  # the first format kept the request under this name
+        db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
+    if version < STATES_KEPT:  # once: the rows' states become the core's
+        cases = " ".join(f"WHEN '{old}' THEN '{new.value}'" for old, new in RENAMED.items())
+        db.execute(f"UPDATE lines SET state = CASE state {cases} ELSE state END")
+    db.execute(
+        f"INSERT INTO tasks ({_CARRIED}, charge, created, changed) "
+        f"SELECT {_CARRIED}, COALESCE(credits, cost), created_at, updated_at FROM lines "
+        "ORDER BY rowid"
+    )
+    db.execute("DROP TABLE lines")
 
 
 def rollback(db: sqlite3.Connection) -> None:
@@ -114,17 +227,23 @@ def rollback(db: sqlite3.Connection) -> None:
 
 
 def where(
-    unfinished: bool, scope: Scope | None, wanted: Collection[str] | None, *, limit: object = None
+    unfinished: bool,
+    scope: Scope | None,
+    wanted: Collection[str] | None,
+    *,
+    limit: object = None,
+    ledger: bool = False,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (with its leading space, or none) and its arguments of a listing:
-    ``unfinished`` rows only, one ``scope``'s, rows in the ``wanted`` states; ``limit``: the
+    ``unfinished`` rows only, one ``scope``'s, rows in the ``wanted`` states, in a ``ledger``
+    the rows that are tasks (:data:`BATCH_TASKS`); ``limit``: the
     listing takes the newest few only (read backwards by row, each row's scope checked: through
     an index, every row of the scope would be sorted first, 48 ms for 50 of 100,000, not 1).
     States and the limit are checked (:class:`RequestValidationError`)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         refuse("limit", "must be a whole number >= 0, or None")
     newest = limit is not None
-    clauses: list[str] = []
+    clauses: list[str] = [BATCH_TASKS] if ledger else []
     args: list[Any] = []
     if wanted is not None:
         if isinstance(wanted, str) or not all(isinstance(s, str) for s in wanted):

@@ -29,6 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
+from .._journal.schema import LEDGER_NAME
 from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError, KeyChangedError
@@ -45,7 +46,7 @@ from ._report import (
     write_manifest,
 )
 from ._run import BatchPlan, acollect_tasks, arun_batch, collect_tasks, plan_batch, run_batch
-from ._schema import LEDGER_NAME, ExitCode, LineState
+from ._schema import ExitCode, LineState
 from .scale._folder import MergeReport, RunStatus, merge, status
 from .scale._shards import ShardReport, ShardSpec, arun_shard, parse_shard, run_shard, shard_range
 from .scale._storage import Storage, is_url, open_storage

@@ -29,15 +29,16 @@ import filelock
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._core.states import State
 from .._files import StorageError, refuse_link
+from .._journal.schema import LEDGER_NAME
 from ._lines import GENERATE
 from ._schema import (
     BAD,
     COLUMNS,
     EXPIRED,
-    LEDGER_NAME,
     RECHECKS,
     RUNNING,
     SAVED,
+    SAVED_COLUMNS,
     SUCCEEDED,
     Row,
     connect,
@@ -173,7 +174,7 @@ class Ledger:
         unchanged, else a new row. Returns (row, new), or None if another line of this plan
         has the same identity."""
         found = self._db.execute(
-            f"SELECT planned, {', '.join(COLUMNS)} FROM lines WHERE identity=?", (row.identity,)
+            f"SELECT planned, {', '.join(COLUMNS)} FROM tasks WHERE identity=?", (row.identity,)
         ).fetchone()
         now = time.time()
         if found is not None and found[0] == self._plan:
@@ -183,7 +184,7 @@ class Ledger:
             if old.digest == row.digest:
                 old.line, old.fields = row.line, row.fields or old.fields
                 self._db.execute(
-                    "UPDATE lines SET line=?, fields=?, planned=? WHERE identity=?",
+                    "UPDATE tasks SET line=?, fields=?, planned=? WHERE identity=?",
                     (
                         old.line,
                         json.dumps(old.fields, ensure_ascii=False),
@@ -193,9 +194,9 @@ class Ledger:
                 )
                 return old, False
         self._db.execute(
-            f"INSERT OR REPLACE INTO lines ({', '.join(COLUMNS)}, planned, created_at, "
-            f"updated_at) VALUES ({', '.join('?' * (len(COLUMNS) + 3))})",
-            (*row.values(), self._plan, now, now),
+            f"INSERT OR REPLACE INTO tasks ({', '.join(SAVED_COLUMNS)}, planned, created, "
+            f"changed) VALUES ({', '.join('?' * (len(SAVED_COLUMNS) + 3))})",
+            (*row.saved_values(), self._plan, now, now),
         )
         return row, True
 
@@ -218,7 +219,7 @@ class Ledger:
                 where.append("kind=?")
                 args.append(rule.kind)
             self._db.execute(
-                "UPDATE lines SET state=?, error_code=NULL, error_message=NULL "
+                "UPDATE tasks SET state=?, error_code=NULL, error_message=NULL "
                 f"WHERE {' AND '.join(where)}",
                 (rule.to.value, *args),
             )
@@ -244,7 +245,7 @@ class Ledger:
         succeeded = [SUCCEEDED.value, SAVED.value, EXPIRED.value]
         with self._read_lock:
             found = self._db.execute(
-                "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM lines "
+                "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM tasks "
                 "WHERE planned=? AND (credits IS NOT NULL OR cost IS NOT NULL) AND ("
                 f"state IN ({', '.join('?' * len(succeeded))}) "
                 "OR ((credits IS NULL OR credits > 0) AND (cost IS NULL OR cost > 0))) GROUP BY 1",
@@ -258,7 +259,7 @@ class Ledger:
         uncharged = " AND credits IS NULL AND cost IS NULL" if state is RUNNING else ""
         with self._read_lock:
             found = self._db.execute(
-                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
+                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM tasks "
                 f"WHERE planned=? AND kind=? AND state=?{uncharged} GROUP BY 1",
                 (self._plan, GENERATE, state.value),
             )
@@ -269,7 +270,7 @@ class Ledger:
         resolution (``""``: not stated, as for a collected task): the room a run keeps free."""
         with self._read_lock:
             found = self._db.execute(
-                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM lines "
+                "SELECT json_extract(fields, '$.resolution'), COUNT(*) FROM tasks "
                 "WHERE planned=? AND kind!=? AND state IN (?, ?) GROUP BY 1",
                 (self._plan, BAD, RUNNING.value, SUCCEEDED.value),
             )
@@ -288,7 +289,7 @@ class Ledger:
                 " completed_at - submitted_at AS took, ROW_NUMBER() OVER ("
                 "  PARTITION BY surface, json_extract(fields, '$.resolution')"
                 "  ORDER BY completed_at DESC) AS n"
-                " FROM lines WHERE kind=? AND submitted_at IS NOT NULL"
+                " FROM tasks WHERE kind=? AND submitted_at IS NOT NULL"
                 " AND completed_at IS NOT NULL)"
                 " WHERE n <= ? ORDER BY surface, resolution, n DESC",
                 (GENERATE, newest),
@@ -301,7 +302,7 @@ class Ledger:
         found: Counter[tuple[str, State]] = Counter()
         with self._read_lock:
             for kind, state, n in self._db.execute(
-                "SELECT kind, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
+                "SELECT kind, state, COUNT(*) FROM tasks WHERE planned=? GROUP BY 1, 2",
                 (self._plan,),
             ):
                 found[(str(kind), state_of(state))] += n
@@ -337,7 +338,7 @@ class Ledger:
             try:
                 changes = []
                 for identity, kept in self._db.execute(
-                    "SELECT identity, urls FROM lines WHERE urls != '[]'"
+                    "SELECT identity, urls FROM tasks WHERE urls != '[]'"
                 ):
                     links = json.loads(kept)
                     blanked = [redact(link) for link in links]
@@ -349,7 +350,7 @@ class Ledger:
                 if not changes:
                     return 0
                 self._db.execute("PRAGMA secure_delete=ON")
-                self._db.executemany("UPDATE lines SET urls=? WHERE identity=?", changes)
+                self._db.executemany("UPDATE tasks SET urls=? WHERE identity=?", changes)
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._db.execute("PRAGMA secure_delete=OFF")  # the rest costs no more I/O
             except sqlite3.Error as exc:
@@ -360,7 +361,7 @@ class Ledger:
         """The surfaces the last plan's generate lines ran on (at most two are told apart):
         a run whose ``run.json`` predates keeping it is told by its ledger."""
         found = self._db.execute(
-            "SELECT DISTINCT surface FROM lines WHERE planned=? AND kind=? LIMIT 2",
+            "SELECT DISTINCT surface FROM tasks WHERE planned=? AND kind=? LIMIT 2",
             (self._plan, GENERATE),
         )
         return {surface for (surface,) in found}
@@ -374,7 +375,7 @@ class Ledger:
             for state, n, credits, cost, unknown in self._db.execute(
                 # A charge below 0 (kept by versions that did not clamp it) counts as 0.
                 "SELECT state, COUNT(*), TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)), "
-                "SUM(credits IS NOT NULL AND cost IS NULL) FROM lines "
+                "SUM(credits IS NOT NULL AND cost IS NULL) FROM tasks "
                 "WHERE planned=? AND kind!=? GROUP BY state",
                 (self._plan, BAD),
             ):
@@ -396,7 +397,7 @@ class Ledger:
         try:
             with self._read_lock:
                 cursor = self._db.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM lines WHERE {where} ORDER BY line LIMIT ?",
+                    f"SELECT {', '.join(COLUMNS)} FROM tasks WHERE {where} ORDER BY line LIMIT ?",
                     (*args, limit),
                 )
                 return [Row.from_values(values) for values in cursor.fetchall()]
@@ -423,12 +424,12 @@ class Ledger:
         if self._writer is None:
             self._writer = threading.Thread(target=self._write, name="imggw-ledger", daemon=True)
             self._writer.start()
-        self._queue.put((*row.values(), time.time(), row.identity))
+        self._queue.put((*row.saved_values(), time.time(), row.identity))
 
     def save_now(self, row: Row) -> None:
         """Writes one row at once, in the caller's thread (outside a run's event loop)."""
         try:
-            self._update([(*row.values(), time.time(), row.identity)])
+            self._update([(*row.saved_values(), time.time(), row.identity)])
         except sqlite3.Error as exc:
             raise storage_error(self.path, exc) from exc
 
@@ -440,12 +441,12 @@ class Ledger:
             raise self._failure
 
     def _update(self, values: list[tuple[Any, ...]]) -> None:
-        assignments = ", ".join(f"{name}=?" for name in COLUMNS)
+        assignments = ", ".join(f"{name}=?" for name in SAVED_COLUMNS)
         with self._read_lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
-                    f"UPDATE lines SET {assignments}, updated_at=? WHERE identity=?", values
+                    f"UPDATE tasks SET {assignments}, changed=? WHERE identity=?", values
                 )
             except BaseException:
                 self._db.execute("ROLLBACK")

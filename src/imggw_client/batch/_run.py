@@ -48,6 +48,7 @@ from .._core.rules import Resolution
 from .._core.spec import Surface
 from .._core.states import State
 from .._files import StorageError, refuse_links
+from .._journal.schema import LEDGER_NAME
 from ..tracking._downloads import DownloadQueue
 from ..tracking._loop import Loop
 from . import _identity
@@ -58,7 +59,7 @@ from ._ledger import LOCK_NAME, Ledger, Totals, remove_if_empty
 from ._lines import BAD_LINES_NAME, COLLECT, GENERATE, BatchInputError
 from ._plan import INCOMING_DIR, BatchOptions, Caps, Plan, plan_run
 from ._report import MANIFEST_NAME, BatchProgress, BatchReport
-from ._schema import BAD, FINAL, KEPT, LEDGER_NAME, RUNNING, SUCCEEDED, UNKNOWN, line_counts
+from ._schema import BAD, FINAL, KEPT, RUNNING, SUCCEEDED, UNKNOWN, line_counts
 from ._store import GalleryPace, LedgerStore, LocalStore, RunLines, Workspace
 from .scale._storage import destination_name
 

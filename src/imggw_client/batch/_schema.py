@@ -1,6 +1,7 @@
-"""The ledger's file and the words of its rows: its schema and how older formats are brought
-forward, how it is opened (SQLite in WAL mode, made private, its log kept small), what one of
-its rows is (:class:`Row`), the errors of a ledger that is damaged or cannot be written; a
+"""The ledger's file and the words of its rows: a file of the task store's one table and formats
+(``_journal/schema.py``, which brings older ledgers forward), how it is opened (SQLite in WAL
+mode, made private, its log kept small), what one of its rows is (:class:`Row`: a line's
+columns of that table), the errors of a ledger that is damaged or cannot be written; a
 line's states, the moves between them, the words they show as, and how a run ends; and a
 ledger file read while another process may be writing it (``imggw batch status``, ``merge``,
 a Dask driver's progress), or copied whole while a run writes on (a shard's checkpoints into
@@ -53,6 +54,8 @@ from typing import Any
 from .._core import states as task
 from .._core.states import State
 from .._files import StorageError, cannot, make_private, open_private, refuse_link
+from .._journal import schema as store
+from .._journal.schema import FORMAT, LEDGER_NAME, RENAMED, STATES_KEPT
 from ..tracking._store import NOT_FOUND
 from ._lines import COLLECT, GENERATE
 
@@ -76,24 +79,9 @@ __all__ = [
 ]
 
 
-LEDGER_NAME = "ledger.sqlite"
-# PRAGMA user_version: 0 or 1 the first format; 2 added kinds, fields, expiries; 3 renamed the
-# states (see RENAMED) and `fingerprint` to `digest`, and added when a task was
-# submitted and first seen finished; 4 added when a line's submit first left (`first_sent`);
-# 5 keeps the core's task states (`_core/states.py`) in place of the line's own (see RENAMED).
-SCHEMA_VERSION = 5
-STATES_KEPT = 5  # the first format whose rows keep the core's states
-# What rows written before STATES_KEPT keep, and the core's state each is: the one mapping from
-# every earlier format ("submitted" was beta's wire word and "done" the first format's; a line
-# that was "succeeded" before the third was downloading then, as the core's `succeeded` is).
-RENAMED: dict[str, State] = {
-    "pending": State.UNKNOWN,
-    "submitted": State.RUNNING,
-    "downloading": State.SUCCEEDED,
-    "done": State.SAVED,
-}
 BAD = "bad"  # the kind of a bad input line's row (the others: _lines.GENERATE, COLLECT)
 
+# A line's columns of the store's one table (``_journal/schema.py``), as :class:`Row` holds them.
 COLUMNS = (
     "identity",
     "line",
@@ -117,47 +105,9 @@ COLUMNS = (
     "completed_at",
     "first_sent",
 )
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS lines (
-    identity        TEXT PRIMARY KEY,
-    line            INTEGER NOT NULL,
-    caller_id       TEXT,
-    kind            TEXT NOT NULL DEFAULT 'generate',
-    digest          TEXT NOT NULL,
-    fields          TEXT NOT NULL DEFAULT '{}',
-    surface         TEXT NOT NULL,
-    idempotency_key TEXT,
-    task_id         TEXT,
-    state           TEXT NOT NULL,
-    urls            TEXT NOT NULL DEFAULT '[]',
-    expires_at      REAL,
-    error_code      TEXT,
-    error_message   TEXT,
-    files           TEXT NOT NULL DEFAULT '[]',
-    credits         REAL,
-    cost            REAL,
-    finished_at     REAL,
-    submitted_at    REAL,
-    completed_at    REAL,
-    first_sent      REAL,
-    planned         INTEGER NOT NULL DEFAULT 0,
-    created_at      REAL NOT NULL,
-    updated_at      REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS lines_by_line ON lines (planned, line);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-# Columns that earlier formats lack, with how they are added.
-_ADDED = {
-    "kind": "TEXT NOT NULL DEFAULT 'generate'",
-    "fields": "TEXT NOT NULL DEFAULT '{}'",
-    "expires_at": "REAL",
-    "finished_at": "REAL",
-    "planned": "INTEGER NOT NULL DEFAULT 0",
-    "submitted_at": "REAL",
-    "completed_at": "REAL",
-    "first_sent": "REAL",
-}
+# What a save writes: the line's columns, and its charge (the journal's word: credits where the
+# gateway states them, else the cost).
+SAVED_COLUMNS = (*COLUMNS, "charge")
 
 
 # What SQLite says of a file that is no (whole) database: damaged, as a kill -9 mid-write on a
@@ -251,8 +201,12 @@ class Row:
             self.first_sent,
         )
 
+    def saved_values(self) -> tuple[Any, ...]:
+        """What a save writes (:data:`SAVED_COLUMNS`)."""
+        return (*self.values(), self.credits if self.credits is not None else self.cost)
+
     @classmethod
-    def from_values(cls, values: tuple[Any, ...], version: int = SCHEMA_VERSION) -> Row:
+    def from_values(cls, values: tuple[Any, ...], version: int = FORMAT) -> Row:
         """The row of a ledger's stored ``values`` (written in format ``version``)."""
         named = dict(zip(COLUMNS, values, strict=True))
         for name in ("fields", "urls", "files"):
@@ -273,7 +227,7 @@ class Row:
         return self.kind == BAD
 
 
-def state_of(stored: str, version: int = SCHEMA_VERSION) -> State:
+def state_of(stored: str, version: int = FORMAT) -> State:
     """The state a ledger row of format ``version`` keeps (a file read only is not migrated)."""
     if version < STATES_KEPT:
         return RENAMED.get(stored) or State(stored)
@@ -319,34 +273,23 @@ def connect(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Brings a ledger written by an earlier format forward (its rows kept, their states
-    renamed), or refuses one written by a newer imggw; makes the schema where there is none."""
+    """Brings a ledger written by an earlier format forward into the store's one table (its
+    rows kept, their states made the core's), or refuses one written by a newer imggw; makes
+    the schema where there is none."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
+    if version > FORMAT:
         raise StorageError(
             f"{path} was written by a newer imggw (ledger format {version}, this one "
-            f"reads up to {SCHEMA_VERSION}): upgrade imggw to resume this run",
+            f"reads up to {FORMAT}): upgrade imggw to resume this run",
             code="ledger_too_new",
         )
-    exists = db.execute(
-        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='lines'"
-    ).fetchone()
-    if exists and version < SCHEMA_VERSION:
-        db.execute("BEGIN IMMEDIATE")
-        have = {r[1] for r in db.execute("PRAGMA table_info(lines)")}
-        if "fingerprint" in have:
-            db.execute("ALTER TABLE lines RENAME COLUMN fingerprint TO digest")
-        for name, kind in _ADDED.items():
-            if name not in have:
-                db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
-        if "request" in have:  # the first format kept the request under this name
-            db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
-        if version < STATES_KEPT:  # once: the rows' states become the core's
-            cases = " ".join(f"WHEN '{old}' THEN '{new.value}'" for old, new in RENAMED.items())
-            db.execute(f"UPDATE lines SET state = CASE state {cases} ELSE state END")
-        db.execute("COMMIT")
-    db.executescript(_SCHEMA)
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    store.migrate(db, ledger=True)
+
+
+def table(version: int) -> str:
+    """The table a ledger of format ``version`` keeps its lines in (a file read only is not
+    brought forward)."""
+    return "tasks" if version >= FORMAT else "lines"
 
 
 UNKNOWN, RUNNING, SUCCEEDED = State.UNKNOWN, State.RUNNING, State.SUCCEEDED
@@ -568,7 +511,8 @@ def read_rows(path: Path) -> Iterator[Row]:
         db, plan, version = opened
         try:
             cursor = db.execute(
-                f"SELECT {', '.join(COLUMNS)} FROM lines WHERE planned=? ORDER BY line", (plan,)
+                f"SELECT {', '.join(COLUMNS)} FROM {table(version)} WHERE planned=? ORDER BY line",
+                (plan,),
             )
             for values in cursor:
                 yield Row.from_values(values, version)
@@ -586,7 +530,7 @@ def count_statuses(path: Path) -> dict[str, int] | None:
         db, plan, version = opened
         found: Counter[str] = Counter()
         for bad, state, n in db.execute(
-            "SELECT kind=?, state, COUNT(*) FROM lines WHERE planned=? GROUP BY 1, 2",
+            f"SELECT kind=?, state, COUNT(*) FROM {table(version)} WHERE planned=? GROUP BY 1, 2",
             (BAD, plan),
         ):
             found["bad" if bad else STATUS[line_state(state_of(state, version))]] += n

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
+from ..._journal.schema import LEDGER_NAME
 from .._input import line_kinds
 from .._lines import ENTRY
-from .._schema import LEDGER_NAME, count_statuses
+from .._schema import count_statuses
 from ._shards import SHARDS_DIR, shard_range
 from ._storage import Storage
 

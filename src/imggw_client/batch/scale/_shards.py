@@ -55,6 +55,7 @@ from ..._core.config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
 from ..._core.exceptions import RequestValidationError
 from ..._core.models import DownloadedFile
 from ..._files import TEMP_BYTES, StorageError, create_new, temp_name
+from ..._journal.schema import LEDGER_NAME
 from .. import _identity
 from .._admission import Guard
 from .._input import CSV_SUFFIXES, JSON_SUFFIX, JSONL_SUFFIXES, count_lines, line_kinds, reads_csv
@@ -63,7 +64,7 @@ from .._lines import ENTRY, HEADER, MORE
 from .._plan import BatchOptions, Slice, scan_input
 from .._report import MANIFEST_NAME, BatchProgress, BatchReport, RunOutcome
 from .._run import client_maker, execute, run_id_for
-from .._schema import LEDGER_NAME, ExitCode, checkpoint_number, copy_ledger
+from .._schema import ExitCode, checkpoint_number, copy_ledger
 from .._store import Workspace
 from ._storage import Storage, destination_name, open_storage
 
