@@ -148,4 +148,6 @@ def test_a_folder_of_the_release_before_is_brought_forward_once_and_listed(
     with contextlib.closing(sqlite3.connect(out / LEDGER_NAME)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
     assert "lines" not in tables
+    assert free == 0  # the old table's pages given back, not kept free in the file

@@ -172,6 +172,7 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
     if refuse_newer(db) == FORMAT:
         return
     db.execute("BEGIN IMMEDIATE")
+    moved = False
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version < FORMAT:
@@ -185,7 +186,7 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
                 if not ledger:
                     db.execute(_JOURNAL_KEY)
             if ledger:
-                _ledger_forward(db, version)
+                moved = _ledger_forward(db, version)
             for statement in _LEDGER_INDEXES if ledger else _JOURNAL_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={FORMAT}")
@@ -193,14 +194,17 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
     except BaseException:
         rollback(db)
         raise
+    if moved:  # the old table's pages, free now: the file back to the size of its rows, once
+        db.execute("VACUUM")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # and its log, which held it
 
 
-def _ledger_forward(db: sqlite3.Connection, version: int) -> None:
+def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
     """A ledger's ``lines`` of any earlier format brought into the one table (its rows kept,
-    their states made the core's), and ``lines`` dropped."""
+    their states made the core's), and ``lines`` dropped; whether there were any."""
     have = {r[1] for r in db.execute("PRAGMA table_info(lines)")}
     if not have:
-        return
+        return False
     if "fingerprint" in have:
         db.execute("ALTER TABLE lines RENAME COLUMN fingerprint TO digest")
     for name, kind in _LEDGER_ADDED.items():
@@ -217,6 +221,7 @@ def _ledger_forward(db: sqlite3.Connection, version: int) -> None:
         "ORDER BY rowid"
     )
     db.execute("DROP TABLE lines")
+    return True
 
 
 def rollback(db: sqlite3.Connection) -> None:
