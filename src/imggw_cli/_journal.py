@@ -97,8 +97,9 @@ def tasks(
             journal.close()
         if not entries:
             out.note(
-                "no tasks in the journal"
-                + (" still to collect" if unfinished else "")
+                ("no tasks in the folder" if folder else "no tasks in the journal")
+                + (" still to collect" if unfinished and not folder else "")
+                + (" unfinished" if unfinished and folder else "")
                 + (" in that state" if state else "")
             )
             return
@@ -280,7 +281,8 @@ def _journal(folder: Optional[Path] = None) -> "Journal":  # noqa: UP045
         from imggw_client.tracking import Journal
 
         if not folder.is_dir():  # a file would open as a journal, or be made one
-            refuse(f"--folder {printable(str(folder), 200)}: no such folder")
+            what = "is a file: give the folder it is in" if folder.exists() else "no such folder"
+            refuse(f"--folder {printable(str(folder), 200)}: {what}")
         return Journal(folder.absolute())
     options = current()
     if options.mock or options.no_journal or journal_path() is None:

@@ -668,12 +668,28 @@ def open_journal(journal: object, *, defer: bool = False) -> tuple[Journal | Non
     from ._journal.journal import Journal  # here: a client with no journal never loads SQLite
 
     if isinstance(journal, Journal):
-        return journal, False
+        return _writable(journal), False
     if isinstance(journal, (str, os.PathLike)) and os.fspath(journal):
-        return (Journal._deferred(journal) if defer else Journal(journal)), True
+        opened = Journal._deferred(journal) if defer else Journal(journal)
+        return _writable(opened, close=True), True
     raise ConfigurationError(
         "journal must be a Journal, a path, False or None", code="journal_unusable"
     )
+
+
+def _writable(journal: Journal, *, close: bool = False) -> Journal:
+    """``journal``, unless it is a batch folder's ledger (listed, never written by a client:
+    its run writes it; one opened here is closed). A ledger's file opened on first use (an
+    ``AsyncClient``'s) is refused at its first write, before anything is sent."""
+    if journal._ledger:
+        if close:
+            journal.close()
+        raise ConfigurationError(
+            f"the journal {journal.path} is a batch folder's ledger: list it with "
+            "Journal(folder).tasks(); a client needs a journal of its own",
+            code="journal_unusable",
+        )
+    return journal
 
 
 def _require_transport(transport: object, expected: type[Any]) -> None:

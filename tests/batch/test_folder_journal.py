@@ -1,7 +1,7 @@
 """A batch output folder's store is a journal's file (``_journal/schema.py``, DESIGN 24): one
 table keeps every paid task, whoever made it. ``Journal(folder)`` lists the run's tasks (its bad
 input lines are no tasks) with what a journal's listing shows, and writes nothing: the run does.
-A folder left by the release before the one table is brought forward once, and listed.
+A folder left by the release before the one table is listed once its run brought it forward.
 """
 
 from __future__ import annotations
@@ -12,15 +12,20 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from imggw_client import ConfigurationError, PollPolicy, RetryPolicy
+from imggw_client._core.states import State
 from imggw_client._journal.schema import FORMAT, LEDGER_NAME
 from imggw_client.batch import BatchReport, run_batch
+from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import Journal
 
-from .ledgers import FORMAT_5_LEDGER
+from .ledgers import FORMAT_5_LEDGER, planned, row
+
+RUNNING, FAILED = State.RUNNING, State.FAILED
 
 FAST = {
     "poll": PollPolicy(initial_interval=0.02, max_interval=0.1),
@@ -85,19 +90,66 @@ def test_a_batch_folder_opened_as_a_journal_writes_nothing_and_sends_nothing(
     out = tmp_path / "out"
     batch(gateway, [json.dumps({"prompt": "a fox"})], out)
     before = gateway.stats()["requests"]
+    ledger = (out / LEDGER_NAME).read_bytes()
     journal = Journal(out)
     with pytest.raises(ConfigurationError) as refused:
         journal.prune(older_than=0)
     assert refused.value.code == "journal_unusable"
-    assert "batch folder's ledger" in refused.value.message
-    with (
-        gateway.client(journal=journal, **FAST) as client,
-        pytest.raises(ConfigurationError, match="can be listed, not written"),
-    ):
-        client.submit("not from here")
-    assert gateway.stats()["requests"] == before  # refused before anything was sent
-    assert [e.request.prompt for e in journal.tasks()] == ["a fox"]
+    assert "can be listed, not written" in refused.value.message
+    for given in (journal, out, out / LEDGER_NAME):  # a client never takes one
+        with pytest.raises(ConfigurationError, match="a client needs a journal of its own"):
+            gateway.client(journal=given, **FAST)
+    assert [e.request.prompt for e in journal.tasks()] == ["a fox"]  # still open, still read
     journal.close()
+
+    async def submit() -> None:  # opened on first use: refused at the first write
+        async with gateway.async_client(journal=out / LEDGER_NAME, **FAST) as client:
+            await client.submit("not from here")
+
+    with pytest.raises(ConfigurationError, match="can be listed, not written"):
+        anyio.run(submit)
+    assert gateway.stats()["requests"] == before  # nothing was sent
+    assert (out / LEDGER_NAME).read_bytes() == ledger
+
+
+def test_what_a_listing_calls_a_task_is_what_may_have_been_paid_for(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with planned(
+        out,
+        [
+            row(1),  # never sent
+            row(2, first_sent=1.7e9),  # sent, its answer lost: it may be a paid task
+            row(3, FAILED, first_sent=1.7e9, error_code="invalid_prompt"),  # refused
+            row(4, RUNNING, task_id="40", first_sent=1.7e9, credits=-2.0),
+            row(5, kind="bad"),
+        ],
+    ):
+        pass
+    journal = Journal(out)
+    listed = {e.idempotency_key: e for e in journal.tasks()}
+    assert set(listed) == {"key-2", "key-4"}
+    assert journal.count() == 2
+    assert [e.idempotency_key for e in journal.tasks(unfinished=True)] == ["key-4", "key-2"]
+    created = listed["key-2"].created_at
+    assert created is not None
+    assert created.timestamp() == 1.7e9  # when its submit first left, not when it was planned
+    journal.close()
+
+
+def test_a_group_writable_batch_folder_is_listed_and_a_linked_one_is_not(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    batch(gateway, [json.dumps({"prompt": "a fox"})], out)
+    out.chmod(0o775)  # a folder made under umask 002: the run's, not a journal to collect from
+    journal = Journal(out)
+    assert journal.count() == 1
+    journal.close()
+    (tmp_path / "link").symlink_to(out)
+    with pytest.raises(ConfigurationError) as refused:
+        Journal(tmp_path / "link")
+    assert refused.value.code == "journal_unusable"
+    assert "symbolic link" in refused.value.message
 
 
 def test_a_folder_with_no_ledger_is_no_journal(tmp_path: Path) -> None:
@@ -106,6 +158,10 @@ def test_a_folder_with_no_ledger_is_no_journal(tmp_path: Path) -> None:
     assert refused.value.code == "journal_unusable"
     assert "no batch ledger" in refused.value.message
     assert not (tmp_path / LEDGER_NAME).exists()
+    (tmp_path / LEDGER_NAME).touch()  # a run killed before its ledger had a table
+    with pytest.raises(ConfigurationError, match="no batch ledger"):
+        Journal(tmp_path)
+    assert (tmp_path / LEDGER_NAME).read_bytes() == b""  # left for its run to make
 
 
 def test_a_row_whose_file_leaves_its_folder_is_reported_not_listed(
@@ -122,8 +178,8 @@ def test_a_row_whose_file_leaves_its_folder_is_reported_not_listed(
     journal.close()
 
 
-def test_a_folder_of_the_release_before_is_brought_forward_once_and_listed(
-    gateway: MockGateway, tmp_path: Path
+def test_a_folder_of_the_release_before_is_listed_once_its_run_brought_it_forward(
+    tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -133,14 +189,25 @@ def test_a_folder_of_the_release_before_is_brought_forward_once_and_listed(
         db.execute(
             "INSERT INTO lines (identity, line, digest, fields, surface, idempotency_key, "
             "task_id, state, credits, cost, planned, created_at, updated_at) "
-            "VALUES ('line:1', 1, 'd', ?, 'beta', 'k-1', '51', 'failed', 3.0, 0.25, 1, 5.0, 6.0)",
-            (fields,),
+            "VALUES ('line:1', 1, 'd', ?, 'beta', 'k-1', '51', 'failed', 3.0, 0.25, 1, 5.0, 6.0),"
+            " ('line:2', 2, 'e', ?, 'beta', 'k-2', '52', 'saved', -1.0, NULL, 1, 7.0, 8.0)",
+            (fields, fields),
         )
         db.execute("INSERT INTO meta (key, value) VALUES ('plan', '1')")
         db.commit()
+    before = (out / LEDGER_NAME).read_bytes()
+    with pytest.raises(ConfigurationError) as refused:  # a listing changes nothing
+        Journal(out)
+    assert "brings it forward when run again" in refused.value.message
+    assert (out / LEDGER_NAME).read_bytes() == before
+    with Ledger.open(out):  # as its run opens it, under the folder's lock
+        pass
     journal = Journal(out)
-    (entry,) = journal.tasks()
+    unclamped, entry = journal.tasks()
     assert (entry.task_id, entry.state, entry.charge) == ("51", "failed", 3.0)
+    # A charge below 0, kept by versions that did not clamp it, is none spent (as the batch
+    # counts it), not a damaged row.
+    assert (unclamped.task_id, unclamped.charge) == ("52", 0.0)
     assert entry.request.prompt == "a fox"
     assert entry.created_at is not None
     assert entry.created_at.timestamp() == 5.0

@@ -405,6 +405,9 @@ def test_tasks_lists_a_batch_folders_tasks_as_it_lists_the_journals(
     assert missing.code == 2
     assert "no such folder" in missing.err
     assert not (tmp_path / "nowhere").exists()
+    a_file = imggw("tasks", "--folder", str(got / "ledger.sqlite"))
+    assert a_file.code == 2
+    assert "is a file: give the folder it is in" in a_file.err
 
 
 def test_status_and_download_tell_the_journal_what_they_see(

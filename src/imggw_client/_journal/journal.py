@@ -16,7 +16,8 @@ in a worker thread, which waits for the lock and checkpoints (and restarts the W
 its header) off the loop. An ``AsyncClient`` opens its journal there too, on first use.
 
 A batch output folder's ledger is a file of the same format (``schema``): ``Journal(folder)``
-opens it to list its run's tasks, and refuses to write them (the run does, and resumes them).
+opens it read only to list its run's tasks, and refuses to write them (the run does, and
+resumes them).
 
 No result link is stored (one may carry a key): the task is asked for again when its results
 are downloaded. The file is made 0600 in a folder made 0700, and a journal another user could
@@ -38,7 +39,7 @@ from typing import Any
 from .._core import states
 from .._core.exceptions import ConfigurationError, ImggwError
 from .._core.states import State
-from .._files import StorageError, open_private
+from .._files import StorageError, open_private, refuse_link
 from . import rows as _rows
 from . import schema as _schema
 from .lease import Leases
@@ -405,10 +406,10 @@ class Journal:
         return True
 
     def _open(self) -> sqlite3.Connection:
+        if self._ledger:
+            return self._open_ledger()
         ready_folder(self.path.parent)
         refuse_unsafe_files(self.path)
-        if self._ledger and not self.path.exists():
-            raise FileNotFoundError(2, "a folder with no batch ledger in it", str(self.path))
         open_private(self.path)
         db = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
@@ -417,12 +418,47 @@ class Journal:
         try:
             db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             _schema.refuse_newer(db)  # before WAL mode changes the file
+            if _schema.is_ledger(db):  # a ledger named by its file: read as its folder is
+                db.close()
+                self._ledger = True
+                return self._open_ledger()
             db.execute("PRAGMA journal_mode=WAL")
             # A killed process loses nothing committed; a power cut may lose the last moment.
             db.execute("PRAGMA synchronous=NORMAL")
             _schema.migrate(db)
-            self._ledger = self._ledger or _schema.is_ledger(db)
             refuse_unsafe_files(self.path)  # SQLite's side files, now that they exist
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_ledger(self) -> sqlite3.Connection:
+        """A batch folder's ledger, read only: its run writes it, and brings a ledger of an
+        earlier format forward under the folder's lock (a listing changes nothing, not even
+        that). Only a planted link is refused here: the folder is the run's, not a journal's
+        that collects would pay from."""
+        refuse_link(self.path.parent)
+        refuse_link(self.path)
+        if not self.path.is_file():
+            raise FileNotFoundError(2, "a folder with no batch ledger in it", str(self.path))
+        db = sqlite3.connect(
+            f"{self.path.resolve().as_uri()}?mode=ro",
+            uri=True,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        db.text_factory = _rows.decoded
+        try:
+            version = _schema.refuse_newer(db)
+            if not _schema.is_ledger(db):
+                raise FileNotFoundError(2, "a folder with no batch ledger in it", str(self.path))
+            if version < _schema.FORMAT:
+                raise sqlite3.DatabaseError(
+                    "a ledger of an earlier imggw: the batch command that made it brings it "
+                    "forward when run again (nothing is sent twice); imggw batch status reads "
+                    "it meanwhile"
+                )
         except BaseException:
             db.close()
             raise

@@ -33,10 +33,12 @@ def _asked(name: str) -> str:
 
 
 # What a read selects, in the order entry_of takes them.
+# A ledger's row was made when its line was planned: its first send is when it was created as
+# a journal's row is (a journal keeps no ``first_sent``).
 COLUMNS = (
     "row, surface, idempotency_key, task_id, state, "
     f"{_asked('prompt')}, {_asked('aspect_ratio')}, {_asked('resolution')}, "
-    "created, submitted_at, expires_at, charge, files, gateway"
+    "COALESCE(first_sent, created), submitted_at, expires_at, charge, files, gateway"
 )
 
 
@@ -224,7 +226,7 @@ def _files(stored: object, base: Path | None) -> tuple[str, ...]:
         raise RowDamaged("files is not text")
     try:
         files = json.loads(stored)  # type: ignore[arg-type]
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's depth: no list of paths either
         raise RowDamaged("files is not JSON") from None
     if base is not None and isinstance(files, list):
         files = [f.get("path") if isinstance(f, dict) else None for f in files]
@@ -239,7 +241,8 @@ def _files(stored: object, base: Path | None) -> tuple[str, ...]:
 def _inside(name: str) -> bool:
     """Whether a ledger's file name stays in its folder (a row is someone else's bytes)."""
     path = PurePath(name)
-    return bool(name) and not path.is_absolute() and ".." not in path.parts and "\\" not in name
+    named = bool(path.parts) and not path.is_absolute() and ".." not in path.parts
+    return named and "\\" not in name and "\x00" not in name
 
 
 def _status(state: State) -> str:

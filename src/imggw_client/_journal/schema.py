@@ -134,9 +134,12 @@ FINAL = [s.value for s, work in states.WORK.items() if work is None]
 # Rows are numbered as they are made: the newest first is the table read backwards, with no
 # index to keep up on every write and no sort, however many rows there are.
 NEWEST_FIRST = " ORDER BY row DESC"
-# The rows of a ledger that are paid tasks: a bad input line is none, nor a line whose submit
-# was refused (no task id, and an outcome known).
-BATCH_TASKS = "kind IS NOT 'bad' AND (task_id IS NOT NULL OR state = 'unknown')"
+# The rows of a ledger that are (or may be) paid tasks: those with a task id, and those whose
+# submit left with no answer known (``unknown`` in a journal means that, and in a listing too).
+# A bad input line is none, nor a line never sent, nor one whose submit was refused.
+BATCH_TASKS = (
+    "kind IS NOT 'bad' AND (task_id IS NOT NULL OR (state = 'unknown' AND first_sent IS NOT NULL))"
+)
 
 
 @dataclass(frozen=True)
@@ -195,8 +198,19 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
         rollback(db)
         raise
     if moved:  # the old table's pages, free now: the file back to the size of its rows, once
+        _give_back(db)
+
+
+def _give_back(db: sqlite3.Connection) -> None:
+    """The file rewritten at the size of its rows, and its log (which held the rewrite) cut
+    back, if that can be done now: worth having, never worth failing an open for (a disk with
+    no room for the copy), nor making a reader's snapshot hold a writer up (no busy wait)."""
+    waits = db.execute("PRAGMA busy_timeout").fetchone()[0]
+    with suppress(sqlite3.Error):
         db.execute("VACUUM")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # and its log, which held it
+        db.execute("PRAGMA busy_timeout=0")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    db.execute(f"PRAGMA busy_timeout={int(waits)}")
 
 
 def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
@@ -217,7 +231,8 @@ def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
         db.execute(f"UPDATE lines SET state = CASE state {cases} ELSE state END")
     db.execute(
         f"INSERT INTO tasks ({_CARRIED}, charge, created, changed) "
-        f"SELECT {_CARRIED}, COALESCE(credits, cost), created_at, updated_at FROM lines "
+        # A charge below 0 (kept by versions that did not clamp it) is 0, as the batch counts it.
+        f"SELECT {_CARRIED}, MAX(COALESCE(credits, cost), 0), created_at, updated_at FROM lines "
         "ORDER BY rowid"
     )
     db.execute("DROP TABLE lines")

@@ -202,8 +202,9 @@ class Row:
         )
 
     def saved_values(self) -> tuple[Any, ...]:
-        """What a save writes (:data:`SAVED_COLUMNS`)."""
-        return (*self.values(), self.credits if self.credits is not None else self.cost)
+        """What a save writes (:data:`SAVED_COLUMNS`): a charge below 0 is none spent."""
+        charge = self.credits if self.credits is not None else self.cost
+        return (*self.values(), None if charge is None else max(charge, 0.0))
 
     @classmethod
     def from_values(cls, values: tuple[Any, ...], version: int = FORMAT) -> Row:
@@ -495,6 +496,9 @@ def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int, int] | Non
         return
     with contextlib.closing(db):
         try:
+            # The format and the rows from one snapshot: a run may bring the file forward
+            # (its lines moved into another table) between two reads.
+            db.execute("BEGIN")
             found = db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
             version = int(db.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error:
