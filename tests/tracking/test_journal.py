@@ -63,6 +63,9 @@ def test_the_row_is_on_disk_before_the_submit_reaches_the_gateway(
     )
     assert json.loads(after["files"]) == [str(f.path) for f in files]
     assert after["charge"] == 4.0
+    assert after["credits"] == task.credits == 4.0  # each as a batch line keeps it, too
+    assert task.cost is not None
+    assert after["cost"] == task.cost
     assert after["expires_at"] == task.expires_at.timestamp()  # type: ignore[union-attr]
     assert after["key_fp"] == client.key_fingerprint
     assert KEY.encode() not in path.read_bytes()

@@ -169,6 +169,10 @@ def _changes(event: object, target: State) -> dict[str, Any]:
             changes["expires_at"] = expires
         if charge is not None:
             changes["charge"] = charge
+        for stated in ("credits", "cost"):  # each as a batch line keeps it, beside the charge
+            value = getattr(event.task, stated)
+            if value is not None and math.isfinite(value):
+                changes[stated] = float(value)
     elif isinstance(event, states.Saved) and target is State.SAVED:
         changes["files"] = json.dumps([os.fspath(path) for path in event.files])
     return changes
