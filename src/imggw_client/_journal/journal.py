@@ -335,20 +335,14 @@ class Journal:
             f"key_fp = ? AND state IN ({marks}) ORDER BY row"
         )
         try:
-            with self._connection() as db:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    rows = db.execute(sql, (scope.gateway, scope.key_fingerprint, *OPEN))
-                    free = [r[:-2] for r in rows if self._leases.free(r[-2], r[-1], now)]
-                    readable = {values[0]: entry for values, entry in self._read(free)}
-                    db.executemany(
-                        "UPDATE tasks SET lease_owner = ?, lease_until = ? WHERE row = ?",
-                        [(owner, until, row) for row in readable],
-                    )
-                    db.execute("COMMIT")
-                except BaseException:
-                    _schema.rollback(db)
-                    raise
+            with self._connection() as db, _schema.transaction(db):
+                rows = db.execute(sql, (scope.gateway, scope.key_fingerprint, *OPEN))
+                free = [r[:-2] for r in rows if self._leases.free(r[-2], r[-1], now)]
+                readable = {values[0]: entry for values, entry in self._read(free)}
+                db.executemany(
+                    "UPDATE tasks SET lease_owner = ?, lease_until = ? WHERE row = ?",
+                    [(owner, until, row) for row in readable],
+                )
         except sqlite3.Error as exc:
             raise _failed(self.path, exc, "read") from exc
         if readable:
@@ -474,14 +468,9 @@ class Journal:
 
     def _write(self, db: sqlite3.Connection, event: object, scope: Scope) -> None:
         """One event in one transaction on ``db`` (its lock held), and its row in the memo."""
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _schema.transaction(db):
             lease = (self._leases.owner, self._leases.until(time.time()))
             after = apply(db, event, scope, lease, self.path)
-            db.execute("COMMIT")
-        except BaseException:
-            _schema.rollback(db)
-            raise
         self._writes += 1
         if isinstance(event, states.Sending):
             self._leases.taken()

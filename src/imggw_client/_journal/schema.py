@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Collection
-from contextlib import suppress
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -37,7 +37,7 @@ __all__ = [
     "is_ledger",
     "migrate",
     "refuse_newer",
-    "rollback",
+    "transaction",
     "where",
 ]
 
@@ -174,9 +174,8 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
     refuses a newer one."""
     if refuse_newer(db) == FORMAT:
         return
-    db.execute("BEGIN IMMEDIATE")
     moved = False
-    try:
+    with transaction(db):
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version < FORMAT:
             ledger = ledger or is_ledger(db)
@@ -193,10 +192,6 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
             for statement in _LEDGER_INDEXES if ledger else _JOURNAL_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={FORMAT}")
-        db.execute("COMMIT")
-    except BaseException:
-        rollback(db)
-        raise
     if moved:  # the old table's pages, free now: the file back to the size of its rows, once
         _give_back(db)
 
@@ -239,11 +234,20 @@ def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
     return True
 
 
-def rollback(db: sqlite3.Connection) -> None:
-    """Ends ``db``'s transaction, if one is open, undone."""
-    if db.in_transaction:
-        with suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """The one way a store's file is written: one transaction that takes the write lock at
+    once (``BEGIN IMMEDIATE``: no upgrade from a read to fail halfway), committed whole, or
+    undone on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:  # a failed COMMIT may have ended it already
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
 
 
 def where(

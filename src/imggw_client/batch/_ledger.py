@@ -29,7 +29,7 @@ import filelock
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._core.states import State
 from .._files import StorageError, refuse_link
-from .._journal.schema import LEDGER_NAME
+from .._journal.schema import LEDGER_NAME, transaction
 from ._lines import GENERATE
 from ._schema import (
     BAD,
@@ -442,16 +442,8 @@ class Ledger:
 
     def _update(self, values: list[tuple[Any, ...]]) -> None:
         assignments = ", ".join(f"{name}=?" for name in SAVED_COLUMNS)
-        with self._read_lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    f"UPDATE tasks SET {assignments}, changed=? WHERE identity=?", values
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._read_lock, transaction(self._db) as db:
+            db.executemany(f"UPDATE tasks SET {assignments}, changed=? WHERE identity=?", values)
 
     def _write(self) -> None:
         while True:
