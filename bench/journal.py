@@ -335,7 +335,7 @@ def journal_alone(folder: Path, tasks: int, nowait: bool = False) -> dict[str, f
     files = (folder / "x.png",)
     plan = []
     for i in range(tasks + 1):
-        task_id, key = f"t{i}", uuid.uuid4().hex
+        task_id, key = str(i + 1), uuid.uuid4().hex  # ids as the gateway gives them
         plan.append([
             states.Sending(key, "beta", request),
             states.Accepted(Submission(task_id=task_id, idempotency_key=key, surface="beta",

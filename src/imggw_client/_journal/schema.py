@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Collection
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -234,20 +234,35 @@ def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
     return True
 
 
-@contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+class transaction:  # lower case: used as a function, `with transaction(db):`
     """The one way a store's file is written: one transaction that takes the write lock at
     once (``BEGIN IMMEDIATE``: no upgrade from a read to fail halfway), committed whole, or
-    undone on any error."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:  # a failed COMMIT may have ended it already
+    undone on any error. A class, not a generator: a journal writes a few times a task, and
+    this costs a third of what ``contextmanager`` does."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except BaseException:
+                self._undo()
+                raise
+        self._undo()
+
+    def _undo(self) -> None:
+        if self.db.in_transaction:  # a failed COMMIT may have ended it already
             with suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-        raise
+                self.db.execute("ROLLBACK")
 
 
 def where(
