@@ -76,7 +76,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "rate_limited",
     ): "the /_mock/stats counter of requests refused by a limit: a field of the stats JSON",
     (
-        "imggw_client/batch/_schema.py",
+        "imggw_client/_journal/schema.py",
         "submitted",
     ): "a ledger state's name in ledgers written before the states were renamed (it was beta's "
     "wire word, with another meaning): read only to move those rows to the new name",
