@@ -63,8 +63,8 @@ def tasks(
         typer.Option(
             "--folder",
             metavar="DIR",
-            help="List the tasks of a batch output folder (imggw batch, download --from) "
-            "in place of the journal.",
+            help="List the tasks of a batch output folder (imggw batch, download --from; "
+            "a sharded run's from every shard) in place of the journal.",
         ),
     ] = None,
 ) -> None:
@@ -74,7 +74,8 @@ def tasks(
     else the XDG state folder) before each submit leaves. --json: one object per task.
 
     A batch output folder keeps its run's tasks in a file of the same kind: --folder DIR lists
-    them the same way (its run collects and resumes them: imggw batch run).
+    them the same way (its run collects and resumes them: imggw batch run); a sharded run's,
+    from every shard, the last shard's first.
 
     Example: imggw tasks --unfinished; imggw tasks --state failed --limit 10; imggw tasks
     --folder out/; imggw tasks collect -o out/ --wait; imggw tasks prune --older-than 7d
@@ -90,11 +91,12 @@ def tasks(
         refuse("give --all or --limit N, not both")
     shown = None if every else (limit or SHOWN)
     with session() as out:
-        journal = _journal(folder)
+        journals = _in_folder(folder) if folder is not None else [_journal()]
         try:
-            entries, total = _listed(journal, unfinished, shown, state)
+            entries, total = _listed(journals, unfinished, shown, state)
         finally:
-            journal.close()
+            for journal in journals:
+                journal.close()
         if not entries:
             out.note(
                 ("no tasks in the folder" if folder else "no tasks in the journal")
@@ -114,22 +116,28 @@ def tasks(
 
 
 def _listed(
-    journal: "Journal",
+    journals: "list[Journal]",
     unfinished: bool,
     shown: Optional[int],  # noqa: UP045
     state: Optional[list[str]],  # noqa: UP045
 ) -> "tuple[list[JournalEntry], int]":
-    """The newest ``shown`` entries (all with None) and how many there are in all."""
+    """The newest ``shown`` entries (all with None) and how many there are in all, from
+    ``journals`` newest first (a sharded run's: its last shard first)."""
     from imggw_client import RequestValidationError
     from imggw_client.text import printable
 
+    entries: list[JournalEntry] = []
     try:
-        entries = journal.tasks(unfinished=unfinished, limit=shown, states=state)
+        for journal in journals:
+            want = None if shown is None else shown - len(entries)
+            if want == 0:
+                break
+            entries += journal.tasks(unfinished=unfinished, limit=want, states=state)
     except RequestValidationError as err:  # a state the core does not name
         refuse(f"--state {printable(err.rule, 200)}")
     if shown is None or len(entries) < shown:  # every one of them is here: no count needed
         return entries, len(entries)
-    return entries, journal.count(unfinished=unfinished, states=state)
+    return entries, sum(j.count(unfinished=unfinished, states=state) for j in journals)
 
 
 def _list(out: Output, entries: "list[JournalEntry]") -> None:
@@ -273,17 +281,30 @@ def collect(
     raise typer.Exit(report.exit_code)
 
 
-def _journal(folder: Optional[Path] = None) -> "Journal":  # noqa: UP045
-    """The command line's journal (or a batch ``folder``'s tasks), or a usage error when it
-    keeps none."""
-    if folder is not None:
-        from imggw_client.text import printable
-        from imggw_client.tracking import Journal
+def _in_folder(folder: Path) -> "list[Journal]":
+    """A batch ``folder``'s tasks: its ledger, or a sharded run's, one a shard (the last
+    first), or a usage error when it is no folder."""
+    from imggw_client.batch import ledger_folders
+    from imggw_client.text import printable
+    from imggw_client.tracking import Journal
 
-        if not folder.is_dir():  # a file would open as a journal, or be made one
-            what = "is a file: give the folder it is in" if folder.exists() else "no such folder"
-            refuse(f"--folder {printable(str(folder), 200)}: {what}")
-        return Journal(folder.absolute())
+    if not folder.is_dir():  # a file would open as a journal, or be made one
+        what = "is a file: give the folder it is in" if folder.exists() else "no such folder"
+        refuse(f"--folder {printable(str(folder), 200)}: {what}")
+    folder = folder.absolute()
+    opened: list[Journal] = []
+    try:
+        for shard in reversed(ledger_folders(folder) or [folder]):
+            opened.append(Journal(shard))
+    except BaseException:
+        for journal in opened:
+            journal.close()
+        raise
+    return opened
+
+
+def _journal() -> "Journal":
+    """The command line's journal, or a usage error when it keeps none."""
     options = current()
     if options.mock or options.no_journal or journal_path() is None:
         refuse(NO_JOURNAL)

@@ -18,7 +18,7 @@ import pytest
 from imggw_client import ConfigurationError, PollPolicy, RetryPolicy
 from imggw_client._core.states import State
 from imggw_client._journal.schema import FORMAT, LEDGER_NAME
-from imggw_client.batch import BatchReport, run_batch
+from imggw_client.batch import BatchReport, ledger_folders, run_batch, run_shard
 from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import Journal
@@ -162,6 +162,42 @@ def test_a_folder_with_no_ledger_is_no_journal(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no batch ledger"):
         Journal(tmp_path)
     assert (tmp_path / LEDGER_NAME).read_bytes() == b""  # left for its run to make
+
+
+def test_a_sharded_runs_tasks_are_listed_shard_by_shard_with_the_files_the_run_saved(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"p{n}"}) + "\n" for n in range(1, 6)))
+    out = tmp_path / "out"
+    for index in (1, 2):
+        run_shard(
+            source, out, index=index, count=2, client_factory=lambda: gateway.async_client(**FAST)
+        )
+
+    folders = ledger_folders(out)
+    assert folders == [out / "shards" / "0001-of-0002", out / "shards" / "0002-of-0002"]
+    listed = {}
+    for folder in folders:
+        with contextlib.closing(Journal(folder)) as journal:
+            listed[folder.name] = journal.tasks()
+    assert sorted(e.request.prompt for entries in listed.values() for e in entries) == [
+        f"p{n}" for n in range(1, 6)
+    ]
+    for entries in listed.values():
+        for entry in entries:
+            (saved,) = entry.files  # a shard saves its results in the run's folder
+            assert Path(saved).parent == out
+            assert Path(saved).is_file()
+
+    with pytest.raises(ConfigurationError) as refused:  # the run's folder keeps no ledger
+        Journal(out)
+    assert refused.value.code == "journal_unusable"
+    assert "a sharded run's folder" in refused.value.message
+    assert str(folders[0]) in refused.value.message
+    assert not (out / LEDGER_NAME).exists()
+    assert ledger_folders(tmp_path / "nowhere") == []
+    assert ledger_folders(tmp_path) == []
 
 
 def test_a_row_whose_file_leaves_its_folder_is_reported_not_listed(

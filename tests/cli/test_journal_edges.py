@@ -410,6 +410,41 @@ def test_tasks_lists_a_batch_folders_tasks_as_it_lists_the_journals(
     assert "is a file: give the folder it is in" in a_file.err
 
 
+def test_tasks_lists_a_sharded_runs_tasks_from_every_shard(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"p{n}"}) + "\n" for n in range(1, 6)))
+    out = tmp_path / "out"
+    for shard in ("1/2", "2/2"):
+        ran = imggw("batch", str(source), "-o", str(out), "--shard", shard, "--base-url", url)
+        assert ran.code == 0, ran.err
+
+    listed = imggw("tasks", "--folder", str(out), "--json")
+    assert listed.code == 0, listed.err
+    records = listed.records()
+    assert [r["request"]["prompt"] for r in records] == [
+        "p5",
+        "p4",
+        "p3",
+        "p2",
+        "p1",
+    ]  # the last first
+    for record in records:
+        (saved,) = record["files"]
+        assert Path(saved).parent == out
+        assert Path(saved).is_file()
+    shown = imggw("tasks", "--folder", str(out), "--limit", "2", "--json")
+    assert [r["request"]["prompt"] for r in shown.records()] == ["p5", "p4"]
+    assert "2 of 5 tasks" in shown.err
+    one = imggw("tasks", "--folder", str(out / "shards" / "0001-of-0002"), "--json")
+    assert sorted(r["request"]["prompt"] for r in one.records()) == [
+        "p1",
+        "p2",
+    ]  # lines 1 and 2 of 5
+
+
 def test_status_and_download_tell_the_journal_what_they_see(
     served_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -364,8 +364,9 @@ class Journal:
 
     @property
     def _base(self) -> Path | None:
-        """Where a ledger's file names are (its folder); None in a journal, whose are paths."""
-        return self.path.parent if self._ledger else None
+        """Where a ledger's file names are (its run's folder); None in a journal, whose are
+        paths."""
+        return _schema.results_folder(self.path) if self._ledger else None
 
     def _entries(self, rows: Sequence[Sequence[Any]]) -> list[JournalEntry]:
         """The entries of ``rows``; a damaged one is skipped, with one WARNING per row."""
@@ -373,9 +374,10 @@ class Journal:
 
     def _read(self, rows: Sequence[Sequence[Any]]) -> Iterator[tuple[Sequence[Any], JournalEntry]]:
         """Each readable row with its entry; a damaged one is skipped, with one WARNING."""
+        base = self._base
         for values in rows:
             try:
-                entry = _rows.entry_of(values, self._base)
+                entry = _rows.entry_of(values, base)
             except _rows.RowDamaged as why:
                 if self._warn_once(("row", values[0])):
                     log.warning(
@@ -434,6 +436,14 @@ class Journal:
         refuse_link(self.path.parent)
         refuse_link(self.path)
         if not self.path.is_file():
+            shards = _schema.ledger_folders(self.path.parent)
+            if shards:  # each shard keeps its own tasks
+                why = (
+                    f"a sharded run's folder: each shard's tasks are in its own folder, from "
+                    f"{shards[0]} to {shards[-1].name}; open each of those "
+                    "(batch.ledger_folders lists them; imggw tasks --folder lists them all)"
+                )
+                raise FileNotFoundError(2, why, str(self.path))
             raise FileNotFoundError(2, "a folder with no batch ledger in it", str(self.path))
         db = sqlite3.connect(
             f"{self.path.resolve().as_uri()}?mode=ro",

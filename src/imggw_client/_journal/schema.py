@@ -16,10 +16,13 @@ where the gateway states them, else its cost. The columns one kind leaves unused
 from __future__ import annotations
 
 import math
+import os
+import re
 import sqlite3
 from collections.abc import Collection
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .._core import states
@@ -33,15 +36,23 @@ __all__ = [
     "NEWEST_FIRST",
     "OPEN",
     "RENAMED",
+    "SHARDS_DIR",
+    "SHARD_NAME",
     "Scope",
     "is_ledger",
     "migrate",
     "refuse_newer",
+    "ledger_folders",
+    "results_folder",
     "transaction",
     "where",
 ]
 
 LEDGER_NAME = "ledger.sqlite"  # a batch folder's store, in the folder
+# A sharded run keeps one ledger a shard, in shards/0002-of-0004/, and its results in the run's
+# folder: a shard's file names are that folder's.
+SHARDS_DIR = "shards"
+SHARD_NAME = re.compile(r"(\d{4,})-of-(\d{4,})")
 # PRAGMA user_version, one sequence for both kinds of file. A journal was 1, then 2 (the submit
 # call that made a row, its last change, its lease). A ledger was 0 or 1 (its own table,
 # ``lines``), 2 (kinds, fields, expiries), 3 (states renamed, ``fingerprint`` as ``digest``,
@@ -316,3 +327,33 @@ def seconds(name: str, value: object) -> float:
 def refuse(name: str, rule: str) -> NoReturn:
     """An argument of a journal method that breaks ``rule``."""
     raise RequestValidationError(name, rule, code="invalid_option")
+
+
+def results_folder(ledger: Path) -> Path:
+    """The folder a ledger's file names are in: its own, or a shard's run folder."""
+    folder = ledger.parent
+    if folder.parent.name == SHARDS_DIR and SHARD_NAME.fullmatch(folder.name):
+        return folder.parent.parent
+    return folder
+
+
+def ledger_folders(folder: str | os.PathLike[str]) -> list[Path]:
+    """The folders whose ledgers keep a batch output ``folder``'s tasks: the folder itself, or
+    a sharded run's shard folders, in shard order (none: no batch has run there). Each opens
+    as a :class:`~imggw_client.tracking.Journal` that lists its tasks.
+
+    Example::
+
+        for i in (1, 2):
+            run_shard("prompts.jsonl", "out/", index=i, count=2)
+        for folder in ledger_folders("out/"):                # out/shards/0001-of-0002, ...
+            print(folder.name, [e.task_id for e in Journal(folder).tasks()])
+    """
+    folder = Path(folder)
+    if (folder / LEDGER_NAME).exists():
+        return [folder]
+    shards = folder / SHARDS_DIR
+    if shards.is_symlink() or not shards.is_dir():  # a link is refused where it is opened
+        return []
+    found = (p for p in shards.iterdir() if SHARD_NAME.fullmatch(p.name))
+    return sorted(p for p in found if (p / LEDGER_NAME).is_file())

@@ -29,7 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
-from .._journal.schema import LEDGER_NAME
+from .._journal.schema import LEDGER_NAME, ledger_folders
 from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError, KeyChangedError
@@ -126,6 +126,7 @@ __all__ = [
     "is_url",
     "iter_lines",
     "iter_manifest",
+    "ledger_folders",
     "merge",
     "open_storage",
     "parse_shard",

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from ..._journal.schema import LEDGER_NAME
+from ..._journal.schema import LEDGER_NAME, SHARDS_DIR
 from .._input import line_kinds
 from .._lines import ENTRY
 from .._schema import count_statuses
-from ._shards import SHARDS_DIR, shard_range
+from ._shards import shard_range
 from ._storage import Storage
 
 if TYPE_CHECKING:

@@ -21,14 +21,13 @@ from typing import Any
 from ..._core import reasons
 from ..._core.exceptions import RequestValidationError
 from ..._files import StorageError
-from ..._journal.schema import LEDGER_NAME
+from ..._journal.schema import LEDGER_NAME, SHARD_NAME, SHARDS_DIR
 from .. import _identity
 from .._admission import Charge, charge_of, settles
 from .._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from .._ledger import INVALID_LINE, STOPPED_BY, is_locked
 from .._report import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
 from .._schema import STATUSES, ExitCode, exit_code, read_meta, read_rows
-from ._shards import SHARD_NAME, SHARDS_DIR
 from ._storage import Storage, open_storage
 
 EXPIRED_CODE = reasons.RESULT_EXPIRED.code

@@ -55,7 +55,7 @@ from ..._core.config import ENV_API_KEY, ENV_BASE_URL, RateLimit, check_surface
 from ..._core.exceptions import RequestValidationError
 from ..._core.models import DownloadedFile
 from ..._files import TEMP_BYTES, StorageError, create_new, temp_name
-from ..._journal.schema import LEDGER_NAME
+from ..._journal.schema import LEDGER_NAME, SHARDS_DIR
 from .. import _identity
 from .._admission import Guard
 from .._input import CSV_SUFFIXES, JSON_SUFFIX, JSONL_SUFFIXES, count_lines, line_kinds, reads_csv
@@ -75,7 +75,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_EVERY",
-    "SHARDS_DIR",
     "ShardReport",
     "ShardSpec",
     "arun_shard",
@@ -476,9 +475,7 @@ def run_shard(
     return anyio.run(main)
 
 
-SHARDS_DIR = "shards"
 SLICE_NAME = "input"
-SHARD_NAME = re.compile(r"(\d{4,})-of-(\d{4,})")
 _SHARD_TEXT = "must be I/N with 1 <= I <= N (shard I of N)"
 
 
