@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core import states as task
+from .._core.models import StrEnum
 from .._core.states import State
 from .._files import StorageError, cannot, make_private, open_private, refuse_link
 from .._journal import schema as store
@@ -301,7 +302,7 @@ KEPT = (UNKNOWN, RUNNING, SUCCEEDED, SAVED, FAILED, EXPIRED)
 FINAL = frozenset(state for state in KEPT if task.WORK[state] is None)
 
 
-class LineState(str, Enum):
+class LineState(StrEnum):
     """How a line shows in a report and in progress (``report.counts``): its state's word, as
     :func:`line_state` computes it (see the module's diagram).
 
@@ -317,12 +318,6 @@ class LineState(str, Enum):
     SAVED = "saved"
     FAILED = "failed"
     EXPIRED = "expired"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:  # f"{state}" is its value on every Python
-        return format(self.value, spec)
 
 
 def line_state(state: State) -> LineState:
