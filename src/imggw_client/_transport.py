@@ -35,6 +35,8 @@ HttpClient = httpx.Client | httpx.AsyncClient
 
 # The libraries whose clients are taken as ``http_client=``: the same API, each its own classes.
 LIBRARIES = ("httpx", "httpx2")
+# Headers every client of theirs carries by default (see build_request).
+_SET_LATER = frozenset({"accept", "user-agent"})
 # The User-Agent each of them sends when its caller sets none.
 _THEIR_DEFAULT_AGENTS = tuple(f"python-{name}/" for name in LIBRARIES)
 
@@ -75,21 +77,27 @@ def build_request(
 ) -> httpx.Request:
     wire = send.request
     headers = dict(wire.headers or {})
-    # A caller's own User-Agent (default_headers, extra_headers) names their application, as
-    # their httpx client's does: ours follows it. The SDK's own headers name none.
+    # Accept and User-Agent, which every httpx client carries, are set on the built request:
+    # merged over the client's own, each is looked up and removed first, a tenth of the
+    # instructions a request costs in httpx. The value is the same either way.
+    later = [("Accept", headers.pop("Accept"))] if "Accept" in headers else []
     if not headers.keys() <= surfaces.OWN_HEADERS:
-        for name in [name for name in headers if name.lower() == "user-agent"]:
-            theirs = headers.pop(name).strip()
-            agent = f"{theirs} {USER_AGENT}" if theirs else agent
+        for name in [name for name in headers if name.lower() in _SET_LATER]:
+            value = headers.pop(name)
+            if name.lower() == "accept":
+                later.append((name, value))
+            # A caller's own User-Agent (default_headers, extra_headers) names their
+            # application, as their httpx client's does: ours follows it.
+            elif theirs := value.strip():
+                agent = f"{theirs} {USER_AGENT}"
     # The key goes on each request, never on the httpx client, so a caller's client is not
     # altered and result downloads (which use the same client) never carry it. Last: nothing
     # a caller adds can replace it.
-    headers["User-Agent"] = agent
     headers[surfaces.AUTHORIZATION_HEADER] = surfaces.authorization(settings.api_key)
     extensions: dict[str, Any] = {"timeout": request_timeout(settings, send.timeout)}
     if send.gate is not None:
         extensions["trace"] = _gated(http, send.gate)
-    return http.build_request(
+    request = http.build_request(
         wire.method,
         settings.base_url + wire.path,
         params=wire.params,
@@ -97,6 +105,10 @@ def build_request(
         content=wire.body,
         extensions=extensions,
     )
+    request.headers["User-Agent"] = agent
+    for name, value in later:
+        request.headers[name] = value
+    return request
 
 
 def request_timeout(settings: Settings, seconds: float) -> dict[str, float | None]:

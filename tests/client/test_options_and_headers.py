@@ -164,6 +164,25 @@ def test_a_callers_user_agent_leads_ours(url: str, recording: Recording) -> None
     assert recording.values("user-agent") == [[f"my-app/3 {OURS}"], [f"my-job/7 {OURS}"]]
 
 
+def test_accept_and_user_agent_go_once_over_a_callers_client_and_its_defaults(
+    url: str, recording: Recording
+) -> None:
+    theirs = httpx.Client(headers={"Accept": "text/html", "User-Agent": "their-app/2"})
+    with Client(api_key=KEY, base_url=url, http_client=theirs) as client:
+        sub = client.submit("a fox")
+        client.get(sub.task_id, extra_headers={"accept": "application/problem+json"})
+        with client.with_options(default_headers={"ACCEPT": "*/*"}) as other:
+            other.get(sub.task_id)
+    theirs.close()
+    assert recording.values("accept") == [
+        ["application/json"],  # ours over the client's default
+        ["application/problem+json"],  # a call's own, in any case, over ours
+        ["*/*"],  # a client's default_headers too
+    ]
+    assert recording.values("user-agent") == [[f"their-app/2 {OURS}"]] * 3
+    assert recording.values("authorization") == [[f"Bearer {KEY}"]] * 3
+
+
 @pytest.mark.parametrize(
     "name", ["Authorization", "authorization", "Idempotency-Key", "IDEMPOTENCY-KEY"]
 )
