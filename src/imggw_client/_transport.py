@@ -37,6 +37,7 @@ HttpClient = httpx.Client | httpx.AsyncClient
 LIBRARIES = ("httpx", "httpx2")
 # Headers every client of theirs carries by default (see build_request).
 _SET_LATER = frozenset({"accept", "user-agent"})
+_PLAIN: dict[type, bool] = {}  # an HTTP client's class: whether it builds as its library does
 # The User-Agent each of them sends when its caller sets none.
 _THEIR_DEFAULT_AGENTS = tuple(f"python-{name}/" for name in LIBRARIES)
 
@@ -79,17 +80,23 @@ def build_request(
     headers = dict(wire.headers or {})
     # Accept and User-Agent, which every httpx client carries, are set on the built request:
     # merged over the client's own, each is looked up and removed first, a tenth of the
-    # instructions a request costs in httpx. The value is the same either way.
-    later = [("Accept", headers.pop("Accept"))] if "Accept" in headers else []
+    # instructions a request costs in httpx. The value is the same either way; a client whose
+    # class builds requests its own way is handed them as before, to see and change.
+    plain = _builds_plainly(http)
+    later = [("Accept", headers.pop("Accept"))] if plain and "Accept" in headers else []
     if not headers.keys() <= surfaces.OWN_HEADERS:
         for name in [name for name in headers if name.lower() in _SET_LATER]:
-            value = headers.pop(name)
-            if name.lower() == "accept":
-                later.append((name, value))
-            # A caller's own User-Agent (default_headers, extra_headers) names their
-            # application, as their httpx client's does: ours follows it.
-            elif theirs := value.strip():
-                agent = f"{theirs} {USER_AGENT}"
+            if name.lower() == "user-agent":
+                # A caller's own User-Agent (default_headers, extra_headers) names their
+                # application, as their httpx client's does: ours follows it.
+                if theirs := headers.pop(name).strip():
+                    agent = f"{theirs} {USER_AGENT}"
+            elif plain:
+                later.append((name, headers.pop(name)))
+    if plain:
+        later.append(("User-Agent", agent))
+    else:
+        headers["User-Agent"] = agent
     # The key goes on each request, never on the httpx client, so a caller's client is not
     # altered and result downloads (which use the same client) never carry it. Last: nothing
     # a caller adds can replace it.
@@ -105,10 +112,22 @@ def build_request(
         content=wire.body,
         extensions=extensions,
     )
-    request.headers["User-Agent"] = agent
     for name, value in later:
         request.headers[name] = value
     return request
+
+
+def _builds_plainly(http: HttpClient) -> bool:
+    """Whether ``http``'s class builds requests as its library does (no override of
+    ``build_request``), remembered per class."""
+    kind = type(http)
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        library = library_of(kind) or httpx
+        plain = _PLAIN[kind] = kind.build_request is library.Client.build_request or (
+            kind.build_request is library.AsyncClient.build_request
+        )
+    return plain
 
 
 def request_timeout(settings: Settings, seconds: float) -> dict[str, float | None]:

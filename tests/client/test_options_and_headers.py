@@ -183,6 +183,26 @@ def test_accept_and_user_agent_go_once_over_a_callers_client_and_its_defaults(
     assert recording.values("authorization") == [[f"Bearer {KEY}"]] * 3
 
 
+def test_a_client_class_that_builds_its_own_requests_still_has_the_last_word(
+    url: str, recording: Recording
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    class Stamping(httpx.Client):
+        def build_request(self, *args: Any, **kwargs: Any) -> httpx.Request:
+            seen.append({k.lower(): v for k, v in kwargs["headers"].items()})
+            request = super().build_request(*args, **kwargs)
+            request.headers["User-Agent"] = "corp-stamp/1"
+            request.headers["Accept"] = "application/vnd.corp+json"
+            return request
+
+    with Stamping() as theirs, Client(api_key=KEY, base_url=url, http_client=theirs) as client:
+        client.get(client.submit("a fox").task_id)
+    assert [(h["accept"], h["user-agent"]) for h in seen] == [("application/json", OURS)] * 2
+    assert recording.values("user-agent") == [["corp-stamp/1"]] * 2
+    assert recording.values("accept") == [["application/vnd.corp+json"]] * 2
+
+
 @pytest.mark.parametrize(
     "name", ["Authorization", "authorization", "Idempotency-Key", "IDEMPOTENCY-KEY"]
 )
