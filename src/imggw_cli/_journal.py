@@ -91,9 +91,9 @@ def tasks(
         refuse("give --all or --limit N, not both")
     shown = None if every else (limit or SHOWN)
     with session() as out:
-        journals = _in_folder(folder) if folder is not None else [_journal()]
+        journals, recut = _in_folder(folder) if folder is not None else ([_journal()], False)
         try:
-            entries, total = _listed(journals, unfinished, shown, state)
+            entries, total = _listed(journals, unfinished, shown, state, recut=recut)
         finally:
             for journal in journals:
                 journal.close()
@@ -120,21 +120,35 @@ def _listed(
     unfinished: bool,
     shown: Optional[int],  # noqa: UP045
     state: Optional[list[str]],  # noqa: UP045
+    *,
+    recut: bool = False,
 ) -> "tuple[list[JournalEntry], int]":
     """The newest ``shown`` entries (all with None) and how many there are in all, from
-    ``journals`` newest first (a sharded run's: its last shard first)."""
+    ``journals`` newest first (a sharded run's: its last shard first). ``recut``: a folder run
+    in more than one cut (a run of its own, then shards; shards of another count), whose
+    ledgers may hold the same task: each is listed once, and every row is read to count them
+    (only such a folder pays that)."""
     from imggw_client import RequestValidationError
     from imggw_client.text import printable
 
     entries: list[JournalEntry] = []
     try:
         for journal in journals:
-            want = None if shown is None else shown - len(entries)
+            want = None if shown is None or recut else shown - len(entries)
             if want == 0:
                 break
             entries += journal.tasks(unfinished=unfinished, limit=want, states=state)
     except RequestValidationError as err:  # a state the core does not name
         refuse(f"--state {printable(err.rule, 200)}")
+    if recut:
+        seen: set[tuple[str, str]] = set()
+        once = []
+        for entry in entries:
+            task = (entry.surface, entry.task_id) if entry.task_id else ("", entry.idempotency_key)
+            if task not in seen:
+                seen.add(task)
+                once.append(entry)
+        return once[:shown], len(once)
     if shown is None or len(entries) < shown:  # every one of them is here: no count needed
         return entries, len(entries)
     return entries, sum(j.count(unfinished=unfinished, states=state) for j in journals)
@@ -281,9 +295,10 @@ def collect(
     raise typer.Exit(report.exit_code)
 
 
-def _in_folder(folder: Path) -> "list[Journal]":
+def _in_folder(folder: Path) -> "tuple[list[Journal], bool]":
     """A batch ``folder``'s tasks: its ledger, or a sharded run's, one a shard (the last
-    first), or a usage error when it is no folder."""
+    first), and whether the folder was run in more than one cut (see :func:`_listed`); or a
+    usage error when it is no folder."""
     from imggw_client.batch import ledger_folders
     from imggw_client.text import printable
     from imggw_client.tracking import Journal
@@ -292,15 +307,18 @@ def _in_folder(folder: Path) -> "list[Journal]":
         what = "is a file: give the folder it is in" if folder.exists() else "no such folder"
         refuse(f"--folder {printable(str(folder), 200)}: {what}")
     folder = folder.absolute()
+    folders = ledger_folders(folder) or [folder]
+    # A cut: the folder's own run, or shards of one count (shards/0002-of-0004: "0004").
+    cuts = {"" if found == folder else found.name.partition("-of-")[2] for found in folders}
     opened: list[Journal] = []
     try:
-        for shard in reversed(ledger_folders(folder) or [folder]):
-            opened.append(Journal(shard))
+        for found in reversed(folders):
+            opened.append(Journal(found))
     except BaseException:
         for journal in opened:
             journal.close()
         raise
-    return opened
+    return opened, len(cuts) > 1
 
 
 def _journal() -> "Journal":

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from imggw_cli._app import app
 from imggw_client import PollPolicy
 from imggw_client._base_client import key_fingerprint
+from imggw_client._journal.schema import RUN_NAME
 from imggw_client.batch import (
     LEDGER_NAME,
     KeyChangedError,
@@ -29,7 +30,7 @@ from imggw_client.batch import (
     write_gallery,
     write_manifest,
 )
-from imggw_client.batch._identity import LINES_NAME, RUN_NAME
+from imggw_client.batch._identity import LINES_NAME
 from imggw_client.batch._ledger import LOCK_NAME
 from imggw_client.batch.scale._storage import Storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse

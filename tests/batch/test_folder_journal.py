@@ -18,7 +18,7 @@ import pytest
 from imggw_client import ConfigurationError, PollPolicy, RetryPolicy
 from imggw_client._core.states import State
 from imggw_client._journal.schema import FORMAT, LEDGER_NAME
-from imggw_client.batch import BatchReport, ledger_folders, run_batch, run_shard
+from imggw_client.batch import BatchReport, StorageError, ledger_folders, run_batch, run_shard
 from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import Journal
@@ -165,7 +165,7 @@ def test_a_folder_with_no_ledger_is_no_journal(tmp_path: Path) -> None:
 
 
 def test_a_sharded_runs_tasks_are_listed_shard_by_shard_with_the_files_the_run_saved(
-    gateway: MockGateway, tmp_path: Path
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"p{n}"}) + "\n" for n in range(1, 6)))
@@ -196,8 +196,64 @@ def test_a_sharded_runs_tasks_are_listed_shard_by_shard_with_the_files_the_run_s
     assert "a sharded run's folder" in refused.value.message
     assert str(folders[0]) in refused.value.message
     assert not (out / LEDGER_NAME).exists()
+    monkeypatch.chdir(folders[0])  # a shard's folder named from inside it
+    with contextlib.closing(Journal(".")) as journal:
+        assert all(Path(e.files[0]).parent == out for e in journal.tasks())
     assert ledger_folders(tmp_path / "nowhere") == []
     assert ledger_folders(tmp_path) == []
+
+
+def test_the_ledgers_of_a_folder_are_its_own_then_its_shards_by_count_and_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    names = ["9999-of-10000", "10000-of-10000", "0002-of-0002", "0001-of-0002", "0001-of-0003"]
+    planted = ["0003-of-0002", "0000-of-0000", "\u0660\u0660\u0660\u0661-of-0002", "1-of-2"]
+    for name in names + planted:
+        (out / "shards" / name).mkdir(parents=True)
+        (out / "shards" / name / LEDGER_NAME).touch()
+    (out / "shards" / "0002-of-0003").mkdir()  # a shard never run: no ledger
+    assert [f.name for f in ledger_folders(out)] == [
+        "0001-of-0002",
+        "0002-of-0002",
+        "0001-of-0003",
+        "9999-of-10000",
+        "10000-of-10000",
+    ]
+    (out / LEDGER_NAME).touch()  # a run of its own in the folder too
+    assert ledger_folders(out)[0] == out
+    assert len(ledger_folders(out)) == 6
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ledger_folders("~/out") == ledger_folders(out)
+
+    plain = tmp_path / "plain"
+    (plain / LEDGER_NAME).mkdir(parents=True)  # no ledger file, and no shards
+    assert ledger_folders(plain) == []
+    with pytest.raises(ConfigurationError, match="no batch ledger"):
+        Journal(plain)
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "shards").symlink_to(out / "shards")
+    with pytest.raises(StorageError, match="symbolic link"):
+        ledger_folders(linked)
+    with pytest.raises(ConfigurationError, match="symbolic link") as refused:
+        Journal(linked)
+    assert refused.value.code == "journal_unusable"
+
+
+def test_a_run_of_its_own_in_a_folder_named_like_a_shard_keeps_its_files(
+    gateway: MockGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "mine" / "shards" / "0001-of-0002"
+    out.mkdir(parents=True)
+    batch(gateway, [json.dumps({"prompt": "a fox"})], out)
+    monkeypatch.chdir(out)  # a relative path names the same folder
+    for opened in (Journal(out), Journal("."), Journal(LEDGER_NAME)):
+        with contextlib.closing(opened) as journal:
+            ((saved,),) = [e.files for e in journal.tasks()]
+        assert Path(saved).parent == out
+        assert Path(saved).is_file()
 
 
 def test_a_row_whose_file_leaves_its_folder_is_reported_not_listed(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from imggw_client import AsyncClient, PollPolicy, RetryPolicy
+from imggw_client._journal.schema import RUN_NAME
 from imggw_client.batch import (
     LEDGER_NAME,
     BatchInputError,
@@ -26,7 +27,7 @@ from imggw_client.batch import (
     run_batch,
     run_shard,
 )
-from imggw_client.batch._identity import RUN_NAME, derive_run_id, idempotency_key
+from imggw_client.batch._identity import derive_run_id, idempotency_key
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch.scale._storage import destination_name
 from imggw_client.mock import MockGateway

@@ -13,7 +13,7 @@ import pytest
 
 from imggw_client import PollPolicy, RequestValidationError, RetryPolicy
 from imggw_client._core.states import State
-from imggw_client._journal.schema import FORMAT
+from imggw_client._journal.schema import FORMAT, RUN_NAME
 from imggw_client.batch import (
     LEDGER_NAME,
     BatchReport,
@@ -21,7 +21,7 @@ from imggw_client.batch import (
     StorageError,
     run_batch,
 )
-from imggw_client.batch._identity import LINES_NAME, RUN_NAME, idempotency_key
+from imggw_client.batch._identity import LINES_NAME, idempotency_key
 from imggw_client.batch._ledger import Ledger
 from imggw_client.mock import MockGateway
 

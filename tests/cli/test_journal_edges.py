@@ -438,6 +438,15 @@ def test_tasks_lists_a_sharded_runs_tasks_from_every_shard(
     shown = imggw("tasks", "--folder", str(out), "--limit", "2", "--json")
     assert [r["request"]["prompt"] for r in shown.records()] == ["p5", "p4"]
     assert "2 of 5 tasks" in shown.err
+    # Run again in another cut: shard 1 of 3 replays lines 1 and 2 under their keys, the same
+    # tasks, now in two ledgers: each is listed once, and counted once.
+    recut = imggw("batch", str(source), "-o", str(out), "--shard", "1/3", "--base-url", url)
+    assert recut.code == 0, recut.err
+    again = imggw("tasks", "--folder", str(out), "--json").records()
+    assert sorted(r["task_id"] for r in again) == sorted(r["task_id"] for r in records)
+    cut = imggw("tasks", "--folder", str(out), "--limit", "2", "--json")
+    assert len(cut.records()) == 2
+    assert "2 of 5 tasks" in cut.err
     one = imggw("tasks", "--folder", str(out / "shards" / "0001-of-0002"), "--json")
     assert sorted(r["request"]["prompt"] for r in one.records()) == [
         "p1",

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from .._core import states
 from .._core.exceptions import RequestValidationError
 from .._core.states import State
+from .._files import refuse_link
 
 __all__ = [
     "FINAL",
@@ -36,6 +37,7 @@ __all__ = [
     "NEWEST_FIRST",
     "OPEN",
     "RENAMED",
+    "RUN_NAME",
     "SHARDS_DIR",
     "SHARD_NAME",
     "Scope",
@@ -52,7 +54,8 @@ LEDGER_NAME = "ledger.sqlite"  # a batch folder's store, in the folder
 # A sharded run keeps one ledger a shard, in shards/0002-of-0004/, and its results in the run's
 # folder: a shard's file names are that folder's.
 SHARDS_DIR = "shards"
-SHARD_NAME = re.compile(r"(\d{4,})-of-(\d{4,})")
+SHARD_NAME = re.compile(r"([0-9]{4,})-of-([0-9]{4,})")  # ASCII digits: a name we made
+RUN_NAME = "run.json"  # a run's identity, in its output folder (never in a shard's)
 # PRAGMA user_version, one sequence for both kinds of file. A journal was 1, then 2 (the submit
 # call that made a row, its last change, its lease). A ledger was 0 or 1 (its own table,
 # ``lines``), 2 (kinds, fields, expiries), 3 (states renamed, ``fingerprint`` as ``digest``,
@@ -330,17 +333,20 @@ def refuse(name: str, rule: str) -> NoReturn:
 
 
 def results_folder(ledger: Path) -> Path:
-    """The folder a ledger's file names are in: its own, or a shard's run folder."""
-    folder = ledger.parent
-    if folder.parent.name == SHARDS_DIR and SHARD_NAME.fullmatch(folder.name):
+    """The folder a ledger's file names are in: its own, or, for a shard's (a shard folder
+    with no run of its own in it), its run's folder."""
+    folder = Path(os.path.abspath(ledger)).parent
+    in_shards = folder.parent.name == SHARDS_DIR and _shard(folder.name) is not None
+    if in_shards and not (folder / RUN_NAME).exists():
         return folder.parent.parent
     return folder
 
 
 def ledger_folders(folder: str | os.PathLike[str]) -> list[Path]:
-    """The folders whose ledgers keep a batch output ``folder``'s tasks: the folder itself, or
-    a sharded run's shard folders, in shard order (none: no batch has run there). Each opens
-    as a :class:`~imggw_client.tracking.Journal` that lists its tasks.
+    """The folders whose ledgers keep a batch output ``folder``'s tasks: the folder itself
+    (a run of its own), then its shards' folders, by shard count and index (none: no batch
+    has run there). Each opens as a :class:`~imggw_client.tracking.Journal` that lists its
+    tasks. A ``shards`` folder that is a symbolic link raises :class:`StorageError`.
 
     Example::
 
@@ -349,11 +355,20 @@ def ledger_folders(folder: str | os.PathLike[str]) -> list[Path]:
         for folder in ledger_folders("out/"):                # out/shards/0001-of-0002, ...
             print(folder.name, [e.task_id for e in Journal(folder).tasks()])
     """
-    folder = Path(folder)
-    if (folder / LEDGER_NAME).exists():
-        return [folder]
+    folder = Path(os.path.expanduser(os.fspath(folder)))
+    found = [folder] if (folder / LEDGER_NAME).is_file() else []
     shards = folder / SHARDS_DIR
-    if shards.is_symlink() or not shards.is_dir():  # a link is refused where it is opened
-        return []
-    found = (p for p in shards.iterdir() if SHARD_NAME.fullmatch(p.name))
-    return sorted(p for p in found if (p / LEDGER_NAME).is_file())
+    refuse_link(shards)  # planted: its ledgers are someone else's
+    if not shards.is_dir():
+        return found
+    cut = ((_shard(p.name), p) for p in shards.iterdir())
+    return found + [p for key, p in sorted(c for c in cut if c[0]) if (p / LEDGER_NAME).is_file()]
+
+
+def _shard(name: str) -> tuple[int, int] | None:
+    """A shard folder's (count, index) from its name (``0002-of-0004``), None for another."""
+    match = SHARD_NAME.fullmatch(name)
+    if match is None:
+        return None
+    index, count = int(match[1]), int(match[2])
+    return (count, index) if 1 <= index <= count else None

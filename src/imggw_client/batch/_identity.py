@@ -34,9 +34,9 @@ from typing import BinaryIO, Protocol
 from .._core import jsonio, rules
 from .._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
 from .._files import StorageError, create_new, refuse_link, temp_name
+from .._journal.schema import RUN_NAME
 from .scale._storage import Storage
 
-RUN_NAME = "run.json"
 LINES_NAME = "lines.fp"
 FORMAT = 1
 _ENTRY = struct.Struct(">I12s")  # line number, digest (line_digest)

@@ -48,7 +48,7 @@ from .._core.rules import Resolution
 from .._core.spec import Surface
 from .._core.states import State
 from .._files import StorageError, refuse_links
-from .._journal.schema import LEDGER_NAME
+from .._journal.schema import LEDGER_NAME, RUN_NAME
 from ..tracking._downloads import DownloadQueue
 from ..tracking._loop import Loop
 from . import _identity
@@ -329,7 +329,7 @@ FOLDER_FILES = (
     f"{LEDGER_NAME}-shm",
     LOCK_NAME,
     MANIFEST_NAME,
-    _identity.RUN_NAME,
+    RUN_NAME,
     _identity.LINES_NAME,
     GALLERY_NAME,
     GALLERY_DIR,

@@ -29,8 +29,8 @@ from imggw_cli._app import app
 from imggw_client import RateLimit, TaskStatus
 from imggw_client._base_client import key_fingerprint
 from imggw_client._core import budget as B
+from imggw_client._journal.schema import RUN_NAME
 from imggw_client.batch import KeyChangedError, status
-from imggw_client.batch._identity import RUN_NAME
 from imggw_client.batch._ledger import Ledger
 from imggw_client.batch.scale import _dask_budget, _dask_dispatch, _shards
 from imggw_client.batch.scale._dask import ClientSpec, ShardedProgress, ShardedReport, run_sharded

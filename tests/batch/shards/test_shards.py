@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from imggw_cli._app import app
 from imggw_client import RequestValidationError
+from imggw_client._journal.schema import RUN_NAME
 from imggw_client.batch import (
     BatchOptions,
     InputChangedError,
@@ -28,7 +29,7 @@ from imggw_client.batch import (
     shard_range,
     status,
 )
-from imggw_client.batch._identity import RUN_NAME, RunIdentity, claim
+from imggw_client.batch._identity import RunIdentity, claim
 from imggw_client.batch._plan import Scan, scan_input
 from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway

@@ -35,6 +35,7 @@ import anyio.to_thread
 
 from ..._core.config import RateLimit, check_surface
 from ..._core.exceptions import ConfigurationError, RequestValidationError
+from ..._journal.schema import RUN_NAME
 from .. import _identity
 from .._input import count_lines
 from .._plan import BatchOptions, scan_input
@@ -169,7 +170,7 @@ def _prepare(
                 _identity.publish_lines(storage, scan.digests)
                 # The rest kept: it names the run's key, template and input.
                 run = replace(run, input_digest=found, surface=run.surface or surface)
-                storage.write(_identity.RUN_NAME, _identity.identity_bytes(run))
+                storage.write(RUN_NAME, _identity.identity_bytes(run))
             count = max(1, math.ceil(total / shard_size))
             how = options.format  # how the input is read: its cuts
             first_entries = write_slices(source, storage, count, total, work, format=how)
