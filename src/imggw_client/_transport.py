@@ -82,7 +82,9 @@ def build_request(
     # merged over the client's own, each is looked up and removed first, a tenth of the
     # instructions a request costs in httpx. The value is the same either way; a client whose
     # class builds requests its own way is handed them as before, to see and change.
-    plain = _builds_plainly(http)
+    plain = _PLAIN.get(type(http))
+    if plain is None:
+        plain = _builds_plainly(http)
     later = [("Accept", headers.pop("Accept"))] if plain and "Accept" in headers else []
     if not headers.keys() <= surfaces.OWN_HEADERS:
         for name in [name for name in headers if name.lower() in _SET_LATER]:
@@ -119,14 +121,12 @@ def build_request(
 
 def _builds_plainly(http: HttpClient) -> bool:
     """Whether ``http``'s class builds requests as its library does (no override of
-    ``build_request``), remembered per class."""
+    ``build_request``), remembered in ``_PLAIN``."""
     kind = type(http)
-    plain = _PLAIN.get(kind)
-    if plain is None:
-        library = library_of(kind) or httpx
-        plain = _PLAIN[kind] = kind.build_request is library.Client.build_request or (
-            kind.build_request is library.AsyncClient.build_request
-        )
+    library = library_of(kind) or httpx
+    plain = _PLAIN[kind] = kind.build_request is library.Client.build_request or (
+        kind.build_request is library.AsyncClient.build_request
+    )
     return plain
 
 
