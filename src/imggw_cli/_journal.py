@@ -299,7 +299,7 @@ def _in_folder(folder: Path) -> "tuple[list[Journal], bool]":
     """A batch ``folder``'s tasks: its ledger, or a sharded run's, one a shard (the last
     first), and whether the folder was run in more than one cut (see :func:`_listed`); or a
     usage error when it is no folder."""
-    from imggw_client.batch import ledger_folders
+    from imggw_client.batch import ledger_folders, shard_of
     from imggw_client.text import printable
     from imggw_client.tracking import Journal
 
@@ -308,8 +308,9 @@ def _in_folder(folder: Path) -> "tuple[list[Journal], bool]":
         refuse(f"--folder {printable(str(folder), 200)}: {what}")
     folder = folder.absolute()
     folders = ledger_folders(folder) or [folder]
-    # A cut: the folder's own run, or shards of one count (shards/0002-of-0004: "0004").
-    cuts = {"" if found == folder else found.name.partition("-of-")[2] for found in folders}
+    # A cut: the folder's own run (None), or its shards of one count.
+    shards = [shard_of(found) if found != folder else None for found in folders]
+    cuts = {shard[1] if shard else None for shard in shards}
     opened: list[Journal] = []
     try:
         for found in reversed(folders):

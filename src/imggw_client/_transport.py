@@ -37,7 +37,8 @@ HttpClient = httpx.Client | httpx.AsyncClient
 LIBRARIES = ("httpx", "httpx2")
 # Headers every client of theirs carries by default (see build_request).
 _SET_LATER = frozenset({"accept", "user-agent"})
-_PLAIN: dict[type, bool] = {}  # an HTTP client's class: whether it builds as its library does
+# An HTTP client's class: whether it builds as its library does (an entry a class a process uses)
+_PLAIN: dict[type, bool] = {}
 # The User-Agent each of them sends when its caller sets none.
 _THEIR_DEFAULT_AGENTS = tuple(f"python-{name}/" for name in LIBRARIES)
 

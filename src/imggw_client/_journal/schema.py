@@ -42,10 +42,11 @@ __all__ = [
     "SHARD_NAME",
     "Scope",
     "is_ledger",
+    "ledger_folders",
     "migrate",
     "refuse_newer",
-    "ledger_folders",
     "results_folder",
+    "shard_of",
     "transaction",
     "where",
 ]
@@ -336,7 +337,7 @@ def results_folder(ledger: Path) -> Path:
     """The folder a ledger's file names are in: its own, or, for a shard's (a shard folder
     with no run of its own in it), its run's folder."""
     folder = Path(os.path.abspath(ledger)).parent
-    in_shards = folder.parent.name == SHARDS_DIR and _shard(folder.name) is not None
+    in_shards = folder.parent.name == SHARDS_DIR and shard_of(folder) is not None
     if in_shards and not (folder / RUN_NAME).exists():
         return folder.parent.parent
     return folder
@@ -361,14 +362,21 @@ def ledger_folders(folder: str | os.PathLike[str]) -> list[Path]:
     refuse_link(shards)  # planted: its ledgers are someone else's
     if not shards.is_dir():
         return found
-    cut = ((_shard(p.name), p) for p in shards.iterdir())
-    return found + [p for key, p in sorted(c for c in cut if c[0]) if (p / LEDGER_NAME).is_file()]
+    by_cut = [(n[::-1], p) for p in shards.iterdir() if (n := shard_of(p)) is not None]
+    return found + [p for _, p in sorted(by_cut) if (p / LEDGER_NAME).is_file()]
 
 
-def _shard(name: str) -> tuple[int, int] | None:
-    """A shard folder's (count, index) from its name (``0002-of-0004``), None for another."""
-    match = SHARD_NAME.fullmatch(name)
+def shard_of(folder: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The shard a folder of :func:`ledger_folders` is, as ``(index, count)``: ``(2, 4)`` for
+    ``shards/0002-of-0004``; None for a run's own folder (or any other).
+
+    Example::
+
+        run_shard("prompts.jsonl", "out/", index=1, count=2)
+        assert [shard_of(f) for f in ledger_folders("out/")] == [(1, 2)]
+    """
+    match = SHARD_NAME.fullmatch(Path(folder).name)
     if match is None:
         return None
     index, count = int(match[1]), int(match[2])
-    return (count, index) if 1 <= index <= count else None
+    return (index, count) if 1 <= index <= count else None

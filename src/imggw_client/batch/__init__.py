@@ -29,7 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._files import StorageError
-from .._journal.schema import LEDGER_NAME, ledger_folders
+from .._journal.schema import LEDGER_NAME, ledger_folders, shard_of
 from ._admission import GUARDS, INSUFFICIENT_CREDITS, MAX_COST, MAX_CREDITS, MAX_FAILURES
 from ._gallery import GALLERY_NAME, write_gallery
 from ._identity import InputChangedError, KeyChangedError
@@ -135,6 +135,7 @@ __all__ = [
     "run_batch",
     "run_shard",
     "run_sharded",
+    "shard_of",
     "shard_range",
     "status",
     "write_gallery",
