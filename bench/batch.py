@@ -158,7 +158,7 @@ def scale_child(
     ``on_sample`` sees the gateway's stats once a second (for the diagnosis)."""
     import anyio
 
-    from imggw_cli._batch_display import batch_display
+    from imggw_cli._batch_run import batch_display
     from imggw_cli._globals import Globals
     from imggw_cli._output import Output
     from imggw_client import PollPolicy

@@ -179,7 +179,7 @@ def child(mode: str, tasks: int, concurrency: int, latency: float, lead: float, 
     import anyio
     import httpx
 
-    from imggw_cli._batch_display import batch_display
+    from imggw_cli._batch_run import batch_display
     from imggw_cli._globals import Globals
     from imggw_cli._output import Output
     from imggw_client import AsyncClient, PollPolicy

@@ -1,6 +1,6 @@
 """``imggw batch`` (a run, one shard, a run on Dask) and its subcommands ``batch merge`` and
 ``batch status``. What runs beyond one process is in ``_scale``; the live display and the
-summary in ``_batch_display``."""
+summary in ``_batch_run``."""
 
 # No `from __future__ import annotations` here: Typer reads these annotations at run time.
 

@@ -2,21 +2,33 @@
 exit code, what a command tracks for its error and Ctrl-C messages, the checks made before
 anything is paid for (the output folder, a prompt read from stdin), and the options that
 several commands take alike.
+
+SIGTERM and SIGHUP end a command as Ctrl-C does (DESIGN 18): systemd, Kubernetes and
+``timeout`` stop a process with SIGTERM, a closed terminal or a dropped ssh session sends SIGHUP,
+and either deserves what Ctrl-C gets: the resume hint, the ``interrupted`` event, a batch's
+manifest written; the exit code says which signal it was (128 + its number: 143, 129; 130 for
+Ctrl-C). Nothing here decides how a command stops: the signal is handed to whatever handles
+SIGINT at that moment. That is Python's own handler (``KeyboardInterrupt``) in a blocking
+command, and the event loop's in a batch (it cancels the run's main task, so the run winds down
+and writes its manifest as on Ctrl-C, then raises ``KeyboardInterrupt``).
 """
 
 # No `from __future__ import annotations` here: Typer reads these annotations at run time.
 
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 
 from imggw_client import rules
 
-from . import _exit, _signals, _stderr
+from . import _exit, _stderr
 from ._globals import Globals, current
 from ._output import Output, task_record, unfinished_record
 from ._resume import resend_command, save_command, wait_command
@@ -95,13 +107,68 @@ class Tracked:
         return resend_command(self.command, surface, self.request, self.key, self.output, options)
 
 
+HANDLED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+_received: list[int] = []  # the signal that interrupted the command being run, once one did
+_depth = [0]  # commands inside commands (download of several ids) install the handlers once
+
+
+def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    if not _received:
+        _received.append(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+        return
+    # Ctrl-C ignored (a job started in the background by a shell): stop as Python's handler would.
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def as_ctrl_c() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP are handled as SIGINT is (unless the process was
+    started ignoring one, as ``nohup`` does SIGHUP); the handlers found are put back after it.
+    Only the main thread may set handlers: elsewhere (a command run from
+    another thread by a program embedding the CLI) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _depth[0]:
+        _depth[0] += 1
+        try:
+            yield
+        finally:
+            _depth[0] -= 1
+        return
+    _received.clear()
+    kept: dict[int, Any] = {}
+    try:
+        for number in HANDLED:
+            if signal.getsignal(number) is signal.SIG_IGN:
+                continue  # ignored on purpose (nohup ignores SIGHUP): it stays ignored
+            kept[number] = signal.signal(number, _as_ctrl_c)
+        _depth[0] = 1
+        yield
+    finally:
+        _depth[0] = 0
+        for number, handler in kept.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+
+def interruption() -> tuple[int, str]:
+    """The number and name of the signal that interrupted the command: SIGTERM or SIGHUP if one
+    of them came first, else SIGINT (Ctrl-C)."""
+    number = _received[0] if _received else int(signal.SIGINT)
+    return number, signal.Signals(number).name
+
+
 @contextmanager
 def session(tracked: Optional[Tracked] = None) -> Iterator[Output]:  # noqa: UP045
     """Output for a command, and every error turned into one line and an exit code. With
     --json, a task that failed or is still running at the timeout is printed too (stdout), so
     that a script always has a record to read beside the exit code. SIGTERM and SIGHUP end it
-    as Ctrl-C does (_signals)."""
-    with _signals.as_ctrl_c(), _session(tracked) as out:
+    as Ctrl-C does (:func:`as_ctrl_c`)."""
+    with as_ctrl_c(), _session(tracked) as out:
         yield out
 
 
@@ -224,7 +291,7 @@ def interrupted(out: Output, message: str, **fields: Any) -> NoReturn:
     """Ends a command that Ctrl-C, SIGTERM or SIGHUP interrupted: ``message`` (which starts
     with "interrupted"; another signal than Ctrl-C's is named after that word), the
     ``interrupted`` event with the signal's name, and its exit code (130, 143, 129)."""
-    number, name = _signals.interruption()
+    number, name = interruption()
     if name != "SIGINT":
         message = f"interrupted by {name}{message.removeprefix('interrupted')}"
     code = _exit.interrupted_code(number)

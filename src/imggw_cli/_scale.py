@@ -95,7 +95,7 @@ def run_shard(
 
     from imggw_client.batch import BatchOptions, ShardSpec, arun_shard
 
-    from ._batch_display import batch_display
+    from ._batch_run import batch_display
     from ._runtime import make_async_client
 
     spec = ShardSpec(
@@ -149,7 +149,7 @@ def shard_summary(out: Output, report: ShardReport, dest: str) -> None:
     if out.quiet:
         _stopped(out, report.stopped_by, report.stop_reason)
         return
-    from ._batch_display import cost_text, spent_of
+    from ._batch_run import cost_text, spent_of
 
     counts = ", ".join(f"{n} {state}" for state, n in sorted(report.counts.items()))
     first, last = report.lines.start, report.lines.stop - 1
@@ -178,7 +178,7 @@ def shard_summary(out: Output, report: ShardReport, dest: str) -> None:
 
 def _stopped(out: Output, stopped_by: str | None, why: str) -> None:
     """A guard's stop, said even with --quiet: it is why the command ends with 6."""
-    from ._batch_display import stop_line
+    from ._batch_run import stop_line
 
     line = stop_line(stopped_by, why)
     if line is not None:

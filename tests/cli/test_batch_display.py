@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from imggw_cli._batch_display import batch_display, progress_text, progress_view
+from imggw_cli._batch_run import batch_display, progress_text, progress_view
 from imggw_cli._globals import Globals
 from imggw_cli._output import Output
 from imggw_client import RateLimit
@@ -132,7 +132,7 @@ def test_importing_the_display_stays_cheap() -> None:
     loads no batch machinery (tenacity, sqlite3, the async client)."""
     code = (
         "import sys\n"
-        "import imggw_cli._batch_display\n"
+        "import imggw_cli._batch_run\n"
         "sys.exit(1 if 'imggw_client.batch' in sys.modules else 0)\n"
     )
     done = subprocess.run(

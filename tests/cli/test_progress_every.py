@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from imggw_cli import _batch_display, _stderr
-from imggw_cli._batch_display import batch_display
+from imggw_cli import _batch_run, _stderr
+from imggw_cli._batch_run import batch_display
 from imggw_cli._globals import Globals
 from imggw_cli._output import Output
 from imggw_client.batch import BatchProgress, _run
@@ -177,7 +177,7 @@ def test_a_gateway_that_stops_answering_is_one_warning_then_one_note(
 ) -> None:
     """The submit's answer held on a real socket until the warning is out: one
     ``gateway_silent`` object, one ``gateway_answers`` after it, no line per request."""
-    monkeypatch.setattr(_batch_display, "GATEWAY_SILENT", 0.3)  # a minute, shortened
+    monkeypatch.setattr(_batch_run, "GATEWAY_SILENT", 0.3)  # a minute, shortened
     monkeypatch.setattr(_run, "PROGRESS_TICK", 0.05)
     gw = MockGateway(api_keys=[CANARY], duration_min=0.02, duration_max=0.05)
     source = tmp_path / "in.txt"
