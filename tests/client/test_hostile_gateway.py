@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from imggw_client import (
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.anyio
 
 KEY = "test-key-0123456789"
 QUICK_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)
+ONCE = RetryPolicy(max_attempts=1)
 RUNNING = json.dumps({"code": 200, "data": {"id": "1", "status": "processing"}}).encode()
 # The same answer padded with JSON's own whitespace: dripped at 0.3 s a byte, it takes about
 # 50 s, far past every deadline below, so a client that gave up before the drip ended kept its
@@ -72,8 +74,8 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.mark.slow
-def test_a_client_goes_through_the_environments_proxy_and_keeps_its_deadline_there(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_a_client_goes_through_the_environments_proxy_and_keeps_its_deadline_there(
+    kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stop, whole, lines = threading.Event(), threading.Event(), []
 
@@ -86,18 +88,33 @@ def test_a_client_goes_through_the_environments_proxy_and_keeps_its_deadline_the
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HTTP_PROXY", url)
-        client = Client(
-            api_key="k" * 12,
-            base_url="http://gateway.test",
-            timeout=1,
-            retry=RetryPolicy(max_attempts=1),
-        )
-        with client, pytest.raises(APITimeoutError):
-            client.get("1")
+        with pytest.raises(APITimeoutError):
+            await call(kind, "http://gateway.test", "get", "1", client_timeout=1, client_retry=ONCE)
         gave_up_first = not whole.is_set()
         stop.set()
     assert lines == [b"GET http://gateway.test/beta/v1/tasks/1 HTTP/1.1"]  # through the proxy
     assert gave_up_first  # its 1 s, not the drip's 50: each byte came within the read timeout
+
+
+@pytest.mark.slow
+async def test_a_callers_own_async_http_client_keeps_the_deadline_too() -> None:
+    """An ``httpx.AsyncClient`` of the caller's has its own network layer: a cancel scope
+    bounds its requests instead, headers trickling or not."""
+    stop, whole = threading.Event(), threading.Event()
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        if drip(conn, head(content_type="application/json") + SLOW_RUNNING, 0.3, stop):
+            whole.set()
+
+    with raw_server(answer) as url:
+        async with httpx.AsyncClient() as http:
+            client = AsyncClient(api_key=KEY, base_url=url, timeout=1, retry=ONCE, http_client=http)
+            async with client:
+                with pytest.raises(APITimeoutError):
+                    await client.get("1")
+        gave_up_first = not whole.is_set()
+        stop.set()
+    assert gave_up_first
 
 
 @pytest.mark.parametrize("where", ["body", "headers"])
