@@ -23,14 +23,14 @@ from imggw_client import (
     RetryPolicy,
     ServerError,
 )
-from imggw_client._core.poll import poll_interval
-from imggw_client._core.retry import (
+from imggw_client._core.attempts import (
     Verdict,
     backoff,
     classify,
     next_delay,
     parse_retry_after,
 )
+from imggw_client._core.poll import poll_interval
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from imggw_client import TaskStatus
-from imggw_client._core import reasons, retry, spec, surfaces
+from imggw_client._core import attempts, reasons, spec, surfaces
 from imggw_client._core.wire import Reply
 from imggw_client.mock import _serving as serving
 
@@ -227,7 +227,7 @@ def test_each_reason_reads_back_and_is_retried_as_its_row_says(
     # An envelope without a string reason (A) carries the reasons that lead its message; the
     # others are known by the table's own message (DESIGN 18): one code on both surfaces.
     assert err.code == reason.code
-    verdict = retry.classify(err)
+    verdict = attempts.classify(err)
     assert (verdict.retry, verdict.unknown) == (reason.retry.retried, reason.retry.unknown)
 
 

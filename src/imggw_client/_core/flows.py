@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import reasons, rules, states, surfaces
-from .attempts import Attempts
+from .attempts import Attempts, classify
 from .budget import QUERY, SUBMIT, Budget, RemoteBudget
 from .config import Settings, Surface, check_surface
 from .downloads import Results
@@ -37,7 +37,6 @@ from .exceptions import (
 from .interruptions import carry_key, carry_task, is_interruption
 from .models import DownloadedFile, ImageRequest, Submission, Task, TaskStatus, raise_violations
 from .poll import WaitSchedule, plan_wait, query_priority
-from .retry import classify
 from .wire import (
     PHASE,
     POLL,

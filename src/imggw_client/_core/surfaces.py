@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import expiry, jsonio, reasons, rules, spec
+from .attempts import parse_retry_after
 from .exceptions import (
     APIConnectionError,
     APIError,
@@ -31,7 +32,6 @@ from .exceptions import (
     answer_class,
 )
 from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
-from .retry import parse_retry_after
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
 from .text import link_for_display, printable

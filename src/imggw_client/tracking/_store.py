@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
+from .._core.attempts import classify
 from .._core.downloads import NOT_AN_IMAGE, RESULT_TOO_LARGE
 from .._core.exceptions import (
     AuthenticationError,
@@ -36,7 +37,6 @@ from .._core.exceptions import (
     UnknownOutcomeError,
 )
 from .._core.models import DownloadedFile, Task
-from .._core.retry import classify
 from .._core.states import State, Work
 from .._core.surfaces import safe_message
 from .._download import REDIRECT_REFUSED, WRITE_FAILED
