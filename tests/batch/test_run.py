@@ -26,7 +26,7 @@ from imggw_client.batch._run import Progress, execute, learn_from_ledger, local_
 from imggw_client.batch._schema import LEDGER_NAME, RUNNING, SAVED, LineState
 from imggw_client.batch._store import LocalStore, Workspace
 from imggw_client.mock import MockGateway
-from imggw_client.tracking._downloads import DownloadQueue
+from imggw_client.tracking._loop import DownloadQueue
 
 from .ledgers import planned, row, run_lines
 

@@ -1,4 +1,4 @@
-"""The tracker's downloads (``tracking/_downloads.py``): the soonest-expiring result first, the
+"""The tracker's downloads (``tracking/_loop.py``): the soonest-expiring result first, the
 results at risk of expiring in the queue, and links kept without the key."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from imggw_client import AsyncClient
 from imggw_client._core.surfaces import REDACTED
 from imggw_client.batch._schema import Row
-from imggw_client.tracking._downloads import DownloadQueue, kept_links
+from imggw_client.tracking._loop import DownloadQueue, kept_links
 
 from ..batch.ledgers import row
 

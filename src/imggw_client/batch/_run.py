@@ -49,8 +49,7 @@ from .._core.spec import Surface
 from .._core.states import State
 from .._files import StorageError, refuse_links
 from .._journal.schema import LEDGER_NAME, RUN_NAME
-from ..tracking._downloads import DownloadQueue
-from ..tracking._loop import Loop
+from ..tracking._loop import DownloadQueue, Loop
 from . import _identity
 from ._admission import BatchHooks, Charge, Guard, LocalGuard, Room, Spending, Verdict, settles
 from ._gallery import GALLERY_DIR, GALLERY_NAME

@@ -8,21 +8,34 @@ task id is submitted with its key (recorded before the request leaves: after a c
 gateway replays the task) unless it first left longer ago than the gateway remembers keys
 (``idempotency_window``: reported, never resent blindly), known task ids are waited on (never
 resubmitted; one the gateway no longer knows ends ``not_found``), and finished tasks queue for
-download slots, the soonest-expiring first (``_downloads``), a dead link refreshed before a
-result is declared expired. Every move is the store's to keep; the hooks may refuse a submit
-(guards, room).
+download slots, the soonest-expiring first (:class:`DownloadQueue`, with the pace of recent
+downloads that tells which results are at risk of expiring in the queue), a dead link
+refreshed before a result is declared expired. Every move is the store's to keep; the hooks
+may refuse a submit (guards, room).
 
 An item is waited on for at most the course's ``line_timeout``, with the polls the client
-learned, under its request budget.
+learned, under its request budget. Result links are kept as a store keeps them
+(:func:`kept_links`: one that carries the API key is kept blanked, and its download asks the
+gateway for it again); the partial files a killed collect left are swept
+(:func:`sweep_partial_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
+import math
+import os
+import re
+import stat
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Generic
 
 import anyio
@@ -49,7 +62,6 @@ from .._core.surfaces import REDACTED
 from .._core.text import printable
 from .._download import WRITE_FAILED
 from .._files import StorageError
-from ._downloads import DownloadQueue, kept_links
 from ._store import FATAL, NOT_FOUND, Course, Hooks, ItemT, Store, retry_later
 
 __all__ = ["Loop", "waited"]
@@ -59,6 +71,109 @@ log = logging.getLogger("imggw_client")
 NOT_FOUND_TRIES = 4  # queries of a just-submitted task the gateway says it does not know
 MIN_IN_FLIGHT = 1024  # items in flight (submitted, waiting, queued for download) at most ...
 IN_FLIGHT_PER_SLOT = 64  # ... or this many per unit of concurrency, whichever is more
+
+
+# A download's partial file while it is written, as a collect names its results
+# (`{task id}-{index}`, after `{surface}-` for the other surface's, then the download's hidden
+# temporary name).
+_PARTIAL = re.compile(r"\.(?:(?:alpha|beta)-)?[1-9][0-9]*-[0-9]+\.[0-9a-f]{8}\.part")
+PARTIAL_AFTER = 600.0  # seconds unwritten after which a partial file is no live download's
+
+
+def kept_links(client: AsyncClient, urls: Iterable[str]) -> list[str]:
+    """Result links as a store keeps them: one that carries the API key (a gateway may sign
+    links so) is kept blanked, for no file a store writes holds the key; its download asks the
+    gateway for the link again.
+    """
+    return [client.redact_url(url) for url in urls]
+
+
+@dataclass(order=True)
+class _Queued:
+    """A finished task waiting for a download slot: soonest expiry first, then (unknown
+    expiry) in the order they finished."""
+
+    expires: float
+    seq: int
+    item: Any = field(compare=False)
+    done: anyio.Event = field(compare=False)
+    context: object = field(compare=False, default=None)  # the line's span, for its download
+
+
+class DownloadQueue:
+    """Finished tasks waiting for a download slot, the soonest-expiring first, and the pace
+    of recent downloads (what tells which results are at risk of expiring in the queue).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[_Queued] = []
+        self._ready = anyio.Semaphore(0)
+        self._order = itertools.count()
+        self.downloaded: deque[float] = deque(maxlen=64)  # when recent downloads ended
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    async def put(self, item: Any) -> None:
+        """Queues the item (anything with an ``expires_at``: Unix seconds or None) for a
+        download slot and waits for its turn to end."""
+        queued = _Queued(
+            item.expires_at or math.inf,
+            next(self._order),
+            item,
+            anyio.Event(),
+            _telemetry.current(),
+        )
+        heapq.heappush(self._heap, queued)
+        self._ready.release()
+        await queued.done.wait()
+
+    async def serve(self, save: Callable[[Any], Awaitable[None]]) -> None:
+        """One download slot: always the queued result whose links die first."""
+        while True:
+            await self._ready.acquire()
+            item = heapq.heappop(self._heap)
+            try:
+                with _telemetry.resumed(item.context):
+                    await save(item.item)
+            finally:
+                item.done.set()
+
+    def expiries(self) -> list[float]:
+        """The known link expiries of the queued results (Unix seconds), soonest first."""
+        return sorted(q.expires for q in self._heap if math.isfinite(q.expires))
+
+    def at_risk(self, expiries: list[float]) -> int:
+        """Queued results whose links die before their turn at the recent download pace."""
+        if not expiries or len(self.downloaded) < 2:
+            return 0
+        span = self.downloaded[-1] - self.downloaded[0]
+        pace = (len(self.downloaded) - 1) / span if span > 0 else math.inf
+        now = time.time()
+        return sum(1 for turn, expires in enumerate(expiries) if now + turn / pace > expires)
+
+
+def sweep_partial_files(folder: Path, quiet_for: float = PARTIAL_AFTER) -> int:
+    """Removes the partial files of downloads a killed collect left in ``folder`` (those of a
+    collect's naming, see :data:`_PARTIAL`, unwritten for ``quiet_for`` seconds: a live
+    download, bounded by its timeout, writes sooner). Returns how many went. Blocking.
+    """
+    gone = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:  # no folder yet (made by the first download), or not ours to read
+        return 0
+    before = time.time() - quiet_for
+    for name in names:
+        if not _PARTIAL.fullmatch(name):
+            continue
+        path = folder / name
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours: left alone
+            found = os.lstat(path)
+            if stat.S_ISREG(found.st_mode) and found.st_mtime < before:
+                path.unlink()
+                gone += 1
+    return gone
 
 
 class _NotSent(Exception):

@@ -30,8 +30,7 @@ from .._core.states import WORK, State, Work
 from .._core.surfaces import safe_message
 from .._core.text import printable
 from .._journal.journal import Journal, JournalEntry, Scope
-from ._downloads import PARTIAL_AFTER, sweep_partial_files
-from ._loop import Loop
+from ._loop import PARTIAL_AFTER, Loop, sweep_partial_files
 from ._store import NOT_FOUND, Course, in_order
 
 __all__ = ["CollectReport", "Tracker"]
