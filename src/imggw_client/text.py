@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._core.jsonio import dumps as strict_json
-from ._core.text import printable
+from ._core.text import printable, strict_json
 
 if TYPE_CHECKING:
     from ._core.surfaces import redact_url

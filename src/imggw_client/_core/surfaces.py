@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from . import expiry, jsonio, reasons, rules, spec
+from . import expiry, reasons, rules, spec
 from .attempts import parse_retry_after
 from .exceptions import (
     APIConnectionError,
@@ -34,7 +34,7 @@ from .exceptions import (
 from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
-from .text import link_for_display, printable
+from .text import json_loads, link_for_display, printable
 from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
 
 log = logging.getLogger("imggw_client")
@@ -158,7 +158,7 @@ _UNPARSED: Any = object()
 
 def _json(content: bytes | str) -> Any:
     try:
-        return jsonio.loads(content)
+        return json_loads(content)
     except ValueError:
         return None
 

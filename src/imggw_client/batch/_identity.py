@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from .._core import jsonio, rules
+from .._core import rules
 from .._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
+from .._core.text import json_loads
 from .._files import StorageError, create_new, refuse_link, temp_name
 from .._journal.schema import RUN_NAME
 from .scale._storage import Storage
@@ -385,7 +386,7 @@ def identity_bytes(identity: RunIdentity) -> bytes:
 def parse_identity(data: bytes, where: str) -> RunIdentity:
     """The identity in a ``run.json``'s content (``where`` names it in errors)."""
     try:
-        parsed = jsonio.loads(data)
+        parsed = json_loads(data)
     except ValueError as exc:
         raise RequestValidationError(
             "out_dir", f"{where} is unreadable ({exc}); it is not a run's folder"

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core import jsonio, rules
+from .._core import rules
 from .._core.config import SURFACES
 from .._core.exceptions import ImggwError, RequestValidationError
 from .._core.models import ImageRequest
-from .._core.text import printable
+from .._core.text import json_loads, printable
 
 CSV_COLUMNS = ("prompt", "aspect_ratio", "resolution", "surface", "id")
 REQUEST_FIELDS = frozenset(CSV_COLUMNS)  # what a request line may carry
@@ -197,7 +197,7 @@ _KEPT = ("prompt", "aspect_ratio", "resolution")
 
 def is_object(text: str) -> bool:
     try:
-        return isinstance(jsonio.loads(text), dict)
+        return isinstance(json_loads(text), dict)
     except ValueError:
         return False
 
@@ -208,7 +208,7 @@ AUTO_HINT = " (a line that begins with { is read as one; --format text reads it 
 def load(text: str, hint: str = "") -> Any:
     """A line's JSON value, or why it has none."""
     try:
-        return jsonio.loads(text, unique_keys=True)
+        return json_loads(text, unique_keys=True)
     except ValueError:
         repeated = _repeated_key(text)
         if repeated is not None:

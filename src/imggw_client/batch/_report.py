@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .._core import jsonio
 from .._core.config import RateLimit
+from .._core.text import json_loads
 from .._files import atomic_write
 from ._lines import BadLine
 from ._schema import (
@@ -271,7 +271,7 @@ def iter_manifest(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for number, text in enumerate(handle, 1):
             if not text.strip():
                 continue
-            row = jsonio.loads(text)
+            row = json_loads(text)
             if not isinstance(row, dict):
                 raise ValueError(f"{path}: line {number} is not a JSON object")
             yield row

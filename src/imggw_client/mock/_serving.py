@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core import jsonio, reasons, rules, spec
+from .._core import reasons, rules, spec
 from .._core.models import ImageRequest, TaskError, TaskStatus
 from .._core.reasons import Reason
 from .._core.spec import BETA, MessageEnvelope, Operation, Surface, SurfaceSpec
 from .._core.surfaces import encode_json
+from .._core.text import json_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ def read_submit_request(surface: Surface, body: bytes) -> ImageRequest | Refusal
         return refuse(reasons.BODY_TOO_LARGE, f"the body exceeds {rules.BODY_MAX_BYTES} bytes")
     try:
         # Repeated keys are refused: what a proxy checked must be what is billed.
-        data = jsonio.loads(body, unique_keys=True)
+        data = json_loads(body, unique_keys=True)
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -187,7 +188,7 @@ def canonical(body: bytes) -> bytes:
     A body that is not sound JSON is its own canonical form.
     """
     try:
-        return json.dumps(jsonio.loads(body), sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(json_loads(body), sort_keys=True, separators=(",", ":")).encode()
     except (ValueError, RecursionError):
         return body
 
