@@ -92,19 +92,19 @@ def main(
 def run() -> None:
     """The entry point: Typer in standalone mode (usage errors exit 2); commands set their own
     exit codes, Ctrl-C included. With --log-format json, Click's own messages (a usage error)
-    and a crash's traceback are JSON objects too (see _stderr)."""
+    and a crash's traceback are JSON objects too (see _output.say)."""
     import os
     import sys
 
-    from . import _stderr
+    from . import _output
 
     if os.environ.get(_completion.COMPLETE_VAR):  # a shell asks for completions
         from typer._completion_classes import completion_init
 
         completion_init()
         _completion.use_bash_line()  # a word bash broke at a colon (-a 16:9) is completed whole
-    _stderr.start(sys.argv[1:])
-    if not _stderr.is_json():
+    _output.start(sys.argv[1:])
+    if not _output.is_json():
         app(prog_name="imggw")
         return
     sys.exit(_run_json())
@@ -115,21 +115,21 @@ def _run_json() -> int:
     exit code."""
     import traceback
 
-    from . import _stderr
+    from . import _output
 
     try:
         code = app(prog_name="imggw", standalone_mode=False)
     except typer.Abort:  # Click's "Aborted!": end of input at one of its prompts
-        _stderr.say("Aborted!", level="error", event="aborted", exit_code=1)
+        _output.say("Aborted!", level="error", event="aborted", exit_code=1)
         return 1
     except typer.TyperException as exc:  # Click's usage errors (and its other errors)
         code = int(getattr(exc, "exit_code", 1))
         ctx = getattr(exc, "ctx", None)
         usage = ctx.get_usage() if ctx is not None else None
         if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help, as text
-            _stderr.say(exc.format_message(), level="error", event="help", exit_code=code)
+            _output.say(exc.format_message(), level="error", event="help", exit_code=code)
         else:
-            _stderr.say(
+            _output.say(
                 f"Error: {exc.format_message()}",
                 level="error",
                 event="usage_error" if code == _exit.USAGE else "error",
@@ -138,7 +138,7 @@ def _run_json() -> int:
             )
         return code
     except Exception as exc:  # a bug: its traceback inside the object, never lines of its own
-        _stderr.say(
+        _output.say(
             f"{type(exc).__name__}: {exc}",
             level="error",
             event="crash",

@@ -19,7 +19,7 @@ import typer
 
 from imggw_client.text import printable
 
-from . import _stderr
+from . import _output
 from ._command import interrupted, refuse, session
 from ._globals import current
 from ._output import Output, spent, stdout
@@ -230,7 +230,7 @@ def batch_display(
     if out.quiet:
         yield warn
         return
-    if _stderr.is_json() or not sys.stderr.isatty():
+    if _output.is_json() or not sys.stderr.isatty():
         said: list[Any] = [-math.inf, None, None]  # when the last line was, its counts, its guard
 
         def line(progress: BatchProgress) -> None:
@@ -431,7 +431,7 @@ def progress_view(p: BatchProgress) -> Any:
 def batch_summary(out: Output, report: BatchReport) -> None:
     if out.quiet:
         return
-    if _stderr.is_json():
+    if _output.is_json():
         _summary_record(out, report)
     else:
         _summary_table(report)

@@ -28,7 +28,7 @@ import typer
 
 from imggw_client import rules
 
-from . import _exit, _stderr
+from . import _exit, _output
 from ._globals import Globals, current
 from ._output import Output, task_record, unfinished_record
 from ._resume import resend_command, save_command, wait_command
@@ -193,7 +193,7 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
         if options.verbose:
             import traceback
 
-            if _stderr.is_json():  # inside the error's JSON object, never lines of its own
+            if _output.is_json():  # inside the error's JSON object, never lines of its own
                 trace = "".join(traceback.format_exception(err))
             else:
                 traceback.print_exception(err, file=sys.stderr)

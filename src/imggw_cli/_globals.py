@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from . import _stderr
+from . import _output
 
 if TYPE_CHECKING:
     from imggw_client import RateLimit
@@ -182,14 +182,14 @@ _OPTIONS = [
             # Text, checked here (Click's choice check comes with a usage block); the
             # environment variable is named in the help text itself.
             typer.Option(
-                _stderr.FLAG,
-                envvar=_stderr.ENV,
+                _output.FLAG,
+                envvar=_output.ENV,
                 show_envvar=False,
                 metavar="text|json",
                 help="Stderr as text, or one JSON object per line (env IMGGW_LOG_FORMAT)",
             ),
         ],
-        _stderr.TEXT,
+        _output.TEXT,
     ),
 ]
 _current: contextvars.ContextVar[Globals] = contextvars.ContextVar("imggw_globals")
@@ -232,18 +232,18 @@ def _store(text: str) -> str | None:
 
 def _usage(message: str) -> NoReturn:
     """A bad global option: one line on stderr (in the chosen log format), exit 2."""
-    _stderr.say(f"error: {message}", level="error", event="usage_error", exit_code=2)
+    _output.say(f"error: {message}", level="error", event="usage_error", exit_code=2)
     raise typer.Exit(2)
 
 
 def _log_format(value: str, source: str) -> str:
     """--log-format's value, else exit 2 with one line naming where the bad value came from,
     in the format the rest of the command line or the environment chose."""
-    chosen = _stderr.parse(value)
+    chosen = _output.parse(value)
     if chosen is None:
         from imggw_client.text import printable
 
-        where = _stderr.ENV if source == "ENVIRONMENT" else _stderr.FLAG
+        where = _output.ENV if source == "ENVIRONMENT" else _output.FLAG
         _usage(f"{where} must be text or json (got {printable(value, 40)!r})")
     return chosen
 
@@ -284,7 +284,7 @@ def _with(command: F, options: list[inspect.Parameter]) -> F:
         root = ctx.find_root()
         if not isinstance(root.obj, Globals):
             root.obj = Globals()
-            _stderr.begin()
+            _output.begin()
         chosen: Globals = root.obj
         # The root's callback runs first, then the command's: a value here replaces the one
         # from before the command name unless it came from a weaker source. --log-format is
@@ -299,8 +299,8 @@ def _with(command: F, options: list[inspect.Parameter]) -> F:
                 continue
             if param.name == "g_log_format":
                 if strength:  # typed, or from the environment; a default leaves begin()'s
-                    _stderr.use(_log_format(value, origin))
-                value = _stderr.JSON if _stderr.is_json() else _stderr.TEXT
+                    _output.use(_log_format(value, origin))
+                value = _output.JSON if _output.is_json() else _output.TEXT
             elif value is not None and param.name in _PARSE:
                 value = _PARSE[param.name](value)
             setattr(chosen, name, value)

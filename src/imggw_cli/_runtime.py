@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import imggw_client
 
-from . import _stderr
+from . import _output
 from ._globals import Globals
-from ._stderr import safe
+from ._output import safe
 
 if TYPE_CHECKING:
     from imggw_client import AsyncClient, Client, Surface
@@ -130,14 +130,14 @@ class _Stderr(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            if not _stderr.is_json():
+            if not _output.is_json():
                 print(self.format(record), file=sys.stderr, flush=True)
                 return
             trace = None
             if record.exc_info:
                 trace = logging.Formatter().formatException(record.exc_info)
             # task_id and line, when a logger passes them (``extra=``), as fields of their own
-            _stderr.say(
+            _output.say(
                 record.getMessage(),
                 level=record.levelname.lower(),
                 event="log",
@@ -187,7 +187,7 @@ def setup_logging(options: Globals) -> None:
         # unless the host program says otherwise).
         logger.setLevel(level if level < logging.WARNING else logging.NOTSET)
         logger.addHandler(handler)
-    _take_warnings(_stderr.is_json())
+    _take_warnings(_output.is_json())
 
 
 _shown: list[Any] = []  # Python's own showwarning, while ours stands in for it
@@ -213,11 +213,11 @@ def _show_warning(
     file: Any = None,
     line: str | None = None,
 ) -> None:
-    if file is not None or not _stderr.is_json():  # not stderr's, or no longer ours to write
+    if file is not None or not _output.is_json():  # not stderr's, or no longer ours to write
         if _shown:
             _shown[0](message, category, filename, lineno, file, line)
         return
-    _stderr.say(
+    _output.say(
         f"{category.__name__}: {message}",
         level="warning",
         event="log",
@@ -229,7 +229,7 @@ def _show_warning(
 def adopt(name: str) -> None:
     """The logger ``name`` (a library that sets up its own stderr handlers, as Dask's
     distributed does) written through ours, with --log-format json."""
-    if not _stderr.is_json():
+    if not _output.is_json():
         return
     logger = logging.getLogger(name)
     ours = logging.getLogger(_LOGGERS[0]).handlers
@@ -282,7 +282,7 @@ def open_journal(options: Globals) -> Journal | bool:
         if os.environ.get(JOURNAL_ENV) is not None or err.code == JOURNAL_UNSAFE:
             raise
         text = f"warning: {safe(err.message)}; going on without a journal of this task"
-        _stderr.say(
+        _output.say(
             text + " (--no-journal silences this)", level="warning", event="journal_unusable"
         )
         return False

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from . import _exit, _resume, _stderr
+from . import _exit, _output, _resume
 from ._globals import Globals
 from ._output import Output
 from ._when import span
@@ -240,7 +240,7 @@ def sharded_display(out: Output) -> Iterator[Callable[[ShardedProgress], None] |
     if out.quiet:
         yield None
         return
-    if _stderr.is_json() or not sys.stderr.isatty():
+    if _output.is_json() or not sys.stderr.isatty():
         shown: tuple[dict[str, int], int] | None = None
         shown_at = 0.0
 

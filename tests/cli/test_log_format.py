@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from imggw_cli import _stderr
+from imggw_cli import _output
 from imggw_client.mock import MockGateway
 
 from .helpers import CANARY, IMGGW, imggw, process_env
@@ -327,14 +327,14 @@ def test_each_command_in_one_process_starts_from_the_environment_again(
 def test_the_format_is_read_from_the_command_line_before_click_parses_it(
     argv: list[str], chosen: str | None
 ) -> None:
-    assert _stderr.from_argv(argv) == chosen
+    assert _output.from_argv(argv) == chosen
 
 
 def test_every_string_of_an_object_is_sanitized_and_the_key_blanked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("IMGGW_API_KEY", CANARY)
-    record = _stderr.record(
+    record = _output.record(
         f"sent {CANARY}\x1b[2J",
         level="info",
         event="note",
@@ -364,10 +364,10 @@ def test_a_crash_is_one_object_with_its_traceback(
 
     monkeypatch.setattr(_app, "app", broken)
     try:
-        _stderr.use(_stderr.JSON)  # as run() sets it from --log-format json
+        _output.use(_output.JSON)  # as run() sets it from --log-format json
         assert _app._run_json() == 1
     finally:
-        _stderr.use(_stderr.TEXT)
+        _output.use(_output.TEXT)
     [crash] = objects(capsys.readouterr().err)
     assert (crash["event"], crash["level"], crash["exit_code"]) == ("crash", "error", 1)
     assert crash["message"] == "RuntimeError: a bug"
@@ -383,11 +383,11 @@ def test_python_warnings_are_objects_too(capsys: pytest.CaptureFixture[str]) -> 
     with warnings.catch_warnings():  # Python's showwarning is put back on the way out
         warnings.simplefilter("always")
         try:
-            _stderr.use(_stderr.JSON)
+            _output.use(_output.JSON)
             setup_logging(Globals())
             warnings.warn("a library's warning", UserWarning, stacklevel=1)
         finally:
-            _stderr.use(_stderr.TEXT)
+            _output.use(_output.TEXT)
             setup_logging(Globals())
     [warned] = objects(capsys.readouterr().err)
     assert (warned["event"], warned["level"], warned["logger"]) == ("log", "warning", "py.warnings")

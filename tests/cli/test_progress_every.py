@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from imggw_cli import _batch_run, _stderr
+from imggw_cli import _batch_run, _output
 from imggw_cli._batch_run import batch_display
 from imggw_cli._globals import Globals
 from imggw_cli._output import Output
@@ -95,13 +95,13 @@ def test_a_silent_gateway_is_warned_about_once_and_its_answer_noted_once(
 
 
 def test_the_silence_events_are_json_objects(capsys: pytest.CaptureFixture[str]) -> None:
-    _stderr.use(_stderr.JSON)
+    _output.use(_output.JSON)
     try:
         with batch_display(Output(Globals()), progress_every=1e9) as told:
             for silent in (0.0, 61.0, 75.5, 0.0):
                 told(snapshot(silent=silent))
     finally:
-        _stderr.use(_stderr.TEXT)
+        _output.use(_output.TEXT)
     records = [json.loads(line) for line in shown(capsys)]
     events = [(r["event"], r["level"], r.get("silent_for")) for r in records]
     assert events == [
@@ -203,7 +203,7 @@ def test_a_gateway_that_stops_answering_is_one_warning_then_one_note(
                 url,
             )
         finally:
-            _stderr.use(_stderr.TEXT)  # the command set it for this process
+            _output.use(_output.TEXT)  # the command set it for this process
     assert run.code == 0, run.err
     events = [json.loads(line)["event"] for line in run.err.splitlines()]
     told = [event for event in events if event.startswith("gateway_")]
