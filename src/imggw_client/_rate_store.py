@@ -3,6 +3,9 @@ scripts (``_core.shared_budget``) for an ``AsyncClient`` and a ``Client``; redis
 ``imggw[redis]`` extra. The store is an aid, never a gate: any failure of it sends the request
 on under an in-process budget at the same rates, warned once each way, and every call to it is
 bounded by ``STORE_TIMEOUT`` or the request's own timeout.
+
+The operations are written once, as coroutines (:class:`_Driver`); the blocking driver's I/O
+never suspends, so it runs each to its end with one ``send`` (:func:`_blocking`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Hashable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._base_client import key_fingerprint
 from ._core import shared_budget as shared
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncStoreBudget", "StoreBudget", "require_redis"]
 
 log = logging.getLogger("imggw_client")
+T = TypeVar("T")
 
 INSTALL = "pip install 'imggw[redis]'"
 REJOIN_AFTER = 5.0  # seconds between tries of a store that failed; requests go on meanwhile
@@ -39,7 +43,6 @@ KINDS = (SUBMIT, QUERY)
 # The longest one question waits for a place in a full window before the flow has it back (to
 # keep its deadline); meanwhile it sleeps until one of this process's requests of the kind ends.
 HOLD = 1.0
-HOLDING = "hold"  # the step that sleeps (its argument: the longest, in seconds), not a script
 
 
 def require_redis() -> None:
@@ -50,18 +53,27 @@ def require_redis() -> None:
         )
 
 
-def _settle(woken: asyncio.Future[None]) -> None:
-    if not woken.done():
-        woken.set_result(None)
-
-
 def _ticket(ticket: Hashable) -> StoreTicket:
     assert isinstance(ticket, StoreTicket)  # a driver's own ticket, handed back by the flows
     return ticket
 
 
+def _new(kind: str) -> StoreTicket:
+    return StoreTicket(kind, token=secrets.token_hex(8))
+
+
+def _blocking(operation: Coroutine[Any, Any, T]) -> T:
+    """Runs an operation of the blocking driver (whose I/O never suspends) to its end."""
+    try:
+        operation.send(None)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
+    operation.close()
+    raise AssertionError("the blocking driver's I/O suspended")
+
+
 class _Driver:
-    """What both drivers share, and the operations, written once."""
+    """The operations, written once; a driver supplies ``_call``, ``_sleep`` and renewals."""
 
     def __init__(self, settings: Settings) -> None:
         require_redis()
@@ -78,9 +90,10 @@ class _Driver:
         self._retry_at = 0.0
         self._quiet_until = dict.fromkeys(KINDS, 0.0)  # no request before this, after a switch
         self.held: dict[str, set[str]] = {kind: set() for kind in KINDS}  # leases to renew
-        # Questions asleep until a place in the window frees, oldest first; one of them (the
-        # poller) also asks again every two round trips, for places other processes free.
-        self._sleepers: dict[str, deque[Any]] = {kind: deque() for kind in KINDS}
+        # Questions asleep until a place in the window frees, oldest first (each a call that
+        # wakes it, False if it woke already); one of them (the poller) also asks again every
+        # two round trips, for places other processes free.
+        self._sleepers: dict[str, deque[Callable[[], bool]]] = {kind: deque() for kind in KINDS}
         self._poller: dict[str, StoreTicket | None] = dict.fromkeys(KINDS)
         self._owed: dict[str, list[float]] = {kind: [] for kind in KINDS}  # isolated 429s' hints
         self._lock = threading.Lock()
@@ -96,32 +109,64 @@ class _Driver:
             "health_check_interval": 0,
         }
 
+    async def _call(self, kind: str, name: str, args: list[str]) -> object:
+        """One call of the script ``name`` on the lane of ``kind``."""
+        raise NotImplementedError
+
+    async def _sleep(self, kind: str, seconds: float) -> None:
+        """Sleeps until a place of ``kind`` frees here (:meth:`_wake`), or ``seconds`` pass."""
+        raise NotImplementedError
+
     def _renew_soon(self) -> None:
         """Starts renewing the leases held, unless it runs already."""
 
-    def waited(self, ticket: StoreTicket) -> Steps:
+    async def _run(self, kind: str, steps: Steps) -> Any:
+        """Runs an operation's script calls on the store; a failure is thrown into it."""
+        answer, failure = None, None
+        try:
+            while True:
+                name, args = steps.throw(failure) if failure else steps.send(answer)
+                try:
+                    answer, failure = await self._call(kind, name, args), None
+                except Exception as exc:
+                    failure = exc
+        except StopIteration as end:
+            return end.value
+        finally:
+            steps.close()
+
+    async def _quiet(self, kind: str, steps: Steps) -> Any:
+        """A release, a finish or a renewal, whose failure is only noted: a lost one costs an
+        interval once, or an answer the other processes meet themselves."""
+        try:
+            return await self._run(kind, steps)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+
+    async def _wait(self, ticket: StoreTicket) -> float:
         """The seconds ``ticket`` still waits; a full window is waited here (up to ``HOLD``),
         asleep until an answer frees a place: never polled."""
-        wait = yield from self._asked(ticket)
-        until = time.monotonic() + HOLD
+        wait = await self._asked(ticket)
+        until, kind = time.monotonic() + HOLD, ticket.kind
         try:
             while wait > 0 and ticket.full and (left := until - time.monotonic()) > 0:
                 with self._lock:
-                    if self._poller[ticket.kind] is None:
-                        self._poller[ticket.kind] = ticket
-                    polls = self._poller[ticket.kind] is ticket
-                yield HOLDING, [repr(min(wait, left) if polls else left)]
-                wait = yield from self._asked(ticket)
+                    polls = self._poller[kind] in (None, ticket)
+                    if polls:
+                        self._poller[kind] = ticket
+                await self._sleep(kind, min(wait, left) if polls else left)
+                wait = await self._asked(ticket)
         finally:
             with self._lock:
-                handed = self._poller[ticket.kind] is ticket
+                handed = self._poller[kind] is ticket
                 if handed:
-                    self._poller[ticket.kind] = None
+                    self._poller[kind] = None
             if handed:  # the next in line asks now, and polls in its turn
-                self._wake(ticket.kind)
+                self._wake(kind)
         return wait
 
-    def _asked(self, ticket: StoreTicket) -> Steps:
+    async def _asked(self, ticket: StoreTicket) -> float:
         """The seconds ``ticket`` still waits, asked once."""
         kind, now = ticket.kind, time.monotonic()
         ticket.full = False
@@ -132,7 +177,7 @@ class _Driver:
             return ticket.not_before - now
         if ticket.local is None and self._use_store(now):
             try:
-                wait = yield from shared.take_steps(self.limit, ticket)
+                wait: float = await self._run(kind, shared.take_steps(self.limit, ticket))
             except Exception as exc:
                 if self._failed(exc):  # going alone from now: one interval first, as below
                     self._quiet_until[kind] = time.monotonic() + shared.interval(self.limit, kind)
@@ -149,60 +194,55 @@ class _Driver:
             ticket.local = self.local.reserve(kind, now)
         return max(self.local.wait_time(ticket.local, now), self._quiet_until[kind] - now)
 
-    def released(self, ticket: StoreTicket) -> Steps:
+    async def _release(self, ticket: StoreTicket) -> None:
         """Gives back the place of ``ticket``."""
         self._unhold(ticket)
         if ticket.local is not None:
             self.local.release(ticket.local)
         elif ticket.epoch != EPOCH_NONE:
             args = [str(ticket.epoch), repr(ticket.slot), ticket.token]
-            yield from self._quiet(shared.one("release", args))
+            await self._quiet(ticket.kind, shared.one("release", args))
             self._wake(ticket.kind)
 
-    def ended(self, ticket: StoreTicket, ended: Ended) -> Steps:
+    async def _finish(self, ticket: StoreTicket, ended: Ended) -> None:
         """Tells how the request of ``ticket`` ended."""
         self._unhold(ticket)
         if ticket.local is not None:
             self.local.finished(ticket.local, time.monotonic(), **ended)
             return
-        owed = yield from self._quiet(shared.finished_steps(self.limit, ticket, **ended))
+        steps = shared.finished_steps(self.limit, ticket, **ended)
+        owed = await self._quiet(ticket.kind, steps)
         self._wake(ticket.kind)  # its place in the window is free: the longest waiter asks
         if owed:  # an isolated 429's hint, for its retry
             with self._lock:
                 self._owed[ticket.kind].append(time.monotonic() + min(owed, MAX_PAUSE))
 
+    async def _renew(self) -> bool:
+        """Renews the leases held now; False if none are."""
+        with self._lock:
+            held = [(kind, [repr(shared.LEASE), *tokens]) for kind, tokens in self.held.items()]
+        for kind, args in held:
+            if len(args) > 1:
+                await self._quiet(kind, shared.one("renew", args))
+        return any(len(args) > 1 for _, args in held)
+
     def _wake(self, kind: str) -> None:
-        """Wakes the oldest question asleep for a place of ``kind`` (a sleeper: a call that
-        wakes it, False if it woke already)."""
+        """Wakes the oldest question asleep for a place of ``kind``."""
         with self._lock:
             sleepers = self._sleepers[kind]
             while sleepers and not sleepers.popleft()():
                 pass
 
-    def asleep(self, kind: str, sleeper: Callable[[], bool]) -> None:
-        """Notes ``sleeper`` in line for a place of ``kind``."""
+    @contextlib.contextmanager
+    def _asleep(self, kind: str, wake: Callable[[], bool]) -> Iterator[None]:
+        """Keeps ``wake`` in line for a place of ``kind`` while the body sleeps."""
         with self._lock:
-            self._sleepers[kind].append(sleeper)
-
-    def awake(self, kind: str, sleeper: Callable[[], bool]) -> None:
-        """Takes ``sleeper`` out of the line (woken, or its time came)."""
-        with self._lock, contextlib.suppress(ValueError):
-            self._sleepers[kind].remove(sleeper)
-
-    def renewals(self) -> list[tuple[str, Steps]]:
-        """The renew script's calls for the leases held now, by kind."""
-        with self._lock:
-            held = [(kind, [repr(shared.LEASE), *tokens]) for kind, tokens in self.held.items()]
-        return [(k, self._quiet(shared.one("renew", args))) for k, args in held if len(args) > 1]
-
-    def _quiet(self, steps: Steps) -> Steps:
-        """A release, a finish or a renewal, whose failure is only noted: a lost one costs an
-        interval once, or an answer the other processes meet themselves."""
+            self._sleepers[kind].append(wake)
         try:
-            return (yield from steps)
-        except Exception as exc:
-            self._failed(exc)
-            return None
+            yield
+        finally:
+            with self._lock, contextlib.suppress(ValueError):
+                self._sleepers[kind].remove(wake)
 
     def _unhold(self, ticket: StoreTicket) -> None:
         with self._lock:
@@ -211,10 +251,8 @@ class _Driver:
     def _use_store(self, now: float) -> bool:
         """Whether to ask the store now: it answered last time, or its retry is due."""
         with self._lock:
-            if self._down_since is None:
-                return True
-            if now >= self._retry_at:
-                self._retry_at = now + REJOIN_AFTER  # one caller tries; the others go on
+            if self._down_since is None or now >= self._retry_at:
+                self._retry_at = now + REJOIN_AFTER  # while it is away, one caller tries
                 return True
             return False
 
@@ -244,6 +282,11 @@ class _Driver:
         return True
 
 
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
 class AsyncStoreBudget(_Driver):
     """The shared budget as an ``AsyncClient`` asks it: a redis-py client per event loop (it
     belongs to one), and a task renewing the leases while any are held."""
@@ -257,7 +300,7 @@ class AsyncStoreBudget(_Driver):
             weakref.WeakKeyDictionary()
         )
 
-    def _scripts(self) -> dict[str, Any]:
+    async def _call(self, kind: str, name: str, args: list[str]) -> object:
         import redis.asyncio
         from redis.asyncio.retry import Retry
 
@@ -267,31 +310,10 @@ class AsyncStoreBudget(_Driver):
             store = redis.asyncio.Redis.from_url(self.url, **self.options(Retry))
             scripts = {name: store.register_script(body) for name, body in shared.SCRIPTS.items()}
             made = self._stores[loop] = (store, scripts)
-        return made[1]
+        # The socket timeouts bound each read; this bounds the whole call.
+        return await asyncio.wait_for(made[1][name](keys=self.keys[kind], args=args), self.timeout)
 
-    async def _do(self, kind: str, steps: Steps) -> Any:
-        """Runs an operation's script calls on the store; a failure is thrown into it."""
-        answer, failure = None, None
-        try:
-            while True:
-                name, args = steps.throw(failure) if failure else steps.send(answer)
-                if name == HOLDING:
-                    await self._hold(kind, float(args[0]))
-                    answer, failure = None, None
-                    continue
-                try:
-                    # The socket timeouts bound each read; this bounds the whole call.
-                    call = self._scripts()[name](keys=self.keys[kind], args=args)
-                    answer, failure = await asyncio.wait_for(call, self.timeout), None
-                except Exception as exc:
-                    failure = exc
-        except StopIteration as end:
-            return end.value
-        finally:  # cut short (a cancel in a hold): its waiting line is left at once
-            steps.close()
-
-    async def _hold(self, kind: str, seconds: float) -> None:
-        """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
+    async def _sleep(self, kind: str, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
 
@@ -301,43 +323,39 @@ class AsyncStoreBudget(_Driver):
             loop.call_soon_threadsafe(_settle, woken)
             return True
 
-        self.asleep(kind, wake)
-        try:
-            await asyncio.wait([woken], timeout=seconds)
-        finally:
-            self.awake(kind, wake)
-            woken.cancel()
+        # asyncio.wait times out without cancelling this task (wait_for would, from 3.12),
+        # which anyio's cancel scopes around a request must not see.
+        with self._asleep(kind, wake):
+            try:
+                await asyncio.wait([woken], timeout=seconds)
+            finally:
+                woken.cancel()
 
     async def reserve(self, kind: str) -> tuple[Hashable, float]:
-        ticket = StoreTicket(kind, token=secrets.token_hex(8))
-        return ticket, await self.wait_time(ticket)
+        ticket = _new(kind)
+        return ticket, await self._wait(ticket)
 
     async def wait_time(self, ticket: Hashable) -> float:
-        t = _ticket(ticket)
-        return float(await self._do(t.kind, self.waited(t)))
+        return await self._wait(_ticket(ticket))
 
     async def release(self, ticket: Hashable) -> None:
-        t = _ticket(ticket)
-        await self._do(t.kind, self.released(t))
+        await self._release(_ticket(ticket))
 
     async def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
-        t = _ticket(ticket)
-        await self._do(t.kind, self.ended(t, ended))
+        await self._finish(_ticket(ticket), ended)
 
     def _renew_soon(self) -> None:
         loop = asyncio.get_running_loop()
         task = self._renewing.get(loop)
         if task is None or task.done():
-            self._renewing[loop] = loop.create_task(self._renew())
+            self._renewing[loop] = loop.create_task(self._renewal())
 
-    async def _renew(self) -> None:
+    async def _renewal(self) -> None:
         """Renews the leases held every third of ``LEASE``, while any are held."""
         while True:
             await asyncio.sleep(shared.LEASE / 3)
-            if not (calls := self.renewals()):
+            if not await self._renew():
                 return
-            for kind, steps in calls:
-                await self._do(kind, steps)
 
     async def close(self) -> None:
         """Closes the store's connections of the running event loop (the others' close with
@@ -368,27 +386,10 @@ class StoreBudget(_Driver):
         self._renewer: threading.Thread | None = None
         self._closed = threading.Event()
 
-    def _do(self, kind: str, steps: Steps) -> Any:
-        """Runs an operation's script calls on the store; a failure is thrown into it."""
-        answer, failure = None, None
-        try:
-            while True:
-                name, args = steps.throw(failure) if failure else steps.send(answer)
-                if name == HOLDING:
-                    self._hold(kind, float(args[0]))
-                    answer, failure = None, None
-                    continue
-                try:
-                    answer, failure = self._scripts[name](keys=self.keys[kind], args=args), None
-                except Exception as exc:
-                    failure = exc
-        except StopIteration as end:
-            return end.value
-        finally:  # cut short: its waiting line is left at once
-            steps.close()
+    async def _call(self, kind: str, name: str, args: list[str]) -> object:
+        return self._scripts[name](keys=self.keys[kind], args=args)
 
-    def _hold(self, kind: str, seconds: float) -> None:
-        """Sleeps until a place of ``kind`` frees here, or ``seconds`` pass."""
+    async def _sleep(self, kind: str, seconds: float) -> None:
         woken = threading.Event()
 
         def wake() -> bool:
@@ -397,41 +398,34 @@ class StoreBudget(_Driver):
             woken.set()
             return True
 
-        self.asleep(kind, wake)
-        try:
+        with self._asleep(kind, wake):
             woken.wait(seconds)
-        finally:
-            self.awake(kind, wake)
 
     def reserve(self, kind: str) -> tuple[Hashable, float]:
-        ticket = StoreTicket(kind, token=secrets.token_hex(8))
-        return ticket, self.wait_time(ticket)
+        ticket = _new(kind)
+        return ticket, _blocking(self._wait(ticket))
 
     def wait_time(self, ticket: Hashable) -> float:
-        t = _ticket(ticket)
-        return float(self._do(t.kind, self.waited(t)))
+        return _blocking(self._wait(_ticket(ticket)))
 
     def release(self, ticket: Hashable) -> None:
-        t = _ticket(ticket)
-        self._do(t.kind, self.released(t))
+        _blocking(self._release(_ticket(ticket)))
 
     def finished(self, ticket: Hashable, **ended: Unpack[Ended]) -> None:
-        t = _ticket(ticket)
-        self._do(t.kind, self.ended(t, ended))
+        _blocking(self._finish(_ticket(ticket), ended))
 
     def _renew_soon(self) -> None:
         with self._lock:
             if self._renewer is None or not self._renewer.is_alive():
                 self._renewer = threading.Thread(
-                    target=self._renew, name="imggw-lease", daemon=True
+                    target=self._renewal, name="imggw-lease", daemon=True
                 )
                 self._renewer.start()
 
-    def _renew(self) -> None:
+    def _renewal(self) -> None:
         """Renews the leases held every third of ``LEASE``, while any are held."""
-        while not self._closed.wait(shared.LEASE / 3) and (calls := self.renewals()):
-            for kind, steps in calls:
-                self._do(kind, steps)
+        while not self._closed.wait(shared.LEASE / 3) and _blocking(self._renew()):
+            pass
 
     def close(self) -> None:
         """Closes the store's connections."""

@@ -1,12 +1,11 @@
 """The client-wide request budget (DESIGN 9, 20, 25): how fast submits and queries may go out.
 
-Pure: every call takes ``now`` and nothing sleeps; one lock makes a budget safe for the threads
-of a ``Client`` and the tasks of an ``AsyncClient``. Each kind of request has a lane: a request
-reserves a place (:meth:`Budget.reserve`), asks when it may go (:meth:`Budget.wait_time`) and
-says how it ended (:meth:`Budget.finished`). With a ceiling (``RateLimit``) requests are spaced
-evenly at it. With none, a lane lets a window of requests fly (TCP's slow start) until 429s make
-up a share of its answers; then it pauses, paces at what got through, and grows back. The policy
-(:func:`answered`, :func:`grown`) is written once for every holder of a lane.
+Pure (every call takes ``now``; nothing sleeps) and thread-safe. Each kind of request has a lane:
+a request reserves a place, asks when it may go and says how it ended. With a ceiling
+(``RateLimit``) requests are spaced evenly at it. With none, a lane lets a window of requests fly
+(TCP's slow start) until 429s make up a share of its answers; then it pauses, paces at what got
+through, and grows back. The policy (:func:`answered`, :func:`grown`) is written once for every
+holder of a lane.
 """
 
 from __future__ import annotations
@@ -141,16 +140,13 @@ class _Lane(Pacing):
     waiting: list[int] = field(default_factory=list)  # the turns held back by the window
     write_at: float = _NEVER  # the write gate: when the next paced head is due on the wire
 
-    def place_of(self, ticket: Ticket) -> int:
-        """The place a waiting paced ticket goes at, by its rank among those waiting."""
+    def place_of(self, ticket: Ticket, *, forget: bool = False) -> int:
+        """The place a waiting paced ticket goes at, by its rank among those waiting (taken
+        out of the order if ``forget``)."""
         rank = bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
-        return self.held[rank]
-
-    def forget(self, ticket: Ticket) -> int:
-        """Takes a waiting ticket out of the order; returns the place it was to go at."""
-        rank = bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
-        del self.ranked[rank]
-        return self.held.pop(rank)
+        if forget:
+            del self.ranked[rank]
+        return self.held.pop(rank) if forget else self.held[rank]
 
     def due(self, place: int) -> float:
         return self.anchor_at + (place - self.anchor_place) * self.interval
@@ -170,7 +166,7 @@ class _Lane(Pacing):
             place = min(place, self.anchor_place + ahead)
         self.anchor(place, self.earliest(now))
 
-    def window_wait(self, ticket: Ticket, now: float) -> float:
+    def window_wait(self, ticket: Ticket) -> float:
         """0 if the window has a place for this held-back request, else about until the answer
         that frees its place (never a herd), at most two round trips (never a stall)."""
         rank = bisect.bisect_left(self.waiting, ticket.place)
@@ -181,11 +177,11 @@ class _Lane(Pacing):
         per_answer = self.rtt / max(1, self.in_flight)
         return min(max(MIN_WAIT, answers * per_answer), max(MIN_WAIT, 2 * self.rtt))
 
-    def fly(self, ticket: Ticket) -> None:
-        """Counts a request in flight (the start window's count)."""
-        if not ticket.counted:
-            ticket.counted = True
-            self.in_flight += 1
+    def fly(self, ticket: Ticket, *, flying: bool = True) -> None:
+        """Counts a request in flight (the start window's count), or no more."""
+        if ticket.counted != flying:
+            ticket.counted = flying
+            self.in_flight += 1 if flying else -1
 
     def unwait(self, ticket: Ticket) -> None:
         """Takes a held-back request out of the window's line."""
@@ -234,22 +230,22 @@ class Budget:
                 ticket.windowed = True
                 lane.waiting.append(lane.turns)  # turns only grow: the list stays sorted
                 lane.turns += 1
-                ticket.slot = max(now + lane.window_wait(ticket, now), lane.paused_until)
+                ticket.slot = max(now + lane.window_wait(ticket), lane.paused_until)
                 return ticket
-            return self._hold(lane, kind, now, key)
+            place, slot = self._hold(lane, now, key)
+            return Ticket(kind, slot, place, paced=True, priority=key)
 
-    def _hold(self, lane: _Lane, kind: str, now: float, key: float) -> Ticket:
-        """A paced place for a request of ``lane``, due after those reserved before it."""
+    def _hold(self, lane: _Lane, now: float, key: float) -> tuple[int, float]:
+        """A paced place, and when it is due: after those reserved before it."""
         place = lane.next_place
         lane.next_place += 1
         if lane.due(place) < lane.earliest(now):  # nothing queued ahead: start from now
             lane.anchor(place, lane.earliest(now))
         slot = max(lane.due(place), lane.paused_until)
         lane.queued = lane.queued or slot > max(now, lane.paused_until)
-        ticket = Ticket(kind, slot, place, paced=True, priority=key)
         lane.held.append(place)  # places only grow: the list stays sorted
         bisect.insort(lane.ranked, (key, place))
-        return ticket
+        return place, slot
 
     def wait_time(self, ticket: Ticket, now: float) -> float:
         """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
@@ -263,20 +259,20 @@ class Budget:
                         wait = min(wait, max(MIN_WAIT, lane.rtt))
                     return wait
                 ticket.not_before = _NEVER
+            if ticket.windowed and lane.unpaced:
+                wait = lane.paused_until - now  # no place in the window is taken in a pause
+                if wait <= 0:
+                    wait = lane.window_wait(ticket)
+                if wait > 0:
+                    return wait
+                lane.fly(ticket)  # its place in the window: it goes now
             if ticket.windowed:
-                if lane.mode == STARTING:
-                    if now < lane.paused_until:  # no place in the window is taken in a pause
-                        return lane.paused_until - now
-                    wait = lane.window_wait(ticket, now)
-                    if wait > 0:
-                        return wait
-                    lane.fly(ticket)  # its place in the window: it goes now
                 lane.unwait(ticket)
-                if not lane.unpaced:
-                    self._repace(lane, ticket, now)
-            elif not ticket.paced and ticket.sent_at is None and not lane.unpaced:
-                # Let through while a pause held it, and the lane paced since: a paced place too.
-                self._repace(lane, ticket, now)
+            if not ticket.paced and ticket.sent_at is None and not lane.unpaced:
+                # Held back, or let through while a pause held it, and the lane paced since.
+                self._grow(lane, now)
+                ticket.place, ticket.slot = self._hold(lane, now, ticket.priority)
+                ticket.paced = True
             due = lane.paused_until
             place = -1
             if ticket.paced:
@@ -296,7 +292,7 @@ class Budget:
                     return min(due - now, max(lane.grow_at - now, MIN_WAIT))
                 return due - now
             if ticket.paced and ticket.sent_at is None:
-                lane.forget(ticket)
+                lane.place_of(ticket, forget=True)
                 ticket.place = place
             ticket.sent_at = now
             if ticket.paced:
@@ -305,21 +301,15 @@ class Budget:
             lane.last_went = max(lane.last_went, now)
             return 0.0
 
-    def _repace(self, lane: _Lane, ticket: Ticket, now: float) -> None:
-        """An unpaced ticket of a lane paced meanwhile takes a paced place."""
-        self._grow(lane, now)
-        held = self._hold(lane, ticket.kind, now, ticket.priority)
-        ticket.paced, ticket.place, ticket.slot = True, held.place, held.slot
-
     def release(self, ticket: Ticket) -> None:
         """Gives back a place that will not be used (its request's deadline came first)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            self._uncount(lane, ticket)
+            lane.fly(ticket, flying=False)
             if ticket.windowed:
                 lane.unwait(ticket)
             if ticket.paced and ticket.sent_at is None:
-                place = lane.forget(ticket)  # the others keep their places and their order
+                place = lane.place_of(ticket, forget=True)  # the others keep their order
                 if place == lane.next_place - 1:
                     lane.next_place -= 1  # the last place: given back, it leaves no hole
 
@@ -355,7 +345,7 @@ class Budget:
             lane = self._lanes[ticket.kind]
             # The window was used (TCP's window validation): it may widen.
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
-            self._uncount(lane, ticket)
+            lane.fly(ticket, flying=False)
             old_interval = lane.interval
             count(lane, now, limited=limited)
             if answered(
@@ -379,12 +369,6 @@ class Budget:
         with self._lock:
             lane = self._lanes[kind]
             return None if lane.unpaced else lane.rate
-
-    @staticmethod
-    def _uncount(lane: _Lane, ticket: Ticket) -> None:
-        if ticket.counted:
-            ticket.counted = False
-            lane.in_flight -= 1
 
     def _grow(self, lane: _Lane, now: float) -> None:
         """The policy's growth, asked as requests come; the schedule follows a new pace."""
@@ -560,15 +544,15 @@ def _accepted_per_second(p: Pacing, now: float) -> float:
     return 0.0
 
 
+@dataclass(slots=True, frozen=True)
 class WriteGate:
     """What the driver asks right before a paced request's head goes on the wire: ``wait()``
     until it says 0, then write, with nothing between (:meth:`Budget.writing`)."""
 
-    __slots__ = ("_budget", "_clock", "_ticket")
-
-    def __init__(self, budget: Budget, ticket: Ticket, clock: Callable[[], float]) -> None:
-        self._budget, self._ticket, self._clock = budget, ticket, clock
+    budget: Budget
+    ticket: Ticket
+    clock: Callable[[], float]
 
     def wait(self) -> float:
         """Seconds to wait before asking again; 0: write now."""
-        return self._budget.writing(self._ticket, self._clock())
+        return self.budget.writing(self.ticket, self.clock())

@@ -146,7 +146,6 @@ return {'1'}
 # An answer counted (ARGV = token, '1' a 429, '0' accepted, '' count nothing: a read), as
 # ``budget.count`` counts it. Answers the lane's fields, then version, now, flying, queued.
 _ANSWER = r"""
-local used = flying
 if ARGV[1] ~= '' then redis.call('ZREM', fkey, ARGV[1]) end
 if ARGV[2] ~= '' then
   local keep, limited = 1.0 - 1.0 / {RECENT}, ARGV[2] == '1'
@@ -166,7 +165,7 @@ end
 local out = redis.call('HMGET', key, {FIELDS}, 'version', 'queued')
 for n = 1, #out do if out[n] == false then out[n] = '' end end
 table.insert(out, fmt(now))
-table.insert(out, tostring(used))
+table.insert(out, tostring(flying))  -- as it was before this answer
 touch()
 return out
 """
@@ -222,10 +221,9 @@ def take_steps(limit: RateLimit, ticket: StoreTicket) -> Steps:
         ticket.sent = now
     if due:  # the pace's growth is due: the policy says what it is now
         pacing, version, now, _, queued = read_lane(limit, ticket.kind, (yield "answer", ["", ""]))
-        old = _written(pacing)
-        args = _set_args(version, rules.grown(pacing, now, queued=queued), pacing, old, force=True)
-        assert args is not None  # forced: grow_at moved on at least
-        yield "set", args
+        old = dataclasses.replace(pacing)
+        grew = rules.grown(pacing, now, queued=queued)
+        yield "set", _set_args(version, grew, old, pacing, force=True)
     return wait
 
 
@@ -233,16 +231,15 @@ def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
     """The request of ``ticket`` ended: the answer counted, then the policy's decision written
     (read again and decided anew if another process wrote between, for a 429). Returns an
     isolated 429's ``Retry-After``, which this process's next request of the kind waits."""
-    limited = ended["limited"]
-    step = ["1" if limited else "0"]
+    limited, retry_after = ended["limited"], ended["retry_after"]
+    if retry_after is not None and not math.isfinite(retry_after):
+        retry_after = None
+    step = "1" if limited else "0"
     for _ in range(3):
-        answer = yield "answer", [ticket.token, *step]
+        answer = yield "answer", [ticket.token, step]
         pacing, version, now, flying, _ = read_lane(limit, ticket.kind, answer)
-        step = [""]  # counted once; a second read only reads
-        old = _written(pacing)
-        retry_after = ended["retry_after"]
-        if retry_after is not None and not math.isfinite(retry_after):
-            retry_after = None
+        step = ""  # counted once; a second read only reads
+        old = dataclasses.replace(pacing)
         anew = rules.answered(
             pacing,
             now,
@@ -253,12 +250,10 @@ def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
             used=2 * flying >= pacing.window,
         )
         owed = retry_after if limited and pacing.mode == rules.STARTING else None
-        args = _set_args(version, anew, pacing, old)
-        if args is None:
+        args = _set_args(version, anew, old, pacing)
+        # An accepted answer's small change lost to another writer is no matter.
+        if not args or _numbers((yield "set", args), 1)[0] or not limited:
             return owed
-        written = yield "set", args
-        if _numbers(written, 1)[0] or not limited:
-            return owed  # an accepted answer's small change lost to another writer: no matter
     return None
 
 
@@ -267,47 +262,36 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
     the requests in flight before the answer, and whether requests queued for the pace."""
     if not isinstance(answer, list) or len(answer) != len(FIELDS) + 4:
         raise StoreAnswerError("the store's answer is not the script's")
-    texts = [
-        item.decode("ascii", "replace") if isinstance(item, bytes) else str(item) for item in answer
-    ]
+    texts = [_text(item) for item in answer]
     pacing = rules.lane_of(rate_of(limit, kind))
     for name, text in zip(FIELDS, texts, strict=False):
-        if text == "":
-            continue  # never written: the new lane's own value
         if name == "mode":
-            if text not in (rules.FIXED, rules.STARTING, rules.RECOVERING):
+            if text not in ("", rules.FIXED, rules.STARTING, rules.RECOVERING):
                 raise StoreAnswerError("the store's answer names no mode")
-            pacing.mode = text
-            continue
-        value = _number(text)
-        setattr(pacing, name, int(value) if name in INTS else value)
-    if texts[FIELDS.index("rate")] == "":
-        pacing.rate = None
+            pacing.mode = text or pacing.mode
+        elif text:  # else never written: the new lane's own value (but the rate: unpaced)
+            value = _number(text)
+            setattr(pacing, name, int(value) if name in INTS else value)
+        elif name == "rate":
+            pacing.rate = None
     if pacing.rate is not None and pacing.rate <= 0:
         raise StoreAnswerError("the store's answer is out of range")
-    version, queued = texts[len(FIELDS)], texts[len(FIELDS) + 1] == "1"
-    now, flying = _number(texts[-2]), _number(texts[-1])
-    return pacing, version, now, int(flying), queued
-
-
-def _written(pacing: Pacing) -> dict[str, str]:
-    """The fields the store keeps, as text."""
-    values = {name: getattr(pacing, name) for name in FIELDS}
-    return {k: "" if v is None else v if isinstance(v, str) else repr(v) for k, v in values.items()}
+    version, queued, now, flying = texts[len(FIELDS) :]
+    return pacing, version, _number(now), int(_number(flying)), queued == "1"
 
 
 def _set_args(
-    version: str, anew: bool, pacing: Pacing, old: dict[str, str], *, force: bool = False
-) -> list[str] | None:
-    """The set script's arguments: the fields the policy changed (None: none worth a write;
-    the smoothed round trip alone is not)."""
-    new = _written(pacing)
-    changed = [name for name in FIELDS if new[name] != old[name]]
+    version: str, anew: bool, old: Pacing, new: Pacing, *, force: bool = False
+) -> list[str]:
+    """The set script's arguments: the fields the policy changed (none if no change is worth a
+    write: the smoothed round trip alone is not)."""
+    changed = [name for name in FIELDS if getattr(new, name) != getattr(old, name)]
     if not force and not anew and changed in ([], ["rtt"]):
-        return None
+        return []
     args = [version, "1" if anew else "0"]
     for name in changed:
-        args += [name, new[name]]
+        value = getattr(new, name)
+        args += [name, "" if value is None else value if isinstance(value, str) else repr(value)]
     return args
 
 
@@ -316,10 +300,13 @@ def one(name: str, args: list[str]) -> Steps:
     _numbers((yield name, args), 1)
 
 
+def _text(item: object) -> str:
+    return item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
+
+
 def _number(item: object, *, finite: bool = False) -> float:
-    text = item.decode("ascii", "replace") if isinstance(item, bytes) else str(item)
     try:
-        value = float(text)
+        value = float(_text(item))
     except ValueError:
         raise StoreAnswerError("the store's answer is not numbers") from None
     if math.isnan(value) or (finite and not math.isfinite(value)):
