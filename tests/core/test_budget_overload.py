@@ -166,6 +166,27 @@ def test_the_first_request_taken_after_an_overloads_pause_sets_the_pace_to_what_
     assert lane.strikes == 0
 
 
+def test_an_answer_in_the_overloads_own_clock_tick_waits_for_a_later_one_to_learn() -> None:
+    # A clock as coarse as Windows' (about 15 ms) can stamp the overload's 429 and an accepted
+    # answer to a request sent in that same tick with one time: nothing was measured since the
+    # overload, so that answer learns nothing (it once divided by zero), and a later one does.
+    p = B.lane_of(None)
+    for _ in range(20):
+        B.count(p, 0.05, limited=False)
+        B.answered(p, 0.05, sent=0.0, limited=False)
+    while p.mode != B.RECOVERING:
+        B.count(p, 0.1, limited=True)
+        B.answered(p, 0.1, sent=0.06, limited=True)
+    overload_pace = p.rate
+    B.count(p, 0.1, limited=False)
+    assert B.answered(p, 0.1, sent=0.1, limited=False) is False
+    assert (p.rate, p.strikes, p.burst) == (overload_pace, 1, 20)
+    B.count(p, 10.1, limited=False)
+    B.answered(p, 10.1, sent=10.0, limited=False)
+    assert p.rate == pytest.approx((20 + 2) / (10.1 - 0.1))  # what was taken since, learned
+    assert (p.strikes, p.burst) == (0, 0)
+
+
 def test_the_bursts_refusals_never_count_against_the_pace_learned_after_it() -> None:
     # The burst's 429s (a share that made the overload) answered the burst, not the pace the
     # lane learned after its pause: the learned pace's first 429 lowers it to DECREASE of it or

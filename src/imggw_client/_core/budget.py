@@ -427,6 +427,8 @@ def answered(
         return _limited(p, sent, now, retry_after, backoff)
     if sent >= p.paused_at:
         if p.strikes and p.burst and p.ceiling is None and p.mode == RECOVERING:
+            if now <= p.decreased_at:  # the overload's own tick of a coarse clock: no time to
+                return False  # measure a rate over; the next answer taken learns it
             # The first taken after an overload's pause: the pace never above what the gateway
             # took since the burst (a limit of N in S seconds takes N/S, whatever its burst).
             took_rate = max(PACE_FLOOR, (p.burst + p.taken) / (now - p.decreased_at))
