@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from imggw_client.text import printable, strict_json
 
@@ -35,8 +35,6 @@ from ._when import iso_utc, links_expire
 
 if TYPE_CHECKING:
     from imggw_client import DownloadedFile, Submission, Task
-
-    from ._globals import Globals
 
 
 TEXT, JSON = "text", "json"
@@ -249,8 +247,19 @@ def closed_stdout() -> NoReturn:
     raise SystemExit(0)
 
 
+class Shown(Protocol):
+    """What output reads of the command's options (``_globals.Globals``, which reads this
+    module's log format: named here by shape, so neither imports the other both ways)."""
+
+    @property
+    def json(self) -> bool: ...
+
+    @property
+    def quiet(self) -> bool: ...
+
+
 class Output:
-    def __init__(self, options: Globals) -> None:
+    def __init__(self, options: Shown) -> None:
         self.json = options.json
         self.quiet = options.quiet
 
