@@ -251,8 +251,10 @@ class _Driver:
     def _use_store(self, now: float) -> bool:
         """Whether to ask the store now: it answered last time, or its retry is due."""
         with self._lock:
-            if self._down_since is None or now >= self._retry_at:
-                self._retry_at = now + REJOIN_AFTER  # while it is away, one caller tries
+            if self._down_since is None:
+                return True
+            if now >= self._retry_at:
+                self._retry_at = now + REJOIN_AFTER  # one caller tries; the others go on
                 return True
             return False
 

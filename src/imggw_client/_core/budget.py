@@ -140,13 +140,19 @@ class _Lane(Pacing):
     waiting: list[int] = field(default_factory=list)  # the turns held back by the window
     write_at: float = _NEVER  # the write gate: when the next paced head is due on the wire
 
-    def place_of(self, ticket: Ticket, *, forget: bool = False) -> int:
-        """The place a waiting paced ticket goes at, by its rank among those waiting (taken
-        out of the order if ``forget``)."""
-        rank = bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
-        if forget:
-            del self.ranked[rank]
-        return self.held.pop(rank) if forget else self.held[rank]
+    def _rank(self, ticket: Ticket) -> int:
+        """A waiting paced ticket's rank among those waiting."""
+        return bisect.bisect_left(self.ranked, (ticket.priority, ticket.place))
+
+    def place_of(self, ticket: Ticket) -> int:
+        """The place a waiting paced ticket goes at, by its rank among those waiting."""
+        return self.held[self._rank(ticket)]
+
+    def forget(self, ticket: Ticket) -> int:
+        """Takes a waiting ticket out of the order; returns the place it was to go at."""
+        rank = self._rank(ticket)
+        del self.ranked[rank]
+        return self.held.pop(rank)
 
     def due(self, place: int) -> float:
         return self.anchor_at + (place - self.anchor_place) * self.interval
@@ -177,11 +183,17 @@ class _Lane(Pacing):
         per_answer = self.rtt / max(1, self.in_flight)
         return min(max(MIN_WAIT, answers * per_answer), max(MIN_WAIT, 2 * self.rtt))
 
-    def fly(self, ticket: Ticket, *, flying: bool = True) -> None:
-        """Counts a request in flight (the start window's count), or no more."""
-        if ticket.counted != flying:
-            ticket.counted = flying
-            self.in_flight += 1 if flying else -1
+    def fly(self, ticket: Ticket) -> None:
+        """Counts a request in flight (the start window's count)."""
+        if not ticket.counted:
+            ticket.counted = True
+            self.in_flight += 1
+
+    def land(self, ticket: Ticket) -> None:
+        """Counts a request in flight no more."""
+        if ticket.counted:
+            ticket.counted = False
+            self.in_flight -= 1
 
     def unwait(self, ticket: Ticket) -> None:
         """Takes a held-back request out of the window's line."""
@@ -292,7 +304,7 @@ class Budget:
                     return min(due - now, max(lane.grow_at - now, MIN_WAIT))
                 return due - now
             if ticket.paced and ticket.sent_at is None:
-                lane.place_of(ticket, forget=True)
+                lane.forget(ticket)
                 ticket.place = place
             ticket.sent_at = now
             if ticket.paced:
@@ -305,11 +317,11 @@ class Budget:
         """Gives back a place that will not be used (its request's deadline came first)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            lane.fly(ticket, flying=False)
+            lane.land(ticket)
             if ticket.windowed:
                 lane.unwait(ticket)
             if ticket.paced and ticket.sent_at is None:
-                place = lane.place_of(ticket, forget=True)  # the others keep their order
+                place = lane.forget(ticket)  # the others keep their places and their order
                 if place == lane.next_place - 1:
                     lane.next_place -= 1  # the last place: given back, it leaves no hole
 
@@ -345,7 +357,7 @@ class Budget:
             lane = self._lanes[ticket.kind]
             # The window was used (TCP's window validation): it may widen.
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
-            lane.fly(ticket, flying=False)
+            lane.land(ticket)
             old_interval = lane.interval
             count(lane, now, limited=limited)
             if answered(
