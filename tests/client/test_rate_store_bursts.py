@@ -220,3 +220,30 @@ def test_a_process_killed_while_it_holds_slots_frees_them_within_its_lease(
             child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+def answer_with(**texts: str) -> list[str]:
+    """The answer script's reply for a new lane, with some fields as the store holds them."""
+    fields = ["" for _ in shared.FIELDS]
+    for name, text in texts.items():
+        if name in shared.FIELDS:
+            fields[shared.FIELDS.index(name)] = text
+    # version, queued, the store's clock, the requests in flight
+    return [*fields, "0", "0", texts.get("now", "1.0"), texts.get("flying", "0")]
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [{"taken": "inf"}, {"window": "1e400"}, {"strikes": "-inf"}, {"flying": "inf"}, {"now": "inf"}],
+)
+def test_a_count_or_a_clock_the_store_cannot_hold_is_a_bad_answer(texts: dict[str, str]) -> None:
+    # Whoever writes to the store chooses these: a count or a clock that is not finite is a
+    # store answering garbage (the driver then paces alone), never an OverflowError.
+    assert shared.read_lane(LIMIT, B.SUBMIT, answer_with())[0].window == B.START_WINDOW
+    with pytest.raises(shared.StoreAnswerError):
+        shared.read_lane(LIMIT, B.SUBMIT, answer_with(**texts))
+
+
+def test_a_time_the_store_holds_as_never_reads_back_as_never() -> None:
+    pacing = shared.read_lane(LIMIT, B.SUBMIT, answer_with(paused_at="-inf", halved_at="-inf"))[0]
+    assert (pacing.paused_at, pacing.halved_at) == (-float("inf"), -float("inf"))

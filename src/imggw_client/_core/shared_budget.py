@@ -251,8 +251,10 @@ def finished_steps(limit: RateLimit, ticket: StoreTicket, **ended: Unpack[Ended]
         )
         owed = retry_after if limited and pacing.mode == rules.STARTING else None
         args = _set_args(version, anew, old, pacing)
-        # An accepted answer's small change lost to another writer is no matter.
-        if not args or _numbers((yield "set", args), 1)[0] or not limited:
+        if not args:
+            return owed
+        written = _numbers((yield "set", args), 1)[0]
+        if written or not limited:  # an accepted answer's small change lost: no matter
             return owed
     return None
 
@@ -269,15 +271,17 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
             if text not in ("", rules.FIXED, rules.STARTING, rules.RECOVERING):
                 raise StoreAnswerError("the store's answer names no mode")
             pacing.mode = text or pacing.mode
+        elif name in INTS and text:  # a count: whole and finite
+            setattr(pacing, name, int(_number(text, finite=True)))
         elif text:  # else never written: the new lane's own value (but the rate: unpaced)
-            value = _number(text)
-            setattr(pacing, name, int(value) if name in INTS else value)
+            setattr(pacing, name, _number(text))
         elif name == "rate":
             pacing.rate = None
     if pacing.rate is not None and pacing.rate <= 0:
         raise StoreAnswerError("the store's answer is out of range")
     version, queued, now, flying = texts[len(FIELDS) :]
-    return pacing, version, _number(now), int(_number(flying)), queued == "1"
+    flying_now = _number(flying, finite=True)
+    return pacing, version, _number(now, finite=True), int(flying_now), queued == "1"
 
 
 def _set_args(
