@@ -28,7 +28,7 @@ from imggw_client import (
 )
 from imggw_client._core.budget import RemoteBudget
 from imggw_client._core.interruptions import interrupt
-from imggw_client._core.wire import Observe, Pace, Send, Sleep
+from imggw_client._core.wire import Observe, Pace, Reply, Send, Sleep
 from imggw_client.mock import MockGateway
 
 from ..conftest import Driven, beta_error, beta_task
@@ -225,6 +225,29 @@ async def test_requests_cancelled_in_flight_give_back_their_places(gateway: Mock
         lane = client._flows.budget._lanes["query"]
         assert lane.in_flight == 0
         assert client._flows.budget.pace("query") is None  # one at a time: never slowed
+
+
+def test_a_request_refused_again_backs_off_where_its_first_429_was_retried_at_once() -> None:
+    # One caller alone at a limit with no Retry-After: too few answers for the budget to read
+    # a share of 429s from, so the request itself backs off from its second 429 on.
+    script = Script(*[error(429, "rate_limited")] * 4, task("pending"))
+    policy = RetryPolicy(max_attempts=5, initial_backoff=0.5, max_backoff=8.0)
+    script.run(flows(script, retry=policy).get("9", surface=None))
+    times = [at for at, _ in script.sent]
+    assert len(times) == 5
+    assert times[1] == times[0]  # the first 429: chance's, retried at once
+    gaps = [b - a for a, b in itertools.pairwise(times)][1:]
+    assert all(0 < gap <= 0.5 * 2**attempt for attempt, gap in enumerate(gaps, start=2)), gaps
+
+
+def test_a_request_refused_with_a_hint_leaves_the_wait_to_the_budget() -> None:
+    hinted = Reply(429, {"retry-after": "2"}, error(429, "rate_limited").content)
+    script = Script(hinted, hinted, task("pending"))
+    script.run(flows(script).get("9", surface=None))
+    times = [at for at, _ in script.sent]
+    assert len(times) == 3
+    # Each retry waits the hint as the budget holds it (plus its spread), no backoff on top.
+    assert all(2.0 <= b - a <= 2.2 for a, b in itertools.pairwise(times)), times
 
 
 def test_a_wait_retrying_up_to_its_deadline_sends_nothing_with_no_time_left() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 
 import pytest
@@ -104,6 +105,31 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after(past, now) == 0.0
     for garbage in ["soon", "", "inf", "nan", "Mon, 99 Foo 2020"]:
         assert parse_retry_after(garbage, now) is None
+    # Fields out of any range a datetime holds: a zone of 10**20 hours, a year past 9999.
+    for absurd in [
+        "Wed, 21 Oct 2015 07:28:00 +99999999999999999999",
+        "Wed, 21 Oct 99999999999 07:28:00 GMT",
+        "Wed, 21 Oct 2015 07:28:99999999999999999999 GMT",
+    ]:
+        assert parse_retry_after(absurd, now) is None, absurd
+
+
+@given(
+    st.builds(
+        "{}, {} {} {} {}:{}:{} {}".format,
+        st.sampled_from(["Mon", "Wed"]),
+        st.integers(-(10**25), 10**25),
+        st.sampled_from(["Jan", "Oct"]),
+        st.integers(-(10**25), 10**25),
+        st.integers(-(10**25), 10**25),
+        st.integers(-(10**25), 10**25),
+        st.integers(-(10**25), 10**25),
+        st.sampled_from(["GMT", "+0000", "-2359", "+99999999999999999999"]),
+    )
+)
+def test_parse_retry_after_reads_any_date_shaped_value_or_none(value: str) -> None:
+    result = parse_retry_after(value, 1_700_000_000.0)
+    assert result is None or (math.isfinite(result) and result >= 0)
 
 
 @given(st.text(max_size=40))
@@ -132,6 +158,8 @@ def test_poll_schedule_grows_is_jittered_and_capped() -> None:
         {"initial_backoff": 0},
         {"initial_backoff": 2.0, "max_backoff": 1.0},
         {"max_retry_after": -1},
+        {"max_retry_after": float("inf")},  # a hint of 1e300 would then be slept
+        {"max_retry_after": float("nan")},
     ],
 )
 def test_retry_policy_rejects_nonsense(kwargs: dict[str, float]) -> None:
@@ -139,6 +167,10 @@ def test_retry_policy_rejects_nonsense(kwargs: dict[str, float]) -> None:
 
     with pytest.raises(ConfigurationError):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_retry_policy_takes_a_max_retry_after_of_zero() -> None:
+    assert RetryPolicy(max_retry_after=0).max_retry_after == 0
 
 
 @pytest.mark.parametrize(

@@ -123,13 +123,13 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     try:
         seconds = float(value)
     except ValueError:
-        try:
+        try:  # a zone, a year or a field out of any range is as unreadable as a typo
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+            if when.tzinfo is None:
+                return None
+            seconds = when.timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - now
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
@@ -175,7 +175,7 @@ class Attempts:
         calls retryable: up to ``max_attempts``, or, with a ``deadline``, until it passes.
         Requests of a ``kind`` (submit, query) each wait for a slot of the client's budget, in
         the order of their ``priority`` (see :meth:`Budget.reserve`; by default, their own)."""
-        attempt, unknown = 0, False
+        attempt, unknown, refusals = 0, False, 0
         while True:
             attempt += 1
             ticket, asked = None, None
@@ -227,6 +227,7 @@ class Attempts:
                         limited=isinstance(err, RateLimitError),
                     )
                 limited = isinstance(err, RateLimitError) and ticket is not None
+                refusals += limited
                 if ticket is not None:
                     hint = err.retry_after if isinstance(err, RateLimitError) else None
                     retry = self.settings.retry
@@ -238,7 +239,11 @@ class Attempts:
                         )
                     else:
                         yield Paced(ticket, limited=limited, retry_after=hint, backoff=backoff)
-                delay = self._delay(verdict, attempt, deadline, budgeted=limited)
+                # The budget paces what a 429 says of the gateway; a request's first 429 is
+                # chance's, retried at once. Refused again, that request backs off as for any
+                # other failure: one caller alone at a limit reads no share of many answers.
+                budgeted = limited and (refusals == 1 or verdict.retry_after is not None)
+                delay = self._delay(verdict, attempt, deadline, budgeted=budgeted)
                 if delay is None:
                     final = give_up(err, unknown) if give_up else err
                     if final is err:
@@ -315,8 +320,8 @@ class Attempts:
     def _delay(
         self, verdict: Verdict, attempt: int, deadline: float | None, *, budgeted: bool = False
     ) -> float | None:
-        """Seconds before the next attempt, or None to give up. A 429 the budget has seen is
-        paced by the budget (a pause for the whole client), so it adds no sleep of its own."""
+        """Seconds before the next attempt, or None to give up; none (0) for a 429 the budget
+        paces."""
         if deadline is None:
             delay = next_delay(self.settings.retry, attempt, verdict, self.rng)
             return None if delay is None else (0.0 if budgeted else delay)

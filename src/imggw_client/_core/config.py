@@ -81,8 +81,8 @@ class RetryPolicy:
             "RetryPolicy.max_backoff must be >= initial_backoff",
         )
         _require(
-            isinstance(self.max_retry_after, (int, float)) and self.max_retry_after >= 0,
-            "RetryPolicy.max_retry_after must be >= 0",
+            self.max_retry_after == 0 or _positive(self.max_retry_after),
+            "RetryPolicy.max_retry_after must be a finite number >= 0",
         )
 
 

@@ -92,7 +92,7 @@ class BudgetPlugin(SchedulerPlugin):
                 break  # longer than a hold: the worker sleeps it, its deadline in view
             if self._freed is None:
                 self._freed = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before 3.11
                 await asyncio.wait_for(self._freed.wait(), answer["wait"])
             number = answer.get("ticket", message.get("ticket"))
             waited = self.handle(message["budget"], "wait", ticket=number)
