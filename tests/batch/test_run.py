@@ -7,8 +7,11 @@ clock, what each holds, and a resumed run's learned durations, seeded from its l
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -77,6 +80,44 @@ async def test_a_refused_plan_sends_nothing_and_leaves_no_ledger(
             )
     assert gateway.stats()["tasks_created"] == 0
     assert not (folder / LEDGER_NAME).exists()
+
+
+def test_a_run_cancelled_as_asyncio_cancels_while_it_plans_stops_the_plan_first(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
+    # Ctrl-C under asyncio.run cancels the main task itself, past anyio's shield, while the
+    # plan's thread still writes the ledger: closed under it, SQLite crashed the process.
+    folder = tmp_path / "out"
+    folder.mkdir()
+    planning, cancelled = threading.Event(), threading.Event()
+    read = []
+
+    def lines() -> Iterator[dict[str, str]]:
+        for n in range(100_000):
+            if n == 100:
+                planning.set()
+                assert cancelled.wait(10), "the run was never cancelled"
+            read.append(n)
+            yield {"prompt": f"a lighthouse, take {n}"}
+
+    async def main() -> None:
+        async with gateway.async_client(poll=FAST) as client:
+            with Ledger.open(folder) as ledger:
+                run = asyncio.ensure_future(
+                    execute(
+                        lines(), _workspace(folder, ledger), client=client, options=BatchOptions()
+                    )
+                )
+                await asyncio.get_running_loop().run_in_executor(None, planning.wait, 10)
+                run.cancel()  # asyncio's own cancel, as its Ctrl-C handler sends
+                cancelled.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await run
+
+    asyncio.run(main())
+    assert len(read) < 100_000  # stopped, not planned to its end
+    assert gateway.stats()["tasks_created"] == 0
+    assert sorted(p.name for p in folder.iterdir()) == [".imggw-batch.lock"]  # no ledger, no .part
 
 
 @pytest.mark.anyio

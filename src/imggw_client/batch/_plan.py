@@ -37,6 +37,7 @@ import re
 import secrets
 import sqlite3
 import string
+import threading
 import unicodedata
 from collections.abc import Callable, Iterable
 from contextlib import closing
@@ -477,17 +478,23 @@ class _Lines(Protocol):
     def bad(self, row: Row) -> None: ...
 
 
-class _Ledgered:
-    """Lines into the ledger's plan."""
+class _Stopped(Exception):
+    """A plan told to stop (its run was cancelled) before its next line; nothing is kept."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
+
+class _Ledgered:
+    """Lines into the ledger's plan, unless ``stop`` is set."""
+
+    def __init__(self, ledger: Ledger, stop: threading.Event | None) -> None:
+        self.ledger, self.stop = ledger, stop
 
     def add(self, row: Row) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            raise _Stopped
         return self.ledger.plan_line(row) is not None
 
     def bad(self, row: Row) -> None:
-        self.ledger.plan_line(row)
+        self.add(row)
 
 
 class _Seen:
@@ -657,6 +664,7 @@ def plan_run(
     part: Slice = WHOLE,
     dry: Callable[[Ledger, Plan], None] | None = None,
     tasks: bool = False,
+    stop: threading.Event | None = None,
 ) -> Plan:
     """Plans a run (or a shard) into its ledger, in one transaction that commits only if the
     run may go: no bad line (unless skipped), no changed line and no other surface than the
@@ -664,7 +672,8 @@ def plan_run(
     moves back what a second look may mend (``Ledger.recheck``). Blocking: run it in a worker
     thread. ``dry``: a dry run: every check, then ``dry`` sees the planned ledger, and nothing
     is kept (the transaction is rolled back, the identity left as it was). ``tasks``: the input
-    lists tasks made elsewhere (the driver ``collect_tasks`` says so), never submitted."""
+    lists tasks made elsewhere (the driver ``collect_tasks`` says so), never submitted.
+    ``stop``: set, the plan stops (raises) at its next line."""
     plan_surface = identity.previous_surface()
     if plan_surface is None and isinstance(identity, FolderIdentity):
         # A run.json written before runs kept their surface: the ledger tells it.
@@ -682,7 +691,7 @@ def plan_run(
         plan = _scan(
             source,
             digests,
-            _Ledgered(ledger),
+            _Ledgered(ledger, stop),
             surface=surface,
             run_id=identity.run_id,
             options=options,
