@@ -3,6 +3,7 @@ re-run with every ledger deleted replays its tasks instead of billing new ones."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from contextlib import closing
@@ -152,6 +153,49 @@ def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None
         times = db.execute("SELECT created, changed, charge FROM tasks").fetchone()
     assert {"kind", "fields", "expires_at", "planned", "first_sent"} <= columns
     assert times == (10.0, 20.0, 2.0)
+
+
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_a_first_format_folder_resumed_with_its_input_sends_nothing_again(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
+    # The first release's ledger: random keys, and digests of [prompt, ratio, resolution,
+    # surface]. Read as today's, every line was changed: sent again under a new key, billed
+    # twice, and the paid row dropped.
+    prompts = ["a cat", "a dog", "a fox"]
+    with gateway.client() as client:
+        made = [client.submit(p, idempotency_key=f"first-{n}") for n, p in enumerate(prompts)]
+    out = tmp_path / "out"
+    out.mkdir()
+    with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
+        db.execute(
+            "CREATE TABLE lines (identity TEXT PRIMARY KEY, line INTEGER NOT NULL, caller_id TEXT,"
+            " fingerprint TEXT NOT NULL, request TEXT NOT NULL, surface TEXT NOT NULL,"
+            " idempotency_key TEXT NOT NULL, task_id TEXT, state TEXT NOT NULL,"
+            " urls TEXT NOT NULL DEFAULT '[]', error_code TEXT, error_message TEXT,"
+            " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
+            " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+        )
+        for n, (prompt, sub) in enumerate(zip(prompts, made)):
+            asked = [prompt, "auto", "1k", "beta"]
+            digest = hashlib.sha256(json.dumps(asked).encode()).hexdigest()
+            request = {"prompt": prompt, "aspect_ratio": "auto", "resolution": "1K"}
+            task_id, state = (None, "pending") if n == 2 else (sub.task_id, "submitted")
+            db.execute(
+                "INSERT INTO lines (identity, line, fingerprint, request, surface, "
+                "idempotency_key, task_id, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, 'beta', ?, ?, ?, 1.0, 1.0)",
+                (f"line:{n + 1}", n + 1, digest, json.dumps(request), f"first-{n}", task_id, state),
+            )
+        db.commit()
+    report = batch(gateway, write(tmp_path / "in.jsonl", prompts), out)
+    assert (report.exit_code, report.changed_count) == (0, 0)
+    assert gateway.stats()["tasks_created"] == 3  # the answer lost on line 3: its key replayed
+    with Ledger.open(out) as ledger:
+        rows = sorted(ledger.iter_rows(), key=lambda row: row.line)
+    assert [(r.idempotency_key, r.task_id, r.state) for r in rows] == [
+        (f"first-{n}", sub.task_id, State.SAVED) for n, sub in enumerate(made)
+    ]
 
 
 @pytest.mark.gateway(duration_min=0.02, duration_max=0.05)

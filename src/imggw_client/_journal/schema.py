@@ -19,7 +19,7 @@ import math
 import os
 import re
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,10 +183,16 @@ def is_ledger(db: sqlite3.Connection) -> bool:
     return bool(found[0])
 
 
-def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
+def migrate(
+    db: sqlite3.Connection,
+    *,
+    ledger: bool = False,
+    redigest: Callable[[str, str, str], str | None] | None = None,
+) -> None:
     """Makes the schema of a new file (a ledger's with ``ledger``), or brings a file of an
     earlier format forward, in one transaction (another process may be opening it too);
-    refuses a newer one."""
+    refuses a newer one. ``redigest``: a first-format ledger row's digest in today's terms,
+    from its request (JSON), surface and digest (None: kept as it is)."""
     if refuse_newer(db) == FORMAT:
         return
     moved = False
@@ -203,7 +209,7 @@ def migrate(db: sqlite3.Connection, *, ledger: bool = False) -> None:
                 if not ledger:
                     db.execute(_JOURNAL_KEY)
             if ledger:
-                moved = _ledger_forward(db, version)
+                moved = _ledger_forward(db, version, redigest)
             for statement in _LEDGER_INDEXES if ledger else _JOURNAL_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={FORMAT}")
@@ -223,7 +229,9 @@ def _give_back(db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA busy_timeout={int(waits)}")
 
 
-def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
+def _ledger_forward(
+    db: sqlite3.Connection, version: int, redigest: Callable[[str, str, str], str | None] | None
+) -> bool:
     """A ledger's ``lines`` of any earlier format brought into the one table (its rows kept,
     their states made the core's), and ``lines`` dropped; whether there were any."""
     have = {r[1] for r in db.execute("PRAGMA table_info(lines)")}
@@ -236,6 +244,15 @@ def _ledger_forward(db: sqlite3.Connection, version: int) -> bool:
             db.execute(f"ALTER TABLE lines ADD COLUMN {name} {kind}")
     if "request" in have:  # the first format kept the request under this name
         db.execute("UPDATE lines SET fields = request WHERE fields = '{}'")
+        # ... and its digest left out the line's kind: the same input would find every line
+        # changed, and send each again under a new key (a second bill).
+        if redigest is not None:
+            for rowid, request, surface, digest in db.execute(
+                "SELECT rowid, request, surface, digest FROM lines"
+            ).fetchall():
+                digest = redigest(request, surface, digest)
+                if digest is not None:
+                    db.execute("UPDATE lines SET digest=? WHERE rowid=?", (digest, rowid))
     if version < STATES_KEPT:  # once: the rows' states become the core's
         cases = " ".join(f"WHEN '{old}' THEN '{new.value}'" for old, new in RENAMED.items())
         db.execute(f"UPDATE lines SET state = CASE state {cases} ELSE state END")

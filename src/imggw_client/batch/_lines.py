@@ -67,16 +67,17 @@ class InputLine:
         request (and a new idempotency key)."""
         if self.request is not None:
             r = self.request
-            what: list[str] = [
-                GENERATE,
-                r.prompt,
-                r.aspect_ratio,
-                r.resolution.lower(),
-                self.surface or surface,
-            ]
-        else:
-            what = [COLLECT, self.task_id or "", self.surface or surface]
-        return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
+            return request_digest(r.prompt, r.aspect_ratio, r.resolution, self.surface or surface)
+        return _digest([COLLECT, self.task_id or "", self.surface or surface])
+
+
+def request_digest(prompt: str, aspect_ratio: str, resolution: str, surface: str) -> str:
+    """The digest of a line that asks for an image (see :meth:`InputLine.digest`)."""
+    return _digest([GENERATE, prompt, aspect_ratio, resolution.lower(), surface])
+
+
+def _digest(what: list[str]) -> str:
+    return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

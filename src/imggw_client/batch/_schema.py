@@ -42,6 +42,7 @@ not saved is ``downloading``, a line not sent is ``pending``), and from that the
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import sqlite3
 from collections import Counter
@@ -58,7 +59,7 @@ from .._files import StorageError, cannot, make_private, open_private, refuse_li
 from .._journal import schema as store
 from .._journal.schema import FORMAT, LEDGER_NAME, RENAMED, STATES_KEPT
 from ..tracking._store import NOT_FOUND
-from ._lines import COLLECT, GENERATE
+from ._lines import COLLECT, GENERATE, request_digest
 
 __all__ = [
     "BATCH_MOVES",
@@ -285,7 +286,19 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
             f"reads up to {FORMAT}): upgrade imggw to resume this run",
             code="ledger_too_new",
         )
-    store.migrate(db, ledger=True)
+    store.migrate(db, ledger=True, redigest=_first_digest)
+
+
+def _first_digest(request: str, surface: str, digest: str) -> str | None:
+    """Today's digest of a first-format row whose digest is that format's own (its request
+    and surface, without the line's kind); None for any other row, left as it is."""
+    try:
+        fields: Any = json.loads(request)
+        asked = [fields["prompt"], fields["aspect_ratio"], fields["resolution"].lower(), surface]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    first = hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()
+    return request_digest(*asked) if first == digest else None
 
 
 def table(version: int) -> str:
