@@ -71,6 +71,28 @@ def billed(gw: MockGateway) -> float:
 # ---------------------------------------------------------------------------- spend caps
 
 
+def test_a_cap_counts_what_lines_changed_or_removed_since_were_charged(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
+    # 4 credits a line at 1k; a cap of 12 holds for the folder, across reruns that change or
+    # drop lines (--allow-changes): a changed line's row is made anew, its old task still paid.
+    source = tmp_path / "in.txt"
+    out = tmp_path / "out"
+    source.write_text("a cat\na dog\na bird\n")
+    assert batch(gateway_url, source, out, max_credits=12.0).exit_code == 0
+    assert billed(gateway) == 12
+    for edit in range(3):
+        source.write_text(f"a cat\na dog, take {edit}\na bird\n")
+        again = batch(gateway_url, source, out, max_credits=12.0, allow_changes=True)
+        assert again.exit_code == 6  # stopped by the cap: nothing more may be paid for
+        assert billed(gateway) == 12
+    source.write_text("a fox\n")  # every line removed, one new
+    assert batch(gateway_url, source, out, max_credits=12.0, allow_changes=True).exit_code == 6
+    assert billed(gateway) == 12
+    dry = plan_batch(source, out, max_credits=12.0, allow_changes=True)
+    assert (dry.spent["credits"], dry.fit) == (12.0, 0)
+
+
 @pytest.mark.slow
 def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised_one(
     gateway: MockGateway, gateway_url: str, tmp_path: Path

@@ -126,7 +126,7 @@ async def test_a_local_guard_starts_from_what_the_folders_run_was_charged(
 ) -> None:
     rows = [row(1, SAVED, task_id="1", credits=6.0), row(2, RUNNING, task_id="2")]
     with planned(tmp_path, rows) as ledger:
-        guard = local_guard(ledger, ledger.totals(), BatchOptions(max_credits=10.0))
+        guard = local_guard(ledger, BatchOptions(max_credits=10.0))
         state = await guard.state()
     assert state.charged_total.credits == 6.0  # a cap holds across reruns
 

@@ -128,7 +128,7 @@ async def test_a_result_is_saved_and_a_link_kept_blanked_is_asked_for_again(
         line = row(1, SUCCEEDED, task_id=task.id, urls=[f"https://x/{REDACTED}/0.png"])
         with planned(tmp_path, [line]) as ledger:
             run, store = store_over(tmp_path, ledger, client.redact)
-            guard = local_guard(ledger, ledger.totals(), BatchOptions())
+            guard = local_guard(ledger, BatchOptions())
             hooks = BatchHooks(run, guard, run.room, GalleryPace(store.space))
             loop = Loop(client, store, hooks, run, concurrency=1)
             stored = ledger.rows()[0]

@@ -183,16 +183,18 @@ class Spending:
             return Verdict.STOP
         if not self.caps.spend:
             return self._go(line, resolution)
+        spending = ((MAX_CREDITS, self._credits, "credits"), (MAX_COST, self._cost, "cost"))
+        for cap, spent, unit in spending:
+            limit = getattr(self.caps, cap)
+            if limit is not None and spent >= limit:  # spent already: whatever a line costs
+                return self._stop(cap, f"{_amount(spent)} of {_amount(limit)} {unit} spent")
         if not self.prices:  # nothing charged yet: one line at a time finds the price
             return self._go(line, resolution) if not self._flying else Verdict.WAIT
         if resolution not in self.prices and self._per_resolution.get(resolution):
             # A resolution no price was seen for yet: its first line goes alone, at the most it
             # could cost, until its own price is known.
             return Verdict.WAIT
-        for cap, spent, unit in (
-            (MAX_CREDITS, self._credits, "credits"),
-            (MAX_COST, self._cost, "cost"),
-        ):
+        for cap, spent, unit in spending:
             limit = getattr(self.caps, cap)
             if limit is None:
                 continue

@@ -52,6 +52,9 @@ LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
+# The meta key of what tasks of lines changed since were charged, [credits, cost]: their rows
+# are made anew for the new request, and a cap still counts what the old ones cost.
+REPLACED = "replaced_charges"
 
 
 def is_locked(folder: Path) -> bool:
@@ -193,6 +196,18 @@ class Ledger:
                     ),
                 )
                 return old, False
+        if found is not None:  # changed (allowed): what its task was charged still counts
+            old = Row.from_values(found[1:])
+            if old.credits or old.cost:
+                before = json.loads(self._meta(REPLACED) or "[0, 0]")
+                after = [
+                    before[0] + max(old.credits or 0.0, 0.0),
+                    before[1] + max(old.cost or 0.0, 0.0),
+                ]
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    (REPLACED, json.dumps(after)),
+                )
         self._db.execute(
             f"INSERT OR REPLACE INTO tasks ({', '.join(SAVED_COLUMNS)}, planned, created, "
             f"changed) VALUES ({', '.join('?' * (len(SAVED_COLUMNS) + 3))})",
@@ -238,18 +253,18 @@ class Ledger:
             self._plan -= 1
 
     def charges(self) -> dict[str, tuple[float | None, float | None]]:
-        """The highest price (credits, cost) seen per resolution among the plan's lines: what
-        the run's guards estimate a line at. As ``_guards.settles`` has it, a price is a
-        positive charge, or the final one of a task that succeeded: the 0 a task states while
-        it runs, or a failed task's, is none."""
+        """The highest price (credits, cost) seen per resolution among the folder's lines
+        (of any plan): what the run's guards estimate a line at. As ``settles`` has it, a
+        price is a positive charge, or the final one of a task that succeeded: the 0 a task
+        states while it runs, or a failed task's, is none."""
         succeeded = [SUCCEEDED.value, SAVED.value, EXPIRED.value]
         with self._read_lock:
             found = self._db.execute(
                 "SELECT json_extract(fields, '$.resolution'), MAX(credits), MAX(cost) FROM tasks "
-                "WHERE planned=? AND (credits IS NOT NULL OR cost IS NOT NULL) AND ("
+                "WHERE (credits IS NOT NULL OR cost IS NOT NULL) AND ("
                 f"state IN ({', '.join('?' * len(succeeded))}) "
                 "OR ((credits IS NULL OR credits > 0) AND (cost IS NULL OR cost > 0))) GROUP BY 1",
-                (self._plan, *succeeded),
+                succeeded,
             )
             return {str(res or ""): (credits, cost) for res, credits, cost in found}
 
@@ -308,10 +323,25 @@ class Ledger:
                 found[(str(kind), state_of(state))] += n
         return found
 
+    def spent(self) -> tuple[float, float]:
+        """What the folder's runs were charged (credits, cost): every line's, of any plan (a
+        line since removed from the input too), and what changed lines' tasks were charged
+        before their rows were made anew. What a cap holds to across reruns."""
+        with self._read_lock:
+            credits, cost = self._db.execute(
+                "SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM tasks WHERE kind!=?",
+                (BAD,),
+            ).fetchone()
+            replaced = json.loads(self._meta(REPLACED) or "[0, 0]")
+        return credits + replaced[0], cost + replaced[1]
+
     def get_meta(self, key: str) -> str | None:
         """A value the run keeps beside its lines (``stopped_by``, say)."""
         with self._read_lock:
-            found = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            return self._meta(key)
+
+    def _meta(self, key: str) -> str | None:
+        found = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if found is None else str(found[0])
 
     def set_meta(self, key: str, value: str | None) -> None:

@@ -55,7 +55,7 @@ from . import _identity
 from ._admission import BatchHooks, Charge, Guard, LocalGuard, Room, Spending, Verdict, settles
 from ._gallery import GALLERY_DIR, GALLERY_NAME
 from ._identity import FolderIdentity
-from ._ledger import LOCK_NAME, Ledger, Totals, remove_if_empty
+from ._ledger import LOCK_NAME, Ledger, remove_if_empty
 from ._lines import BAD_LINES_NAME, COLLECT, GENERATE, BatchInputError
 from ._plan import INCOMING_DIR, BatchOptions, Caps, Plan, plan_run
 from ._report import MANIFEST_NAME, BatchProgress, BatchReport
@@ -169,13 +169,12 @@ class Progress:
         )
 
 
-def local_guard(ledger: Ledger, totals: Totals, options: BatchOptions) -> LocalGuard:
+def local_guard(ledger: Ledger, options: BatchOptions) -> LocalGuard:
     """The guard of a run in one process: its caps, what the folder's run was charged so far
     and the highest charge seen per resolution (from its ledger). Blocking.
     """
     prices = {res: Charge(*charge) for res, charge in ledger.charges().items()}
-    spent = Charge(totals.credits, totals.cost)
-    return LocalGuard(Spending(options.caps, spent=spent, prices=prices))
+    return LocalGuard(Spending(options.caps, spent=Charge(*ledger.spent()), prices=prices))
 
 
 async def _count_in_flight(ledger: Ledger, guard: Guard) -> None:
@@ -287,7 +286,7 @@ async def execute(
     await anyio.to_thread.run_sync(ledger.blank_links, client.redact_url)
     totals = await anyio.to_thread.run_sync(ledger.totals)
     if guard is None:
-        guard = await anyio.to_thread.run_sync(local_guard, ledger, totals, options)
+        guard = await anyio.to_thread.run_sync(local_guard, ledger, options)
     room = Room(work.folder)
     run = RunLines(
         ledger,
@@ -670,8 +669,8 @@ def plan_batch(
 def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
     kinds = ledger.kinds()
     prices = {res: Charge(*charge) for res, charge in ledger.charges().items()}
-    totals = ledger.totals()
-    spending = Spending(options.caps, spent=Charge(totals.credits, totals.cost), prices=prices)
+    spent = Charge(*ledger.spent())  # the folder's, as the run's guard counts it
+    spending = Spending(options.caps, spent=spent, prices=prices)
     pending = ledger.waiting_by_resolution(UNKNOWN)
     estimate = None
     if prices:
@@ -690,7 +689,7 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
                 break
             spending.charged(fit, res, Charge(), spending.estimate(res) or Charge(), final=True)
             fit += 1
-    seen_cost = totals.cost or any(p.cost is not None for p in prices.values())
+    seen_cost = spent.cost or any(p.cost is not None for p in prices.values())
 
     def count(kind: str, states: Iterable[State]) -> int:
         return sum(kinds.get((kind, state), 0) for state in states)
@@ -705,7 +704,10 @@ def _look(ledger: Ledger, plan: Plan, options: BatchOptions) -> BatchPlan:
         changed=plan.changed_count,
         bad=count(BAD, KEPT),
         estimate=estimate,
-        spent={"credits": totals.credits, "cost": round(totals.cost, 6) if seen_cost else None},
+        spent={
+            "credits": spent.credits,
+            "cost": round(spent.cost or 0.0, 6) if seen_cost else None,
+        },
         fit=fit,
         max_credits=options.max_credits,
         max_cost=options.max_cost,
