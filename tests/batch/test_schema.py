@@ -139,6 +139,32 @@ def test_a_damaged_ledger_names_the_safe_remedy_and_a_failing_disk_does_not(
     assert "No space left on device" in full.message
 
 
+@pytest.mark.parametrize(
+    "tampered",
+    [
+        "state='bogus'",
+        "fields='x'",
+        "fields='[1]'",
+        "files='{}'",
+        "expires_at=1e300",
+        "credits=1e999",  # SQLite keeps it as Infinity, which no JSON reader takes
+        "task_id=x'07'",  # a blob, where text is kept
+        "digest=NULL",
+    ],
+)
+def test_a_row_no_run_wrote_is_a_damaged_ledger_not_a_crash(tmp_path: Path, tampered: str) -> None:
+    with planned(tmp_path, [row(1), row(2)]):
+        pass
+    with contextlib.closing(sqlite3.connect(tmp_path / LEDGER_NAME)) as db:
+        db.execute(f"UPDATE tasks SET {tampered} WHERE line=1")
+        db.commit()
+    with Ledger.open(tmp_path) as ledger, pytest.raises(StorageError) as raised:
+        ledger.rows()
+    assert raised.value.code == "ledger_damaged"
+    assert "its row 'line:1'" in raised.value.message
+    assert "Deleting it is safe" in raised.value.message
+
+
 def _old_ledger(path: Path, version: int, states: list[str]) -> None:
     """A ledger as format ``version`` left it: one planned line per state, in that order."""
     values = row(1).values()

@@ -210,11 +210,28 @@ class Row:
 
     @classmethod
     def from_values(cls, values: tuple[Any, ...], version: int = FORMAT) -> Row:
-        """The row of a ledger's stored ``values`` (written in format ``version``)."""
+        """The row of a ledger's stored ``values`` (written in format ``version``); one that
+        no run of ours wrote (a hand edit, a damaged page) raises :class:`DamagedRow`."""
         named = dict(zip(COLUMNS, values, strict=True))
-        for name in ("fields", "urls", "files"):
-            named[name] = json.loads(named[name])
-        named["state"] = state_of(named["state"], version)
+        try:
+            for name, kind in (("fields", dict), ("urls", list), ("files", list)):
+                named[name] = json.loads(named[name])
+                if not isinstance(named[name], kind):
+                    raise TypeError(f"{name} is not a JSON {kind.__name__}")
+            named["state"] = state_of(named["state"], version)
+            for name in _TEXT:
+                if not isinstance(named[name], str) and not (
+                    named[name] is None and name in _MAY_BE_NULL
+                ):
+                    raise TypeError(f"{name} is not text")
+            for name in _NUMBERS:
+                number = named[name]
+                if number is not None and not (
+                    isinstance(number, int | float) and abs(number) < _LARGEST
+                ):
+                    raise TypeError(f"{name} is not a number a ledger keeps")
+        except (ValueError, TypeError) as exc:
+            raise DamagedRow(f"its row {str(named['identity'])[:80]!r}: {exc}") from None
         return cls(**named)
 
     @property
@@ -228,6 +245,19 @@ class Row:
     def is_bad(self) -> bool:
         """A bad input line: not work, reported apart."""
         return self.kind == BAD
+
+
+class DamagedRow(sqlite3.DatabaseError):
+    """A ledger row no run wrote: read as SQLite's own damage (``is_damaged``)."""
+
+    sqlite_errorname = "SQLITE_CORRUPT"
+
+
+_TEXT = ("identity", "kind", "digest", "surface", "idempotency_key", "task_id", "caller_id")
+_MAY_BE_NULL = frozenset({"idempotency_key", "task_id", "caller_id"})
+_NUMBERS: tuple[str, ...] = ("line", "expires_at", "credits", "cost", "finished_at")
+_NUMBERS += ("submitted_at", "completed_at", "first_sent")
+_LARGEST = 1e11  # past any Unix time a date holds (year 5138), and any charge a task states
 
 
 def state_of(stored: str, version: int = FORMAT) -> State:
