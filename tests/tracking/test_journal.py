@@ -112,6 +112,17 @@ def test_without_a_journal_nothing_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_journal_named_by_a_relative_path_stays_that_file_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A child forked after a chdir reopens its journal by path: the same file, not a new one.
+    monkeypatch.chdir(tmp_path)
+    journal = Journal("state/imggw.sqlite")
+    monkeypatch.chdir(tmp_path.parent)
+    assert journal.path == tmp_path / "state" / "imggw.sqlite"
+    journal.close()
+
+
 @pytest.mark.parametrize("value", ["off", "OFF", ""])
 def test_imggw_journal_names_one_for_every_client_or_none(
     served_gateway: tuple[MockGateway, str],

@@ -129,6 +129,11 @@ def test_a_lease_is_free_when_lapsed_or_its_process_is_gone(
     assert leases.free(f"{gone.pid}@{HOST}#x", now + 10, now)  # gone: free at once
     assert not leases.free(f"{gone.pid}@another-host#x", now + 10, now)  # cannot tell: wait
     assert leases.free(f"{gone.pid}@another-host#x", now - 1, now)
+    # What no lease of ours holds: a pid no process has (os.kill overflowed on it), an
+    # expiry no renewal sets (it hid the row from every collect).
+    assert leases.free(f"{'9' * 20}@{HOST}#x", now + 10, now)
+    assert leases.free(f"0@{HOST}#x", now + 10, now)
+    assert leases.free(f"{os.getppid()}@another-host#x", 1e300, now)
     monkeypatch.setattr(_lease, "LEASE_SECONDS", 2.0)
     assert leases.until(now) == now + 2.0
 

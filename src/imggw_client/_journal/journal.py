@@ -96,7 +96,8 @@ class Journal:
         return journal
 
     def _prepare(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(os.path.expanduser(os.fspath(path)))
+        # Absolute now: a child forked after a chdir reopens the same file, not a new one.
+        self.path = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
         # A batch folder's ledger: read here, written by its run alone (known once opened).
         self._ledger = self.path.is_dir()
         if self._ledger:

@@ -67,10 +67,14 @@ class Leases:
             return True  # not a lease this code wrote: nothing holds the row
         pid_text, _, rest = owner.partition("@")
         host = rest.rpartition("#")[0]
-        pid = int(pid_text) if pid_text.isdigit() else None
+        pid = int(pid_text) if pid_text.isascii() and pid_text.isdigit() else None
+        if pid is not None and not 0 < pid < 2**31:
+            return True  # no process has it: not a lease this code wrote
         if host == HOST and pid == os.getpid():
             return True
         if not isinstance(until, (int, float)) or not math.isfinite(until) or until < now:
+            return True
+        if until > now + LEASE_SECONDS * 2:  # no lease is taken for longer: not ours either
             return True
         return host == HOST and pid is not None and not _alive(pid)
 
