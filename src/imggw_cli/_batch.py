@@ -416,6 +416,8 @@ def _is_remote(dest: str) -> bool:
 def _local(dest: str) -> Path:
     from imggw_client.batch import open_storage
 
+    if not dest.strip():  # an unset shell variable: never the current folder
+        raise typer.BadParameter("the output folder is empty: name a folder", param_hint="DEST")
     local = open_storage(dest).local
     assert local is not None  # only asked of a local DEST
     return local

@@ -34,6 +34,20 @@ def test_scratch_with_a_local_folder_alone_is_refused(source: Path, tmp_path: Pa
     assert not out.exists()  # no shard of one made: a later plain run finds nothing to redo
 
 
+@pytest.mark.parametrize(
+    "command", [["batch", "{source}", "-o", "", "--mock"], ["batch", "status", ""]]
+)
+def test_an_empty_dest_is_refused_not_taken_as_the_current_folder(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # `-o "$UNSET"` wrote the whole run here
+    run = imggw(*(arg.format(source=source) for arg in command))
+    assert run.code == 2
+    assert run.out == ""
+    assert "the output folder is empty: name a folder" in run.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
 def test_scratch_still_goes_with_shard(source: Path, tmp_path: Path) -> None:
     run = imggw(
         "batch",

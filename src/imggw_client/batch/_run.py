@@ -61,7 +61,7 @@ from ._plan import INCOMING_DIR, BatchOptions, Caps, Plan, plan_run
 from ._report import MANIFEST_NAME, BatchProgress, BatchReport
 from ._schema import BAD, FINAL, KEPT, RUNNING, SUCCEEDED, UNKNOWN, line_counts
 from ._store import GalleryPace, LedgerStore, LocalStore, RunLines, Workspace
-from .scale._storage import destination_name
+from .scale._storage import destination_name, local_path
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -412,7 +412,7 @@ async def run_in_folder(
     identity, then :func:`execute` (``tasks``: the input lists tasks made elsewhere). A run
     refused before anything was kept leaves no empty folder behind.
     """
-    folder = Path(out_dir)
+    folder = local_path(out_dir)
     made = not folder.exists()
     surface = check_surface(options.surface or client.surface)
     named = isinstance(source, (str, Path)) and str(source) != "-"
@@ -639,7 +639,7 @@ def plan_batch(
             print(f"only {plan.fit} of {plan.to_submit} lines fit under the cap")
     """
     chosen = BatchOptions.of(options)
-    folder = Path(out_dir)
+    folder = local_path(out_dir)
     made = not folder.exists()
     found: list[BatchPlan] = []
     try:

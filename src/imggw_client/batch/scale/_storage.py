@@ -32,8 +32,13 @@ def is_url(dest: str | os.PathLike[str]) -> bool:
 
 
 def local_path(dest: str | os.PathLike[str]) -> Path:
+    """A local output folder's path; an empty name (an unset shell variable) is refused, not
+    taken as the current folder."""
     text = os.fspath(dest)
-    return Path(text[len("file://") :] if text.startswith("file://") else text)
+    path = text[len("file://") :] if text.startswith("file://") else text
+    if not path.strip():
+        raise RequestValidationError("out_dir", "the output folder is empty: name a folder")
+    return Path(path)
 
 
 def destination_name(dest: str | os.PathLike[str]) -> str:
