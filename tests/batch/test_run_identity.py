@@ -176,7 +176,7 @@ def test_a_first_format_folder_resumed_with_its_input_sends_nothing_again(
             " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
             " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
         )
-        for n, (prompt, sub) in enumerate(zip(prompts, made)):
+        for n, (prompt, sub) in enumerate(zip(prompts, made, strict=True)):
             asked = [prompt, "auto", "1k", "beta"]
             digest = hashlib.sha256(json.dumps(asked).encode()).hexdigest()
             request = {"prompt": prompt, "aspect_ratio": "auto", "resolution": "1K"}
