@@ -257,6 +257,35 @@ def test_without_a_ceiling_a_window_not_filled_does_not_widen() -> None:
     assert went.count(0.0) == B.START_WINDOW
 
 
+def test_a_request_held_back_while_a_gateway_slows_asks_less_and_less_often() -> None:
+    # Answers came in a millisecond, then none for 3 s: the first request held back asked at
+    # a quarter round trip as learned (3,000 times); it now asks less often as the silence
+    # grows (a few times a second by its end), and goes within half the silence once its
+    # place frees.
+    budget = Budget(RateLimit())
+    for i in range(50):
+        t = budget.reserve(QUERY, i * 0.01)
+        budget.wait_time(t, i * 0.01)
+        budget.finished(t, i * 0.01 + 0.001)
+    start = 1.0
+    flying = [budget.reserve(QUERY, start) for _ in range(B.START_WINDOW)]
+    assert all(t.sent_at == start for t in flying)
+    held = budget.reserve(QUERY, start)
+    now, asked = start, []
+    while now < start + 3.0:
+        wait = budget.wait_time(held, now)
+        asked.append(now)
+        assert wait > 0
+        now += wait
+    assert len(asked) < 150
+    assert sum(1 for at in asked if at >= start + 2.0) <= 10
+    answered_at = start + 3.0
+    budget.finished(flying[0], answered_at)
+    wait = budget.wait_time(held, now)
+    assert wait == 0.0 or now + wait <= answered_at + 0.5 * (answered_at - start) + 0.01
+    assert now <= answered_at + 0.5 * (answered_at - start)
+
+
 def test_without_a_ceiling_a_429_ends_the_start_from_what_was_accepted() -> None:
     budget = Budget(RateLimit())
     sent = []

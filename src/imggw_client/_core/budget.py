@@ -31,6 +31,11 @@ MIN_ROUND = 0.05  # seconds: the window at most doubles in this time (and in a r
 MAX_WINDOW = 64  # more would wait in httpx's pool of 100 connections, at 3x the CPU
 RTT_GUESS = 0.02  # seconds an answer is taken to need before one came back
 MIN_WAIT = 0.001  # the shortest wait for a place in the window (never spin)
+# While no answer comes, a round trip is taken to be at least this share of the time since the
+# lane last heard one: a request held back by the window (or waiting to learn whether a later
+# one was taken) asks less and less often of a gateway that slowed down, never a busy poll, and
+# waits at most half as long again as the silence once a place frees.
+SILENCE_SHARE = 0.25
 # A paced head may be written this much before its turn: a driver woken late by a busy loop
 # then does not push every later turn back (half of what GUARD leaves in a 1 s window).
 WRITE_SLACK = 0.005
@@ -132,6 +137,7 @@ class _Lane(Pacing):
     queued: bool = False  # a request had to wait for its slot since the last growth check
     owed: deque[tuple[float, float]] = field(default_factory=deque)  # isolated 429s' hints
     last_went: float = _NEVER  # when the latest request went
+    heard_at: float = _NEVER  # the last answer, or the first request sent to an idle lane
     taken_after: float = _NEVER  # the latest send time of a request accepted
     # The paced tickets not sent yet: their places, and their (priority, place) in order; the
     # r-th ranked goes at the r-th place, so priorities reorder who goes, never how many.
@@ -172,16 +178,22 @@ class _Lane(Pacing):
             place = min(place, self.anchor_place + ahead)
         self.anchor(place, self.earliest(now))
 
-    def window_wait(self, ticket: Ticket) -> float:
+    def round_trip(self, now: float) -> float:
+        """The round trip learned, or longer while no answer has come for longer than it."""
+        return max(self.rtt, (now - self.heard_at) * SILENCE_SHARE)
+
+    def window_wait(self, ticket: Ticket, now: float) -> float:
         """0 if the window has a place for this held-back request, else about until the answer
-        that frees its place (never a herd), at most two round trips (never a stall)."""
+        that frees its place (never a herd), at most two round trips or a share of the lane's
+        silence (never a stall, never a busy poll)."""
         rank = bisect.bisect_left(self.waiting, ticket.place)
         short = rank + 1 - (self.window - self.in_flight)  # places to free before it
         if short <= 0:
             return 0.0
         answers = (short + 1) // 2
-        per_answer = self.rtt / max(1, self.in_flight)
-        return min(max(MIN_WAIT, answers * per_answer), max(MIN_WAIT, 2 * self.rtt))
+        rtt = self.round_trip(now)
+        per_answer = rtt / max(1, self.in_flight)
+        return min(max(MIN_WAIT, answers * per_answer), max(MIN_WAIT, 2 * rtt))
 
     def fly(self, ticket: Ticket) -> None:
         """Counts a request in flight (the start window's count)."""
@@ -234,6 +246,8 @@ class Budget:
                 if lane.in_flight < lane.window and not lane.waiting and free:
                     # Goes now: handed out sent, so the driver asks nothing more before it.
                     ticket = Ticket(kind, now, -1, paced=False, priority=key, sent_at=now)
+                    if not lane.in_flight:
+                        lane.heard_at = now  # an idle lane's silence starts with its request
                     lane.fly(ticket)  # the window counts it from now: a burst fills it at once
                     lane.last_went = now
                     return ticket
@@ -242,7 +256,7 @@ class Budget:
                 ticket.windowed = True
                 lane.waiting.append(lane.turns)  # turns only grow: the list stays sorted
                 lane.turns += 1
-                ticket.slot = max(now + lane.window_wait(ticket), lane.paused_until)
+                ticket.slot = max(now + lane.window_wait(ticket, now), lane.paused_until)
                 return ticket
             place, slot = self._hold(lane, now, key)
             return Ticket(kind, slot, place, paced=True, priority=key)
@@ -268,13 +282,13 @@ class Budget:
                     # Its 429's hint, unless a request sent after it is taken: asked again.
                     wait = ticket.not_before - now
                     if lane.in_flight and lane.last_went > ticket.owed_after:
-                        wait = min(wait, max(MIN_WAIT, lane.rtt))
+                        wait = min(wait, max(MIN_WAIT, lane.round_trip(now)))
                     return wait
                 ticket.not_before = _NEVER
             if ticket.windowed and lane.unpaced:
                 wait = lane.paused_until - now  # no place in the window is taken in a pause
                 if wait <= 0:
-                    wait = lane.window_wait(ticket)
+                    wait = lane.window_wait(ticket, now)
                 if wait > 0:
                     return wait
                 lane.fly(ticket)  # its place in the window: it goes now
@@ -360,6 +374,7 @@ class Budget:
             # The window was used (TCP's window validation): it may widen.
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
             lane.land(ticket)
+            lane.heard_at = now
             old_interval = lane.interval
             count(lane, now, limited=limited)
             if answered(
