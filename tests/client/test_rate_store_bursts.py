@@ -234,7 +234,17 @@ def answer_with(**texts: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "texts",
-    [{"taken": "inf"}, {"window": "1e400"}, {"strikes": "-inf"}, {"flying": "inf"}, {"now": "inf"}],
+    [
+        {"taken": "inf"},
+        {"window": "1e400"},
+        {"strikes": "-inf"},
+        {"flying": "inf"},
+        {"now": "inf"},
+        # Values no process writes, which made a client sleep for ever or overflow its clock.
+        {"paused_until": "1e300"},
+        {"rate": "1e-300"},
+        {"rate": "0"},
+    ],
 )
 def test_a_count_or_a_clock_the_store_cannot_hold_is_a_bad_answer(texts: dict[str, str]) -> None:
     # Whoever writes to the store chooses these: a count or a clock that is not finite is a
@@ -242,6 +252,14 @@ def test_a_count_or_a_clock_the_store_cannot_hold_is_a_bad_answer(texts: dict[st
     assert shared.read_lane(LIMIT, B.SUBMIT, answer_with())[0].window == B.START_WINDOW
     with pytest.raises(shared.StoreAnswerError):
         shared.read_lane(LIMIT, B.SUBMIT, answer_with(**texts))
+
+
+@pytest.mark.parametrize("wait", ["-1", "1e300", "inf"])
+def test_a_take_that_says_to_wait_past_any_wait_a_lane_makes_is_a_bad_answer(wait: str) -> None:
+    steps = shared.take_steps(LIMIT, shared.StoreTicket(B.SUBMIT))
+    assert steps.send(None)[0] == "take"
+    with pytest.raises(shared.StoreAnswerError):
+        steps.send([wait, "0", "0", "1.0", "0", "0"])
 
 
 def test_a_time_the_store_holds_as_never_reads_back_as_never() -> None:

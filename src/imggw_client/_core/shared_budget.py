@@ -37,6 +37,9 @@ EPOCH_NONE = -1  # a ticket that holds no place in the store yet
 # Seconds a request in flight counts without word from its process (renewed every third of it):
 # a process that dies frees its slots within 5 s; one stalled under 3 s by its GC keeps them.
 LEASE = 5.0
+# A store that says to wait longer than this, or paces slower than one request in it, holds a
+# value no process wrote (a lane lives a day untouched): garbage, not a wait to sleep.
+LONGEST_WAIT = 86_400.0
 Steps = Generator[tuple[str, list[str]], object, Any]
 
 
@@ -214,7 +217,7 @@ def take_steps(limit: RateLimit, ticket: StoreTicket) -> Steps:
         [str(ticket.epoch), repr(ticket.slot), ticket.token, repr(LEASE), first.mode, rate],
     )
     wait, epoch, slot, now, due, full = _numbers(answer, 6)
-    if wait < 0 or epoch != int(epoch) or epoch < 0:
+    if not 0 <= wait <= LONGEST_WAIT or epoch != int(epoch) or epoch < 0:
         raise StoreAnswerError("the store's answer is out of range")
     ticket.epoch, ticket.slot, ticket.full = int(epoch), slot, bool(full)
     if wait == 0:
@@ -277,11 +280,13 @@ def read_lane(limit: RateLimit, kind: str, answer: object) -> tuple[Pacing, str,
             setattr(pacing, name, _number(text))
         elif name == "rate":
             pacing.rate = None
-    if pacing.rate is not None and pacing.rate <= 0:
-        raise StoreAnswerError("the store's answer is out of range")
     version, queued, now, flying = texts[len(FIELDS) :]
-    flying_now = _number(flying, finite=True)
-    return pacing, version, _number(now, finite=True), int(flying_now), queued == "1"
+    flying_now, clock = _number(flying, finite=True), _number(now, finite=True)
+    if (pacing.rate is not None and pacing.rate < 1 / LONGEST_WAIT) or (
+        pacing.paused_until > clock + LONGEST_WAIT
+    ):
+        raise StoreAnswerError("the store's answer is out of range")
+    return pacing, version, clock, int(flying_now), queued == "1"
 
 
 def _set_args(
