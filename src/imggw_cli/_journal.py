@@ -292,6 +292,14 @@ def collect(
         _report(out, report, resume=collect_command(output, flags))
         _stale(out, stale, window[0] if window else None)
         _elsewhere(out, report.other_scopes)
+        if report.held:  # said even with --quiet, as _elsewhere's: not a complete collect
+            out.warn(
+                f"{report.held} unfinished task(s) of this key and gateway are held by another "
+                "live process (it submitted them, or collects them): run collect again once "
+                "it has ended",
+                event="held",
+                held=report.held,
+            )
     raise typer.Exit(report.exit_code)
 
 

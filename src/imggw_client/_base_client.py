@@ -313,7 +313,7 @@ class BaseClient(Generic[H]):
         works on, oldest first; this process holds them from now on (a lease renewed while it
         lives, so that a sibling sharing the journal leaves them alone). Blocking."""
         assert self._journal is not None
-        return self._journal._claim(self.journal_scope)
+        return self._journal._claim(self.journal_scope)[0]
 
     @property
     def timeout(self) -> float | httpx.Timeout:

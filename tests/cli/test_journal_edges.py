@@ -13,11 +13,13 @@ import shlex
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from imggw_client._journal.lease import HOST
 from imggw_client.mock import MockGateway
 
 from ..journals import rows
@@ -489,6 +491,23 @@ def test_collect_says_how_many_tasks_belong_to_another_key_or_gateway(
     assert "2 unfinished task(s) in the journal belong to another API key or gateway" in other.err
     assert "IMGGW_API_KEY" in other.err
     assert len(imggw("tasks", "--unfinished", "--json").records()) == 2
+
+
+def test_collect_says_how_many_tasks_a_live_process_holds_and_exits_3(
+    served_gateway: tuple[MockGateway, str], tmp_path: Path
+) -> None:
+    _, url = served_gateway
+    submitted(url, "a fox")
+    held_by = f"{os.getppid()}@{HOST}#another-journal"  # this test's parent: alive
+    with contextlib.closing(sqlite3.connect(journal_file())) as db:
+        db.execute("UPDATE tasks SET lease_owner = ?, lease_until = ?", (held_by, time.time() + 10))
+        db.commit()
+    run = imggw("tasks", "collect", "-o", str(tmp_path), "--base-url", url, "-q")
+    assert run.code == 3, run.err  # not all collected: the other process still has it
+    assert (
+        "1 unfinished task(s) of this key and gateway are held by another live process" in run.err
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_task_s_surface_is_looked_for_in_the_newest_rows_only(

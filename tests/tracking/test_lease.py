@@ -92,6 +92,8 @@ def test_a_recovery_leaves_the_tasks_a_live_process_works_on(
         out, err = proc.communicate(timeout=60)
         assert b"all done" in out, err.decode()
     assert (report.saved, report.running, report.unresolved_keys) == ([], [], [])
+    # Left to the live process that holds them, and said so: not a collect of everything.
+    assert (report.held, report.exit_code) == (10, 3)
     assert downloads(gw) == 10  # each result once, by the process that made it (not 20)
     assert gw.stats()["tasks_created"] == 10
     assert [r["state"] for r in rows(path)] == ["saved"] * 10
@@ -104,7 +106,8 @@ def test_a_killed_process_frees_its_tasks_at_once(
     gw, url = served_gateway
     path = tmp_path / "j.sqlite"
     with app(url, path, tmp_path / "app") as proc:
-        assert _collect(url, path, tmp_path / "out").saved == []  # held by a live process
+        held = _collect(url, path, tmp_path / "out")
+        assert (held.saved, held.held) == ([], 10)  # held by a live process
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     gw.advance(3600)

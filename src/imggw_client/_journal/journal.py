@@ -324,10 +324,10 @@ class Journal:
 
     # ------------------------------------------------------------------------ leases
 
-    def _claim(self, scope: Scope) -> list[JournalEntry]:
+    def _claim(self, scope: Scope) -> tuple[list[JournalEntry], int]:
         """This scope's unfinished tasks that no other live process holds, oldest first; this
         process holds them from now on (a lease renewed while it lives). Damaged rows are
-        skipped and reported."""
+        skipped and reported. And how many of the scope's unfinished tasks others hold."""
         now = time.time()
         owner, until = self._leases.owner, self._leases.until(now)
         marks = ",".join("?" * len(OPEN))
@@ -337,7 +337,7 @@ class Journal:
         )
         try:
             with self._connection() as db, _schema.transaction(db):
-                rows = db.execute(sql, (scope.gateway, scope.key_fingerprint, *OPEN))
+                rows = db.execute(sql, (scope.gateway, scope.key_fingerprint, *OPEN)).fetchall()
                 free = [r[:-2] for r in rows if self._leases.free(r[-2], r[-1], now)]
                 readable = {values[0]: entry for values, entry in self._read(free)}
                 db.executemany(
@@ -348,7 +348,7 @@ class Journal:
             raise _failed(self.path, exc, "read") from exc
         if readable:
             self._leases.taken()
-        return list(readable.values())
+        return list(readable.values()), len(rows) - len(free)
 
     # ------------------------------------------------------------------------ internals
 

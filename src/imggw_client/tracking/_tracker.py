@@ -50,7 +50,8 @@ class CollectReport:
     ``unresolved_keys``, sent again without getting a task back (no answer, or refused),
     kept for a later collect. ``other_scopes``: unfinished tasks of the journal that belong to
     another API key or gateway (another spelling of the base URL counts as another gateway),
-    which this collect leaves alone.
+    which this collect leaves alone; ``held``: unfinished tasks of this key and gateway that
+    another live process holds (it submitted them, or collects them), left to it.
 
     Example::
 
@@ -68,15 +69,16 @@ class CollectReport:
     stale_keys: list[str] = field(default_factory=list)
     unresolved_keys: list[str] = field(default_factory=list)
     other_scopes: int = 0
+    held: int = 0
 
     @property
     def exit_code(self) -> int:
         """0 when everything is saved, 3 when some still run (or a resent submit got no task
-        back yet), 1 when some failed, expired, are not known to the gateway, or are stale
-        keys only the caller may send (the CLI's codes)."""
+        back yet, or another process holds some), 1 when some failed, expired, are not known
+        to the gateway, or are stale keys only the caller may send (the CLI's codes)."""
         if self.failed or self.expired or self.not_found or self.stale_keys:
             return 1
-        return 3 if self.running or self.unresolved_keys else 0
+        return 3 if self.running or self.unresolved_keys or self.held else 0
 
 
 @dataclass
@@ -279,8 +281,9 @@ class Tracker:
         # A live download ends within its timeout: a partial file quiet for longer is a kill's.
         quiet = max(PARTIAL_AFTER, 2 * whole_request(client.timeout))
         await anyio.to_thread.run_sync(sweep_partial_files, dest, quiet)
-        claimed = await anyio.to_thread.run_sync(journal._claim, client.journal_scope)
-        others = await anyio.to_thread.run_sync(partial(_elsewhere, journal, client.journal_scope))
+        scope = client.journal_scope
+        claimed, held = await anyio.to_thread.run_sync(journal._claim, scope)
+        others = await anyio.to_thread.run_sync(partial(_elsewhere, journal, scope))
         entries = [_Entry.of(line, entry) for line, entry in enumerate(claimed, 1)]
         run = _JournalRun(entries, dest, on_task, client.redact, client.surface)
         limit = math.inf if timeout is None or not wait else timeout
@@ -289,7 +292,9 @@ class Tracker:
         await loop.run()
         if course.fatal is not None:
             raise course.fatal
-        return run.finish(course.stale_keys, others)
+        report = run.finish(course.stale_keys, others)
+        report.held = held
+        return report
 
 
 def _elsewhere(journal: Journal, scope: Scope) -> int:
