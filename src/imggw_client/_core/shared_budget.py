@@ -95,7 +95,8 @@ local function touch()
 end
 """
 # A place: ARGV = epoch held, slot held, token, lease, then the lane's first fields (mode,
-# rate) if it has none yet. Answers {wait, epoch, slot, now, growth due, window full}.
+# rate) if it has none yet; that rate is the process's ceiling, if any, which its requests
+# keep to. Answers {wait, epoch, slot, now, growth due, window full}.
 _TAKE = r"""
 if redis.call('HEXISTS', key, 'mode') == 0 then
   redis.call('HSET', key, 'mode', ARGV[5], 'rate', ARGV[6], 'version', '0')
@@ -104,6 +105,9 @@ local rate, pu = tonumber(redis.call('HGET', key, 'rate')), num('paused_until', 
 local tat, last, epoch = num('tat', 0), num('last', -1e18), num('epoch', 0)
 local i = 0
 if rate then i = (1.0 / rate) * (1.0 + {GUARD}) end
+-- A process with a ceiling keeps to it, whatever the lane's first process set.
+local own = tonumber(ARGV[6])
+if own and own > 0 then i = math.max(i, (1.0 / own) * (1.0 + {GUARD})) end
 local slot = tonumber(ARGV[2])
 if tonumber(ARGV[1]) ~= epoch or slot == nil then
   slot = math.max(now, pu)
