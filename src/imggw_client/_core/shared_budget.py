@@ -140,14 +140,16 @@ local due = '0'
 if now >= num('grow_at', -1e18) then due = '1' end
 return {fmt(wait), tostring(epoch), fmt(slot), fmt(now), due, full}
 """
-# A place given back: ARGV = epoch, slot, token.
+# A place given back: ARGV = epoch, token.
 _RELEASE = r"""
 local rate, tat = tonumber(redis.call('HGET', key, 'rate')), num('tat', 0)
 if rate and tonumber(ARGV[1]) == num('epoch', 0) then
-  local i, slot = (1.0 / rate) * (1.0 + {GUARD}), tonumber(ARGV[2])
-  if slot and math.abs(tat - i - slot) < 1e-5 then redis.call('HSET', key, 'tat', fmt(slot)) end
+  -- Any place given back frees one interval of the schedule, not only the last: calls
+  -- cancelled oldest first left a hole each. The spacing of sends holds by 'last' alone.
+  local i = (1.0 / rate) * (1.0 + {GUARD})
+  redis.call('HSET', key, 'tat', fmt(math.max(now, tat - i)))
 end
-if ARGV[3] ~= '' then redis.call('ZREM', fkey, ARGV[3]) end
+if ARGV[2] ~= '' then redis.call('ZREM', fkey, ARGV[2]) end
 return {'1'}
 """
 # An answer counted (ARGV = token, '1' a 429, '0' accepted, '' count nothing: a read), as
