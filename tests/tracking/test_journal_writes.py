@@ -254,6 +254,9 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
     journal = Journal(path)
     journal.record(sending("parent-1"), SCOPE)
     assert journal.try_record(sending("parent-2"), SCOPE)  # the loop's connection is open
+    # The child says when its writes are done and lives on until the parent wrote: a write
+    # of each at once finds the file busy, which try_record rightly declines.
+    written, go_on = os.pipe(), os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads
         pid = os.fork()
@@ -263,11 +266,18 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
             declined = not journal.try_record(sending("child-1"), SCOPE)  # not its handles
             journal.record(sending("child-1"), SCOPE)  # opens the child's own
             code = 0 if declined and journal.try_record(sending("child-2"), SCOPE) else 2
+            os.write(written[1], b"1")
+            os.read(go_on[0], 1)
             journal.close()
         finally:
             os._exit(code)
-    assert journal.try_record(sending("parent-3"), SCOPE)
+    os.close(written[1])  # a child that failed first ends the read: EOF, not a hang
+    assert os.read(written[0], 1) == b"1"
+    assert journal.try_record(sending("parent-3"), SCOPE)  # while the child lives
+    os.write(go_on[1], b"1")
     _, status = os.waitpid(pid, 0)
+    for end in (written[0], *go_on):
+        os.close(end)
     assert os.waitstatus_to_exitcode(status) == 0
     assert journal.try_record(sending("parent-4"), SCOPE)  # the parent's handles still work
     assert sorted(r["idempotency_key"] for r in rows(path)) == [
