@@ -250,6 +250,16 @@ def test_a_request_refused_with_a_hint_leaves_the_wait_to_the_budget() -> None:
     assert all(2.0 <= b - a <= 2.2 for a, b in itertools.pairwise(times)), times
 
 
+def test_a_hint_longer_than_the_budgets_longest_pause_is_waited_whole() -> None:
+    # The budget pauses a client 60 s at most; a request told to come back in 120 s, which
+    # its policy allows, came back at 60 s and was refused again.
+    hinted = Reply(429, {"retry-after": "120"}, error(429, "rate_limited").content)
+    script = Script(hinted, task("pending"))
+    script.run(flows(script, retry=RetryPolicy(max_retry_after=300)).get("9", surface=None))
+    (first, _), (retried, _) = script.sent
+    assert 120.0 <= retried - first <= 121.0
+
+
 def test_a_wait_retrying_up_to_its_deadline_sends_nothing_with_no_time_left() -> None:
     # Retries inside a wait sleep up to the deadline; a query then would get a timeout of 0
     # (a caller's own httpx client refuses it with a ValueError).

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import reasons
-from .budget import Budget, RemoteBudget, Ticket
+from .budget import MAX_PAUSE, Budget, RemoteBudget, Ticket
 from .config import RetryPolicy, Settings
 from .exceptions import (
     APIConnectionError,
@@ -242,7 +242,11 @@ class Attempts:
                 # The budget paces what a 429 says of the gateway; a request's first 429 is
                 # chance's, retried at once. Refused again, that request backs off as for any
                 # other failure: one caller alone at a limit reads no share of many answers.
-                budgeted = limited and (refusals == 1 or verdict.retry_after is not None)
+                # A hint longer than any pause the budget imposes is the request's own to wait.
+                after = verdict.retry_after
+                budgeted = limited and (
+                    (refusals == 1 and after is None) or (after is not None and after <= MAX_PAUSE)
+                )
                 delay = self._delay(verdict, attempt, deadline, budgeted=budgeted)
                 if delay is None:
                     final = give_up(err, unknown) if give_up else err

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -225,9 +226,9 @@ class Row:
                 ):
                     raise TypeError(f"{name} is not text")
             for name in _NUMBERS:
-                number = named[name]
+                number, largest = named[name], _LATEST if name in _TIMES else math.inf
                 if number is not None and not (
-                    isinstance(number, int | float) and abs(number) < _LARGEST
+                    isinstance(number, int | float) and abs(number) < largest
                 ):
                     raise TypeError(f"{name} is not a number a ledger keeps")
         except (ValueError, TypeError) as exc:
@@ -255,9 +256,9 @@ class DamagedRow(sqlite3.DatabaseError):
 
 _TEXT = ("identity", "kind", "digest", "surface", "idempotency_key", "task_id", "caller_id")
 _MAY_BE_NULL = frozenset({"idempotency_key", "task_id", "caller_id"})
-_NUMBERS: tuple[str, ...] = ("line", "expires_at", "credits", "cost", "finished_at")
-_NUMBERS += ("submitted_at", "completed_at", "first_sent")
-_LARGEST = 1e11  # past any Unix time a date holds (year 5138), and any charge a task states
+_TIMES = ("expires_at", "finished_at", "submitted_at", "completed_at", "first_sent")
+_NUMBERS = ("line", "credits", "cost", *_TIMES)  # money: any finite charge a gateway states
+_LATEST = 1e11  # Unix seconds past any date a datetime holds (year 5138)
 
 
 def state_of(stored: str, version: int = FORMAT) -> State:
