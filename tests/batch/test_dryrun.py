@@ -40,6 +40,25 @@ def test_bad_lines_are_refused_as_a_run_would_or_counted_when_skipped(tmp_path: 
     assert plan_batch(source, tmp_path / "out", skip_bad_lines=True).bad == 1
 
 
+def test_more_bad_lines_than_a_message_lists_leave_the_folder_as_it_was(tmp_path: Path) -> None:
+    # Past ten bad lines a run lists them in bad-lines.txt; a dry run made the folder to write
+    # it, and with ten or fewer removed the listing an earlier run had left.
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"colour": "red"}\n' * 12)
+    with pytest.raises(BatchInputError) as refused:
+        plan_batch(source, tmp_path / "out")
+    assert (refused.value.count, refused.value.listing) == (12, None)
+    assert not (tmp_path / "out").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "bad-lines.txt").write_text("an earlier run's listing\n")
+    source.write_text('{"colour": "red"}\n{"prompt": "a fox"}\n')
+    assert plan_batch(source, kept, skip_bad_lines=True).bad == 1
+    # The folder's lock stays, as after any run: removed, a run starting then could share it.
+    assert sorted(p.name for p in kept.iterdir()) == [".imggw-batch.lock", "bad-lines.txt"]
+    assert (kept / "bad-lines.txt").read_text() == "an earlier run's listing\n"
+
+
 @pytest.mark.gateway(duration_min=0.01, duration_max=0.02)
 def test_a_folder_with_prices_is_estimated_and_its_cap_says_how_many_fit(
     gateway: MockGateway, tmp_path: Path

@@ -684,7 +684,8 @@ def plan_run(
         assert plan_surface is not None
         raise _identity.InputChangedError([], 0, surfaces=(plan_surface, surface))
     digests = identity.digests()
-    listing = _BadLines(folder)
+    # A dry run leaves the folder as it was: no listing written, none an earlier run left gone.
+    listing = _BadLines(folder) if dry is None else None
     ledger.begin_plan()
     ok = False
     try:
@@ -715,7 +716,8 @@ def plan_run(
     finally:
         ledger.end_plan(commit=ok)
         digests.discard()
-        listing.discard()
+        if listing is not None:
+            listing.discard()
     return plan
 
 
