@@ -5,11 +5,15 @@ file read as text that it is a table."""
 from __future__ import annotations
 
 import io
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from imggw_client.batch import BadLine, InputLine, iter_lines
 from imggw_client.batch._input import (
+    MAX_LINE_CHARS,
     FieldColumn,
     LooksLikeCsv,
     csv_items,
@@ -119,3 +123,28 @@ def seen(*lines: str) -> FieldColumn | None:
     for number, raw in enumerate(lines, 1):
         check.add(raw, number)
     return check.column()
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r", ""])
+def test_a_line_past_the_limit_is_a_bad_line_never_held_whole(tmp_path: Path, ending: str) -> None:
+    # 200 MB on one line took 470 MB to refuse: the line was read whole first.
+    path = tmp_path / "in.txt"
+    with path.open("w", newline="") as handle:
+        handle.write(f"a cat{ending or chr(10)}")
+        for _ in range(20):
+            handle.write("x" * 1_000_000)
+        handle.write(f"{ending}a dog{ending}")
+    tracemalloc.start()
+    try:
+        items = list(iter_lines(path, format="text"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_LINE_CHARS * 4  # a few lines' worth, not the 20 MB one
+    kept = [(item.line, item.request.prompt) for item in items if isinstance(item, InputLine)]
+    bad = [(item.line, item.reason) for item in items if isinstance(item, BadLine)]
+    if ending:
+        assert kept == [(1, "a cat"), (3, "a dog")]
+        assert bad == [(2, f"longer than {MAX_LINE_CHARS} characters")]
+    else:  # no line break: the dog is part of the long line
+        assert (kept, len(bad)) == ([(1, "a cat")], 1)

@@ -250,7 +250,7 @@ def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tup
     checked = mode in (_TEXT_CHECKED, _AUTO) and where.whole
     all_objects = checked and mode == _TEXT_CHECKED
     looks = LooksLikeCsv() if checked else None
-    for number, raw in enumerate(handle, start=where.first_line):
+    for number, raw in enumerate(_bounded(handle), start=where.first_line):
         if lines is not None and number >= lines.stop:
             break  # a range is contiguous: nothing of it comes later
         raw = raw.rstrip("\r\n")
@@ -301,6 +301,21 @@ def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tup
     table = looks.column() if looks is not None else None
     if table is not None:
         raise BatchInputError([], 0, message=table_message(name, table))
+
+
+def _bounded(handle: Any) -> Iterator[str]:
+    """The lines of ``handle``, one longer than :data:`MAX_LINE_CHARS` cut there and the rest
+    of it read and dropped a piece at a time: a file of one enormous line is never held whole
+    (200 MB of it took 470 MB). A handle with no ``readline`` is read as it is iterated."""
+    readline = getattr(handle, "readline", None)
+    if readline is None:
+        yield from handle
+        return
+    while line := readline(MAX_LINE_CHARS + 1):
+        if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):
+            while (rest := readline(MAX_LINE_CHARS)) and not rest.endswith(("\n", "\r")):
+                pass
+        yield line
 
 
 def line_kinds(
