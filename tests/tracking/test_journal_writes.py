@@ -7,8 +7,10 @@ writes on connections of its own. Over a real loopback socket where a client is 
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import threading
+import time
 import warnings
 from contextlib import closing
 from datetime import timedelta
@@ -246,6 +248,49 @@ def test_a_status_the_table_ignores_at_one_state_it_ignores_at_every_later_one()
                     assert move(later, event) is later, (state, event, later)
     assert move(State.RUNNING, Event.SAVED) is State.RUNNING
     assert move(State.SUCCEEDED, Event.SAVED) is State.SAVED
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
+def test_a_child_forked_while_another_thread_is_in_the_journal_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    # A thread inside the journal (its lock held) as the process forks: the child inherits
+    # the lock held, and no thread of its own ever lets it go.
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.record(sending("parent-1"), SCOPE)
+    inside, leave = threading.Event(), threading.Event()
+
+    def listing() -> None:
+        with journal._lock, journal._leases._lock:  # where tasks() and the renewer are
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=listing)
+    thread.start()
+    assert inside.wait(10)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 1
+            try:
+                journal.record(sending("child-1"), SCOPE)
+                code = 0 if len(journal.tasks()) == 2 else 2
+            finally:
+                os._exit(code)
+        for _ in range(1000):  # 10 s at most: a hung child is killed, and fails the test
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    finally:
+        leave.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")

@@ -31,6 +31,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -116,6 +117,13 @@ class Journal:
         self._memo_lock = threading.Lock()
         self._warned: dict[object, None] = {}  # damaged rows and unrecorded tasks told of
         self._leases = Leases(self.path, OPEN)
+        _JOURNALS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: the locks anew. A thread of the parent that held one as it forked
+        is not in the child to let it go (the handles are opened anew on first use)."""
+        self._lock, self._loop_lock, self._memo_lock = (threading.Lock() for _ in range(3))
+        self._leases.forked()
 
     # ------------------------------------------------------------------------ reading
 
@@ -547,6 +555,18 @@ class Journal:
                 yield db
         except sqlite3.Error as exc:
             raise _failed(self.path, exc, "read") from exc
+
+
+_JOURNALS: weakref.WeakSet[Journal] = weakref.WeakSet()  # every journal of this process
+
+
+def _forked() -> None:
+    for journal in list(_JOURNALS):
+        journal._forked()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forked)
 
 
 def unusable(path: Path, exc: BaseException) -> ConfigurationError:

@@ -78,6 +78,10 @@ class Leases:
             return True
         return host == HOST and pid is not None and not _alive(pid)
 
+    def forked(self) -> None:
+        """In a forked child: a lock another thread of the parent held stays held for good."""
+        self._lock = threading.Lock()
+
     def taken(self) -> None:
         """This process took leases (a submit, a claim): they are renewed while it lives."""
         owner = self.owner
