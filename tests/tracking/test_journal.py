@@ -306,4 +306,12 @@ def test_mark_saved_keeps_urls_and_paths_as_given(tmp_path: Path) -> None:
     assert entry.files == (*given, str(tmp_path / "r.png"))  # not Path-normalised
     assert entry.state == "saved"
     assert json.loads(rows(tmp_path / "j.sqlite")[0]["files"])[0] == "s3://bucket/p.png"
+    # A folder whose name is not UTF-8 (Latin-1 "café"), as Python names it: read back as it
+    # was written, not as a damaged row that hid the paid task from every listing.
+    latin = os.fsdecode(b"caf\xe9") + "/7-0.png"
+    journal.mark_saved("7", "beta", [latin], scope=scope)
+    (entry,) = journal.tasks()
+    assert entry.files == (latin,)
+    assert os.fsencode(entry.files[0]) == b"caf\xe9/7-0.png"
+    assert journal.damaged() == []
     journal.close()

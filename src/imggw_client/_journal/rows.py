@@ -233,9 +233,21 @@ def _files(stored: object, base: Path | None) -> tuple[str, ...]:
         if not all(_text(f) and _inside(f) for f in files):
             raise RowDamaged("files is not a list of names in the folder")
         files = [str(base / f) for f in files]
-    if not isinstance(files, list) or not all(_text(f) for f in files):
+    if not isinstance(files, list) or not all(_path(f) for f in files):
         raise RowDamaged("files is not a list of paths")
     return tuple(files)
+
+
+def _path(value: object) -> bool:
+    """A path as this system names it: text, where bytes that are not UTF-8 (a folder named
+    in Latin-1) are the surrogate escapes Python reads them as, so the path opens again."""
+    if not isinstance(value, str) or "\0" in value:
+        return False
+    try:
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _inside(name: str) -> bool:
