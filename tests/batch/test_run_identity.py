@@ -199,6 +199,27 @@ def test_a_first_format_folder_resumed_with_its_input_sends_nothing_again(
 
 
 @pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
+def test_a_paid_line_changed_is_refused_even_with_the_inputs_record_gone(
+    gateway: MockGateway, tmp_path: Path
+) -> None:
+    # With lines.fp deleted, an edited line was billed anew without --allow-changes and the
+    # row of its paid, saved task dropped.
+    source = write(tmp_path / "in.jsonl", ["a cat", "a dog"])
+    out = tmp_path / "out"
+    assert batch(gateway, source, out).exit_code == 0
+    (out / LINES_NAME).unlink()
+    write(source, ["a cat", "a wolf"])
+    with pytest.raises(InputChangedError) as refused:
+        batch(gateway, source, out)
+    assert (refused.value.lines, refused.value.count) == ([2], 1)
+    assert gateway.stats()["tasks_created"] == 2
+    with Ledger.open(out) as ledger:
+        assert sorted(row.state for row in ledger.iter_rows()) == [State.SAVED, State.SAVED]
+    assert batch(gateway, source, out, allow_changes=True).exit_code == 0
+    assert gateway.stats()["tasks_created"] == 3
+
+
+@pytest.mark.gateway(duration_min=0.02, duration_max=0.05)
 def test_comments_blank_lines_and_a_byte_order_mark_change_no_line(
     gateway: MockGateway, tmp_path: Path
 ) -> None:

@@ -116,6 +116,7 @@ class Ledger:
                 self._db.close()
             raise storage_error(path, exc) from exc
         self._plan = int(last[0]) if last else 0  # the last plan committed: what a reader sees
+        self.replaced: list[int] = []
         self._read_lock = threading.Lock()
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
@@ -168,6 +169,7 @@ class Ledger:
     def begin_plan(self) -> int:
         """Starts a plan (one pass over the input), in one transaction: it commits whole or
         not at all. Returns the plan's number."""
+        self.replaced = []  # lines of this plan whose paid rows it made anew
         self._plan += 1
         self._db.execute("BEGIN IMMEDIATE")
         return self._plan
@@ -196,8 +198,10 @@ class Ledger:
                     ),
                 )
                 return old, False
-        if found is not None:  # changed (allowed): what its task was charged still counts
+        if found is not None:  # changed: what its task was charged still counts
             old = Row.from_values(found[1:])
+            if old.task_id is not None or old.first_sent is not None:
+                self.replaced.append(row.line)  # a paid line made anew: a change, whatever
             if old.credits or old.cost:
                 before = json.loads(self._meta(REPLACED) or "[0, 0]")
                 after = [

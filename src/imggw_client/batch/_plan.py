@@ -702,6 +702,13 @@ def plan_run(
         )
         if moved:
             plan.previous_surface = plan_surface
+        if ledger.replaced and not plan.changed_count and _changes_bill(tasks):
+            # Lines whose tasks were paid for, asking for something else now, with no record of
+            # the input to say so (a folder of the first format, a lines.fp deleted).
+            plan.changed, plan.changed_count = (
+                ledger.replaced[:BAD_LINES_KEPT],
+                len(ledger.replaced),
+            )
         _refuse(plan, options)
         if not options.template.is_default:  # every line's files their own, or none is sent
             options.template.check(ledger.iter_rows())
