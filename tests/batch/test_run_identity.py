@@ -126,18 +126,22 @@ def test_a_ledger_from_a_newer_imggw_is_refused_clearly(
     assert gateway.stats()["requests"] == {}
 
 
+# The table of a ledger of the first release (format 0 or 1).
+FIRST_FORMAT = (
+    "CREATE TABLE lines (identity TEXT PRIMARY KEY, line INTEGER NOT NULL, caller_id TEXT,"
+    " fingerprint TEXT NOT NULL, request TEXT NOT NULL, surface TEXT NOT NULL,"
+    " idempotency_key TEXT NOT NULL, task_id TEXT, state TEXT NOT NULL,"
+    " urls TEXT NOT NULL DEFAULT '[]', error_code TEXT, error_message TEXT,"
+    " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
+    " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+)
+
+
 def test_a_ledger_of_the_first_format_is_brought_forward(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
-        db.execute(
-            "CREATE TABLE lines (identity TEXT PRIMARY KEY, line INTEGER NOT NULL, caller_id TEXT,"
-            " fingerprint TEXT NOT NULL, request TEXT NOT NULL, surface TEXT NOT NULL,"
-            " idempotency_key TEXT NOT NULL, task_id TEXT, state TEXT NOT NULL,"
-            " urls TEXT NOT NULL DEFAULT '[]', error_code TEXT, error_message TEXT,"
-            " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
-            " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
-        )
+        db.execute(FIRST_FORMAT)
         db.execute(
             "INSERT INTO lines VALUES ('line:1', 1, NULL, 'fp', '{\"prompt\": \"a fox\"}', "
             "'beta', 'k1', 't1', 'done', '[]', NULL, NULL, '[]', 2.0, 0.5, 10.0, 20.0)"
@@ -168,14 +172,7 @@ def test_a_first_format_folder_resumed_with_its_input_sends_nothing_again(
     out = tmp_path / "out"
     out.mkdir()
     with closing(sqlite3.connect(out / LEDGER_NAME)) as db:
-        db.execute(
-            "CREATE TABLE lines (identity TEXT PRIMARY KEY, line INTEGER NOT NULL, caller_id TEXT,"
-            " fingerprint TEXT NOT NULL, request TEXT NOT NULL, surface TEXT NOT NULL,"
-            " idempotency_key TEXT NOT NULL, task_id TEXT, state TEXT NOT NULL,"
-            " urls TEXT NOT NULL DEFAULT '[]', error_code TEXT, error_message TEXT,"
-            " files TEXT NOT NULL DEFAULT '[]', credits REAL, cost REAL,"
-            " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
-        )
+        db.execute(FIRST_FORMAT)
         for n, (prompt, sub) in enumerate(zip(prompts, made, strict=True)):
             asked = [prompt, "auto", "1k", "beta"]
             digest = hashlib.sha256(json.dumps(asked).encode()).hexdigest()

@@ -250,6 +250,12 @@ def test_a_status_the_table_ignores_at_one_state_it_ignores_at_every_later_one()
     assert move(State.SUCCEEDED, Event.SAVED) is State.SAVED
 
 
+def fork() -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads
+        return os.fork()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
 def test_a_child_forked_while_another_thread_is_in_the_journal_does_not_hang(
     tmp_path: Path,
@@ -269,9 +275,7 @@ def test_a_child_forked_while_another_thread_is_in_the_journal_does_not_hang(
     thread.start()
     assert inside.wait(10)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads
-            pid = os.fork()
+        pid = fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1
             try:
@@ -302,9 +306,7 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
     # The child says when its writes are done and lives on until the parent wrote: a write
     # of each at once finds the file busy, which try_record rightly declines.
     written, go_on = os.pipe(), os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork() with threads
-        pid = os.fork()
+    pid = fork()
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
