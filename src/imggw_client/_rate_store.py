@@ -200,7 +200,7 @@ class _Driver:
         if ticket.local is not None:
             self.local.release(ticket.local)
         elif ticket.epoch != EPOCH_NONE:
-            args = [str(ticket.epoch), ticket.token]
+            args = [str(ticket.epoch), repr(ticket.slot), ticket.token]
             await self._quiet(ticket.kind, shared.one("release", args))
             self._wake(ticket.kind)
 

@@ -289,28 +289,6 @@ def test_a_client_of_another_gateway_is_not_paused_by_a_429_on_this_one(redis: R
     assert sum(slept) == 0, slept
 
 
-@pytest.mark.slow
-def test_a_ceiling_holds_on_a_lane_a_client_without_one_made_first(redis: RedisServer) -> None:
-    # The lane's first process set its mode for all: a web app with no ceiling first, then a
-    # batch with RateLimit(submits_per_second=10) went unspaced.
-    base = "https://gateway.test"
-    with respx.mock(base_url=base) as gateway:
-        route = gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("1"))
-        unlimited = RateLimit(store=redis.url)
-        ceiling = RateLimit(submits_per_second=10, store=redis.url)
-        with (
-            Client(api_key=KEY, base_url=base, rate_limit=unlimited) as web,
-            Client(api_key=KEY, base_url=base, rate_limit=ceiling) as batch,
-        ):
-            web.submit("the lane's first request")
-            started = time.monotonic()
-            for n in range(4):
-                batch.submit(f"line {n}")
-            took = time.monotonic() - started
-    assert route.call_count == 5
-    assert took >= 3 * 0.1  # spaced at its own ceiling: three intervals between four
-
-
 @pytest.mark.anyio
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sync", "async"])

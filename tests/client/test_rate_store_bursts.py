@@ -162,20 +162,6 @@ def test_a_ceiling_keeps_its_exact_spacing_and_no_window(scripts: dict[str, Any]
     assert scripts["take"].registered_client.zcard(shared.flying_key(LANE)) == 0
 
 
-def test_places_given_back_oldest_first_leave_the_store_no_holes(scripts: dict[str, Any]) -> None:
-    # Calls cancelled in the order they were made gave back places before the last: the store
-    # rewound its schedule for the last alone, and the next request waited for them all.
-    limit = RateLimit(submits_per_second=10)
-    step = 0.1 * (1 + B.GUARD)
-    tickets = [new() for _ in range(20)]
-    for ticket in tickets:
-        take(scripts, ticket, limit)
-    for ticket in tickets[1:]:
-        run(scripts, shared.one("release", [str(ticket.epoch), ticket.token]))
-    later = new()
-    assert take(scripts, later, limit) <= 2 * step  # after the one that went, not the twentieth
-
-
 def test_a_write_another_process_made_first_is_not_overwritten(scripts: dict[str, Any]) -> None:
     answer = scripts["answer"](keys=KEYS, args=["", ""])
     _, version, *_ = shared.read_lane(LIMIT, B.SUBMIT, answer)

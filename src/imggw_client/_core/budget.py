@@ -335,11 +335,9 @@ class Budget:
             if ticket.windowed:
                 lane.unwait(ticket)
             if ticket.paced and ticket.sent_at is None:
-                # The latest place goes, and each ticket after this one moves up one: places
-                # given back anywhere (a task group cancelled, oldest first) leave no holes.
-                del lane.ranked[lane._rank(ticket)]
-                if lane.held.pop() == lane.next_place - 1:
-                    lane.next_place -= 1
+                place = lane.forget(ticket)  # the others keep their places and their order
+                if place == lane.next_place - 1:
+                    lane.next_place -= 1  # the last place: given back, it leaves no hole
 
     def gate(self, ticket: Ticket, clock: Callable[[], float]) -> WriteGate | None:
         """The write gate of a paced request whose slot came (None: unpaced)."""

@@ -95,8 +95,7 @@ local function touch()
 end
 """
 # A place: ARGV = epoch held, slot held, token, lease, then the lane's first fields (mode,
-# rate) if it has none yet; that rate is the process's ceiling, if any, which its requests
-# keep to. Answers {wait, epoch, slot, now, growth due, window full}.
+# rate) if it has none yet. Answers {wait, epoch, slot, now, growth due, window full}.
 _TAKE = r"""
 if redis.call('HEXISTS', key, 'mode') == 0 then
   redis.call('HSET', key, 'mode', ARGV[5], 'rate', ARGV[6], 'version', '0')
@@ -105,9 +104,6 @@ local rate, pu = tonumber(redis.call('HGET', key, 'rate')), num('paused_until', 
 local tat, last, epoch = num('tat', 0), num('last', -1e18), num('epoch', 0)
 local i = 0
 if rate then i = (1.0 / rate) * (1.0 + {GUARD}) end
--- A process with a ceiling keeps to it, whatever the lane's first process set.
-local own = tonumber(ARGV[6])
-if own and own > 0 then i = math.max(i, (1.0 / own) * (1.0 + {GUARD})) end
 local slot = tonumber(ARGV[2])
 if tonumber(ARGV[1]) ~= epoch or slot == nil then
   slot = math.max(now, pu)
@@ -140,16 +136,14 @@ local due = '0'
 if now >= num('grow_at', -1e18) then due = '1' end
 return {fmt(wait), tostring(epoch), fmt(slot), fmt(now), due, full}
 """
-# A place given back: ARGV = epoch, token.
+# A place given back: ARGV = epoch, slot, token.
 _RELEASE = r"""
 local rate, tat = tonumber(redis.call('HGET', key, 'rate')), num('tat', 0)
 if rate and tonumber(ARGV[1]) == num('epoch', 0) then
-  -- Any place given back frees one interval of the schedule, not only the last: calls
-  -- cancelled oldest first left a hole each. The spacing of sends holds by 'last' alone.
-  local i = (1.0 / rate) * (1.0 + {GUARD})
-  redis.call('HSET', key, 'tat', fmt(math.max(now, tat - i)))
+  local i, slot = (1.0 / rate) * (1.0 + {GUARD}), tonumber(ARGV[2])
+  if slot and math.abs(tat - i - slot) < 1e-5 then redis.call('HSET', key, 'tat', fmt(slot)) end
 end
-if ARGV[2] ~= '' then redis.call('ZREM', fkey, ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('ZREM', fkey, ARGV[3]) end
 return {'1'}
 """
 # An answer counted (ARGV = token, '1' a 429, '0' accepted, '' count nothing: a read), as
