@@ -286,6 +286,36 @@ def test_a_request_held_back_while_a_gateway_slows_asks_less_and_less_often() ->
     assert now <= answered_at + 0.5 * (answered_at - start)
 
 
+def test_one_slow_request_in_flight_is_no_silence_for_a_later_burst() -> None:
+    # A request out for 20 s while a burst comes, answered in 20 ms: its held-back requests
+    # slept a quarter of those 20 s each, as if the gateway had gone quiet.
+    budget = Budget(RateLimit())
+    for i in range(50):
+        t = budget.reserve(QUERY, i * 0.05)
+        budget.wait_time(t, i * 0.05)
+        budget.finished(t, i * 0.05 + 0.02)
+    assert budget.reserve(QUERY, 3.0).sent_at == 3.0  # answered long after the burst
+    burst = 23.0
+    tickets = [budget.reserve(QUERY, burst) for _ in range(8)]
+    events = [(burst, n) for n, t in enumerate(tickets) if t.sent_at is None]
+    went = [burst for t in tickets if t.sent_at is not None]
+    answers = [(burst + 0.02, t) for t in tickets if t.sent_at is not None]
+    while events:
+        events.sort()
+        at, n = events.pop(0)
+        for answered_at, t in [a for a in answers if a[0] <= at]:
+            budget.finished(t, answered_at)
+            answers.remove((answered_at, t))
+        wait = budget.wait_time(tickets[n], at)
+        if wait <= 0:
+            went.append(at)
+            answers.append((at + 0.02, tickets[n]))
+        else:
+            events.append((at + wait, n))
+    assert len(went) == 8
+    assert max(went) - burst < 0.2
+
+
 def test_without_a_ceiling_a_429_ends_the_start_from_what_was_accepted() -> None:
     budget = Budget(RateLimit())
     sent = []

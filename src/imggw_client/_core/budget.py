@@ -137,7 +137,7 @@ class _Lane(Pacing):
     queued: bool = False  # a request had to wait for its slot since the last growth check
     owed: deque[tuple[float, float]] = field(default_factory=deque)  # isolated 429s' hints
     last_went: float = _NEVER  # when the latest request went
-    heard_at: float = _NEVER  # the last answer, or the first request sent to an idle lane
+    heard_at: float = _NEVER  # the last answer
     taken_after: float = _NEVER  # the latest send time of a request accepted
     # The paced tickets not sent yet: their places, and their (priority, place) in order; the
     # r-th ranked goes at the r-th place, so priorities reorder who goes, never how many.
@@ -179,8 +179,9 @@ class _Lane(Pacing):
         self.anchor(place, self.earliest(now))
 
     def round_trip(self, now: float) -> float:
-        """The round trip learned, or longer while no answer has come for longer than it."""
-        return max(self.rtt, (now - self.heard_at) * SILENCE_SHARE)
+        """The round trip learned, or longer while neither an answer has come nor a request
+        gone for longer than it (one slow request in flight is no silence for a burst)."""
+        return max(self.rtt, (now - max(self.heard_at, self.last_went)) * SILENCE_SHARE)
 
     def window_wait(self, ticket: Ticket, now: float) -> float:
         """0 if the window has a place for this held-back request, else about until the answer
@@ -246,8 +247,6 @@ class Budget:
                 if lane.in_flight < lane.window and not lane.waiting and free:
                     # Goes now: handed out sent, so the driver asks nothing more before it.
                     ticket = Ticket(kind, now, -1, paced=False, priority=key, sent_at=now)
-                    if not lane.in_flight:
-                        lane.heard_at = now  # an idle lane's silence starts with its request
                     lane.fly(ticket)  # the window counts it from now: a burst fills it at once
                     lane.last_went = now
                     return ticket
