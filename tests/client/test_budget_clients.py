@@ -240,6 +240,16 @@ def test_a_request_refused_again_backs_off_where_its_first_429_was_retried_at_on
     assert all(0 < gap <= 0.5 * 2**attempt for attempt, gap in enumerate(gaps, start=2)), gaps
 
 
+def test_a_hint_of_zero_backs_off_as_no_hint_does() -> None:
+    # Retry-After: 0 left the wait to a budget that had none to make: five sends at once.
+    zero = Reply(429, {"retry-after": "0"}, error(429, "rate_limited").content)
+    script = Script(zero, zero, zero, task("pending"))
+    script.run(flows(script).get("9", surface=None))
+    times = [at for at, _ in script.sent]
+    assert times[1] == times[0]  # the first 429: chance's
+    assert all(b > a for a, b in itertools.pairwise(times[1:]))
+
+
 def test_a_request_refused_with_a_hint_leaves_the_wait_to_the_budget() -> None:
     hinted = Reply(429, {"retry-after": "2"}, error(429, "rate_limited").content)
     script = Script(hinted, hinted, task("pending"))

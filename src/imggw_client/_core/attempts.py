@@ -243,7 +243,7 @@ class Attempts:
                 # chance's, retried at once. Refused again, that request backs off as for any
                 # other failure: one caller alone at a limit reads no share of many answers.
                 # A hint longer than any pause the budget imposes is the request's own to wait.
-                after = verdict.retry_after
+                after = verdict.retry_after or None  # a hint of 0 says no more than none
                 budgeted = limited and (
                     (refusals == 1 and after is None) or (after is not None and after <= MAX_PAUSE)
                 )
