@@ -137,6 +137,7 @@ def test_a_lease_is_free_when_lapsed_or_its_process_is_gone(
     assert leases.free(f"{'9' * 20}@{HOST}#x", now + 10, now)
     assert leases.free(f"0@{HOST}#x", now + 10, now)
     assert leases.free(f"{os.getppid()}@another-host#x", 1e300, now)
+    assert not leases.free(live, now + 1000, now)  # a clock stepped back: its process tells
     monkeypatch.setattr(_lease, "LEASE_SECONDS", 2.0)
     assert leases.until(now) == now + 2.0
 

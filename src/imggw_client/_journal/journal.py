@@ -98,7 +98,7 @@ class Journal:
 
     def _prepare(self, path: str | os.PathLike[str]) -> None:
         # Absolute now: a child forked after a chdir reopens the same file, not a new one.
-        self.path = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+        self.path = Path(os.path.expanduser(os.fspath(path))).absolute()
         # A batch folder's ledger: read here, written by its run alone (known once opened).
         self._ledger = self.path.is_dir()
         if self._ledger:
@@ -119,7 +119,7 @@ class Journal:
         self._leases = Leases(self.path, OPEN)
         _JOURNALS.add(self)
 
-    def _forked(self) -> None:
+    def _after_fork(self) -> None:
         """In a forked child: the locks anew. A thread of the parent that held one as it forked
         is not in the child to let it go (the handles are opened anew on first use)."""
         self._lock, self._loop_lock, self._memo_lock = (threading.Lock() for _ in range(3))
@@ -562,7 +562,7 @@ _JOURNALS: weakref.WeakSet[Journal] = weakref.WeakSet()  # every journal of this
 
 def _forked() -> None:
     for journal in list(_JOURNALS):
-        journal._forked()
+        journal._after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

@@ -74,9 +74,9 @@ class Leases:
             return True
         if not isinstance(until, (int, float)) or not math.isfinite(until) or until < now:
             return True
-        if until > now + LEASE_SECONDS * 2:  # no lease is taken for longer: not ours either
-            return True
-        return host == HOST and pid is not None and not _alive(pid)
+        if host == HOST and pid is not None:  # its process tells, whatever the clock did
+            return not _alive(pid)
+        return until > now + LEASE_SECONDS * 2  # no renewal sets one so far: not a lease
 
     def forked(self) -> None:
         """In a forked child: a lock another thread of the parent held stays held for good."""
