@@ -117,7 +117,10 @@ class Ledger:
             raise storage_error(path, exc) from exc
         self._plan = int(last[0]) if last else 0  # the last plan committed: what a reader sees
         self.replaced: list[int] = []
+        # Every use of the connection, and its close: a plan's thread may still be writing
+        # when a cancel closes the ledger, and SQLite must not be closed under a statement.
         self._read_lock = threading.Lock()
+        self._closed = False
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self._failure: StorageError | None = None
@@ -170,14 +173,19 @@ class Ledger:
         """Starts a plan (one pass over the input), in one transaction: it commits whole or
         not at all. Returns the plan's number."""
         self.replaced = []  # lines of this plan whose paid rows it made anew
+        with self._open():
+            self._db.execute("BEGIN IMMEDIATE")
         self._plan += 1
-        self._db.execute("BEGIN IMMEDIATE")
         return self._plan
 
     def plan_line(self, row: Row) -> tuple[Row, bool] | None:
         """Puts a line of the input into the plan: its row as it was if the line is known and
         unchanged, else a new row. Returns (row, new), or None if another line of this plan
         has the same identity."""
+        with self._open():
+            return self._plan_line(row)
+
+    def _plan_line(self, row: Row) -> tuple[Row, bool] | None:
         found = self._db.execute(
             f"SELECT planned, {', '.join(COLUMNS)} FROM tasks WHERE identity=?", (row.identity,)
         ).fetchone()
@@ -226,6 +234,10 @@ class Ledger:
         document served in place of an image; a submit answered 404, which made nothing), are
         looked at again by this run: a query and a download, or a submit with the line's own
         key."""
+        with self._open():
+            self._recheck()
+
+    def _recheck(self) -> None:
         for rule in RECHECKS:
             where, args = ["planned=?", "state=?"], [self._plan, rule.state.value]
             where.append("task_id IS NOT NULL" if rule.task_id else "task_id IS NULL")
@@ -244,6 +256,12 @@ class Ledger:
             )
 
     def end_plan(self, *, commit: bool) -> None:
+        """Ends the plan: committed, or rolled back (as closing the ledger did already)."""
+        with self._read_lock:
+            if not self._closed:
+                self._end_plan(commit)
+
+    def _end_plan(self, commit: bool) -> None:
         if commit:
             self._db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('plan', ?)", (str(self._plan),)
@@ -506,8 +524,17 @@ class Ledger:
             self._queue.put(None)
             self._writer.join()
             self._writer = None
-        with contextlib.suppress(sqlite3.Error):
+        with self._read_lock, contextlib.suppress(sqlite3.Error):
+            self._closed = True
             self._db.close()
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[None]:
+        """The connection held for one use; a closed ledger is an error, not a crash."""
+        with self._read_lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError(f"the ledger {self.path} is closed")
+            yield
 
     def discard(self) -> None:
         """Closes the ledger and deletes it, if this process made it: a plan that was refused

@@ -266,22 +266,15 @@ async def execute(
         part=work.part,
         tasks=tasks,
     )
-    # Ctrl-C cancels asyncio's main task past anyio's shield while the plan's thread still
-    # writes the ledger: it is told to stop at its next line, and closed only once it has.
-    stop, planner = threading.Event(), threading.Lock()
-
-    def plan_unless_stopped() -> Plan | None:
-        with planner:
-            return None if stop.is_set() else planning(stop=stop)
-
+    # Ctrl-C cancels asyncio's main task past anyio's shield while the plan's thread may still
+    # be writing: it stops at its next line, and the ledger closes between two of its writes.
+    stop = threading.Event()
     try:
-        plan = await anyio.to_thread.run_sync(plan_unless_stopped)
+        plan: Plan = await anyio.to_thread.run_sync(functools.partial(planning, stop=stop))
     except BaseException:
         stop.set()
-        with planner:
-            ledger.discard()  # a refused plan leaves no ledger where there was none
+        ledger.discard()  # a refused plan leaves no ledger where there was none
         raise
-    assert plan is not None  # stopped only by a cancel, which raised above
     # Links kept in clear by versions before links were kept blanked: the key goes now.
     await anyio.to_thread.run_sync(ledger.blank_links, client.redact_url)
     totals = await anyio.to_thread.run_sync(ledger.totals)
