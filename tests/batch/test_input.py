@@ -148,3 +148,16 @@ def test_a_line_past_the_limit_is_a_bad_line_never_held_whole(tmp_path: Path, en
         assert bad == [(2, f"longer than {MAX_LINE_CHARS} characters")]
     else:  # no line break: the dog is part of the long line
         assert (kept, len(bad)) == ([(1, "a cat")], 1)
+
+
+@pytest.mark.parametrize("length", [MAX_LINE_CHARS - 1, MAX_LINE_CHARS, MAX_LINE_CHARS + 1])
+def test_a_long_line_ending_crlf_at_the_limit_keeps_the_lines_after_it_numbered(
+    tmp_path: Path, length: int
+) -> None:
+    # The limit fell between its CR and LF: the LF read as a line of its own, and every line
+    # after it (whose identity is its place) moved down one.
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a cat\r\n" + b"x" * length + b"\r\na dog\r\na fox\r\n")
+    items = list(iter_lines(path, format="text"))
+    kept = [(item.line, item.request.prompt) for item in items if isinstance(item, InputLine)]
+    assert kept == [(1, "a cat"), (3, "a dog"), (4, "a fox")]

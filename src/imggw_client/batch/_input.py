@@ -311,10 +311,17 @@ def _bounded(handle: Any) -> Iterator[str]:
     if readline is None:
         yield from handle
         return
-    while line := readline(MAX_LINE_CHARS + 1):
-        if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):
-            while (rest := readline(MAX_LINE_CHARS)) and not rest.endswith(("\n", "\r")):
+    cut = False  # the last piece read ended in a CR that may be half of a CRLF
+    while line := readline(MAX_LINE_CHARS + 2):  # a line at the limit, with its CRLF, whole
+        if cut and line == "\n":
+            cut = False
+            continue
+        cut = False
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            rest = line
+            while not rest.endswith(("\n", "\r")) and (rest := readline(MAX_LINE_CHARS)):
                 pass
+            cut = rest.endswith("\r")
         yield line
 
 
