@@ -93,6 +93,24 @@ def test_a_cap_counts_what_lines_changed_or_removed_since_were_charged(
     assert (dry.spent["credits"], dry.fit) == (12.0, 0)
 
 
+def test_a_line_changed_and_changed_back_is_counted_once(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
+    # Changed back, a line gets its first key again and its task is replayed, not billed: its
+    # charge was counted both as replaced and in its row, and the cap stopped early.
+    source, out = tmp_path / "in.txt", tmp_path / "out"
+    source.write_text("a cat\na dog\na bird\n")
+    assert batch(gateway_url, source, out).exit_code == 0
+    source.write_text("a cat\na dog, take 2\na bird\n")
+    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    source.write_text("a cat\na dog\na bird\n")
+    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    assert billed(gateway) == 16
+    source.write_text("a cat\na dog\na bird\na fox\n")
+    assert batch(gateway_url, source, out, max_credits=20.0, allow_changes=True).exit_code == 0
+    assert billed(gateway) == 20
+
+
 @pytest.mark.slow
 def test_a_cap_of_ten_tasks_makes_exactly_ten_and_a_rerun_resumes_under_a_raised_one(
     gateway: MockGateway, gateway_url: str, tmp_path: Path

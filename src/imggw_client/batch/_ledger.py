@@ -52,8 +52,9 @@ LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
-# The meta key of what tasks of lines changed since were charged, [credits, cost]: their rows
-# are made anew for the new request, and a cap still counts what the old ones cost.
+# The meta key of what tasks of lines changed since were charged, {task id: [credits, cost]}:
+# their rows are made anew for the new request, and a cap still counts what the old ones cost
+# (once: a line changed back replays its task, and its row counts it again).
 REPLACED = "replaced_charges"
 
 
@@ -210,15 +211,12 @@ class Ledger:
             old = Row.from_values(found[1:])
             if old.task_id is not None or old.first_sent is not None:
                 self.replaced.append(row.line)  # a paid line made anew: a change, whatever
-            if old.credits or old.cost:
-                before = json.loads(self._meta(REPLACED) or "[0, 0]")
-                after = [
-                    before[0] + max(old.credits or 0.0, 0.0),
-                    before[1] + max(old.cost or 0.0, 0.0),
-                ]
+            if (old.credits or old.cost) and old.task_id is not None:
+                replaced = json.loads(self._meta(REPLACED) or "{}")
+                replaced[old.task_id] = [max(old.credits or 0.0, 0.0), max(old.cost or 0.0, 0.0)]
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                    (REPLACED, json.dumps(after)),
+                    (REPLACED, json.dumps(replaced)),
                 )
         self._db.execute(
             f"INSERT OR REPLACE INTO tasks ({', '.join(SAVED_COLUMNS)}, planned, created, "
@@ -354,8 +352,19 @@ class Ledger:
                 "SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM tasks WHERE kind!=?",
                 (BAD,),
             ).fetchone()
-            replaced = json.loads(self._meta(REPLACED) or "[0, 0]")
-        return credits + replaced[0], cost + replaced[1]
+            replaced: dict[str, list[float]] = json.loads(self._meta(REPLACED) or "{}")
+            ids = list(replaced)
+            for at in range(0, len(ids), 500):  # a task a row holds again is counted there
+                chunk = ids[at : at + 500]
+                for (task_id,) in self._db.execute(
+                    f"SELECT task_id FROM tasks WHERE task_id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    replaced.pop(task_id, None)
+        return (
+            credits + sum(c for c, _ in replaced.values()),
+            cost + sum(c for _, c in replaced.values()),
+        )
 
     def get_meta(self, key: str) -> str | None:
         """A value the run keeps beside its lines (``stopped_by``, say)."""
