@@ -7,6 +7,7 @@ writes on connections of its own. Over a real loopback socket where a client is 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sqlite3
 import threading
@@ -319,6 +320,13 @@ def test_a_forked_child_writes_on_connections_of_its_own(tmp_path: Path) -> None
         finally:
             os._exit(code)
     os.close(written[1])  # a child that failed first ends the read: EOF, not a hang
+    # A child that hangs (SQLite's own mutexes, held by a thread of the parent as it forked)
+    # fails the test at a bound, never hangs the suite.
+    ready, _, _ = select.select([written[0]], [], [], 30)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child did not write within 30 s")
     assert os.read(written[0], 1) == b"1"
     assert journal.try_record(sending("parent-3"), SCOPE)  # while the child lives
     os.write(go_on[1], b"1")
