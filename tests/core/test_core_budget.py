@@ -257,16 +257,23 @@ def test_without_a_ceiling_a_window_not_filled_does_not_widen() -> None:
     assert went.count(0.0) == B.START_WINDOW
 
 
+def answered_one_by_one(*, every: float, took: float) -> Budget:
+    """A budget with no ceiling whose query lane saw 50 requests, one at a time, each answered
+    ``took`` seconds after it went: its round trip learned."""
+    budget = Budget(RateLimit())
+    for i in range(50):
+        t = budget.reserve(QUERY, i * every)
+        budget.wait_time(t, i * every)
+        budget.finished(t, i * every + took)
+    return budget
+
+
 def test_a_request_held_back_while_a_gateway_slows_asks_less_and_less_often() -> None:
     # Answers came in a millisecond, then none for 3 s: the first request held back asked at
     # a quarter round trip as learned (3,000 times); it now asks less often as the silence
     # grows (a few times a second by its end), and goes within half the silence once its
     # place frees.
-    budget = Budget(RateLimit())
-    for i in range(50):
-        t = budget.reserve(QUERY, i * 0.01)
-        budget.wait_time(t, i * 0.01)
-        budget.finished(t, i * 0.01 + 0.001)
+    budget = answered_one_by_one(every=0.01, took=0.001)
     start = 1.0
     flying = [budget.reserve(QUERY, start) for _ in range(B.START_WINDOW)]
     assert all(t.sent_at == start for t in flying)
@@ -289,11 +296,7 @@ def test_a_request_held_back_while_a_gateway_slows_asks_less_and_less_often() ->
 def test_one_slow_request_in_flight_is_no_silence_for_a_later_burst() -> None:
     # A request out for 20 s while a burst comes, answered in 20 ms: its held-back requests
     # slept a quarter of those 20 s each, as if the gateway had gone quiet.
-    budget = Budget(RateLimit())
-    for i in range(50):
-        t = budget.reserve(QUERY, i * 0.05)
-        budget.wait_time(t, i * 0.05)
-        budget.finished(t, i * 0.05 + 0.02)
+    budget = answered_one_by_one(every=0.05, took=0.02)
     assert budget.reserve(QUERY, 3.0).sent_at == 3.0  # answered long after the burst
     burst = 23.0
     tickets = [budget.reserve(QUERY, burst) for _ in range(8)]
