@@ -351,3 +351,13 @@ def test_each_copy_of_a_ledger_is_numbered_one_past_the_last(tmp_path: Path) -> 
     assert read_meta(tmp_path / "copy-1.sqlite", STOPPED_BY) is None
     assert read_meta(tmp_path / "copy-2.sqlite", STOPPED_BY) == "max_failures"
     assert (tmp_path / "copy-2.sqlite").stat().st_mode & 0o077 == 0  # private, as the ledger
+
+
+@pytest.mark.parametrize("value", ['"x"', "[4, 0]", '{"7": [-1, 0]}', '{"7": ["4", 0]}', "{"])
+def test_replaced_charges_no_run_wrote_are_a_damaged_ledger(tmp_path: Path, value: str) -> None:
+    # Read as a lower spend, a cap would let more be paid for than its owner allowed.
+    with planned(tmp_path, [row(1)]) as ledger:
+        ledger.set_meta("replaced_charges", value)
+        with pytest.raises(StorageError) as raised:
+            ledger.spent()
+    assert raised.value.code == "ledger_damaged"

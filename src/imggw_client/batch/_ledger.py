@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import queue
 import sqlite3
 import threading
@@ -40,6 +41,7 @@ from ._schema import (
     SAVED,
     SAVED_COLUMNS,
     SUCCEEDED,
+    DamagedRow,
     Row,
     connect,
     migrate,
@@ -56,6 +58,10 @@ _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no
 # their rows are made anew for the new request, and a cap still counts what the old ones cost
 # (once: a line changed back replays its task, and its row counts it again).
 REPLACED = "replaced_charges"
+
+
+def _charge(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
 def is_locked(folder: Path) -> bool:
@@ -212,7 +218,7 @@ class Ledger:
             if old.task_id is not None or old.first_sent is not None:
                 self.replaced.append(row.line)  # a paid line made anew: a change, whatever
             if (old.credits or old.cost) and old.task_id is not None:
-                replaced = json.loads(self._meta(REPLACED) or "{}")
+                replaced = self._replaced()
                 replaced[old.task_id] = [max(old.credits or 0.0, 0.0), max(old.cost or 0.0, 0.0)]
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -352,7 +358,7 @@ class Ledger:
                 "SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM tasks WHERE kind!=?",
                 (BAD,),
             ).fetchone()
-            replaced: dict[str, list[float]] = json.loads(self._meta(REPLACED) or "{}")
+            replaced = self._replaced()
             ids = list(replaced)
             for at in range(0, len(ids), 500):  # a task a row holds again is counted there
                 chunk = ids[at : at + 500]
@@ -365,6 +371,20 @@ class Ledger:
             credits + sum(c for c, _ in replaced.values()),
             cost + sum(c for _, c in replaced.values()),
         )
+
+    def _replaced(self) -> dict[str, list[float]]:
+        """What replaced rows' tasks were charged, by task id; a value no run wrote (the folder
+        is anyone's to edit) is a damaged ledger, never a cap read as lower than it is."""
+        try:
+            replaced = json.loads(self._meta(REPLACED) or "{}")
+            if isinstance(replaced, dict) and all(
+                isinstance(v, list) and len(v) == 2 and all(_charge(c) for c in v)
+                for v in replaced.values()
+            ):
+                return replaced
+        except (ValueError, RecursionError):
+            pass
+        raise storage_error(self.path, DamagedRow(f"its meta {REPLACED!r} is not a run's"))
 
     def get_meta(self, key: str) -> str | None:
         """A value the run keeps beside its lines (``stopped_by``, say)."""
