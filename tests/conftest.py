@@ -296,12 +296,13 @@ class FakeTime:
     def clock(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, arm: object = None) -> None:
+        """Sleeps whole: nothing else moves while fake time passes, so no wake could come."""
         assert seconds >= 0
         self.slept.append(seconds)
         self.now += seconds
 
-    async def asleep(self, seconds: float) -> None:
+    async def asleep(self, seconds: float, arm: object = None) -> None:
         self.sleep(seconds)
 
 

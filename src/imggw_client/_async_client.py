@@ -636,7 +636,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             watch.observe(action)
             return None
         if isinstance(action, wire.Sleep):
-            await self._sleep(action.seconds)
+            await self._sleep(action.seconds, action.arm)
         elif isinstance(action, wire.Record):
             await _io.record(self._journal, action.event, self.journal_scope)
         elif isinstance(action, wire.Answered):

@@ -630,7 +630,7 @@ class Client(BaseClient[httpx.Client]):
             watch.observe(action)
             return None
         if isinstance(action, wire.Sleep):
-            self._sleep(action.seconds)
+            self._sleep(action.seconds, action.arm)
         elif isinstance(action, wire.Record):
             _io.record(self._journal, action.event, self.journal_scope)
         elif isinstance(action, wire.Answered):

@@ -36,7 +36,40 @@ log = logging.getLogger("imggw_client")
 OnUpdate = Callable[[Task], Any]  # may return an awaitable, which is awaited
 OnSubmit = Callable[[Submission], Any]  # the same
 
-sleep = anyio.sleep
+Arm = Callable[[Callable[[], object]], float]  # a budget's wait: see ``wire.Sleep``
+
+
+async def sleep(seconds: float, arm: Arm | None = None) -> None:
+    """Sleeps ``seconds``; or, given ``arm``, what it returns or until the wake it arms comes
+    (from any thread)."""
+    if arm is None:
+        await anyio.sleep(seconds)
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio: no wake from another thread here; the told wait is slept
+        await anyio.sleep(seconds)
+        return
+    woken = loop.create_future()
+
+    def wake() -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, woken)
+
+    seconds = arm(wake)
+    if seconds > 0:
+        # asyncio.wait times out without cancelling this task (wait_for would, from 3.12),
+        # which anyio's cancel scopes around a request must not see.
+        try:
+            await asyncio.wait([woken], timeout=seconds)
+        finally:
+            woken.cancel()
+
+
+def settle(woken: asyncio.Future[None]) -> None:
+    """Ends a sleep on ``woken`` (called on its loop)."""
+    if not woken.done():
+        woken.set_result(None)
 
 
 def new_http(**options: Any) -> httpx.AsyncClient:

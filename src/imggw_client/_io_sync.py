@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +31,19 @@ log = logging.getLogger("imggw_client")
 
 OnUpdate = Callable[[Task], Any]
 OnSubmit = Callable[[Submission], Any]
+Arm = Callable[[Callable[[], object]], float]  # a budget's wait: see ``wire.Sleep``
 
 
-sleep = time.sleep
+def sleep(seconds: float, arm: Arm | None = None) -> None:
+    """Sleeps ``seconds``; or, given ``arm``, what it returns or until the wake it arms comes."""
+    if arm is None:
+        time.sleep(seconds)
+        return
+    woken = threading.Event()
+    seconds = arm(woken.set)
+    if seconds > 0:
+        woken.wait(seconds)
+
 
 # A blocking read cannot be cancelled: the HTTP client a Client makes bounds every network
 # operation by the time left to its request.

@@ -46,5 +46,5 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Clients made from here on retry at once (each sleep they ask for is noted, not slept):
     for what a command says after its retries, not for their pacing."""
     slept: list[float] = []
-    monkeypatch.setattr(_io_sync, "sleep", slept.append)
+    monkeypatch.setattr(_io_sync, "sleep", lambda seconds, arm=None: slept.append(seconds))
     return slept

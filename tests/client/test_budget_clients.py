@@ -227,6 +227,57 @@ async def test_requests_cancelled_in_flight_give_back_their_places(gateway: Mock
         assert client._flows.budget.pace("query") is None  # one at a time: never slowed
 
 
+def counting_waits(client: Client | AsyncClient) -> list[float]:
+    """Notes each time the client's budget is asked how long a request still waits."""
+    budget, asked = client._flows.budget, []
+    wait_time = budget.wait_time
+
+    def counted(ticket: Any, now: float) -> float:
+        asked.append(now)
+        return wait_time(ticket, now)
+
+    budget.wait_time = counted  # type: ignore[method-assign, union-attr]
+    return asked
+
+
+HELD = 24  # queries at once, against a start window of 4
+
+
+@pytest.mark.gateway(latency=0.2, fault_rate=1.0, faults=["latency"])
+@pytest.mark.anyio
+async def test_tasks_held_back_by_the_window_sleep_until_an_answer_frees_a_place(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    # Before the budget woke its sleepers, each held-back request guessed when its place would
+    # free (a share of the round trip per answer) and asked again: 3 to 4 times a request.
+    gateway, url = served_gateway
+    async with AsyncClient(api_key="test-key", base_url=url) as client:
+        sub = await client.submit("a cat")
+        asked = counting_waits(client)
+        async with anyio.create_task_group() as group:
+            for _ in range(HELD):
+                group.start_soon(client.get, sub.task_id)
+    assert sum(gateway.stats()["requests"].values()) == HELD + 1
+    assert len(asked) <= 2 * HELD
+
+
+@pytest.mark.gateway(latency=0.2, fault_rate=1.0, faults=["latency"])
+def test_threads_held_back_by_the_window_sleep_until_an_answer_frees_a_place(
+    served_gateway: tuple[MockGateway, str],
+) -> None:
+    gateway, url = served_gateway
+    with Client(api_key="test-key", base_url=url) as client:
+        sub = client.submit("a cat")
+        asked = counting_waits(client)
+        threads = [threading.Thread(target=client.get, args=(sub.task_id,)) for _ in range(HELD)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sum(gateway.stats()["requests"].values()) == HELD + 1
+    assert len(asked) <= 2 * HELD
+
+
 def test_a_request_refused_again_backs_off_where_its_first_429_was_retried_at_once() -> None:
     # One caller alone at a limit with no Retry-After: too few answers for the budget to read
     # a share of 429s from, so the request itself backs off from its second 429 on.

@@ -62,7 +62,7 @@ class VirtualTime:
     def clock(self) -> float:
         return self.now
 
-    async def sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float, arm: object = None) -> None:
         woken = anyio.Event()
         heapq.heappush(self._sleepers, (self.now + max(0.0, seconds), next(self._order), woken))
         await woken.wait()

@@ -16,6 +16,7 @@ indeterminate or unavailable idempotency check) are read before the status, what
 from __future__ import annotations
 
 import email.utils
+import functools
 import logging
 import math
 import random
@@ -292,7 +293,7 @@ class Attempts:
                     if deadline > now:
                         yield Sleep(deadline - now)
                     return None
-                yield Sleep(wait)
+                yield Sleep(wait, functools.partial(self.budget.arm, ticket))  # woken on news
         except BaseException:  # closed or cancelled while it waited: the place is given back
             self.budget.release(ticket)
             raise

@@ -31,6 +31,9 @@ MIN_ROUND = 0.05  # seconds: the window at most doubles in this time (and in a r
 MAX_WINDOW = 64  # more would wait in httpx's pool of 100 connections, at 3x the CPU
 RTT_GUESS = 0.02  # seconds an answer is taken to need before one came back
 MIN_WAIT = 0.001  # the shortest wait for a place in the window (never spin)
+# The longest a sleeper armed for a place in the window sleeps before asking again: a safety
+# net only, as every answer or release that frees a place wakes the sleeper it goes to.
+ARMED_WAIT = 1.0
 # While no answer comes, a round trip is taken to be at least this share of the time since the
 # lane last heard one: a request held back by the window (or waiting to learn whether a later
 # one was taken) asks less and less often of a gateway that slowed down, never a busy poll, and
@@ -71,9 +74,10 @@ RECOVERING = "recovering"  # after a 429: below the ceiling (if any), growing ba
 _NEVER = -math.inf
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Ticket:
-    """One request's place in its lane; ``slot`` is when it was due as it was reserved."""
+    """One request's place in its lane; ``slot`` is when it was due as it was reserved.
+    Hashable by identity (a lane keeps the sleepers to wake in dicts)."""
 
     kind: str
     slot: float
@@ -87,6 +91,9 @@ class Ticket:
     # refused one (at ``owed_after``) is accepted first.
     not_before: float = -math.inf
     owed_after: float = -math.inf
+    seen: int = 0  # the lane's ``moved`` when it last asked ...
+    armed_wait: float = 0.0  # ... and the longest its sleep may last once armed
+    wake: Callable[[], object] | None = None  # armed (:meth:`Budget.arm`): wakes its sleeper
 
 
 @dataclass(slots=True)
@@ -145,6 +152,13 @@ class _Lane(Pacing):
     ranked: list[tuple[float, int]] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)  # the turns held back by the window
     write_at: float = _NEVER  # the write gate: when the next paced head is due on the wire
+    # Sleepers to wake when their wait may end sooner (:meth:`Budget.arm`): those the window
+    # holds back (by turn), those waiting a 429's hint, and the rest (the paced). ``moved``
+    # counts the events that may end a wait sooner: a ticket that saw an older count asks again.
+    window_alarms: dict[int, Ticket] = field(default_factory=dict)
+    hint_alarms: dict[Ticket, None] = field(default_factory=dict)
+    alarms: dict[Ticket, None] = field(default_factory=dict)
+    moved: int = 0
 
     def _rank(self, ticket: Ticket) -> int:
         """A waiting paced ticket's rank among those waiting."""
@@ -213,6 +227,35 @@ class _Lane(Pacing):
         ticket.windowed = False
         del self.waiting[bisect.bisect_left(self.waiting, ticket.place)]
 
+    def disarm(self, ticket: Ticket) -> Callable[[], object] | None:
+        """Takes an armed ticket's sleeper out of the lane; returns its wake."""
+        wake, ticket.wake = ticket.wake, None
+        if wake is not None:
+            if self.window_alarms.get(ticket.place) is ticket:
+                del self.window_alarms[ticket.place]
+            self.hint_alarms.pop(ticket, None)
+            self.alarms.pop(ticket, None)
+        return wake
+
+    def wake(self, tickets: list[Ticket]) -> None:
+        """Wakes the sleepers of ``tickets`` (each asks again)."""
+        self.moved += 1
+        for ticket in tickets:
+            wake = self.disarm(ticket)
+            if wake is not None:
+                wake()
+
+    def wake_window(self) -> None:
+        """Wakes the held-back requests the window now has places for, no more (never a herd)."""
+        self.moved += 1
+        if self.window_alarms:
+            free = self.waiting[: max(0, self.window - self.in_flight)]
+            self.wake([self.window_alarms[t] for t in free if t in self.window_alarms])
+
+    def wake_all(self) -> None:
+        """The schedule moved: every sleeper asks again."""
+        self.wake([*self.window_alarms.values(), *self.hint_alarms, *self.alarms])
+
 
 def _lane(ceiling: float | None) -> _Lane:
     p = lane_of(ceiling)
@@ -276,60 +319,93 @@ class Budget:
         """Seconds to wait before sending; 0 means go now (the send is then recorded)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
-            if ticket.sent_at is None and ticket.not_before > now:
-                if lane.taken_after <= ticket.owed_after:
-                    # Its 429's hint, unless a request sent after it is taken: asked again.
-                    wait = ticket.not_before - now
-                    if lane.in_flight and lane.last_went > ticket.owed_after:
-                        wait = min(wait, max(MIN_WAIT, lane.round_trip(now)))
-                    return wait
-                ticket.not_before = _NEVER
-            if ticket.windowed and lane.unpaced:
-                wait = lane.paused_until - now  # no place in the window is taken in a pause
-                if wait <= 0:
-                    wait = lane.window_wait(ticket, now)
-                if wait > 0:
-                    return wait
-                lane.fly(ticket)  # its place in the window: it goes now
+            if ticket.wake is not None:  # awake and asking: its sleeper is done
+                lane.disarm(ticket)
+            ticket.armed_wait = 0.0
+            wait = self._wait(lane, ticket, now)
+            ticket.seen = lane.moved  # what :meth:`arm` compares: news after this wakes it
+            ticket.armed_wait = max(ticket.armed_wait, wait)
+            return wait
+
+    def _wait(self, lane: _Lane, ticket: Ticket, now: float) -> float:
+        """:meth:`wait_time`'s answer, under the lock."""
+        if ticket.sent_at is None and ticket.not_before > now:
+            if lane.taken_after <= ticket.owed_after:
+                # Its 429's hint, unless a request sent after it is taken: asked again (or,
+                # armed, woken then).
+                wait = ticket.armed_wait = ticket.not_before - now
+                if lane.in_flight and lane.last_went > ticket.owed_after:
+                    wait = min(wait, max(MIN_WAIT, lane.round_trip(now)))
+                return wait
+            ticket.not_before = _NEVER
+        if ticket.windowed and lane.unpaced:
+            wait = lane.paused_until - now  # no place in the window is taken in a pause
+            if wait <= 0:
+                wait = lane.window_wait(ticket, now)
+                ticket.armed_wait = ARMED_WAIT  # armed, it is woken when its place frees
+            if wait > 0:
+                return wait
+            lane.fly(ticket)  # its place in the window: it goes now
+        if ticket.windowed:
+            lane.unwait(ticket)
+        if not ticket.paced and ticket.sent_at is None and not lane.unpaced:
+            # Held back, or let through while a pause held it, and the lane paced since.
+            self._grow(lane, now)
+            ticket.place, ticket.slot = self._hold(lane, now, ticket.priority)
+            ticket.paced = True
+        due = lane.paused_until
+        place = -1
+        if ticket.paced:
+            self._grow(lane, now)
+            place = lane.place_of(ticket) if ticket.sent_at is None else ticket.place
+            if lane.due(place) < now - lane.interval:
+                # Woken late by a busy loop: the places after it go one by one, not together.
+                lane.anchor(place, lane.earliest(now))
+            due = max(lane.due(place), lane.earliest(now))
+            if lane.strikes and lane.ceiling is None and lane.last_sent >= lane.paused_at:
+                # After a pause, one goes until its answer (or four round trips) comes.
+                due = max(due, lane.last_sent + 4 * lane.rtt)
+        if due > now:
+            if ticket.paced and due > lane.paused_until:
+                lane.queued = True
+            if lane.ceiling is None and lane.mode == RECOVERING:  # sooner if the pace grows
+                return min(due - now, max(lane.grow_at - now, MIN_WAIT))
+            return due - now
+        if ticket.paced and ticket.sent_at is None:
+            lane.forget(ticket)
+            ticket.place = place
+        ticket.sent_at = now
+        if ticket.paced:
+            lane.last_sent = now
+        lane.fly(ticket)
+        lane.last_went = max(lane.last_went, now)
+        return 0.0
+
+    def arm(self, ticket: Ticket, wake: Callable[[], object]) -> float:
+        """Has ``wake`` called once, by whichever thread brings the news, as soon as the wait
+        :meth:`wait_time` last gave ``ticket`` may end sooner: an answer freed its place in the
+        window, a request sent after its 429 was taken, or the schedule moved. Returns how long
+        the driver may sleep, unless woken, before it asks again (at least the wait it was
+        told; longer where a wake is sure to come); 0.0: that news came already (ask now)."""
+        with self._lock:
+            lane = self._lanes[ticket.kind]
+            if ticket.seen != lane.moved or ticket.sent_at is not None:
+                return 0.0
+            lane.disarm(ticket)
+            ticket.wake = wake
             if ticket.windowed:
-                lane.unwait(ticket)
-            if not ticket.paced and ticket.sent_at is None and not lane.unpaced:
-                # Held back, or let through while a pause held it, and the lane paced since.
-                self._grow(lane, now)
-                ticket.place, ticket.slot = self._hold(lane, now, ticket.priority)
-                ticket.paced = True
-            due = lane.paused_until
-            place = -1
-            if ticket.paced:
-                self._grow(lane, now)
-                place = lane.place_of(ticket) if ticket.sent_at is None else ticket.place
-                if lane.due(place) < now - lane.interval:
-                    # Woken late by a busy loop: the places after it go one by one, not together.
-                    lane.anchor(place, lane.earliest(now))
-                due = max(lane.due(place), lane.earliest(now))
-                if lane.strikes and lane.ceiling is None and lane.last_sent >= lane.paused_at:
-                    # After a pause, one goes until its answer (or four round trips) comes.
-                    due = max(due, lane.last_sent + 4 * lane.rtt)
-            if due > now:
-                if ticket.paced and due > lane.paused_until:
-                    lane.queued = True
-                if lane.ceiling is None and lane.mode == RECOVERING:  # sooner if the pace grows
-                    return min(due - now, max(lane.grow_at - now, MIN_WAIT))
-                return due - now
-            if ticket.paced and ticket.sent_at is None:
-                lane.forget(ticket)
-                ticket.place = place
-            ticket.sent_at = now
-            if ticket.paced:
-                lane.last_sent = now
-            lane.fly(ticket)
-            lane.last_went = max(lane.last_went, now)
-            return 0.0
+                lane.window_alarms[ticket.place] = ticket
+            elif ticket.not_before > _NEVER:
+                lane.hint_alarms[ticket] = None
+            else:
+                lane.alarms[ticket] = None
+            return ticket.armed_wait
 
     def release(self, ticket: Ticket) -> None:
         """Gives back a place that will not be used (its request's deadline came first)."""
         with self._lock:
             lane = self._lanes[ticket.kind]
+            lane.disarm(ticket)
             lane.land(ticket)
             if ticket.windowed:
                 lane.unwait(ticket)
@@ -337,6 +413,7 @@ class Budget:
                 place = lane.forget(ticket)  # the others keep their places and their order
                 if place == lane.next_place - 1:
                     lane.next_place -= 1  # the last place: given back, it leaves no hole
+            lane.wake_window()
 
     def gate(self, ticket: Ticket, clock: Callable[[], float]) -> WriteGate | None:
         """The write gate of a paced request whose slot came (None: unpaced)."""
@@ -372,9 +449,9 @@ class Budget:
             used = bool(lane.waiting) or 2 * lane.in_flight >= lane.window
             lane.land(ticket)
             lane.heard_at = now
-            old_interval = lane.interval
+            old_interval, struck = lane.interval, lane.strikes
             count(lane, now, limited=limited)
-            if answered(
+            moved = answered(
                 lane,
                 now,
                 sent=ticket.sent_at,
@@ -382,13 +459,20 @@ class Budget:
                 retry_after=retry_after,
                 backoff=backoff,
                 used=used,
-            ):
+            )
+            if moved:
                 lane.reschedule(now, old_interval)  # the places waiting follow, in order
             sent = ticket.sent_at if ticket.sent_at is not None else now
             if not limited:
                 lane.taken_after = max(lane.taken_after, sent)
+                if lane.hint_alarms:  # a 429's hint is waited no more once a later one is taken
+                    lane.wake([t for t in lane.hint_alarms if t.owed_after < lane.taken_after])
             elif lane.mode == STARTING and retry_after is not None and retry_after > 0:
                 lane.owed.append((now + min(retry_after, MAX_PAUSE), sent))  # for its retry
+            if moved or struck:  # a new pace or pause, or the one after a pause answered
+                lane.wake_all()
+            else:
+                lane.wake_window()
 
     def pace(self, kind: str) -> float | None:
         """The lane's current pace in requests per second (None: unpaced)."""
@@ -406,6 +490,7 @@ class Budget:
         lane.queued = False
         if grown(lane, now, queued=queued):
             lane.reschedule(now, old_interval)
+            lane.wake_all()
 
 
 # ---------------------------------------------------------------------------- the policy

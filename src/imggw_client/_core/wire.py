@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -84,9 +84,14 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Sleep:
-    """Sleep this many seconds -> ``None``."""
+    """Sleep this many seconds -> ``None``. A wait for the request budget carries ``arm``: a
+    driver that can be woken from any thread calls it with its wake first, and sleeps what it
+    returns instead (0.0: not at all), or until woken (``Budget.arm``)."""
 
     seconds: float
+    arm: Callable[[Callable[[], object]], float] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,6 @@ class BudgetPlugin(SchedulerPlugin):
         self.tickets: dict[int, tuple[str, Ticket, float, str | None]] = {}
         self.numbers = itertools.count(1)
         self.swept = 0.0
-        self._freed: asyncio.Event | None = None  # set when an answer may free a place
 
     async def start(self, scheduler: Any) -> None:
         scheduler.handlers[HANDLER] = self.serve
@@ -79,31 +78,27 @@ class BudgetPlugin(SchedulerPlugin):
             if holder == worker:
                 del self.tickets[number]
                 self.budgets[budget].release(slot)
-        self._wake()
 
     async def serve(self, **message: Any) -> dict[str, Any]:
         """The scheduler's handler: :meth:`handle`, but a question about a slot is held until
-        the slot comes (or :data:`HOLD` passes), woken by each answer: never polled."""
+        the slot comes (or :data:`HOLD` passes), asleep until the budget wakes it
+        (``Budget.arm``): never polled."""
         answer = self.handle(**message)
         until = time.monotonic() + HOLD
-        while answer.get("ticket", message.get("ticket")) is not None and answer.get("wait"):
+        number = answer.get("ticket", message.get("ticket"))
+        while number in self.tickets and answer.get("wait"):
             left = until - time.monotonic()
             if answer["wait"] > left:
                 break  # longer than a hold: the worker sleeps it, its deadline in view
-            if self._freed is None:
-                self._freed = asyncio.Event()
+            budget, slot, _, _ = self.tickets[number]
+            woken = asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before 3.11
-                await asyncio.wait_for(self._freed.wait(), answer["wait"])
-            number = answer.get("ticket", message.get("ticket"))
+                await asyncio.wait_for(
+                    woken.wait(), min(self.budgets[budget].arm(slot, woken.set), left)
+                )
             waited = self.handle(message["budget"], "wait", ticket=number)
             answer = {**answer, "wait": waited["wait"]}
         return answer
-
-    def _wake(self) -> None:
-        """Wakes the questions held: an answer may have freed a place."""
-        if self._freed is not None:
-            self._freed.set()
-            self._freed = None
 
     def guard(self, run: str, action: str, **message: Any) -> dict[str, Any]:
         """The run's guards: opened by the driver (caps, what the folder's run was charged so
@@ -165,7 +160,6 @@ class BudgetPlugin(SchedulerPlugin):
             held.finished(
                 slot, now, limited=limited, retry_after=retry_after, backoff=(first, longest)
             )
-        self._wake()
         return {"ok": True}
 
     def _sweep(self, now: float) -> None:
