@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from imggw_client import (
@@ -276,6 +277,39 @@ def test_threads_held_back_by_the_window_sleep_until_an_answer_frees_a_place(
             thread.join()
     assert sum(gateway.stats()["requests"].values()) == HELD + 1
     assert len(asked) <= 2 * HELD
+
+
+@pytest.mark.anyio
+async def test_calls_cancelled_oldest_first_hand_their_turns_to_the_calls_behind() -> None:
+    # 20 calls queued at 2/s, the oldest 19 cancelled as a task group cancels: the one left
+    # waited out the 19 empty turns (10 s), asleep until its old time. It now goes at once,
+    # woken to take the turn of the first.
+    arrived: list[float] = []
+    came = anyio.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        arrived.append(time.monotonic())
+        if len(arrived) == 2:
+            came.set()
+        return beta_task("7")
+
+    limit = RateLimit(queries_per_second=2)
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient(
+        api_key="sk-test", base_url="http://gw.test", rate_limit=limit, transport=transport
+    ) as client:
+        await client.get("7")  # the first turn, taken
+        async with anyio.create_task_group() as kept:
+            async with anyio.create_task_group() as cancelled:
+                for _ in range(19):
+                    cancelled.start_soon(client.get, "7")
+                await anyio.wait_all_tasks_blocked()
+                kept.start_soon(client.get, "7")
+                await anyio.wait_all_tasks_blocked()
+                cancelled.cancel_scope.cancel()
+            with anyio.fail_after(5):  # its old turn was 10 s away
+                await came.wait()
+    assert arrived[1] - arrived[0] < 2.0
 
 
 def test_a_request_refused_again_backs_off_where_its_first_429_was_retried_at_once() -> None:

@@ -132,3 +132,14 @@ def test_an_armed_sleeper_sleeps_until_its_news_not_a_guess_of_when_it_comes() -
     told = budget.wait_time(retry, 2.02)  # asks again a round trip on, for news
     assert told < 1.0
     assert budget.arm(retry, lambda: None) == pytest.approx(30.0)  # armed: the hint, or woken
+
+
+def test_a_place_given_back_wakes_the_sleepers_behind_it_only() -> None:
+    budget = Budget(RateLimit(queries_per_second=2))
+    assert budget.wait_time(budget.reserve(QUERY, 0.0), 0.0) == 0.0
+    asleep = [Sleeper(budget, budget.reserve(QUERY, 0.0), 0.0) for _ in range(5)]
+    budget.release(asleep[4].ticket)  # the last: no one behind it moves
+    assert [s.woken for s in asleep] == [0] * 5
+    budget.release(asleep[1].ticket)
+    assert [s.woken for s in asleep[:4]] == [0, 0, 1, 1]  # these two now go a turn sooner
+    assert budget.wait_time(asleep[2].ticket, 0.0) == pytest.approx(2 * 0.5 * 1.01)

@@ -365,6 +365,20 @@ def test_a_released_last_slot_leaves_no_hole() -> None:
     assert budget.reserve(QUERY, 0.0).slot == unused.slot
 
 
+def test_places_given_back_oldest_first_leave_no_holes() -> None:
+    # A task group cancels its waiting calls in the order they were made: each gave back a
+    # place before the last, and the next request waited for all 49 (23 s at 2/s).
+    budget = Budget(RateLimit(queries_per_second=2))
+    budget.wait_time(budget.reserve(QUERY, 0.0), 0.0)
+    waiting = [budget.reserve(QUERY, 0.0) for _ in range(49)]
+    kept = waiting.pop()
+    for ticket in waiting:
+        budget.release(ticket)
+    assert budget.wait_time(kept, 0.0) == pytest.approx(0.5 * 1.01)  # the place after the first
+    later = budget.reserve(QUERY, 0.1)
+    assert budget.wait_time(later, 0.1) == pytest.approx(2 * 0.5 * 1.01 - 0.1)
+
+
 def test_threads_share_one_budget_without_losing_a_slot() -> None:
     budget = Budget(RateLimit(submits_per_second=100))
     slots: list[float] = []

@@ -410,10 +410,16 @@ class Budget:
             if ticket.windowed:
                 lane.unwait(ticket)
             if ticket.paced and ticket.sent_at is None:
-                place = lane.forget(ticket)  # the others keep their places and their order
-                if place == lane.next_place - 1:
-                    lane.next_place -= 1  # the last place: given back, it leaves no hole
-            lane.wake_window()
+                # The latest place goes, and each ticket after this one moves up one: places
+                # given back anywhere (a task group cancelled, oldest first) leave no holes.
+                # Their sleepers (not those before it) are woken to take their new turns.
+                key = (ticket.priority, ticket.place)
+                del lane.ranked[lane._rank(ticket)]
+                if lane.held.pop() == lane.next_place - 1:
+                    lane.next_place -= 1
+                lane.wake([t for t in lane.alarms if (t.priority, t.place) > key])
+            else:
+                lane.wake_window()
 
     def gate(self, ticket: Ticket, clock: Callable[[], float]) -> WriteGate | None:
         """The write gate of a paced request whose slot came (None: unpaced)."""
