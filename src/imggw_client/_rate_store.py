@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import math
 import secrets
 import threading
 import time
@@ -97,6 +98,11 @@ class _Driver:
         self._sleepers: dict[str, deque[Callable[[], bool]]] = {kind: deque() for kind in KINDS}
         self._poller: dict[str, StoreTicket | None] = dict.fromkeys(KINDS)
         self._owed: dict[str, list[float]] = {kind: [] for kind in KINDS}  # isolated 429s' hints
+        # This process's own ceiling, whatever pace the lane keeps (a process with no ceiling may
+        # have made it): one request of a kind asks the store at a time, an interval after the
+        # last this process sent.
+        self._asking: dict[str, StoreTicket | None] = dict.fromkeys(KINDS)
+        self._last_sent = dict.fromkeys(KINDS, -math.inf)
         self._lock = threading.Lock()
 
     def options(self, retry: type[Any]) -> dict[str, Any]:
@@ -177,12 +183,18 @@ class _Driver:
         if ticket.not_before > now:
             return ticket.not_before - now
         if ticket.local is None and self._use_store(now):
+            spaced = self._spaced(ticket, now)
+            if spaced:
+                return spaced
             try:
                 wait: float = await self._run(kind, shared.take_steps(self.limit, ticket))
             except Exception as exc:
+                self._unhold(ticket)  # no longer asking: the next of this process may
                 if self._failed(exc):  # going alone from now: one interval first, as below
                     self._quiet_until[kind] = time.monotonic() + shared.interval(self.limit, kind)
             else:
+                if wait == 0:
+                    self._went(ticket, now)
                 if wait == 0 and ticket.token:
                     with self._lock:
                         self.held[kind].add(ticket.token)
@@ -248,6 +260,39 @@ class _Driver:
     def _unhold(self, ticket: StoreTicket) -> None:
         with self._lock:
             self.held[ticket.kind].discard(ticket.token)
+            asking = self._asking[ticket.kind] is ticket
+            if asking:
+                self._asking[ticket.kind] = None
+        if asking:
+            self._wake(ticket.kind)
+
+    def _spaced(self, ticket: StoreTicket, now: float) -> float:
+        """0 if this process's ceiling lets ``ticket`` ask the store now (it asks alone until
+        it goes or gives up its place), else the seconds to wait (asleep, if another asks)."""
+        gap = shared.interval(self.limit, ticket.kind)
+        if not gap:
+            return 0.0
+        with self._lock:
+            asking = self._asking[ticket.kind]
+            if asking is not None and asking is not ticket:
+                ticket.full = True  # woken when that one goes
+                return gap
+            wait = self._last_sent[ticket.kind] + gap - now
+            if wait > 0:
+                return wait
+            self._asking[ticket.kind] = ticket
+            return 0.0
+
+    def _went(self, ticket: StoreTicket, asked: float) -> None:
+        """The store, asked at ``asked``, let ``ticket`` go: this process's next request asks
+        an interval after (the store's round trip is in both)."""
+        with self._lock:
+            self._last_sent[ticket.kind] = asked
+            asking = self._asking[ticket.kind] is ticket
+            if asking:
+                self._asking[ticket.kind] = None
+        if asking:
+            self._wake(ticket.kind)
 
     def _use_store(self, now: float) -> bool:
         """Whether to ask the store now: it answered last time, or its retry is due."""

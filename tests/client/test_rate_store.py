@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import socket
 import subprocess
@@ -287,6 +288,61 @@ def test_a_client_of_another_gateway_is_not_paused_by_a_429_on_this_one(redis: R
     # Its lane never heard of the 429: the store let it go at once (the pause the first client
     # met would have been a sleep of about 1 s here).
     assert sum(slept) == 0, slept
+
+
+@pytest.mark.slow
+def test_a_ceiling_holds_on_a_lane_a_client_without_one_made_first(redis: RedisServer) -> None:
+    # The lane's first process set its mode for all: a web app with no ceiling first, then a
+    # batch with RateLimit(submits_per_second=10) went unspaced (4 submits in 0.01 s).
+    base = "https://gateway.test"
+    with respx.mock(base_url=base) as gateway:
+        route = gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("1"))
+        unlimited = RateLimit(store=redis.url)
+        ceiling = RateLimit(submits_per_second=10, store=redis.url)
+        with (
+            Client(api_key=KEY, base_url=base, rate_limit=unlimited) as web,
+            Client(api_key=KEY, base_url=base, rate_limit=ceiling) as batch,
+        ):
+            web.submit("the lane's first request")
+            sent: list[float] = []
+            for n in range(4):
+                batch.submit(f"line {n}")
+                sent.append(time.monotonic())
+    assert route.call_count == 5
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert min(gaps) >= 0.1 * (1 + shared_budget.rules.GUARD) - 0.005, gaps
+
+
+@pytest.mark.slow
+def test_a_ceiling_is_not_starved_by_a_faster_client_without_one(redis: RedisServer) -> None:
+    # Spacing a ceiling by the lane's last send from any process let a client with no ceiling,
+    # sending all the time, keep it from ever sending: it is spaced by its own sends alone.
+    base = "https://gateway.test"
+    with respx.mock(base_url=base) as gateway:
+        gateway.post("/beta/v1/images/generations").mock(return_value=beta_submitted("1"))
+        unlimited = RateLimit(store=redis.url)
+        ceiling = RateLimit(submits_per_second=10, store=redis.url)
+        stop = threading.Event()
+        with (
+            Client(api_key=KEY, base_url=base, rate_limit=unlimited) as web,
+            Client(api_key=KEY, base_url=base, rate_limit=ceiling) as batch,
+        ):
+
+            def flood() -> None:
+                while not stop.is_set():
+                    web.submit("busy")
+
+            flooding = threading.Thread(target=flood)
+            flooding.start()
+            try:
+                started = time.monotonic()
+                for n in range(5):
+                    batch.submit(f"line {n}")
+                took = time.monotonic() - started
+            finally:
+                stop.set()
+                flooding.join()
+    assert took < 4 * 0.1 * 10  # four intervals, ten times over at most: never starved
 
 
 @pytest.mark.anyio
