@@ -4,10 +4,12 @@ resumes; only the global options it uses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 
-from imggw_client.batch._schema import EXPIRED, RUNNING, SAVED
+from imggw_client.batch._schema import EXPIRED, LEDGER_NAME, RUNNING, SAVED
 
 from ..batch.ledgers import planned, row
 from .helpers import imggw
@@ -83,3 +85,21 @@ def test_mock_serve_help_shows_an_example() -> None:
     )
     assert done.returncode == 0
     assert "Example: imggw mock serve --port 8080" in done.stdout
+
+
+def test_status_and_merge_of_a_folder_whose_ledger_has_a_row_no_run_wrote_say_so(
+    tmp_path: Path,
+) -> None:
+    # They read up to that row and printed the rest as pending (exit 3): a run that looked
+    # unfinished, where its ledger was damaged.
+    out = folder(tmp_path)
+    with contextlib.closing(sqlite3.connect(out / LEDGER_NAME)) as db:
+        db.execute("UPDATE tasks SET state='bogus' WHERE line=2")
+        db.commit()
+    for command in (["status"], ["merge"]):
+        run = imggw("batch", *command, str(out), "--json")
+        assert run.code == 4, run.err
+        assert run.out == ""
+        assert "(ledger_damaged)" in run.err
+        assert "its row 'line:2'" in run.err
+    assert not (out / "manifest.jsonl").exists()

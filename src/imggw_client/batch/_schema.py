@@ -547,7 +547,9 @@ def _read_only(path: Path) -> Iterator[tuple[sqlite3.Connection, int, int] | Non
 
 def read_rows(path: Path) -> Iterator[Row]:
     """Every row of a ledger file's last plan, in line order, read only: what ``status`` and
-    ``merge`` read of a shard's ledger or checkpoint. Whatever cannot be read ends the rows."""
+    ``merge`` read of a shard's ledger or checkpoint. A damaged ledger (or a row no run wrote)
+    raises the ``ledger_damaged`` error; whatever else cannot be read (a live run's file
+    between two states) ends the rows."""
     with _read_only(path) as opened:
         if opened is None:
             return
@@ -559,8 +561,9 @@ def read_rows(path: Path) -> Iterator[Row]:
             )
             for values in cursor:
                 yield Row.from_values(values, version)
-        except sqlite3.Error:
-            return
+        except sqlite3.Error as exc:
+            if is_damaged(exc):  # else read as far as it goes: no line counted twice
+                raise damaged_ledger(path, exc) from None
 
 
 def count_statuses(path: Path) -> dict[str, int] | None:
