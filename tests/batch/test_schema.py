@@ -150,6 +150,8 @@ def test_a_damaged_ledger_names_the_safe_remedy_and_a_failing_disk_does_not(
         "credits=1e999",  # SQLite keeps it as Infinity, which no JSON reader takes
         "task_id=x'07'",  # a blob, where text is kept
         "digest=NULL",
+        "task_id=NULL, state='running'",  # waited on for good: nothing to ask about
+        "task_id=NULL, kind='collect'",
     ],
 )
 def test_a_row_no_run_wrote_is_a_damaged_ledger_not_a_crash(tmp_path: Path, tampered: str) -> None:
@@ -172,7 +174,7 @@ def _old_ledger(path: Path, version: int, states: list[str]) -> None:
         db.executescript(FORMAT_5_LEDGER)
         db.execute(f"PRAGMA user_version={version}")
         for n, state in enumerate(states, 1):
-            line = (f"line:{n}", n, *values[2:9], state, *values[10:])
+            line = (f"line:{n}", n, *values[2:8], str(n), state, *values[10:])  # its task: n
             db.execute(
                 f"INSERT INTO lines ({', '.join(COLUMNS)}, planned, created_at, updated_at) "
                 f"VALUES ({', '.join('?' * (len(COLUMNS) + 3))})",

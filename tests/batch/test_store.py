@@ -208,6 +208,7 @@ async def test_each_move_keeps_the_counts_the_times_and_the_ledger(tmp_path: Pat
         told: list[int] = []
         run.tell = lambda at_once: told.append(1)
         first = ledger.rows()[0]
+        first.task_id = "1"  # its submit answered
         run.move(first, RUNNING)
         run.move(first, SUCCEEDED)
         assert first.completed_at is not None

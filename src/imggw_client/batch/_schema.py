@@ -231,6 +231,10 @@ class Row:
                     isinstance(number, int | float) and abs(number) < largest
                 ):
                     raise TypeError(f"{name} is not a number a ledger keeps")
+            if named["task_id"] is None and (
+                named["kind"] == COLLECT or named["state"] in _HAVE_TASKS
+            ):  # a line no run could ever move on: waited on, never asked about
+                raise TypeError(f"a {named['kind']} line {named['state'].value} names no task")
         except (ValueError, TypeError) as exc:
             raise DamagedRow(f"its row {str(named['identity'])[:80]!r}: {exc}") from None
         return cls(**named)
@@ -259,6 +263,7 @@ _MAY_BE_NULL = frozenset({"idempotency_key", "task_id", "caller_id"})
 _TIMES = ("expires_at", "finished_at", "submitted_at", "completed_at", "first_sent")
 _NUMBERS = ("line", "credits", "cost", *_TIMES)  # money: any finite charge a gateway states
 _LATEST = 1e11  # Unix seconds past any date a datetime holds (year 5138)
+_HAVE_TASKS = frozenset({State.RUNNING, State.SUCCEEDED, State.SAVED})  # a task's answer made them
 
 
 def state_of(stored: str, version: int = FORMAT) -> State:
