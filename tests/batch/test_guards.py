@@ -23,6 +23,8 @@ from imggw_client._core import spec
 from imggw_client.batch import BatchReport, plan_batch, run_batch, run_shard, status
 from imggw_client.batch._admission import Charge, Spending, Verdict, reported, settles
 from imggw_client.batch._plan import Caps
+from imggw_client.batch.scale._folder import charges
+from imggw_client.batch.scale._storage import open_storage
 from imggw_client.mock import MockGateway, MockRequest, MockResponse, fingerprint
 
 from ..cli.helpers import CANARY, imggw, imggw_batch
@@ -91,6 +93,25 @@ def test_a_cap_counts_what_lines_changed_or_removed_since_were_charged(
     assert billed(gateway) == 12
     dry = plan_batch(source, out, max_credits=12.0, allow_changes=True)
     assert (dry.spent["credits"], dry.fit) == (12.0, 0)
+
+
+def test_a_dask_runs_guard_starts_from_all_the_folder_was_charged(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
+    # It started from the last plan's lines alone: a line changed twice and a line removed were
+    # billed 12 credits the guard did not count, and a capped run on Dask would bill past it.
+    source, out = tmp_path / "in.txt", tmp_path / "out"
+    source.write_text("a cat\na dog\na bird\n")
+    assert batch(gateway_url, source, out).exit_code == 0
+    for edit in range(2):
+        source.write_text(f"a cat\na dog, take {edit}\na bird\n")
+        assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    source.write_text("a cat\na dog, take 1\n")
+    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    assert billed(gateway) == 20
+    spent, prices = charges(open_storage(str(out)))
+    assert spent.credits == 20
+    assert prices == {"1k": Charge(4.0, 0.01)}
 
 
 def test_a_line_changed_and_changed_back_is_counted_once(

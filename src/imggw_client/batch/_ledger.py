@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import queue
 import sqlite3
 import threading
@@ -37,15 +36,16 @@ from ._schema import (
     COLUMNS,
     EXPIRED,
     RECHECKS,
+    REPLACED,
     RUNNING,
     SAVED,
     SAVED_COLUMNS,
     SUCCEEDED,
-    DamagedRow,
     Row,
     connect,
     migrate,
     private_database,
+    replaced_of,
     state_of,
     storage_error,
 )
@@ -54,16 +54,11 @@ LOCK_NAME = ".imggw-batch.lock"
 INVALID_LINE = "invalid_line"  # a bad input line's error code
 STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run's submits
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
+
+
 # The meta key of what tasks of lines changed since were charged, {task id: [credits, cost]}:
 # their rows are made anew for the new request, and a cap still counts what the old ones cost
 # (once: a line changed back replays its task, and its row counts it again).
-REPLACED = "replaced_charges"
-
-
-def _charge(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
-
-
 def is_locked(folder: Path) -> bool:
     """Whether a run holds ``folder``'s lock now (taken and let go at once when free; never
     through a planted link). What ``batch status`` says as ``active``."""
@@ -373,18 +368,8 @@ class Ledger:
         )
 
     def _replaced(self) -> dict[str, list[float]]:
-        """What replaced rows' tasks were charged, by task id; a value no run wrote (the folder
-        is anyone's to edit) is a damaged ledger, never a cap read as lower than it is."""
-        try:
-            replaced = json.loads(self._meta(REPLACED) or "{}")
-            if isinstance(replaced, dict) and all(
-                isinstance(v, list) and len(v) == 2 and all(_charge(c) for c in v)
-                for v in replaced.values()
-            ):
-                return replaced
-        except (ValueError, RecursionError):
-            pass
-        raise storage_error(self.path, DamagedRow(f"its meta {REPLACED!r} is not a run's"))
+        """What replaced rows' tasks were charged, by task id (:func:`replaced_of`)."""
+        return replaced_of(self._meta(REPLACED), self.path)
 
     def get_meta(self, key: str) -> str | None:
         """A value the run keeps beside its lines (``stopped_by``, say)."""

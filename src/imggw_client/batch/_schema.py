@@ -627,6 +627,51 @@ def copy_ledger(path: Path, copy: Path) -> None:
         ) from exc
 
 
+REPLACED = "replaced_charges"  # meta: what replaced rows' tasks were charged, by task id
+
+
+def replaced_of(text: str | None, path: Path | str) -> dict[str, list[float]]:
+    """The replaced charges a ledger keeps (``{task_id: [credits, cost]}``); a value no run
+    wrote (the folder is anyone's to edit) is a damaged ledger, never a cap read as lower
+    than it is."""
+    try:
+        replaced = json.loads(text or "{}")
+        if isinstance(replaced, dict) and all(
+            isinstance(v, list) and len(v) == 2 and all(_charge(c) for c in v)
+            for v in replaced.values()
+        ):
+            return replaced
+    except (ValueError, RecursionError):
+        pass
+    raise storage_error(path, DamagedRow(f"its meta {REPLACED!r} is not a run's"))
+
+
+def _charge(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def charged_apart(path: Path) -> tuple[float, float, dict[str, list[float]]]:
+    """What a ledger file's lines outside its last plan (removed from the input since) were
+    charged, credits and cost, and its replaced charges by task id: what a cap counts beside
+    the last plan's lines (:func:`read_rows`). Read only."""
+    with _read_only(path) as opened:
+        if opened is None:
+            return 0.0, 0.0, {}
+        db, plan, version = opened
+        try:
+            credits, cost = db.execute(
+                f"SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM {table(version)} "
+                "WHERE kind!=? AND planned!=?",
+                (BAD, plan),
+            ).fetchone()
+            found = db.execute("SELECT value FROM meta WHERE key=?", (REPLACED,)).fetchone()
+        except sqlite3.Error as exc:
+            if is_damaged(exc):
+                raise damaged_ledger(path, exc) from None
+            return 0.0, 0.0, {}
+    return credits, cost, replaced_of(None if found is None else str(found[0]), path)
+
+
 def read_meta(path: Path, key: str) -> str | None:
     """A value a ledger file keeps beside its lines (``stopped_by``, say), read only."""
     with _read_only(path) as opened:

@@ -27,7 +27,7 @@ from .._admission import Charge, charge_of, settles
 from .._gallery import GALLERY_DIR, GALLERY_NAME, write_gallery
 from .._ledger import INVALID_LINE, STOPPED_BY, is_locked
 from .._report import MANIFEST_NAME, iter_manifest, manifest_row, write_manifest
-from .._schema import STATUSES, ExitCode, exit_code, read_meta, read_rows
+from .._schema import STATUSES, ExitCode, charged_apart, exit_code, read_meta, read_rows
 from ._storage import Storage, open_storage
 
 EXPIRED_CODE = reasons.RESULT_EXPIRED.code
@@ -89,6 +89,7 @@ class _Snapshot:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._copied: dict[str, Path | None] = {}
         if storage.local is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="imggw-")
 
@@ -98,8 +99,10 @@ class _Snapshot:
             path = local / rel
             return path if path.exists() else None
         assert self._tmp is not None
-        path = Path(self._tmp.name) / rel.replace("/", "__")
-        return path if self.storage.get(rel, path) else None
+        if rel not in self._copied:  # each file copied once, whoever reads it
+            path = Path(self._tmp.name) / rel.replace("/", "__")
+            self._copied[rel] = path if self.storage.get(rel, path) else None
+        return self._copied[rel]
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -228,15 +231,25 @@ def _opened(
 
 
 def charges(storage: Storage) -> tuple[Charge, dict[str, Charge]]:
-    """What a run's folder says its lines were charged: in all, and the highest price per
+    """What a run's folder says its runs were charged: in all, and the highest price per
     resolution (what a Dask run's guard starts from: a positive charge, or a saved line's; a
-    task stating 0 while it runs has told no price). Blocking."""
+    task stating 0 while it runs has told no price). In all counts, as one run's cap does,
+    the lines since removed from the input and what changed lines' tasks were charged before
+    their rows were made anew (each ledger's :func:`charged_apart`). Blocking."""
     snap = _Snapshot(storage)
     credits, cost, seen_cost = 0.0, 0.0, False
     prices: dict[str, Charge] = {}
+    tasks: set[object] = set()
+    replaced: dict[str, list[float]] = {}
     try:
+        for ledger in _ledgers(storage, snap):
+            apart_credits, apart_cost, apart = charged_apart(ledger)
+            credits, cost = credits + apart_credits, cost + apart_cost
+            seen_cost = seen_cost or apart_cost > 0
+            replaced |= apart
         rows, _ = _merged(storage, snap)
         for row in rows:
+            tasks.add(row.get("task_id"))
             charge = charge_of([row.get("credits"), row.get("cost")])
             if not charge.known:
                 continue
@@ -248,7 +261,24 @@ def charges(storage: Storage) -> tuple[Charge, dict[str, Charge]]:
                 prices[res] = prices.get(res, Charge()).highest(charge)
     finally:
         snap.close()
+    for task_id, (was_credits, was_cost) in replaced.items():
+        if task_id not in tasks:  # a task a line holds again is counted there
+            credits, cost = credits + was_credits, cost + was_cost
+            seen_cost = seen_cost or was_cost > 0
     return Charge(credits, cost if seen_cost else None), prices
+
+
+def _ledgers(storage: Storage, snap: _Snapshot) -> Iterator[Path]:
+    """The folder's ledger and its shards' (as copied to this machine)."""
+    names = [LEDGER_NAME] + [
+        f"{SHARDS_DIR}/{name}/{LEDGER_NAME}"
+        for name in storage.listdir(SHARDS_DIR)
+        if SHARD_NAME.fullmatch(name)
+    ]
+    for name in names:
+        path = snap.path(name)
+        if path is not None:
+            yield path
 
 
 def status(
