@@ -54,7 +54,7 @@ async def sleep(seconds: float, arm: Arm | None = None) -> None:
 
     def wake() -> None:
         if not loop.is_closed():
-            loop.call_soon_threadsafe(settle, woken)
+            loop.call_soon_threadsafe(_settle, woken)
 
     seconds = arm(wake)
     if seconds > 0:
@@ -66,8 +66,7 @@ async def sleep(seconds: float, arm: Arm | None = None) -> None:
             woken.cancel()
 
 
-def settle(woken: asyncio.Future[None]) -> None:
-    """Ends a sleep on ``woken`` (called on its loop)."""
+def _settle(woken: asyncio.Future[None]) -> None:
     if not woken.done():
         woken.set_result(None)
 

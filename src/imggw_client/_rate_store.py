@@ -29,7 +29,6 @@ from ._core.budget import MAX_PAUSE, QUERY, SUBMIT, Budget, Ended
 from ._core.config import Settings, redact_store
 from ._core.exceptions import ConfigurationError
 from ._core.shared_budget import EPOCH_NONE, Steps, StoreAnswerError, StoreTicket
-from ._io_async import settle
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -330,6 +329,11 @@ class _Driver:
         return True
 
 
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
 class AsyncStoreBudget(_Driver):
     """The shared budget as an ``AsyncClient`` asks it: a redis-py client per event loop (it
     belongs to one), and a task renewing the leases while any are held."""
@@ -363,7 +367,7 @@ class AsyncStoreBudget(_Driver):
         def wake() -> bool:  # from any thread: the future's loop sets it
             if woken.done() or loop.is_closed():
                 return False
-            loop.call_soon_threadsafe(settle, woken)
+            loop.call_soon_threadsafe(_settle, woken)
             return True
 
         # asyncio.wait times out without cancelling this task (wait_for would, from 3.12),
