@@ -90,6 +90,40 @@ def test_ctrl_c_mid_poll_names_the_task_and_exits_130(
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_a_batch_reads_an_idle_pipe_ends_it_at_once(tmp_path: Path) -> None:
+    # The plan's thread waited in the pipe's read, and the process with it, until the writer
+    # wrote again or closed: Ctrl-C said "interrupted" and went on waiting.
+    out = tmp_path / "out"
+    with subprocess.Popen(
+        [*IMGGW, "batch", "-", "-o", str(out), "--mock"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    ) as child:
+        assert child.stdin is not None
+        assert child.stderr is not None
+        try:
+            child.stdin.write("a cat\n")
+            child.stdin.flush()
+            for _ in range(3000):  # the plan is under way once it writes its input's record
+                if list(out.glob(".lines.fp.*.part")):
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the plan never started")
+            child.send_signal(signal.SIGINT)
+            assert child.wait(timeout=30) == 130  # the pipe still open, nothing more written
+            err = child.stderr.read()
+        finally:
+            child.kill()
+    assert "interrupted" in err
+    assert "Fatal Python error" not in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
 def test_ctrl_c_mid_generate_names_the_task(
     slow_gateway: tuple[MockGateway, str], tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ by rows); ``_lines`` says what each record asks for and holds what they yield.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
@@ -228,6 +229,10 @@ def _stdin_items(mode: str, where: Where) -> Iterator[tuple[int, int, Any]]:
     if buffer is None:  # a text stream in its place (embedding): already decoded
         yield from _handle_items(sys.stdin, mode, where, name)
         return
+    with contextlib.suppress(OSError, ValueError):
+        # A reader of its own over the descriptor: a run stopped while this read waits on an
+        # idle pipe leaves it blocked, and the interpreter's exit then needs sys.stdin's lock.
+        buffer = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
     handle = io.TextIOWrapper(buffer, encoding="utf-8-sig", newline="")
     try:
         yield from _handle_items(handle, mode, where, name)
@@ -236,7 +241,7 @@ def _stdin_items(mode: str, where: Where) -> Iterator[tuple[int, int, Any]]:
             "source", f"cannot read standard input: not UTF-8 text ({exc.reason})"
         ) from exc
     finally:
-        handle.detach()  # sys.stdin's own buffer stays open
+        handle.detach()  # the descriptor (and sys.stdin's own buffer) stay open
 
 
 def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tuple[int, int, Any]]:

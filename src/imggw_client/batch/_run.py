@@ -266,13 +266,30 @@ async def execute(
         part=work.part,
         tasks=tasks,
     )
-    # Ctrl-C cancels asyncio's main task past anyio's shield while the plan's thread may still
-    # be writing: it stops at its next line, and the ledger closes between two of its writes.
-    stop = threading.Event()
+    # The plan reads the input in a thread of its own, which a cancel (Ctrl-C) leaves behind:
+    # it may be blocked for good reading an idle pipe (`imggw batch -`), where no exit may wait
+    # for it. Told to stop, it stops at its next line, and the ledger closes between two of
+    # its writes.
+    stop, planned = threading.Event(), threading.Event()
+    made: list[Plan | BaseException] = []
+
+    def plan_apart() -> None:
+        try:
+            made.append(planning(stop=stop))
+        except BaseException as exc:  # handed to the run, which raises it
+            made.append(exc)
+        finally:
+            planned.set()
+
+    threading.Thread(target=plan_apart, name="imggw-plan", daemon=True).start()
     try:
-        plan: Plan = await anyio.to_thread.run_sync(functools.partial(planning, stop=stop))
+        await anyio.to_thread.run_sync(planned.wait, abandon_on_cancel=True)
+        if isinstance(made[0], BaseException):
+            raise made[0]
+        plan = made[0]
     except BaseException:
         stop.set()
+        planned.set()  # the waiting thread ends too
         ledger.discard()  # a refused plan leaves no ledger where there was none
         raise
     # Links kept in clear by versions before links were kept blanked: the key goes now.
