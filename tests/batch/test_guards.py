@@ -95,19 +95,22 @@ def test_a_cap_counts_what_lines_changed_or_removed_since_were_charged(
     assert (dry.spent["credits"], dry.fit) == (12.0, 0)
 
 
+def runs(url: str, tmp_path: Path, out: Path, *inputs: str) -> None:
+    """A run of each input in turn into ``out``, each ending 0: the later ones with changes."""
+    source = tmp_path / "in.txt"
+    for n, text in enumerate(inputs):
+        source.write_text(text)
+        assert batch(url, source, out, allow_changes=n > 0).exit_code == 0
+
+
 def test_a_dask_runs_guard_starts_from_all_the_folder_was_charged(
     gateway: MockGateway, gateway_url: str, tmp_path: Path
 ) -> None:
     # It started from the last plan's lines alone: a line changed twice and a line removed were
     # billed 12 credits the guard did not count, and a capped run on Dask would bill past it.
-    source, out = tmp_path / "in.txt", tmp_path / "out"
-    source.write_text("a cat\na dog\na bird\n")
-    assert batch(gateway_url, source, out).exit_code == 0
-    for edit in range(2):
-        source.write_text(f"a cat\na dog, take {edit}\na bird\n")
-        assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
-    source.write_text("a cat\na dog, take 1\n")
-    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    out = tmp_path / "out"
+    edits = [f"a cat\na dog, take {edit}\na bird\n" for edit in range(2)]
+    runs(gateway_url, tmp_path, out, "a cat\na dog\na bird\n", *edits, "a cat\na dog, take 1\n")
     assert billed(gateway) == 20
     spent, prices = charges(open_storage(str(out)))
     assert spent.credits == 20
@@ -120,12 +123,8 @@ def test_a_line_changed_and_changed_back_is_counted_once(
     # Changed back, a line gets its first key again and its task is replayed, not billed: its
     # charge was counted both as replaced and in its row, and the cap stopped early.
     source, out = tmp_path / "in.txt", tmp_path / "out"
-    source.write_text("a cat\na dog\na bird\n")
-    assert batch(gateway_url, source, out).exit_code == 0
-    source.write_text("a cat\na dog, take 2\na bird\n")
-    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
-    source.write_text("a cat\na dog\na bird\n")
-    assert batch(gateway_url, source, out, allow_changes=True).exit_code == 0
+    lines = "a cat\na dog\na bird\n"
+    runs(gateway_url, tmp_path, out, lines, "a cat\na dog, take 2\na bird\n", lines)
     assert billed(gateway) == 16
     source.write_text("a cat\na dog\na bird\na fox\n")
     assert batch(gateway_url, source, out, max_credits=20.0, allow_changes=True).exit_code == 0
