@@ -67,7 +67,9 @@ class StoreTicket:
     local: Ticket | None = None
     not_before: float = 0.0  # on this process's clock: an isolated 429's hint, waited first
     token: str = ""  # its name among the lane's requests in flight, drawn at random
-    full: bool = False  # it waits for a place in the lane's window: an answer frees one
+    # It waits for a place another request frees as it ends or goes (in the lane's window,
+    # or this process's turn to ask at its own ceiling): woken then, not polled.
+    full: bool = False
 
 
 class StoreAnswerError(Exception):

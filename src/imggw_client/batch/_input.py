@@ -242,6 +242,8 @@ def _stdin_items(mode: str, where: Where) -> Iterator[tuple[int, int, Any]]:
         ) from exc
     finally:
         handle.detach()  # the descriptor (and sys.stdin's own buffer) stay open
+        if buffer is not sys.stdin.buffer:
+            buffer.close()  # its own reader, over the descriptor it leaves open
 
 
 def _text_items(handle: Any, mode: str, where: Where, name: str) -> Iterator[tuple[int, int, Any]]:

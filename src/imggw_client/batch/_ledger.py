@@ -40,6 +40,7 @@ from ._schema import (
     RUNNING,
     SAVED,
     SAVED_COLUMNS,
+    SPENT,
     SUCCEEDED,
     Row,
     connect,
@@ -56,9 +57,6 @@ STOPPED_BY = "stopped_by"  # the meta key of the guard that stopped the last run
 _LINKS_BLANKED = "links_blanked"  # the meta key of a ledger whose links keep no key
 
 
-# The meta key of what tasks of lines changed since were charged, {task id: [credits, cost]}:
-# their rows are made anew for the new request, and a cap still counts what the old ones cost
-# (once: a line changed back replays its task, and its row counts it again).
 def is_locked(folder: Path) -> bool:
     """Whether a run holds ``folder``'s lock now (taken and let go at once when free; never
     through a planted link). What ``batch status`` says as ``active``."""
@@ -349,10 +347,7 @@ class Ledger:
         line since removed from the input too), and what changed lines' tasks were charged
         before their rows were made anew. What a cap holds to across reruns."""
         with self._read_lock:
-            credits, cost = self._db.execute(
-                "SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM tasks WHERE kind!=?",
-                (BAD,),
-            ).fetchone()
+            credits, cost = self._db.execute(SPENT.format(table="tasks"), (BAD,)).fetchone()
             replaced = self._replaced()
             ids = list(replaced)
             for at in range(0, len(ids), 500):  # a task a row holds again is counted there

@@ -627,7 +627,12 @@ def copy_ledger(path: Path, copy: Path) -> None:
         ) from exc
 
 
-REPLACED = "replaced_charges"  # meta: what replaced rows' tasks were charged, by task id
+# The meta key of what tasks of lines changed since were charged, {task id: [credits, cost]}:
+# their rows are made anew for the new request, and a cap still counts what the old ones cost
+# (once: a line changed back replays its task, and its row counts it again).
+REPLACED = "replaced_charges"
+# What the rows of a ledger's table were charged, credits and cost, bad input lines left out.
+SPENT = "SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM {table} WHERE kind!=?"
 
 
 def replaced_of(text: str | None, path: Path | str) -> dict[str, list[float]]:
@@ -660,9 +665,7 @@ def charged_apart(path: Path) -> tuple[float, float, dict[str, list[float]]]:
         db, plan, version = opened
         try:
             credits, cost = db.execute(
-                f"SELECT TOTAL(MAX(credits, 0)), TOTAL(MAX(cost, 0)) FROM {table(version)} "
-                "WHERE kind!=? AND planned!=?",
-                (BAD, plan),
+                SPENT.format(table=table(version)) + " AND planned!=?", (BAD, plan)
             ).fetchone()
             found = db.execute("SELECT value FROM meta WHERE key=?", (REPLACED,)).fetchone()
         except sqlite3.Error as exc:
