@@ -39,6 +39,7 @@ from imggw_client.batch._schema import (
     ExitCode,
     LineState,
     Row,
+    charged_apart,
     checkpoint_number,
     connect,
     copy_ledger,
@@ -165,6 +166,19 @@ def test_a_row_no_run_wrote_is_a_damaged_ledger_not_a_crash(tmp_path: Path, tamp
     assert raised.value.code == "ledger_damaged"
     assert "its row 'line:1'" in raised.value.message
     assert "Deleting it is safe" in raised.value.message
+
+
+def test_a_ledger_that_cannot_be_read_is_never_read_as_nothing_charged(tmp_path: Path) -> None:
+    # What a Dask run's guard starts from: read as 0, an unreadable ledger let a cap pass.
+    with planned(tmp_path, [row(1)]):
+        pass
+    with contextlib.closing(sqlite3.connect(tmp_path / LEDGER_NAME)) as db:
+        db.execute("ALTER TABLE tasks DROP COLUMN credits")
+        db.commit()
+    with pytest.raises(StorageError) as raised:
+        charged_apart(tmp_path / LEDGER_NAME)
+    assert raised.value.code == "storage_failed"
+    assert "cannot read" in raised.value.message
 
 
 def _old_ledger(path: Path, version: int, states: list[str]) -> None:

@@ -668,10 +668,8 @@ def charged_apart(path: Path) -> tuple[float, float, dict[str, list[float]]]:
                 SPENT.format(table=table(version)) + " AND planned!=?", (BAD, plan)
             ).fetchone()
             found = db.execute("SELECT value FROM meta WHERE key=?", (REPLACED,)).fetchone()
-        except sqlite3.Error as exc:
-            if is_damaged(exc):
-                raise damaged_ledger(path, exc) from None
-            return 0.0, 0.0, {}
+        except sqlite3.Error as exc:  # never read as nothing charged: a cap would pass
+            raise storage_error(path, exc, "read") from None
     return credits, cost, replaced_of(None if found is None else str(found[0]), path)
 
 
