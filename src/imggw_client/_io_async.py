@@ -57,13 +57,15 @@ async def sleep(seconds: float, arm: Arm | None = None) -> None:
             loop.call_soon_threadsafe(_settle, woken)
 
     seconds = arm(wake)
-    if seconds > 0:
-        # asyncio.wait times out without cancelling this task (wait_for would, from 3.12),
-        # which anyio's cancel scopes around a request must not see.
-        try:
-            await asyncio.wait([woken], timeout=seconds)
-        finally:
-            woken.cancel()
+    if seconds <= 0:  # news came already: asked again, after the loop's other tasks had a turn
+        await asyncio.sleep(0)
+        return
+    # asyncio.wait times out without cancelling this task (wait_for would, from 3.12), which
+    # anyio's cancel scopes around a request must not see.
+    try:
+        await asyncio.wait([woken], timeout=seconds)
+    finally:
+        woken.cancel()
 
 
 def _settle(woken: asyncio.Future[None]) -> None:

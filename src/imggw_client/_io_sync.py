@@ -43,6 +43,8 @@ def sleep(seconds: float, arm: Arm | None = None) -> None:
     seconds = arm(woken.set)
     if seconds > 0:
         woken.wait(seconds)
+    else:  # news came already: asked again, after the other threads had a turn
+        time.sleep(0)
 
 
 # A blocking read cannot be cancelled: the HTTP client a Client makes bounds every network

@@ -332,17 +332,21 @@ def test_a_ceiling_is_not_starved_by_a_faster_client_without_one(redis: RedisSer
                 while not stop.is_set():
                     web.submit("busy")
 
-            flooding = threading.Thread(target=flood)
-            flooding.start()
-            try:
-                started = time.monotonic()
+            def lines() -> None:
                 for n in range(5):
                     batch.submit(f"line {n}")
-                took = time.monotonic() - started
+
+            flooding, spaced = threading.Thread(target=flood), threading.Thread(target=lines)
+            flooding.start()
+            spaced.start()
+            try:
+                spaced.join(timeout=4 * 0.1 * 10)  # four intervals, ten times over at most
+                starved = spaced.is_alive()
             finally:
-                stop.set()
+                stop.set()  # a starved one goes once the flood ends
                 flooding.join()
-    assert took < 4 * 0.1 * 10  # four intervals, ten times over at most: never starved
+                spaced.join()
+    assert not starved
 
 
 @pytest.mark.anyio
