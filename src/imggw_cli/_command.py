@@ -193,10 +193,10 @@ def _session(tracked: Optional[Tracked]) -> Iterator[Output]:  # noqa: UP045
         if options.verbose:
             import traceback
 
-            if _output.is_json():  # inside the error's JSON object, never lines of its own
-                trace = "".join(traceback.format_exception(err))
-            else:
-                traceback.print_exception(err, file=sys.stderr)
+            trace = "".join(traceback.format_exception(err))
+            if not _output.is_json():  # else inside the error's JSON object, never lines of its own
+                _output.say(trace.rstrip("\n"))  # as every line: the key blanked, controls escaped
+                trace = None
         import os
 
         if out.json and isinstance(err, TaskFailedError):

@@ -7,7 +7,9 @@ retry and every note; ``IMGGW_LOG=info`` the retries and notes. Read once, when 
 imported. The handler writes to whatever ``sys.stderr`` is at the time; records still reach the
 application's own handlers (propagation is left alone). No line it writes holds an API key:
 the key of every client made while it is on, and ``IMGGW_API_KEY``, are blanked in the text,
-tracebacks included.
+tracebacks included. The key of every client is also blanked in the records of this logger and
+of the HTTP libraries' (below), whatever handler an application gives them: a gateway may echo a
+key in a response header or a status word.
 
 Nor does any line hold a result link's query string (a signature, an expiry, a key a gateway
 put there): while a result is fetched, its link is watched (:func:`hiding`), and the records
@@ -50,6 +52,9 @@ HTTP_LOGGERS = (
 _QUERY = re.compile(r"(https?://[^\s'\"<>?#]*)[?#][^\s'\"<>]*", re.IGNORECASE)
 
 _fetching: Counter[str] = Counter()  # result links being fetched -> fetches of each
+# The key of every client this process made (4 characters or more, as the command line blanks):
+# blanked in every record of the loggers above, whoever's handler writes it.
+_keys: set[str] = set()
 _fetching_lock = threading.Lock()
 
 
@@ -82,16 +87,19 @@ def hidden(text: str) -> str:
 
 
 class HideLinks(logging.Filter):
-    """Rewrites a record that holds a result link being fetched (see :func:`hiding`)."""
+    """Rewrites a record that holds a result link being fetched (see :func:`hiding`) or the
+    key of a client of this process (a gateway may echo it in a header or a status word)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not _fetching:  # nothing fetched: nothing to hide, and no line is formatted here
+        if not _fetching and not _keys:  # nothing to hide: no line is formatted here
             return True
         try:
             text = record.getMessage()
         except Exception:
             return True  # a record that cannot be formatted is its handler's to report
-        shown = hidden(text)
+        shown = hidden(text) if _fetching else text
+        for key in list(_keys):
+            shown = shown.replace(key, REDACTED)
         if shown != text:
             record.msg, record.args = shown, None
         return True
@@ -102,16 +110,15 @@ _hide_links = HideLinks()
 
 class StderrHandler(logging.Handler):
     """``IMGGW_LOG``'s handler: each record on the current ``sys.stderr``, every known key
-    blanked."""
+    blanked (a traceback's too)."""
 
     def __init__(self, level: int) -> None:
         super().__init__(level)
-        self.keys: set[str] = set()
         self.setFormatter(logging.Formatter(FORMAT))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        for key in self.keys:
+        for key in list(_keys):
             text = text.replace(key, REDACTED)
         return text
 
@@ -152,6 +159,7 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
 
 
 def watch_key(key: str) -> None:
-    """Blanks ``key`` in every line ``IMGGW_LOG`` writes (kept only while it is on)."""
-    if _handler is not None and len(key) >= 4:
-        _handler.keys.add(key)
+    """Blanks ``key`` in every record of the SDK's and the HTTP libraries' loggers, and in
+    every line ``IMGGW_LOG`` writes (tracebacks included)."""
+    if len(key) >= 4:
+        _keys.add(key)

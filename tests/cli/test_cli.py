@@ -4,12 +4,14 @@ stdout and stderr kept apart, the key never printed."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
 from imggw_client.mock import MockGateway
 
+from ..loopback import http_json, raw_server
 from .helpers import imggw
 
 # The pinned fields of DESIGN 6, then money and link expiry.
@@ -268,6 +270,40 @@ def test_verbose_logs_go_to_stderr_without_the_key(served_gateway: tuple[MockGat
     assert "AuthenticationError" in bad.err
     assert "Logging error" not in bad.err
     assert "wrong-key-abcdef" not in bad.err
+
+
+@pytest.mark.parametrize("path", ["/beta/v1/tasks/1", "/beta/v1/tasks/2"])
+def test_verbose_tracebacks_blank_a_key_the_gateway_echoes(
+    path: str, no_backoff: list[float]
+) -> None:
+    """A short key (7 characters) echoed in an error's message, or in a redirect's target: the
+    traceback -v prints beside the error line blanks it, as that line does."""
+    key = "Zq7!x9k"
+    refused = {"code": 401, "error": {"code": "unauthorized", "message": f"bad key {key}"}}
+    answers = {
+        "/beta/v1/tasks/1": http_json(401, json.dumps(refused).encode()),
+        "/beta/v1/tasks/2": (
+            f"HTTP/1.1 302 X\r\nLocation: https://login.example/{key}/renew\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ).encode(),
+    }
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(answers[path])
+
+    with raw_server(answer) as url:
+        run = imggw(
+            "status",
+            path.rsplit("/", 1)[1],
+            "--base-url",
+            url,
+            "-v",
+            env={"IMGGW_API_KEY": key},
+        )
+    assert run.code != 0
+    assert "Traceback (most recent call last)" in run.err
+    assert "[redacted]" in run.err
+    assert key not in run.err + run.out
 
 
 @pytest.mark.slow

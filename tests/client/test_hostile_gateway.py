@@ -5,6 +5,8 @@ half-saved and nothing billed twice."""
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import socket
 import stat
 import threading
@@ -350,6 +352,46 @@ async def test_a_poll_policy_is_respected_under_hostile_states(kind: str) -> Non
         await call(kind, url, "wait", "1", wait_timeout=0.5, client_poll=poll)
     assert info.value.last_task is not None
     assert info.value.last_task.status is TaskStatus.RUNNING
+
+
+@pytest.mark.parametrize("key", ["Zq7!x9k", "sk-echoed-abcdef0123456789"])
+async def test_a_key_a_gateway_echoes_anywhere_is_never_shown_logged_or_pickled(
+    kind: str, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short keys too (any of 4 characters or more), and outside error messages: in a status
+    word, a redirect's target, a header that httpcore's DEBUG lines show."""
+    caplog.set_level(logging.DEBUG)  # httpcore's lines, the response headers among them
+    monkeypatch.setattr(surfaces, "_unknown_states_logged", set())  # each state said once
+    refused = {"code": 401, "error": {"code": "unauthorized", "message": f"bad key {key}"}}
+    state = {"code": 200, "data": {"id": "3", "status": f"Bearer {key}"}}
+    answers = {
+        "/beta/v1/tasks/1": http_json(401, json.dumps(refused).encode()),
+        "/beta/v1/tasks/2": head(302, location=f"https://login.example/session/{key}/renew"),
+        "/beta/v1/tasks/3": http_json(200, json.dumps(state).encode()).replace(
+            b"\r\n\r\n", f"\r\nWWW-Authenticate: Bearer error_description={key}\r\n\r\n".encode(), 1
+        ),
+    }
+
+    def answer(conn: socket.socket, n: int, request: bytes) -> None:
+        conn.sendall(answers[request.split(b" ")[1].decode()])
+
+    errors: list[ImggwError] = []
+    with raw_server(answer) as url:
+        for task_id in ("1", "2"):
+            with pytest.raises(ImggwError) as info:
+                await call(kind, url, "get", task_id, client_api_key=key, client_retry=ONCE)
+            errors.append(info.value)
+        task = await call(kind, url, "get", "3", client_api_key=key, client_retry=ONCE)
+    assert task.status is TaskStatus.RUNNING  # an unknown state: still active, as ever
+    for err in errors:
+        assert key not in str(err) + repr(err) + (err.code or "")
+        assert key.encode() not in pickle.dumps(err)
+    assert "[redacted]" in str(errors[0])
+    assert "[redacted]" in str(errors[1])
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("unknown task state" in line for line in lines)
+    assert any("www-authenticate" in line.lower() for line in lines)  # the header was logged ...
+    assert not [line for line in lines if key in line]  # ... blanked, as every other line
 
 
 async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the_result(

@@ -156,7 +156,8 @@ class Results:
     ) -> Flow[DownloadedFile | BinaryIO]:
         """``dest_dir`` None: the result is held by the driver (``Fetched.body``)."""
         max_bytes, timeout = limits
-        host = link_origin(url)  # never the link itself: its query may hold a signature
+        # Never the link itself (its query may hold a signature), nor a key put in its host.
+        host = surfaces.blank(link_origin(url), (self.calls.settings.api_key,))
 
         def read(outcome: Fetched | TransportFailure) -> DownloadedFile | BinaryIO:
             if isinstance(outcome, TransportFailure):

@@ -65,6 +65,11 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 OWN_HEADERS = frozenset({*_JSON_HEADERS, spec.IDEMPOTENCY_HEADER})
 _MESSAGE_LIMIT = 300
 REDACTED = "[redacted]"
+# A key this long is blanked wherever it shows in a gateway's words (messages, codes, status
+# words, a redirect's target, a result host), as the command line's lines blank it: a shorter
+# one cannot be told from ordinary words. In a link, only a whole path segment or query value
+# equal to a key under 8 characters is one (:func:`carries_secret`).
+SHORTEST_SECRET = 4
 MAX_RESULT_URLS = 64  # a task makes one image; a record listing thousands is not to be trusted
 MAX_URL_CHARS = 8192
 
@@ -163,14 +168,20 @@ def _json(content: bytes | str) -> Any:
         return None
 
 
+def blank(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret of :data:`SHORTEST_SECRET` characters or more blanked: what a
+    gateway's words must pass before they are shown, kept or logged."""
+    for secret in secrets:
+        if len(secret) >= SHORTEST_SECRET:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
 def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:
     """A public message fit to show: text only, one line, bounded, secrets blanked."""
     if not isinstance(value, str):
         return None
-    text = " ".join("".join(c if c.isprintable() else " " for c in value).split())
-    for secret in secrets:
-        if secret and len(secret) >= 8:
-            text = text.replace(secret, REDACTED)
+    text = blank(" ".join("".join(c if c.isprintable() else " " for c in value).split()), secrets)
     if len(text) > _MESSAGE_LIMIT:
         text = text[: _MESSAGE_LIMIT - 1] + "…"
     return text or None
@@ -321,7 +332,7 @@ def _checked_reply(
     if isinstance(outcome, TransportFailure):
         raise transport_error(surface, outcome) from outcome.error
     if 300 <= outcome.status < 400:  # never followed: a paid request goes where it was aimed
-        where = link_for_display(outcome.headers.get("location", ""))
+        where = blank(link_for_display(outcome.headers.get("location", "")), secrets)
         raise malformed(
             surface,
             outcome.status,
@@ -412,7 +423,7 @@ def read_task(
     credits = charge(data.get(fields.credits))
     fail_code, fail_message = _failure(data, wire)
     urls = result_urls(result, secrets)
-    status = task_status(surface, state)
+    status = task_status(surface, state, secrets)
     task_error = None
     if status is TaskStatus.FAILED:
         task_error = _task_error(state, fail_code, fail_message, secrets)
@@ -438,13 +449,13 @@ def _failure(data: Mapping[str, Any], wire: SurfaceSpec) -> tuple[object, object
     return holder.get(fields.fail_code), holder.get(fields.fail_message)
 
 
-def task_status(surface: Surface, state: object) -> TaskStatus:
+def task_status(surface: Surface, state: object, secrets: tuple[str, ...] = ()) -> TaskStatus:
     """The normalised status of a raw state. Unknown states count as running (logged once)."""
     if isinstance(state, str):
         known = STATES[surface].get(state) or STATES[surface].get(state.lower())
         if known is not None:
             return known
-    shown = printable(state if isinstance(state, str) else repr(state), 40)
+    shown = printable(blank(state if isinstance(state, str) else repr(state), secrets), 40)
     label = f"{surface}:{shown}"
     if label not in _unknown_states_logged and len(_unknown_states_logged) < 100:
         _unknown_states_logged.add(label)
@@ -531,7 +542,7 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
         else:
             unusable.append(url)
     if unusable:  # control characters or spaces: no URL anyone should fetch
-        shown = redact_url(printable(link_for_display(unusable[0]), 120), secrets)  # no query
+        shown = printable(blank(redact_url(link_for_display(unusable[0]), secrets), secrets), 120)
         log.warning("%d result URL(s) not usable, left out (the first: %s)", len(unusable), shown)
     if len(urls) > MAX_RESULT_URLS:
         log.warning(
@@ -548,7 +559,7 @@ def result_urls(value: object, secrets: tuple[str, ...] = ()) -> list[str]:
             "the gateway put the API key itself in a result link (to %s); the link is kept, "
             "so the paid result can still be downloaded, but downloading it hands the key to "
             "that host, and the link is never shown",
-            ", ".join(printable(h, 80) for h in hosts),
+            ", ".join(printable(blank(h, secrets), 80) for h in hosts),
         )
     return kept
 
