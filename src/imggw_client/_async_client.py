@@ -718,11 +718,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 # before anything is sent where it leads (``_transport.redirect``).
                 for _hop in _transport.hops(self._http):
                     with _logs.hiding(request.url):  # its query in no log line
+                        # auth=None: an auth= on the caller's client is for the gateway, never here.
                         response = await self._http.send(
-                            request, stream=True, follow_redirects=False
+                            request, stream=True, follow_redirects=False, auth=None
                         )
                         try:
-                            following = _transport.redirect(fetch, link, response)
+                            following = _transport.redirect(self._http, fetch, link, response)
                             if following is None:
                                 if response.status_code != 200:
                                     return wire.Fetched(response.status_code)

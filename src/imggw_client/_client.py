@@ -712,9 +712,12 @@ class Client(BaseClient[httpx.Client]):
                 # before anything is sent where it leads (``_transport.redirect``).
                 for _hop in _transport.hops(self._http):
                     with _logs.hiding(request.url):  # its query in no log line
-                        response = self._http.send(request, stream=True, follow_redirects=False)
+                        # auth=None: an auth= on the caller's client is for the gateway, never here.
+                        response = self._http.send(
+                            request, stream=True, follow_redirects=False, auth=None
+                        )
                         try:
-                            following = _transport.redirect(fetch, link, response)
+                            following = _transport.redirect(self._http, fetch, link, response)
                             if following is None:
                                 if response.status_code != 200:
                                     return wire.Fetched(response.status_code)

@@ -235,13 +235,44 @@ def download_headers(agent: str = USER_AGENT) -> dict[str, str]:
 def download_request(
     http: HttpClient, settings: Settings, fetch: Fetch, agent: str = USER_AGENT
 ) -> httpx.Request:
-    """The first request of a result download: no credentials, the fetch's time limits."""
-    return http.build_request(
+    """The first request of a result download: no credentials, the fetch's time limits. Sent
+    with ``auth=None``, as every hop of a download is (see :func:`without_credentials`)."""
+    request = http.build_request(
         "GET",
         fetch.url,
         headers=download_headers(agent),
         extensions={"timeout": request_timeout(settings, fetch.timeout)},
     )
+    return without_credentials(http, request)
+
+
+# The headers by which a caller's HTTP client may carry their credentials (``headers=`` on the
+# client, a proxy's login, cookies): never sent to a result host, which may be anyone's.
+_CREDENTIALS = ("Authorization", "Proxy-Authorization", "Cookie")
+
+
+def without_credentials(http: HttpClient, request: httpx.Request) -> httpx.Request:
+    """``request``, a result download's (its first hop or a redirect's), with none of the
+    credentials ``http`` puts on what it sends: no ``Authorization``, ``Proxy-Authorization``
+    or ``Cookie`` header from the client. Its ``auth=`` is left out by sending with
+    ``auth=None``, which skips the client's own (httpx and httpx2 alike); a link's own userinfo
+    still logs in to its own host, as httpx does for any URL.
+
+    Cookies: a cookie in the client's jar that names no domain (``httpx.Client(cookies=...)``,
+    ``cookies.set(name, value)``) is sent by the jar to every host, so it never goes to a
+    result host. One the jar scopes to a domain (set by a host's own ``Set-Cookie``, or given
+    with ``domain=``) goes where the jar sends it, to a host of that domain only: a CDN's
+    cookie for the next hop of its own redirect is kept, another host's never sent."""
+    for name in _CREDENTIALS:
+        request.headers.pop(name, None)
+    jar = http.cookies.jar
+    if len(jar):
+        scoped = (library_of(type(http)) or httpx).Cookies()
+        for cookie in jar:
+            if cookie.domain:
+                scoped.jar.set_cookie(cookie)
+        scoped.set_cookie_header(request)
+    return request
 
 
 def hops(http: HttpClient) -> range:
@@ -255,12 +286,14 @@ def _origin(url: httpx.URL) -> Origin:
     return url.scheme, url.host, port
 
 
-def redirect(fetch: Fetch, link: httpx.URL, response: httpx.Response) -> httpx.Request | None:
-    """The request a download's response redirects to (httpx builds it: method, headers,
-    cookies), None when it is no redirect. A redirect that leaves ``link``'s origin for a
-    loopback, private or link-local host (``_core/origins.py``) raises :class:`DownloadError`
-    (``redirect_refused``), before anything is sent there: not a fault of the network, never
-    tried again."""
+def redirect(
+    http: HttpClient, fetch: Fetch, link: httpx.URL, response: httpx.Response
+) -> httpx.Request | None:
+    """The request a download's response redirects to (``http`` builds it: method, headers,
+    cookies; then :func:`without_credentials`), None when it is no redirect. A redirect that
+    leaves ``link``'s origin for a loopback, private or link-local host (``_core/origins.py``)
+    raises :class:`DownloadError` (``redirect_refused``), before anything is sent there: not a
+    fault of the network, never tried again."""
     following: httpx.Request | None = response.next_request
     if following is None:
         return None
@@ -272,7 +305,7 @@ def redirect(fetch: Fetch, link: httpx.URL, response: httpx.Response) -> httpx.R
             "never follows a redirect there, and nothing was saved",
             code=REDIRECT_REFUSED,
         )
-    return following
+    return without_credentials(http, following)
 
 
 def too_many_redirects(http: HttpClient, request: httpx.Request) -> Exception:
