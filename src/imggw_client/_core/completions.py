@@ -34,7 +34,7 @@ from .exceptions import (
 )
 from .models import Submission, Task, TaskError, TaskStatus
 from .text import printable
-from .wire import Action, Sleep
+from .wire import Action, Notify, Sleep
 
 __all__ = ["Completions", "stand_in"]
 
@@ -88,6 +88,10 @@ class Completions:
         self._order = itertools.count()
         self._ready: list[tuple[int, Action]] = []
         self._done: deque[Task] = deque()
+        # Each wait's failed task as its flow told it (Notify), record and all: the
+        # TaskFailedError the flow then raises keeps it without (``raw`` emptied), and a failed
+        # task is handed out as a succeeded one is.
+        self._failed: dict[int, Task] = {}
         self._timed_out: list[WaitTimeoutError] = []
         self._error: ImggwError | None = None
         for index in list(self._flows):
@@ -157,8 +161,9 @@ class Completions:
             self._done.append(stop.value)
             return
         except TaskFailedError as err:  # a finished task: it is yielded, as a success is
+            task = self._failed.get(index)
             self._end(index)
-            self._done.append(err.task)
+            self._done.append(task if task is not None and task.id == err.task.id else err.task)
             return
         except WaitTimeoutError as err:
             self._end(index)
@@ -180,10 +185,13 @@ class Completions:
                 self._sleeping, (self._clock() + action.seconds, next(self._order), index)
             )
         else:
+            if isinstance(action, Notify) and action.task.status is TaskStatus.FAILED:
+                self._failed[index] = action.task
             self._ready.append((index, action))
 
     def _end(self, index: int) -> None:
         del self._flows[index]
+        self._failed.pop(index, None)
 
 
 def _reported(known: Task, err: ImggwError) -> Task:

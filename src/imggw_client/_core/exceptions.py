@@ -339,8 +339,19 @@ class UnknownOutcomeError(ImggwError):
         self.submission: Submission | None = None
 
 
+def _kept_by_error(task: Task) -> Task:
+    """``task`` as an error keeps it: every field but ``raw`` (left empty). The gateway's
+    record as received may echo the API key, which the error's message blanks but a pickle of
+    the error (sent from a worker process) or a dump of its task would write out whole; and it
+    may nest deeper than ``pickle`` can go, when every error must survive it. A task a call
+    returns or yields keeps its record."""
+    return task.model_copy(update={"raw": {}}) if task.raw else task
+
+
 class TaskFailedError(ImggwError):
-    """The task reached a terminal failure (failed or cancelled). ``task.error`` has details.
+    """The task reached a terminal failure (failed or cancelled). ``task.error`` has details;
+    ``task.raw`` is empty: the gateway's record may echo the API key, which a pickled error
+    or a dump of its task would otherwise carry.
 
     Example::
 
@@ -355,16 +366,17 @@ class TaskFailedError(ImggwError):
         code = error.code if error else None
         text = error.message if error else "no reason given"
         super().__init__(f"task {task.id} failed: {text} ({code})", code=code, surface=task.surface)
-        self.task = task
+        self.task = _kept_by_error(task)
 
 
 class WaitTimeoutError(ImggwError):
     """The wait's deadline passed while the task was still active. This is not a failure.
 
     ``task_id`` and ``surface`` identify the task; ``last_task`` is the last state seen (None
-    if no query succeeded); ``submission`` is the :class:`Submission` the wait was given (by
-    ``generate``, or ``wait(sub)``), None when it was given a bare task id or a ``Task``, whose
-    key it never knew. ``timeout`` is the wait's. From ``as_completed``, ``still_running`` is
+    if no query succeeded; its ``raw`` empty, as a :class:`TaskFailedError`'s task's is);
+    ``submission`` is the :class:`Submission` the wait was given (by ``generate``, or
+    ``wait(sub)``), None when it was given a bare task id or a ``Task``, whose key it never
+    knew. ``timeout`` is the wait's. From ``as_completed``, ``still_running`` is
     the id of every task it left running (this one first; empty from a single wait), and the
     message names them (the first :data:`NAMED_RUNNING`, then how many more). Wait again with
     ``client.wait(err)``: it asks the task's own surface (a per-call ``surface=`` included)
@@ -407,7 +419,7 @@ class WaitTimeoutError(ImggwError):
             )
         super().__init__(message, surface=surface)
         self.task_id = task_id
-        self.last_task = last_task
+        self.last_task = None if last_task is None else _kept_by_error(last_task)
         self.timeout = timeout
         self.submission = submission
         self.still_running = running

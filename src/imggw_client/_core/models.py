@@ -193,8 +193,10 @@ class TaskError(BaseModel):
 class Task(BaseModel):
     """A task as last seen, normalised across surfaces.
 
-    ``raw`` keeps the record exactly as received (left out of the repr); every other field is
-    decoded leniently and, for ``error``, made safe to show. ``expires_at`` (an aware UTC
+    ``raw`` keeps the record exactly as received (left out of the repr; empty on the task an
+    error carries, ``TaskFailedError.task`` or ``WaitTimeoutError.last_task``, as the record may
+    echo the API key); every other field is decoded leniently and, for ``error``, made safe to
+    show. ``expires_at`` (an aware UTC
     ``datetime``, or None when nothing tells) is the earliest moment one of the result links is
     known to stop working: from the record where the gateway states it, else from the links'
     own signed expiry.
