@@ -248,7 +248,7 @@ def download_request(
 
 # The headers by which a caller's HTTP client may carry their credentials (``headers=`` on the
 # client, a proxy's login, cookies): never sent to a result host, which may be anyone's.
-_CREDENTIALS = ("Authorization", "Proxy-Authorization", "Cookie")
+_CREDENTIALS = (surfaces.AUTHORIZATION_HEADER, "Proxy-Authorization", "Cookie")
 
 
 def without_credentials(http: HttpClient, request: httpx.Request) -> httpx.Request:
