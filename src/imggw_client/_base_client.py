@@ -30,8 +30,8 @@ from ._core.models import Submission, Task, raise_violations
 from ._core.rules import RESOLUTIONS, Resolution, Violation
 from ._core.silence import Silence
 from ._core.spec import Surface
-from ._core.surfaces import REDACTED, redact_url
-from ._core.text import printable
+from ._core.surfaces import redact_url
+from ._core.text import REDACTED, printable
 from ._core.wire import ClientClosed, TransportFailure
 from ._transport import require_http_client, user_agent
 

@@ -30,13 +30,12 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from ._core.text import link_for_display
+from ._core.text import KNOWN_KEYS, SHORTEST_SECRET, blank, link_for_display
 
 LOGGER = "imggw_client"
 ENV_LOG = "IMGGW_LOG"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO}
 FORMAT = "[%(asctime)s %(levelname)s %(name)s] %(message)s"
-REDACTED = "[redacted]"
 ENV_API_KEY = "IMGGW_API_KEY"
 # The loggers that may name a result link as it is fetched: httpx's and httpx2's request
 # lines (on the library's own logger), httpcore's traces (a redirect's Location header among
@@ -52,9 +51,6 @@ HTTP_LOGGERS = (
 _QUERY = re.compile(r"(https?://[^\s'\"<>?#]*)[?#][^\s'\"<>]*", re.IGNORECASE)
 
 _fetching: Counter[str] = Counter()  # result links being fetched -> fetches of each
-# The key of every client this process made (4 characters or more, as the command line blanks):
-# blanked in every record of the loggers above, whoever's handler writes it.
-_keys: set[str] = set()
 _fetching_lock = threading.Lock()
 
 
@@ -91,15 +87,13 @@ class HideLinks(logging.Filter):
     key of a client of this process (a gateway may echo it in a header or a status word)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not _fetching and not _keys:  # nothing to hide: no line is formatted here
+        if not _fetching and not KNOWN_KEYS:  # nothing to hide: no line is formatted here
             return True
         try:
             text = record.getMessage()
         except Exception:
             return True  # a record that cannot be formatted is its handler's to report
-        shown = hidden(text) if _fetching else text
-        for key in list(_keys):
-            shown = shown.replace(key, REDACTED)
+        shown = blank(hidden(text) if _fetching else text, KNOWN_KEYS)
         if shown != text:
             record.msg, record.args = shown, None
         return True
@@ -117,10 +111,7 @@ class StderrHandler(logging.Handler):
         self.setFormatter(logging.Formatter(FORMAT))
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        for key in list(_keys):
-            text = text.replace(key, REDACTED)
-        return text
+        return blank(super().format(record), KNOWN_KEYS)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -161,5 +152,5 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
 def watch_key(key: str) -> None:
     """Blanks ``key`` in every record of the SDK's and the HTTP libraries' loggers, and in
     every line ``IMGGW_LOG`` writes (tracebacks included)."""
-    if len(key) >= 4:
-        _keys.add(key)
+    if len(key) >= SHORTEST_SECRET:
+        KNOWN_KEYS.add(key)

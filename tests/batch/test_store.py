@@ -28,7 +28,7 @@ from imggw_client._core.exceptions import (
     UnknownOutcomeError,
 )
 from imggw_client._core.states import State, Work
-from imggw_client._core.surfaces import REDACTED
+from imggw_client._core.text import REDACTED
 from imggw_client._files import StorageError
 from imggw_client.batch import _store
 from imggw_client.batch._admission import BatchHooks, Charge

@@ -405,7 +405,15 @@ async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the
             "status": "failed",
             "error": {"code": f"bad_{key}", "message": f"the key {key} is wrong"},
             "result": {
-                "images": [{"url": [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]}]
+                "images": [
+                    {
+                        "url": [
+                            f"http://cdn.test/{key}/x.png",
+                            "http://cdn.test/ok.png",
+                            f"http://{key}.cdn.test/y.png",
+                        ]
+                    }
+                ]
             },
         },
     }
@@ -424,7 +432,13 @@ async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the
         with pytest.raises(ImggwError) as info:
             await call(kind, url, "get", "1", **options)
     # The link is the user's paid result: kept (reachable), said plainly, never shown.
-    assert task.image_urls == [f"http://cdn.test/{key}/x.png", "http://cdn.test/ok.png"]
+    assert task.image_urls == [
+        f"http://cdn.test/{key}/x.png",
+        "http://cdn.test/ok.png",
+        f"http://{key}.cdn.test/y.png",
+    ]
+    assert key not in repr(task) + str(task)  # its path and its host, both blanked
+    assert "http://cdn.test/[redacted]/x.png" in repr(task)
     told = [r.getMessage() for r in caplog.records if "API key itself" in r.getMessage()]
     assert told == [] or all(key not in line for line in told)
     assert task.error is not None

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from imggw_client import AsyncClient
-from imggw_client._core.surfaces import REDACTED
+from imggw_client._core.text import REDACTED
 from imggw_client.batch._schema import Row
 from imggw_client.tracking._loop import DownloadQueue, kept_links
 

@@ -27,7 +27,7 @@ from .exceptions import (
     TaskFailedError,
 )
 from .models import DownloadedFile, Task, TaskStatus, raise_violations
-from .text import link_origin, printable
+from .text import blank, link_origin, printable
 from .wire import Fetch, Fetched, Flow, TransportFailure
 
 log = logging.getLogger("imggw_client")
@@ -157,7 +157,7 @@ class Results:
         """``dest_dir`` None: the result is held by the driver (``Fetched.body``)."""
         max_bytes, timeout = limits
         # Never the link itself (its query may hold a signature), nor a key put in its host.
-        host = surfaces.blank(link_origin(url), (self.calls.settings.api_key,))
+        host = blank(link_origin(url), (self.calls.settings.api_key,))
 
         def read(outcome: Fetched | TransportFailure) -> DownloadedFile | BinaryIO:
             if isinstance(outcome, TransportFailure):

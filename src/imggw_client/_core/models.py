@@ -13,7 +13,7 @@ from . import rules
 from .errors import RequestValidationError
 from .rules import AspectRatio, Resolution
 from .spec import Surface
-from .text import link_for_display
+from .text import KNOWN_KEYS, blank, link_for_display
 
 __all__ = [
     "DownloadedFile",
@@ -244,10 +244,11 @@ class Task(BaseModel):
         return hash((self.surface, self.id, self.status, self.progress))
 
     def __repr_args__(self) -> Any:
-        # repr and str show links without query or userinfo: a gateway may put a key there.
+        # repr and str show links without query or userinfo, and with every client's key
+        # blanked: a gateway may put a key there (or in a path, or a host name).
         for name, value in super().__repr_args__():
             if name == "image_urls" and isinstance(value, list):
-                value = [link_for_display(url) for url in value]
+                value = [blank(link_for_display(url), KNOWN_KEYS) for url in value]
             yield name, value
 
 
@@ -268,6 +269,6 @@ class DownloadedFile(BaseModel):
     size: int
 
     def __repr_args__(self) -> Any:
-        # As Task's: the link without its query or userinfo; ``url`` itself is unchanged.
+        # As Task's: the link without its query, userinfo or key; ``url`` itself is unchanged.
         for name, value in super().__repr_args__():
-            yield name, link_for_display(value) if name == "url" else value
+            yield name, blank(link_for_display(value), KNOWN_KEYS) if name == "url" else value

@@ -34,7 +34,7 @@ from .exceptions import (
 from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
-from .text import json_loads, link_for_display, printable
+from .text import REDACTED, blank, json_loads, link_for_display, printable
 from .wire import ClientClosed, Reply, ReplyTooLarge, TransportFailure, WireRequest
 
 log = logging.getLogger("imggw_client")
@@ -64,12 +64,6 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 # User-Agent of a caller's to keep.
 OWN_HEADERS = frozenset({*_JSON_HEADERS, spec.IDEMPOTENCY_HEADER})
 _MESSAGE_LIMIT = 300
-REDACTED = "[redacted]"
-# A key this long is blanked wherever it shows in a gateway's words (messages, codes, status
-# words, a redirect's target, a result host), as the command line's lines blank it: a shorter
-# one cannot be told from ordinary words. In a link, only a whole path segment or query value
-# equal to a key under 8 characters is one (:func:`carries_secret`).
-SHORTEST_SECRET = 4
 MAX_RESULT_URLS = 64  # a task makes one image; a record listing thousands is not to be trusted
 MAX_URL_CHARS = 8192
 
@@ -166,15 +160,6 @@ def _json(content: bytes | str) -> Any:
         return json_loads(content)
     except ValueError:
         return None
-
-
-def blank(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret of :data:`SHORTEST_SECRET` characters or more blanked: what a
-    gateway's words must pass before they are shown, kept or logged."""
-    for secret in secrets:
-        if len(secret) >= SHORTEST_SECRET:
-            text = text.replace(secret, REDACTED)
-    return text
 
 
 def safe_message(value: object, secrets: tuple[str, ...] = ()) -> str | None:

@@ -20,6 +20,9 @@ import math
 from typing import Any
 
 __all__ = [
+    "KNOWN_KEYS",
+    "REDACTED",
+    "blank",
     "finite",
     "json_loads",
     "link_for_display",
@@ -28,6 +31,26 @@ __all__ = [
     "redact_store_url",
     "strict_json",
 ]
+
+
+REDACTED = "[redacted]"
+# A key this long is blanked wherever it shows in a gateway's words (messages, codes, status
+# words, a redirect's target, a result host) and in shown links, as the command line's lines
+# blank it: a shorter one cannot be told from ordinary words. In a link, a key under 8
+# characters is one only as a whole path segment or query value (``surfaces.carries_secret``).
+SHORTEST_SECRET = 4
+# The API key of every client this process made (of SHORTEST_SECRET characters or more): what a
+# task's repr blanks in its links, and the loggers in every record (``_logs``).
+KNOWN_KEYS: set[str] = set()
+
+
+def blank(text: str, secrets: tuple[str, ...] | set[str]) -> str:
+    """``text`` with every secret of :data:`SHORTEST_SECRET` characters or more blanked: what a
+    gateway's words must pass before they are shown, kept or logged."""
+    for secret in list(secrets):
+        if len(secret) >= SHORTEST_SECRET:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def printable(text: object, limit: int | None = None) -> str:

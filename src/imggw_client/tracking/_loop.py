@@ -58,8 +58,7 @@ from .._core.exceptions import (
 )
 from .._core.models import Submission, Task, TaskStatus
 from .._core.states import State, Work
-from .._core.surfaces import REDACTED
-from .._core.text import printable
+from .._core.text import REDACTED, printable
 from .._download import WRITE_FAILED
 from .._files import StorageError
 from ._store import FATAL, NOT_FOUND, Course, Hooks, ItemT, Store, retry_later
