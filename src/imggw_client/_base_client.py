@@ -24,13 +24,13 @@ from . import _logs, _telemetry
 from ._core.budget import Budget, RemoteBudget
 from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface, updated
 from ._core.durations import DurationModel
-from ._core.exceptions import ConfigurationError, ImggwError
+from ._core.exceptions import ConfigurationError, ImggwError, RequestValidationError
 from ._core.flows import Flows, log
 from ._core.models import Submission, Task, raise_violations
 from ._core.rules import RESOLUTIONS, Resolution, Violation
 from ._core.silence import Silence
 from ._core.spec import Surface
-from ._core.surfaces import redact_url
+from ._core.surfaces import redact_url, transport_error
 from ._core.text import REDACTED, printable
 from ._core.wire import ClientClosed, TransportFailure
 from ._transport import require_http_client, user_agent
@@ -547,6 +547,13 @@ class BaseClient(Generic[H]):
         shown = surface if isinstance(surface, str) else self._settings.surface
         return _telemetry.Operation(name, shown)
 
+    def _check_open(self) -> None:
+        """Raises what a closed client's calls raise, before they record or send anything
+        (``ClientClosedError``), whatever they would do first."""
+        closed = self._closed_failure()
+        if closed is not None:
+            raise transport_error(self.surface, closed)
+
     def _closed_failure(self) -> TransportFailure | None:
         """The failure to report instead of sending, once the client is closed."""
         if self.is_closed:
@@ -571,7 +578,13 @@ ENV_JOURNAL = "IMGGW_JOURNAL"
 
 def unique(items: Iterable[Submission | Task | str], surface: str) -> list[Submission | Task | str]:
     """``as_completed``'s items, each task once (by surface and id; a bare id is on
-    ``surface``), in the order given."""
+    ``surface``), in the order given. One item given where a list belongs (a task id, whose
+    characters would each be waited on as an id) and an item of another kind are refused."""
+    if isinstance(items, (str, bytes, Submission, Task, Mapping)) or not isinstance(
+        items, Iterable
+    ):
+        rule = f"must be a list of submissions, tasks or task ids, not {type(items).__name__}"
+        raise RequestValidationError("items", rule)
     seen: set[tuple[str, str]] = set()
     kept: list[Submission | Task | str] = []
     for item in items:
@@ -580,8 +593,11 @@ def unique(items: Iterable[Submission | Task | str], surface: str) -> list[Submi
             name = (item.surface, item.task_id)
         elif isinstance(item, Task):
             name = (item.surface, item.id)
-        else:
+        elif isinstance(item, str):
             name = (surface, item)
+        else:
+            rule = f"must hold submissions, tasks or task ids (str), not {type(item).__name__}"
+            raise RequestValidationError("items", rule)
         if name not in seen:
             seen.add(name)
             kept.append(item)

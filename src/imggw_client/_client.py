@@ -503,6 +503,7 @@ class Client(BaseClient[httpx.Client]):
                     if task.status is TaskStatus.SUCCEEDED:
                         client.download(task, "out/")
         """
+        self._check_open()
         if self._journal is None:
             return []
         entries = _io.run_sync(self._open_entries)
@@ -593,6 +594,11 @@ class Client(BaseClient[httpx.Client]):
         watch: Watch = _telemetry.NULL,
         on_submit: _io.OnSubmit | None = None,
     ) -> T:
+        self._check_open()  # checked before the flow takes a step: nothing recorded or sent
+        if on_update is not None:
+            _io.check_callback(on_update, "on_update")
+        if on_submit is not None:
+            _io.check_callback(on_submit, "on_submit")
         outcome: Any = None
         while True:
             try:

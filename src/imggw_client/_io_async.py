@@ -21,7 +21,7 @@ import httpx
 
 from ._core.budget_service import GIVE_BACK_TIMEOUT, BudgetService
 from ._core.config import Settings
-from ._core.exceptions import ConfigurationError
+from ._core.exceptions import ConfigurationError, RequestValidationError
 from ._core.models import Submission, Task
 from ._files import StorageError
 
@@ -112,6 +112,13 @@ def _now() -> float:
 
 def check_deadline(scope: anyio.CancelScope) -> None:
     """Between chunks of a body: nothing to do, the cancel scope ends the request on time."""
+
+
+def check_callback(callback: object, field: str) -> None:
+    """An ``on_update`` or ``on_submit``: a function (async or not), refused before a request
+    is sent if it is anything else."""
+    if not callable(callback):
+        raise RequestValidationError(field, f"must be callable, not {type(callback).__name__}")
 
 
 async def notify(callback: Callable[[Any], Any], value: object) -> None:

@@ -17,7 +17,7 @@ import httpx
 from . import _deadline
 from ._core.budget import SyncBudgetService
 from ._core.config import Settings
-from ._core.exceptions import ConfigurationError
+from ._core.exceptions import ConfigurationError, RequestValidationError
 from ._core.models import Submission, Task
 from ._files import StorageError
 
@@ -60,8 +60,27 @@ def check_deadline(deadline: float) -> None:
         raise httpx.ReadTimeout("the request's deadline passed")
 
 
+_AWAITED = "returns an awaitable, which a Client cannot await (an AsyncClient awaits it)"
+
+
+def check_callback(callback: object, field: str) -> None:
+    """An ``on_update`` or ``on_submit``: a plain function, refused before a request is sent if
+    it is anything else (an ``async def`` one would never run)."""
+    if not callable(callback):
+        raise RequestValidationError(field, f"must be callable, not {type(callback).__name__}")
+    # An async def function, or an object whose class's __call__ is one.
+    if inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(
+        type(callback).__call__
+    ):
+        raise RequestValidationError(field, f"is an async def function: it {_AWAITED}")
+
+
 def notify(callback: Callable[[Any], Any], value: object) -> None:
-    callback(value)
+    result = callback(value)
+    if inspect.isawaitable(result):  # made by a plain function: refused, never left unawaited
+        if inspect.iscoroutine(result):
+            result.close()
+        raise RequestValidationError("callback", _AWAITED)
 
 
 def run_sync(func: Callable[..., T], *args: Any) -> T:

@@ -17,6 +17,7 @@ from . import reasons, rules, surfaces
 from .attempts import Attempts
 from .exceptions import (
     AuthenticationError,
+    ClientClosedError,
     DownloadError,
     ImggwError,
     NotFoundError,
@@ -199,7 +200,8 @@ class Results:
             )
 
         def give_up(err: ImggwError, unknown: bool) -> ImggwError:
-            if isinstance(err, (ResultExpiredError, DownloadError)):
+            # A closed client is the client's state, not this result's: said as it is.
+            if isinstance(err, (ResultExpiredError, DownloadError, ClientClosedError)):
                 return err
             return DownloadError(
                 f"could not download result {stem} of task {task.id}: {err.message}",

@@ -449,15 +449,18 @@ class Flows(Attempts):
             validate=validate,
             extra_headers=extra,
         )
-        yield Answered(submission)  # the caller's on_submit, before any wait
-        if self.observe:
-            yield Observe(PHASE, kind="wait", task_id=submission.task_id)
         try:
+            yield Answered(submission)  # the caller's on_submit, before any wait
+            if self.observe:
+                yield Observe(PHASE, kind="wait", task_id=submission.task_id)
             return (
                 yield from self.wait(submission, surface=None, timeout=timeout, extra_headers=extra)
             )
         except BaseException as exc:
-            if is_interruption(exc):  # the caller never saw the task id: name it
+            # Whatever ends it now (an interruption, a callback's error, a closed client, queries
+            # that keep failing), the task goes on, billed, and the caller may never have seen
+            # its id: name it. A task's failure and a wait's timeout carry it already.
+            if not isinstance(exc, (GeneratorExit, TaskFailedError, WaitTimeoutError)):
                 carry_task(exc, submission)
             raise
 

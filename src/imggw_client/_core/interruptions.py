@@ -20,23 +20,31 @@ from .wire import Flow
 log = logging.getLogger("imggw_client")
 
 
+class DriverError(BaseException):
+    """What a flow is thrown when its driver's own step failed (a callback that raised, a
+    journal that could not be written): not the flow's error to handle, only its cue to give
+    back what it holds and to name on ``error`` what the caller must know (a submit's key, a
+    generate's task). A ``BaseException``, so no ``except Exception`` of a flow takes it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 def is_interruption(exc: BaseException) -> bool:
-    """Whether ``exc`` interrupts an operation from outside (a cancellation of asyncio, trio
-    or anyio, Ctrl-C, ``SystemExit``) rather than being an error of it; never the
-    ``GeneratorExit`` that closes a flow."""
+    """Whether ``exc`` stops an operation from outside (a cancellation of asyncio, trio or
+    anyio, Ctrl-C, ``SystemExit``, the driver's own error) rather than being an error of it;
+    never the ``GeneratorExit`` that closes a flow."""
     return not isinstance(exc, (Exception, GeneratorExit))
 
 
 def interrupt(flow: Flow[Any], exc: BaseException) -> None:
-    """Hands a flow the interruption that stopped its driver, so that it can say what a caller
-    needs to resume (a submit names its key on ``exc``), and closes it. The driver then raises
-    ``exc`` itself: nothing here replaces it. An error of the driver's own is not the flow's to
-    handle: the flow is only closed (its places given back)."""
-    if not is_interruption(exc):
-        flow.close()
-        return
+    """Hands a flow what stopped its driver (an interruption as it came, an error of the
+    driver's own as a :class:`DriverError`), so that it can say what a caller needs to resume
+    (a submit names its key on ``exc``, a generate its task), and closes it. The driver then
+    raises ``exc`` itself: nothing here replaces it."""
     try:
-        flow.throw(exc)
+        flow.throw(exc if is_interruption(exc) else DriverError(exc))
     except BaseException:
         return
     flow.close()  # it went on instead of stopping: it may not
@@ -49,6 +57,7 @@ def carry_key(
     that resends it, and one log line says the same (never the prompt nor the API key). A key
     the caller ``chosen`` is one it holds already (a batch's, the CLI's): said at INFO, so a run
     stopping many submits at once does not repeat what it prints itself."""
+    exc = exc.error if isinstance(exc, DriverError) else exc
     ratio, resolution = request.aspect_ratio, request.resolution
     options = ("--surface", surface, "--aspect-ratio", ratio, "--resolution", resolution)
     shell = " ".join(shlex.quote(part) for part in (*options, "--idempotency-key", key))
@@ -73,6 +82,7 @@ def carry_key(
 def carry_task(exc: BaseException, submission: Submission) -> None:
     """A generate stopped while it waited: its task runs on, billed, and its caller never saw
     the id. As :func:`carry_key`: a note and one WARNING, with the id and the key."""
+    exc = exc.error if isinstance(exc, DriverError) else exc
     task_id, surface = submission.task_id, submission.surface
     add_note(
         exc,
