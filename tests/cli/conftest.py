@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 import pytest
 
-from imggw_cli import _runtime
+from imggw_cli import _runtime, _when
 from imggw_client import PollPolicy, _io_sync
 
 from ..gateways import QUICK
@@ -48,3 +49,21 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
     monkeypatch.setattr(_io_sync, "sleep", lambda seconds, arm=None: slept.append(seconds))
     return slept
+
+
+@pytest.fixture
+def cli_now(monkeypatch: pytest.MonkeyPatch) -> datetime:
+    """The moment the CLI takes for now when it says how long until (or since) a link expires:
+    stopped at the test's start. ``links expire in 23 h 59 min`` then depends neither on how
+    long the test took nor on the clock moving on (or being stepped back) meanwhile; the rest
+    of the process keeps the real clock, so the links are still alive for a download."""
+    stopped = datetime.now(timezone.utc)
+
+    class Stopped(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+            local = stopped.astimezone()  # a bare now() is local and naive, as datetime's own
+            return stopped.astimezone(tz) if tz is not None else local.replace(tzinfo=None)
+
+    monkeypatch.setattr(_when, "datetime", Stopped)
+    return stopped

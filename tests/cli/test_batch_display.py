@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from imggw_client.batch import BatchProgress
 
 from .helpers import on_a_terminal
 
-UTC = timezone.utc
 AT_RISK = (
     "warning: {n} results will expire before their download turn at the current pace; "
     "raise --concurrency"
@@ -43,7 +42,7 @@ def progress(**fields: Any) -> BatchProgress:
     return BatchProgress(**{**base, **fields})
 
 
-def test_the_line_form_adds_the_budget_and_the_downloads_waiting() -> None:
+def test_the_line_form_adds_the_budget_and_the_downloads_waiting(cli_now: datetime) -> None:
     assert progress_text(progress()) == (  # as it always was, when there is nothing to add
         "batch: 3/10 finished (pending 5, running 2, succeeded 3); 0.5/s, eta 14s; "
         "credits 12, cost 0.03"
@@ -53,7 +52,7 @@ def test_the_line_form_adds_the_budget_and_the_downloads_waiting() -> None:
             rate_limit=RateLimit(submits_per_second=2, queries_per_second=10),
             least_time_left=250.0,
             awaiting_download=3,
-            soonest_expiry=datetime.now(UTC) + timedelta(hours=2),
+            soonest_expiry=cli_now + timedelta(hours=2) - timedelta(seconds=30),
         )
     )
     assert line == (
@@ -73,14 +72,14 @@ def render(view: Any) -> list[str]:
     return [line.rstrip() for line in text.splitlines()]
 
 
-def test_the_live_view_has_one_bar_for_the_batch_above_the_counts() -> None:
+def test_the_live_view_has_one_bar_for_the_batch_above_the_counts(cli_now: datetime) -> None:
     lines = render(
         progress_view(
             progress(
                 rate_limit=RateLimit(submits_per_second=2),
                 least_time_left=30.0,
                 awaiting_download=1,
-                soonest_expiry=datetime.now(UTC) - timedelta(minutes=3, seconds=1),
+                soonest_expiry=cli_now - timedelta(minutes=3, seconds=1),
             )
         )
     )

@@ -61,17 +61,17 @@ def test_links_expire_in_the_future_or_expired_in_the_past() -> None:
     )
 
 
-def test_task_lines_say_when_the_links_expire_and_what_the_task_cost() -> None:
-    soon = datetime.now(UTC) + timedelta(hours=24)
+def test_task_lines_say_when_the_links_expire_and_what_the_task_cost(cli_now: datetime) -> None:
+    soon = cli_now + timedelta(hours=24) - timedelta(seconds=30)
     lines = task_lines(task(expires_at=soon, cost=0.04, credits=4.0))
     assert lines[3:] == [
         f"links expire in 23 h 59 min ({soon.isoformat().replace('+00:00', 'Z')})",
         "cost: 0.04",
         "credits: 4",
     ]
-    assert task_lines(task(expires_at=datetime.now(UTC) - timedelta(minutes=5, seconds=1)))[
-        3
-    ].startswith("links expired 5 min ago (")
+    assert task_lines(task(expires_at=cli_now - timedelta(minutes=5, seconds=1)))[3].startswith(
+        "links expired 5 min ago ("
+    )
     assert not any("expire" in line for line in task_lines(task()))
 
 
@@ -110,9 +110,9 @@ def test_status_poll_and_generate_json_carry_cost_and_credits(
 
 
 @pytest.fixture
-def expiring(monkeypatch: pytest.MonkeyPatch) -> datetime:
-    """Tasks whose links expire in 24 h, whatever the gateway says."""
-    soon = datetime.now(UTC) + timedelta(hours=24)
+def expiring(monkeypatch: pytest.MonkeyPatch, cli_now: datetime) -> datetime:
+    """Tasks whose links expire in a day less half a minute, whatever the gateway says."""
+    soon = cli_now + timedelta(hours=24) - timedelta(seconds=30)
     for name in ("get", "wait"):
         real = getattr(Client, name)
 
