@@ -4,6 +4,7 @@ results at risk of expiring in the queue, and links kept without the key."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from imggw_client import AsyncClient
 from imggw_client._core.text import REDACTED
 from imggw_client.batch._schema import Row
+from imggw_client.tracking import _loop
 from imggw_client.tracking._loop import DownloadQueue, kept_links
 
 from ..batch.ledgers import row
@@ -45,9 +47,14 @@ async def test_the_result_whose_links_die_first_is_downloaded_first() -> None:
     assert served == [3, 2, 1, 4]  # then those of no known expiry, in the order they came
 
 
-async def test_results_that_expire_before_their_turn_at_the_recent_pace_are_at_risk() -> None:
+async def test_results_that_expire_before_their_turn_at_the_recent_pace_are_at_risk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     queue = DownloadQueue()
-    now = time.time()
+    # The queue's wall clock stands still: the first link, alive for half a second more, is
+    # alive at its turn however long the test takes to get there.
+    now = 1_700_000_000.0
+    monkeypatch.setattr(_loop, "time", SimpleNamespace(time=lambda: now))
     expiries = [now + 0.5, now + 1.5, now + 3600]
     assert queue.at_risk(expiries) == 0  # no pace known yet
     queue.downloaded.extend([100.0, 110.0])  # one download in ten seconds
