@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import email.utils
-import time
 
 import httpx
 import pytest
@@ -355,7 +354,11 @@ async def test_retry_after_seconds_is_honoured(
 async def test_retry_after_http_date_is_honoured(
     client: Driven, respx_gateway: respx.MockRouter
 ) -> None:
-    when = email.utils.formatdate(time.time() + 20, usegmt=True)
+    # The date is read against the client's wall clock, stopped here: the delay it finds does
+    # not shrink by however long the test took between writing the date and reading it.
+    now = 1_700_000_000.0
+    client.inner._flows.wall = lambda: now
+    when = email.utils.formatdate(now + 20, usegmt=True)
     respx_gateway.post(BETA_SUBMIT).mock(
         side_effect=[beta_error(503, "overloaded", retry_after=when), beta_submitted()]
     )
