@@ -7,8 +7,10 @@ with the typed keywords (``RunOptions``) naming the same options as ``BatchOptio
 from __future__ import annotations
 
 import math
+import sqlite3
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, get_type_hints
 
 import pytest
@@ -27,10 +29,13 @@ from imggw_client.batch._plan import (
     BatchOptions,
     Caps,
     RunOptions,
+    _Seen,
     plan_run,
     scan_input,
 )
 from imggw_client.batch._schema import RUNNING, UNKNOWN
+
+from ..journals import TurkishRowcount
 
 
 def plan(folder: Path, source: list[object], **options: object):  # type: ignore[no-untyped-def]
@@ -54,6 +59,16 @@ def test_each_line_gets_its_identity_and_the_key_its_run_gives_it(tmp_path: Path
     assert rows[2].idempotency_key is None  # a task made elsewhere is never submitted
     assert (tmp_path / RUN_NAME).exists()
     assert made.bad_count == 0
+
+
+def test_a_repeated_id_is_seen_in_a_turkish_locale() -> None:
+    """The ids a scan has seen are told from a repeat by the connection's count of changes,
+    not by the INSERT's rowcount, which a Turkish locale makes -1 (every id then new)."""
+    seen = _Seen(TurkishRowcount(sqlite3.connect(":memory:")))  # type: ignore[arg-type]
+    line = SimpleNamespace(identity="id:hero")
+    assert seen.add(line) is True  # type: ignore[arg-type]
+    assert seen.add(line) is False  # type: ignore[arg-type]
+    assert seen.add(SimpleNamespace(identity="id:other")) is True  # type: ignore[arg-type]
 
 
 def test_a_repeated_line_is_a_bad_line_and_a_bad_plan_keeps_nothing(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ gateway."""
 from __future__ import annotations
 
 import socket
+import sqlite3
 from pathlib import Path
 
 import anyio
@@ -20,10 +21,12 @@ from imggw_client import (
     ImageRequest,
 )
 from imggw_client._core.states import NotSent, Refused, Sending
+from imggw_client._journal.moves import apply
+from imggw_client._journal.schema import transaction
 from imggw_client.mock import MockGateway
 from imggw_client.tracking import CollectReport, Journal, Scope, Tracker
 
-from ..journals import FAST, KEY, rows
+from ..journals import FAST, KEY, TurkishRowcount, rows
 
 SCOPE = Scope("http://127.0.0.1:9", "f" * 16)
 
@@ -56,6 +59,32 @@ def test_a_refusal_or_a_request_that_never_left_removes_only_the_row_its_own_cal
     journal.record(Refused("k-cat", "beta", "call-5"), SCOPE)  # its own first: no task made
     assert [e.idempotency_key for e in journal.tasks()] == ["k-fox"]
     journal.close()
+
+
+def test_a_journaled_key_is_refused_for_another_request_in_a_turkish_locale(
+    tmp_path: Path,
+) -> None:
+    """Whether the submit's row was made is not read from the INSERT's rowcount, which a
+    Turkish locale makes -1: the retyped prompt would then be sent, and refused by the gateway
+    only (the key's paid task named nowhere in the error)."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(path)
+    journal.record(Sending("k", "beta", ImageRequest("a fox"), "one"), SCOPE)
+    journal.close()
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        with transaction(db), pytest.raises(IdempotencyConflictError):
+            apply(
+                TurkishRowcount(db),  # type: ignore[arg-type]
+                Sending("k", "beta", ImageRequest("a fox!"), "two"),
+                SCOPE,
+                ("me", 0.0),
+                path,
+            )
+    finally:
+        db.close()
+    (row,) = rows(path)
+    assert row["prompt"] == "a fox"  # the paid row stays as it was
 
 
 def test_a_retyped_prompt_reusing_a_journaled_key_is_refused_before_sending_and_the_paid_row_stays(

@@ -103,7 +103,10 @@ def _send(
     keeps) and held by this process; a key journaled for another request is refused."""
     request = event.request
     asked = (request.prompt, request.aspect_ratio, request.resolution)
-    made = db.execute(
+    # Whether the row was made, from the connection's count of changes: a cursor's rowcount is
+    # -1 for an INSERT where the C library's tolower() is a Turkish locale's ("I" is not "i").
+    before = db.total_changes
+    db.execute(
         "INSERT INTO tasks (gateway, key_fp, surface, idempotency_key, state, prompt,"
         " aspect_ratio, resolution, created, attempt, changed, lease_owner, lease_until)"
         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
@@ -118,8 +121,8 @@ def _send(
             now,
             *lease,
         ),
-    ).rowcount
-    if made:
+    )
+    if db.total_changes != before:
         return
     row, *journaled = db.execute(
         "SELECT row, prompt, aspect_ratio, resolution FROM tasks WHERE gateway = ? AND"

@@ -509,8 +509,9 @@ class _Seen:
     def add(self, row: Row) -> bool:
         if row.identity.startswith("line:"):  # numbered by place: cannot repeat
             return True
-        cursor = self.db.execute("INSERT OR IGNORE INTO ids VALUES (?)", (row.identity,))
-        return cursor.rowcount != 0
+        before = self.db.total_changes  # not rowcount: -1 for an INSERT in a Turkish locale
+        self.db.execute("INSERT OR IGNORE INTO ids VALUES (?)", (row.identity,))
+        return self.db.total_changes != before
 
     def bad(self, row: Row) -> None:
         pass
