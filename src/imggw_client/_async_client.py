@@ -52,7 +52,7 @@ from ._core.rules import AspectRatio, Resolution, Violation
 from ._core.silence import answered
 from ._core.spec import Surface
 from ._core.wire import Flow
-from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, first_error
+from ._download import DEFAULT_MAX_BYTES, Sink, check_concurrency, check_dest_dir, first_error
 from ._telemetry import Watch
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """
         flows = self._flows.downloads(
             task,
-            Path(dest_dir),
+            check_dest_dir(dest_dir),
             overwrite=overwrite,
             max_bytes=max_bytes,
             timeout=timeout,

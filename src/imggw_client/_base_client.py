@@ -686,6 +686,12 @@ def open_journal(journal: object, *, defer: bool = False) -> tuple[Journal | Non
     if isinstance(journal, Journal):
         return _writable(journal), False
     if isinstance(journal, (str, os.PathLike)) and os.fspath(journal):
+        try:
+            os.fsencode(journal)
+        except UnicodeError:  # a lone surrogate: no file system can name it
+            raise ConfigurationError(
+                "journal names no path the file system can hold", code="journal_unusable"
+            ) from None
         opened = Journal._deferred(journal) if defer else Journal(journal)
         return _writable(opened, close=True), True
     raise ConfigurationError(

@@ -341,6 +341,19 @@ def first_error(results: Sequence[T | BaseException]) -> list[T]:
     return list(results)  # type: ignore[arg-type]
 
 
+def check_dest_dir(dest_dir: object) -> Path:
+    """A download's folder: a path (``str`` or ``os.PathLike``) the file system can name,
+    refused before anything is fetched if it is anything else."""
+    if not isinstance(dest_dir, (str, os.PathLike)) or isinstance(dest_dir, bytes):
+        rule = f"must be a path (str or os.PathLike), not {type(dest_dir).__name__}"
+        raise RequestValidationError("dest_dir", rule)
+    try:
+        os.fsencode(dest_dir)
+    except UnicodeError:  # a lone surrogate: no file system can name it
+        raise RequestValidationError("dest_dir", "names no path the file system can hold") from None
+    return Path(dest_dir)
+
+
 def check_concurrency(concurrency: object) -> int:
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
         raise RequestValidationError(

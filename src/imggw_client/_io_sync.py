@@ -109,8 +109,16 @@ def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> 
     """``func`` of every item, at most ``limit`` at once (threads); results in the items' order."""
     if len(items) <= 1 or limit <= 1:  # no thread to start for one (as_completed's usual step)
         return [func(item) for item in items]
-    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(items)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(limit, len(items))))
+    interrupted = False
+    try:
         return list(pool.map(func, items))
+    except KeyboardInterrupt:  # Ctrl-C reaches the caller now; calls in flight end on their own
+        interrupted = True
+        raise
+    finally:
+        # Otherwise every call ends first, as a task group's do.
+        pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
 
 
 def current_loop() -> object:

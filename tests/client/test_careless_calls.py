@@ -5,6 +5,7 @@ answered names the task it paid for. Both clients, on respx."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from imggw_client import (
     AuthenticationError,
     Client,
     ClientClosedError,
+    ConfigurationError,
     RequestValidationError,
     Submission,
     Task,
+    _io_sync,
 )
 
 from ..conftest import BASE_URL, Driven, beta_done, beta_submitted, beta_task
@@ -182,3 +185,47 @@ async def test_a_closed_client_says_so_for_downloads_and_journaled_submits(
     with pytest.raises(ClientClosedError):
         await client.unfinished()
     assert not respx_gateway.calls
+
+
+def test_ctrl_c_reaches_a_client_caller_without_waiting_for_the_calls_in_flight() -> None:
+    """A Client's concurrent calls run in threads: Ctrl-C (KeyboardInterrupt in the caller's
+    thread, here from the first call) is raised at once, while a call in flight still runs."""
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def call(item: int) -> int:
+        if item == 0:
+            started.wait(30)  # Ctrl-C comes once the other call is in flight
+            raise KeyboardInterrupt
+        started.set()
+        release.wait(30)  # a call in flight: the caller must not wait for it
+        finished.set()
+        return item
+
+    with pytest.raises(KeyboardInterrupt):
+        _io_sync.map_concurrently(call, [0, 1], limit=2)
+    assert not finished.is_set()  # raised while the other call was still in flight
+    release.set()
+    assert finished.wait(30)  # which then ends on its own
+
+
+@pytest.mark.parametrize("dest_dir", [None, 1, b"out", ["out"], "out\ud800"])
+async def test_a_download_folder_that_is_no_path_is_refused_before_any_fetch(
+    client: Driven, respx_gateway: respx.MockRouter, dest_dir: object
+) -> None:
+    done = Task(
+        id="42", surface="beta", status="succeeded", image_urls=["http://cdn.test/42-0.png"]
+    )
+    cdn = respx.get("http://cdn.test/42-0.png").respond(200, content=b"x")
+    with pytest.raises(RequestValidationError) as info:
+        await client.download(done, dest_dir)
+    assert info.value.field == "dest_dir"
+    assert cdn.call_count == 0
+
+
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_a_journal_path_no_file_system_can_hold_is_a_configuration_error(
+    cls: type[Client] | type[AsyncClient], tmp_path: Any
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        cls(api_key="sk-test-key", base_url=BASE_URL, journal=f"{tmp_path}/j\ud800.sqlite")
+    assert info.value.code == "journal_unusable"
