@@ -7,9 +7,9 @@ retry and every note; ``IMGGW_LOG=info`` the retries and notes. Read once, when 
 imported. The handler writes to whatever ``sys.stderr`` is at the time; records still reach the
 application's own handlers (propagation is left alone). No line it writes holds an API key:
 the key of every client made while it is on, and ``IMGGW_API_KEY``, are blanked in the text,
-tracebacks included. The key of every client is also blanked in the records of this logger and
-of the HTTP libraries' (below), whatever handler an application gives them: a gateway may echo a
-key in a response header or a status word.
+tracebacks included. The key of every client (of 8 characters or more, which does not occur by
+chance) is also blanked in the records of this logger and of the HTTP libraries' (below),
+whatever handler an application gives them: a gateway may echo a key in a response header.
 
 Nor does any line hold a result link's query string (a signature, an expiry, a key a gateway
 put there): while a result is fetched, its link is watched (:func:`hiding`), and the records
@@ -30,7 +30,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from ._core.text import KNOWN_KEYS, SHORTEST_SECRET, blank, link_for_display
+from ._core.text import KNOWN_KEYS, LONG_SECRET, SHORTEST_SECRET, blank, link_for_display
 
 LOGGER = "imggw_client"
 ENV_LOG = "IMGGW_LOG"
@@ -108,10 +108,11 @@ class StderrHandler(logging.Handler):
 
     def __init__(self, level: int) -> None:
         super().__init__(level)
+        self.keys: set[str] = set()  # shorter keys too: its lines are the SDK's own
         self.setFormatter(logging.Formatter(FORMAT))
 
     def format(self, record: logging.LogRecord) -> str:
-        return blank(super().format(record), KNOWN_KEYS)
+        return blank(super().format(record), self.keys | KNOWN_KEYS)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -150,7 +151,11 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
 
 
 def watch_key(key: str) -> None:
-    """Blanks ``key`` in every record of the SDK's and the HTTP libraries' loggers, and in
-    every line ``IMGGW_LOG`` writes (tracebacks included)."""
-    if len(key) >= SHORTEST_SECRET:
+    """Blanks ``key`` in every line ``IMGGW_LOG`` writes (tracebacks included) while it is on,
+    and, when it does not occur by chance (8 characters or more), in every record of the SDK's
+    and the HTTP libraries' loggers and in a task's repr: a shorter one could be a word of any
+    line (a key "http" would blank every link), and of any test's."""
+    if _handler is not None and len(key) >= SHORTEST_SECRET:
+        _handler.keys.add(key)
+    if len(key) >= LONG_SECRET:
         KNOWN_KEYS.add(key)

@@ -359,7 +359,7 @@ async def test_a_key_a_gateway_echoes_anywhere_is_never_shown_logged_or_pickled(
     kind: str, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Short keys too (any of 4 characters or more), and outside error messages: in a status
-    word, a redirect's target, a header that httpcore's DEBUG lines show."""
+    word, a redirect's target; and one of 8 or more in a header httpcore's DEBUG lines show."""
     caplog.set_level(logging.DEBUG)  # httpcore's lines, the response headers among them
     monkeypatch.setattr(surfaces, "_unknown_states_logged", set())  # each state said once
     refused = {"code": 401, "error": {"code": "unauthorized", "message": f"bad key {key}"}}
@@ -388,10 +388,12 @@ async def test_a_key_a_gateway_echoes_anywhere_is_never_shown_logged_or_pickled(
         assert key.encode() not in pickle.dumps(err)
     assert "[redacted]" in str(errors[0])
     assert "[redacted]" in str(errors[1])
-    lines = [record.getMessage() for record in caplog.records]
-    assert any("unknown task state" in line for line in lines)
-    assert any("www-authenticate" in line.lower() for line in lines)  # the header was logged ...
-    assert not [line for line in lines if key in line]  # ... blanked, as every other line
+    lines = [(record.name, record.getMessage()) for record in caplog.records]
+    assert any("unknown task state" in line for _, line in lines)
+    assert any("www-authenticate" in line.lower() for _, line in lines)  # the header was logged
+    assert not [line for name, line in lines if name == "imggw_client" and key in line]
+    if len(key) >= 8:  # other loggers' lines: a key that does not occur by chance is blanked
+        assert not [line for _, line in lines if key in line]
 
 
 async def test_a_gateway_that_echoes_the_key_never_gets_it_printed_and_keeps_the_result(

@@ -39,8 +39,11 @@ REDACTED = "[redacted]"
 # blank it: a shorter one cannot be told from ordinary words. In a link, a key under 8
 # characters is one only as a whole path segment or query value (``surfaces.carries_secret``).
 SHORTEST_SECRET = 4
-# The API key of every client this process made (of SHORTEST_SECRET characters or more): what a
-# task's repr blanks in its links, and the loggers in every record (``_logs``).
+# A key this long does not occur by chance: where text that is not a gateway's answer to the
+# client is blanked (every log record, a task's repr), only such keys are.
+LONG_SECRET = 8
+# The API key of every client this process made, of LONG_SECRET characters or more: what a
+# task's repr blanks in its links, and the loggers' filter in every record (``_logs``).
 KNOWN_KEYS: set[str] = set()
 
 
