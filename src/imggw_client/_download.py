@@ -344,7 +344,7 @@ def first_error(results: Sequence[T | BaseException]) -> list[T]:
 def check_dest_dir(dest_dir: object) -> Path:
     """A download's folder: a path (``str`` or ``os.PathLike``) the file system can name,
     refused before anything is fetched if it is anything else."""
-    if not isinstance(dest_dir, (str, os.PathLike)) or isinstance(dest_dir, bytes):
+    if not isinstance(dest_dir, (str, os.PathLike)):
         rule = f"must be a path (str or os.PathLike), not {type(dest_dir).__name__}"
         raise RequestValidationError("dest_dir", rule)
     try:
