@@ -350,19 +350,19 @@ class BaseClient(Generic[H]):
         """
         return self._settings.poll
 
-    def redact(self, text: str) -> str:
-        """``text`` with every occurrence of this client's API key replaced by ``[redacted]``:
-        for a log line built from an exception or a gateway's words, without ever holding the
-        key.
+    def redact(self, text: object) -> str:
+        """``text`` (or, if it is not a string, ``str(text)``: an exception, say) with every
+        occurrence of this client's API key replaced by ``[redacted]``: for a log line built
+        from an exception or a gateway's words, without ever holding the key.
 
         Example::
 
             try:
                 client.get("12345")
             except NotFoundError as err:
-                log.warning("line 7 failed: %s", client.redact(str(err)))
+                log.warning("line 7 failed: %s", client.redact(err))
         """
-        return text.replace(self._settings.api_key, REDACTED)
+        return str(text).replace(self._settings.api_key, REDACTED)
 
     def redact_url(self, url: str) -> str:
         """``url`` with this client's API key blanked wherever a gateway put it, as
@@ -692,8 +692,12 @@ def open_journal(journal: object, *, defer: bool = False) -> tuple[Journal | Non
             raise ConfigurationError(
                 "journal names no path the file system can hold", code="journal_unusable"
             ) from None
-        opened = Journal._deferred(journal) if defer else Journal(journal)
-        return _writable(opened, close=True), True
+        opened = _writable(Journal._deferred(journal), close=True)  # a folder: never opened
+        if not defer:  # opened now, as Journal(path) is; a ledger's own file is known then
+            with opened._connection(writing=False):
+                pass
+            _writable(opened, close=True)
+        return opened, True
     raise ConfigurationError(
         "journal must be a Journal, a path, False or None", code="journal_unusable"
     )
@@ -706,10 +710,13 @@ def _writable(journal: Journal, *, close: bool = False) -> Journal:
     if journal._ledger:
         if close:
             journal.close()
+        if journal.path.is_file():
+            why = f"{journal.path} is a batch folder's ledger: list it with Journal(folder).tasks()"
+        else:  # a folder of a sharded run, or of nothing: no ledger a client could mistake
+            folder = journal.path.parent
+            why = f"{folder} is a folder: name a file, such as {folder / 'journal.sqlite'}"
         raise ConfigurationError(
-            f"the journal {journal.path} is a batch folder's ledger: list it with "
-            "Journal(folder).tasks(); a client needs a journal of its own",
-            code="journal_unusable",
+            f"the journal {why}; a client needs a journal of its own", code="journal_unusable"
         )
     return journal
 

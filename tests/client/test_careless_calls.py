@@ -229,3 +229,27 @@ def test_a_journal_path_no_file_system_can_hold_is_a_configuration_error(
     with pytest.raises(ConfigurationError) as info:
         cls(api_key="sk-test-key", base_url=BASE_URL, journal=f"{tmp_path}/j\ud800.sqlite")
     assert info.value.code == "journal_unusable"
+
+
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_a_folder_given_as_a_clients_journal_is_named_as_a_folder(
+    cls: type[Client] | type[AsyncClient], tmp_path: Any
+) -> None:
+    # Before, an AsyncClient called an empty folder "a batch folder's ledger", and a Client
+    # named a ledger.sqlite no one had made.
+    with pytest.raises(ConfigurationError) as info:
+        cls(api_key="sk-test-key", base_url=BASE_URL, journal=tmp_path)
+    assert info.value.code == "journal_unusable"
+    assert str(info.value) == (
+        f"the journal {tmp_path} is a folder: name a file, such as "
+        f"{tmp_path / 'journal.sqlite'}; a client needs a journal of its own"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing made in it
+
+
+async def test_redact_takes_what_a_log_line_is_built_from(client: Driven) -> None:
+    key = client.inner._settings.api_key
+    err = AuthenticationError(f"the key {key} is revoked", status_code=401)
+    assert client.inner.redact(err) == "the key [redacted] is revoked"
+    assert client.inner.redact(None) == "None"
+    assert client.inner.redact(f"x{key}x") == "x[redacted]x"
