@@ -92,7 +92,7 @@ class Tracked:
         interrupted submit can be sent again safely)."""
         from imggw_client import new_idempotency_key
 
-        self.key = key or new_idempotency_key()
+        self.key = new_idempotency_key() if key is None else key  # "" is refused, never replaced
         self.request = (aspect_ratio, resolution)
         return self.key
 

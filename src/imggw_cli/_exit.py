@@ -203,6 +203,8 @@ def message_for(
     # The SDK's words for its keyword arguments, as the command line spells them.
     text = text.replace("pass overwrite=True", "pass --overwrite")
     text = text.replace("leave idempotency_key out", "leave --idempotency-key out")
+    if text.startswith("idempotency_key: "):
+        text = "--" + text.replace("_", "-", 1)
     code = printable(err.code) if err.code else None
     if code and code not in text:
         return f"{text} ({code})"

@@ -159,6 +159,24 @@ def test_exit_2_for_usage_and_invalid_requests(args: list[str]) -> None:
     assert run.err
 
 
+@pytest.mark.parametrize("command", ["submit", "generate"])
+def test_an_empty_idempotency_key_is_refused_not_replaced_by_a_new_one(
+    served_gateway: tuple[MockGateway, str], command: str, tmp_path: Path
+) -> None:
+    # `--idempotency-key "$KEY"` with KEY unset: a fresh key on every retry would pay again.
+    gateway, url = served_gateway
+    saving = ["-o", str(tmp_path)] if command == "generate" else []
+    run = imggw(command, "a cat", "--base-url", url, "--idempotency-key", "", *saving)
+    assert run.code == 2, (run.out, run.err)
+    assert run.out == ""
+    assert (
+        run.err
+        == "error: --idempotency-key: must be a non-empty string (invalid_idempotency_key)\n"
+    )
+    assert gateway.stats()["requests"] == {}  # nothing sent
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_exit_2_for_a_reused_key(served_gateway: tuple[MockGateway, str]) -> None:
     """The journal knows the key's request: another one is refused before it is sent
     (DESIGN 22), in the command line's words."""
