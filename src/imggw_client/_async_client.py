@@ -45,7 +45,13 @@ from ._core.config import (
     key_forgotten,
     resolve_settings,
 )
-from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
+from ._core.exceptions import (
+    ConfigurationError,
+    ImggwError,
+    ResultExpiredError,
+    UnknownOutcomeError,
+    WaitTimeoutError,
+)
 from ._core.interruptions import interrupt
 from ._core.models import DownloadedFile, Submission, Task, raise_violations
 from ._core.rules import AspectRatio, Resolution, Violation
@@ -648,7 +654,13 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         if isinstance(action, wire.Sleep):
             await self._sleep(action.seconds, action.arm)
         elif isinstance(action, wire.Record):
-            await _io.record(self._journal, action.event, self.journal_scope)
+            try:
+                await _io.record(self._journal, action.event, self.journal_scope)
+            except ConfigurationError:
+                # Closed since the call began (by another thread or task), and its journal
+                # with it: what the caller did, as any call on a closed client says.
+                self._check_open()
+                raise
         elif isinstance(action, wire.Answered):
             if on_submit is not None:
                 await _io.notify(on_submit, action.submission)

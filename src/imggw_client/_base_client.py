@@ -551,8 +551,8 @@ class BaseClient(Generic[H]):
         """Raises what a closed client's calls raise, before they record or send anything
         (``ClientClosedError``), whatever they would do first."""
         closed = self._closed_failure()
-        if closed is not None:
-            raise transport_error(self.surface, closed)
+        if closed is not None:  # in an except clause, what was caught is not the news
+            raise transport_error(self.surface, closed) from None
 
     def _closed_failure(self) -> TransportFailure | None:
         """The failure to report instead of sending, once the client is closed."""

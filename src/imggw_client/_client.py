@@ -49,7 +49,13 @@ from ._core.config import (
     key_forgotten,
     resolve_settings,
 )
-from ._core.exceptions import ImggwError, ResultExpiredError, UnknownOutcomeError, WaitTimeoutError
+from ._core.exceptions import (
+    ConfigurationError,
+    ImggwError,
+    ResultExpiredError,
+    UnknownOutcomeError,
+    WaitTimeoutError,
+)
 from ._core.interruptions import interrupt
 from ._core.models import DownloadedFile, Submission, Task, raise_violations
 from ._core.rules import AspectRatio, Resolution, Violation
@@ -642,7 +648,13 @@ class Client(BaseClient[httpx.Client]):
         if isinstance(action, wire.Sleep):
             self._sleep(action.seconds, action.arm)
         elif isinstance(action, wire.Record):
-            _io.record(self._journal, action.event, self.journal_scope)
+            try:
+                _io.record(self._journal, action.event, self.journal_scope)
+            except ConfigurationError:
+                # Closed since the call began (by another thread or task), and its journal
+                # with it: what the caller did, as any call on a closed client says.
+                self._check_open()
+                raise
         elif isinstance(action, wire.Answered):
             if on_submit is not None:
                 _io.notify(on_submit, action.submission)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -140,6 +141,60 @@ async def test_close_from_another_task_ends_an_async_wait_with_an_imggw_error(
     with pytest.raises(ClientClosedError):
         await client.wait(sub, wait_timeout=30, on_update=lambda task: waiting.set())
     await closer
+
+
+class ClosedAtFirstRecord:
+    """Wraps a client's journal: its first write lets ``close`` land first, as a close from
+    another thread (or task) does between a call's start and the submit's own row."""
+
+    def __init__(self, client: Client | AsyncClient) -> None:
+        self.client, self.fired = client, False
+        journal = client.journal
+        assert journal is not None
+        self.record, self.try_record = journal.record, journal.try_record
+        journal.record = self.on_record  # type: ignore[method-assign]
+        journal.try_record = self.on_try_record  # type: ignore[method-assign]
+
+    def close_first(self) -> None:
+        if not self.fired:
+            self.fired = True
+            journal = self.client.journal
+            assert journal is not None
+            self.client._closed = True  # what close() does first, then the journal's close
+            journal.close()
+
+    def on_record(self, event: Any, scope: Any) -> None:
+        self.close_first()
+        self.record(event, scope)
+
+    def on_try_record(self, event: Any, scope: Any) -> bool:
+        self.close_first()
+        return self.try_record(event, scope)
+
+
+def test_a_call_whose_client_is_closed_before_its_first_record_says_client_closed(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
+    client = Client(api_key="test-key", base_url=gateway_url, journal=tmp_path / "j.sqlite")
+    closing = ClosedAtFirstRecord(client)
+    with pytest.raises(ClientClosedError):  # not the journal's "closed": nothing was sent
+        client.generate("a lighthouse")
+    assert closing.fired
+    assert gateway.stats()["tasks_created"] == 0
+    client.close()
+
+
+@pytest.mark.anyio
+async def test_an_async_call_whose_client_is_closed_before_its_first_record_says_so(
+    gateway: MockGateway, gateway_url: str, tmp_path: Path
+) -> None:
+    client = AsyncClient(api_key="test-key", base_url=gateway_url, journal=tmp_path / "j.sqlite")
+    closing = ClosedAtFirstRecord(client)
+    with pytest.raises(ClientClosedError):
+        await client.submit("a lighthouse")
+    assert closing.fired
+    assert gateway.stats()["tasks_created"] == 0
+    await client.close()
 
 
 @pytest.mark.slow
