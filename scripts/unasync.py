@@ -71,13 +71,12 @@ PASSAGES = [
     ("Share one client between tasks.", "Thread-safe: share one client between threads."),
     (
         "    An ``AsyncClient`` may be used under one event loop after another (several\n"
-        "    ``asyncio.run()`` calls): the HTTP client it made is replaced on the new loop. A"
-        " caller's\n"
-        "    own ``http_client``, or a transport that pools connections"
-        " (``httpx.AsyncHTTPTransport``),\n"
-        "    belongs to its loop: using it under another raises :class:`ConfigurationError`"
-        " before\n"
-        "    anything is sent.\n\n",
+        "    ``asyncio.run()`` calls), or several at once (threads): each loop gets an HTTP"
+        " client of\n"
+        "    its own, closed on that loop as its run ends. A caller's own ``http_client``, or a\n"
+        "    transport that pools connections (``httpx.AsyncHTTPTransport``), belongs to its"
+        " loop: using\n"
+        "    it under another raises :class:`ConfigurationError` before anything is sent.\n\n",
         "",
     ),
     (" (a coroutine it returns is awaited)", ""),

@@ -95,10 +95,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     and that was first sent longer ago than that is never sent again on its own.
 
     An ``AsyncClient`` may be used under one event loop after another (several
-    ``asyncio.run()`` calls): the HTTP client it made is replaced on the new loop. A caller's
-    own ``http_client``, or a transport that pools connections (``httpx.AsyncHTTPTransport``),
-    belongs to its loop: using it under another raises :class:`ConfigurationError` before
-    anything is sent.
+    ``asyncio.run()`` calls), or several at once (threads): each loop gets an HTTP client of
+    its own, closed on that loop as its run ends. A caller's own ``http_client``, or a
+    transport that pools connections (``httpx.AsyncHTTPTransport``), belongs to its loop: using
+    it under another raises :class:`ConfigurationError` before anything is sent.
 
     Example::
 
@@ -580,9 +580,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         by it from another task, raise :class:`ClientClosedError` (a submit whose outcome is
         unknown: :class:`UnknownOutcomeError` with its key)."""
         self._closed = True
-        if self._owns_http and self._conn.loop in (None, _io.current_loop()):
-            await self._http.aclose()
-        # Else its connections belong to an event loop that is gone: nothing can close them.
+        if self._owns_http:
+            await _io.close_http(self._conn)
         if self._owns_budget:
             await _io.close_budget(self._flows.budget)
         if not self._copy and self._owns_journal and self._journal is not None:
@@ -697,9 +696,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        conn = self._conn
-        conn.claim(_io.current_loop())
-        http = conn.http  # after the claim, which may have made it anew
+        http = await _io.claim(self._conn)  # the one to send with: see _io.claim
         request = _transport.build_request(http, self._settings, send, self._agent)
         body = _transport.Body()
         status: int | None = None
@@ -728,24 +725,22 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._conn.claim(_io.current_loop())
+        http = await _io.claim(self._conn)
         sink = Sink(fetch)
         try:
             with _io.bounded(fetch.timeout) as deadline:
-                request = _transport.download_request(
-                    self._http, self._settings, fetch, self._agent
-                )
+                request = _transport.download_request(http, self._settings, fetch, self._agent)
                 link = request.url
                 # Redirects are followed here, one hop at a time, so that each is looked at
                 # before anything is sent where it leads (``_transport.redirect``).
-                for _hop in _transport.hops(self._http):
+                for _hop in _transport.hops(http):
                     with _logs.hiding(request.url):  # its query in no log line
                         # auth=None: an auth= on the caller's client is for the gateway, never here.
-                        response = await self._http.send(
+                        response = await http.send(
                             request, stream=True, follow_redirects=False, auth=None
                         )
                         try:
-                            following = _transport.redirect(self._http, fetch, link, response)
+                            following = _transport.redirect(http, fetch, link, response)
                             if following is None:
                                 if response.status_code != 200:
                                     return wire.Fetched(response.status_code)
@@ -758,7 +753,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                         finally:
                             await response.aclose()
                     request = following
-                raise _transport.too_many_redirects(self._http, request)
+                raise _transport.too_many_redirects(http, request)
         except ImggwError:
             raise  # the disk or a refused redirect, not the network: never retried as a fault
         except Exception as exc:

@@ -4,14 +4,11 @@ actions are performed (blocking or awaited)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import functools
 import hashlib
 import os
 import random
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -21,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import httpx
 
 from . import _logs, _telemetry
+from ._connection import Connection, H
 from ._core.budget import Budget, RemoteBudget
 from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface, updated
 from ._core.durations import DurationModel
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
 
     from ._journal.journal import Journal, JournalEntry, Scope
 
-H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 B = TypeVar("B", bound="BaseClient[Any]")
 
@@ -68,124 +65,6 @@ def key_fingerprint(api_key: str) -> str:
         "sha256", api_key.encode(), KEY_FINGERPRINT_SALT, KEY_FINGERPRINT_ROUNDS
     )
     return digest.hex()
-
-
-# HTTP clients a forked process inherited from its parent: their sockets are the parent's too.
-# Kept, never closed (closing could send a TLS close_notify or an HTTP/2 GOAWAY on the parent's
-# connections) and never used; one per client and fork, gone when the process ends.
-_INHERITED: list[object] = []
-
-
-class Connection(Generic[H]):
-    """The HTTP client behind a client and all its ``with_options`` copies. ``factory`` makes a
-    fresh one (None for a caller's own client, or one over a transport that pools connections:
-    neither can be replaced).
-
-    Connections belong to the process that opened them: after a ``fork()`` the child holds the
-    parent's very sockets, and two processes writing requests on one keep-alive connection read
-    each other's answers (one task id handed to two submits: a paid task no one owns). So
-    before each request the process is checked (a PID check, not an at-fork hook: it holds
-    for a fork made in C too, and keeps no registry of clients): in a child our own HTTP client
-    is set aside unclosed (the parent's to use and close) and a new one made; a caller's own
-    one, or a pooled transport's, that this client sent requests through before the fork is
-    refused. One that sent nothing before the fork holds no connection of ours: kept."""
-
-    def __init__(self, http: H, *, owned: bool, factory: Callable[[], H] | None) -> None:
-        self.http: H = http
-        self.owned = owned
-        self.factory: Callable[[], H] | None = factory
-        self.loop: object = None  # the event loop an AsyncClient's connections belong to
-        self.pid = os.getpid()  # the process whose connections ``http`` holds
-        self.used = False  # whether a request went through ``http`` in that process
-        self._fork_lock = threading.Lock()
-
-    @property
-    def mine(self) -> bool:
-        """Whether ``http`` is this process's (False in a child forked after it was made,
-        until the child makes its own)."""
-        return self.pid == os.getpid()
-
-    def claim(self, loop: object) -> None:
-        """Called before every request. In a process forked since ``http`` was made, the
-        connections are the parent's: see the class. Then, connections belong to the event
-        loop that opened them; one used from a later loop fails after the request was written
-        (a task billed, the answer lost). So on a new loop our own HTTP client is replaced
-        before anything is sent, and one that cannot be is refused. Threads have no loop
-        (``None``): nothing to do."""
-        if self.pid != os.getpid():  # not self.mine: asked before every request
-            self._forked()
-        self.used = True
-        if self.loop is None or self.loop is loop:
-            self.loop = loop
-            return
-        if self.factory is None:
-            raise ConfigurationError(
-                "this AsyncClient's connections were opened under another event loop (its "
-                "http_client's, or its transport's pool); make the client (and its http_client "
-                "or transport) inside the event loop that uses it"
-            )
-        self.http, self.loop = self.factory(), loop  # the old loop is gone, and its sockets
-
-    def _forked(self) -> None:
-        with self._fork_lock:  # the child's threads may all send their first request at once
-            if self.mine:
-                return
-            if not self.used:  # no request went through it: it holds no connection of ours
-                self.pid = os.getpid()
-                return
-            if self.factory is None:
-                raise ConfigurationError(
-                    "this client sent requests through its http_client (or its "
-                    f"transport's pool) in process {self.pid}, and this process was forked "
-                    "from it: those connections are shared with it, and requests from both "
-                    "would mix on one socket. Make the client and its http_client in this "
-                    "process (after the fork: a pool initializer, gunicorn's post_fork), or "
-                    "let the client make its own (no http_client=): it makes a new one in "
-                    "each process by itself"
-                )
-            _INHERITED.append(self.http)
-            self.http, self.loop = self.factory(), None
-            self.pid, self.used = os.getpid(), False
-
-    def __del__(self) -> None:
-        # The client (and every with_options copy of it) was dropped unclosed: the HTTP client
-        # it made is closed here, so that no socket is left to the garbage collector
-        # (a ResourceWarning under -X dev). Never a caller's own, nor a parent process's.
-        if not getattr(self, "owned", False) or not self.mine:
-            return
-        with contextlib.suppress(Exception):  # at interpreter exit, say: nothing left to do
-            _close_dropped(self.http, self.loop)
-
-
-# An AsyncClient's pool closed by the garbage collector: kept until the close has run.
-_CLOSING: set[asyncio.Task[None]] = set()
-
-
-def _close_dropped(http: httpx.Client | httpx.AsyncClient, loop: object) -> None:
-    """Closes a dropped client's HTTP client. A blocking one at once; an asynchronous one on
-    the asyncio loop its connections belong to, while that loop runs (as openai-python does):
-    under a loop that has ended, nothing can close them any more."""
-    if http.is_closed:
-        return
-    if isinstance(http, httpx.Client):
-        http.close()
-        return
-    if not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed():
-        return
-
-    def start() -> None:
-        task = loop.create_task(http.aclose())
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
-
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        start()
-    elif loop.is_running():  # collected in another thread
-        loop.call_soon_threadsafe(start)
 
 
 class BaseClient(Generic[H]):
@@ -230,7 +109,9 @@ class BaseClient(Generic[H]):
         # A pool's connections belong to the event loop that opened them: one made again
         # over the same pool would be no fresher.
         pooled = isinstance(transport, (httpx.HTTPTransport, httpx.AsyncHTTPTransport))
-        return Connection(factory(), owned=True, factory=None if pooled else factory)
+        return Connection(
+            factory(), owned=True, factory=None if pooled else factory, per_loop=transport is None
+        )
 
     @property
     def _http(self) -> H:
@@ -446,7 +327,7 @@ class BaseClient(Generic[H]):
     def is_closed(self) -> bool:
         """True once :meth:`close` was called on this client (or on the one it was copied from,
         when that one owns the connection)."""
-        return self._closed or self._conn.http.is_closed
+        return self._closed or self._conn.closed
 
     def with_options(
         self: B,

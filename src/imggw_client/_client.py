@@ -576,9 +576,8 @@ class Client(BaseClient[httpx.Client]):
         by it from another thread, raise :class:`ClientClosedError` (a submit whose outcome is
         unknown: :class:`UnknownOutcomeError` with its key)."""
         self._closed = True
-        if self._owns_http and self._conn.loop in (None, _io.current_loop()):
-            self._http.close()
-        # Else its connections belong to an event loop that is gone: nothing can close them.
+        if self._owns_http:
+            _io.close_http(self._conn)
         if self._owns_budget:
             _io.close_budget(self._flows.budget)
         if not self._copy and self._owns_journal and self._journal is not None:
@@ -691,9 +690,7 @@ class Client(BaseClient[httpx.Client]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        conn = self._conn
-        conn.claim(_io.current_loop())
-        http = conn.http  # after the claim, which may have made it anew
+        http = _io.claim(self._conn)  # the one to send with: see _io.claim
         request = _transport.build_request(http, self._settings, send, self._agent)
         body = _transport.Body()
         status: int | None = None
@@ -722,24 +719,22 @@ class Client(BaseClient[httpx.Client]):
         closed = self._closed_failure()
         if closed is not None:
             return closed
-        self._conn.claim(_io.current_loop())
+        http = _io.claim(self._conn)
         sink = Sink(fetch)
         try:
             with _io.bounded(fetch.timeout) as deadline:
-                request = _transport.download_request(
-                    self._http, self._settings, fetch, self._agent
-                )
+                request = _transport.download_request(http, self._settings, fetch, self._agent)
                 link = request.url
                 # Redirects are followed here, one hop at a time, so that each is looked at
                 # before anything is sent where it leads (``_transport.redirect``).
-                for _hop in _transport.hops(self._http):
+                for _hop in _transport.hops(http):
                     with _logs.hiding(request.url):  # its query in no log line
                         # auth=None: an auth= on the caller's client is for the gateway, never here.
-                        response = self._http.send(
+                        response = http.send(
                             request, stream=True, follow_redirects=False, auth=None
                         )
                         try:
-                            following = _transport.redirect(self._http, fetch, link, response)
+                            following = _transport.redirect(http, fetch, link, response)
                             if following is None:
                                 if response.status_code != 200:
                                     return wire.Fetched(response.status_code)
@@ -752,7 +747,7 @@ class Client(BaseClient[httpx.Client]):
                         finally:
                             response.close()
                     request = following
-                raise _transport.too_many_redirects(self._http, request)
+                raise _transport.too_many_redirects(http, request)
         except ImggwError:
             raise  # the disk or a refused redirect, not the network: never retried as a fault
         except Exception as exc:

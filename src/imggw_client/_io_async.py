@@ -8,10 +8,13 @@ blocking there, so that the client itself is one text. Under asyncio or trio (th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import os
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +29,7 @@ from ._core.models import Submission, Task
 from ._files import StorageError
 
 if TYPE_CHECKING:
+    from ._connection import Connection
     from ._journal.journal import Journal, Scope
 
 T = TypeVar("T")
@@ -178,6 +182,105 @@ def current_loop() -> object:
         return asyncio.get_running_loop()
     except RuntimeError:  # not asyncio: anyio's other backend
         return importlib.import_module("trio").lowlevel.current_trio_token()
+
+
+async def claim(conn: Connection[httpx.AsyncClient]) -> httpx.AsyncClient:
+    """The HTTP client of the running event loop (see ``Connection.claim``). One made for this
+    loop is closed on it when the loop ends: its connections die with the loop, and one left
+    to the garbage collector is a socket open until then and a ResourceWarning after."""
+    loop = current_loop()
+    http, made = conn.claim(loop)
+    if made:
+        guard = LoopEnd(conn, loop, http)
+        await guard.start()
+        conn.keep(loop, guard)
+    return http
+
+
+async def close_http(conn: Connection[httpx.AsyncClient]) -> None:
+    """Closes the HTTP clients a client made: the running loop's now; another thread's loop's
+    on that loop, soon (if it runs; else at its end); a closed loop's, never (nothing can)."""
+    conn.shut = True
+    here = current_loop()
+    for loop, guard in list(conn.guards.items()):
+        if loop is here:
+            await guard.close()
+        else:
+            guard.close_soon()
+    if conn.loop in (None, here) and not conn.http.is_closed:  # unused yet, or not replaceable
+        await conn.http.aclose()
+
+
+class LoopEnd:
+    """Closes the HTTP client made for one event loop, on that loop, as the loop ends.
+
+    An async generator started on the loop: ``asyncio.run`` (``shutdown_asyncgens``) and
+    ``trio.run`` close every one still open before their loop closes, on the loop, after the
+    loop's tasks ended; one collected while its loop runs is closed there by the loop's
+    finalizer. Public hooks of both, so no registry of loops and no private API."""
+
+    def __init__(
+        self, conn: Connection[httpx.AsyncClient], loop: object, http: httpx.AsyncClient
+    ) -> None:
+        self.loop = loop
+        self._gen = _closing(weakref.ref(conn), loop, http, os.getpid())
+
+    async def start(self) -> None:
+        """Started on the loop: the loop now knows it, and closes it as it ends."""
+        await self._gen.asend(None)
+
+    async def close(self) -> None:
+        """Closes the HTTP client now (the client is closed on this very loop)."""
+        await self._gen.aclose()
+
+    def close_soon(self) -> None:
+        """Closes the HTTP client on its loop, which runs in another thread: without waiting
+        for it (that loop may be busy for long). A loop that does not run closes it at its
+        end."""
+        loop = self.loop
+        if not isinstance(loop, asyncio.AbstractEventLoop) or not loop.is_running():
+            return  # trio's, or not running: its run's end closes it
+        closing = self._gen.aclose()
+        try:
+            asyncio.run_coroutine_threadsafe(closing, loop)
+        except RuntimeError:  # closed meanwhile: nothing can close it now
+            closing.close()
+
+    def dropped(self) -> None:
+        """Let go by its connection. Under a loop that still runs, the loop closes it once it
+        is collected; under one closed without ending its run (``loop.close()`` alone),
+        nothing can: it is ended here, so that its collection asks nothing of that loop (which
+        would be an "Event loop is closed" error at exit)."""
+        if not _loop_closed(self.loop):
+            return
+        closing = self._gen.aclose()
+        with contextlib.suppress(StopIteration, RuntimeError):
+            closing.send(None)
+        closing.close()
+
+
+async def _closing(
+    conn: weakref.ref[Connection[httpx.AsyncClient]],
+    loop: object,
+    http: httpx.AsyncClient,
+    pid: int,
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        connection = conn()
+        if connection is not None:
+            connection.ended(loop, http)
+        # Never the parent's connections in a forked child, nor a closed loop's.
+        if os.getpid() == pid and not _loop_closed(loop):
+            # Shielded: trio ends its generators in a cancelled scope. What fails to close a
+            # connection of a loop that is ending is news to no one.
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await http.aclose()
+
+
+def _loop_closed(loop: object) -> bool:
+    return isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed()
 
 
 def checked_service(service: BudgetService) -> BudgetService:

@@ -22,6 +22,7 @@ from ._core.models import Submission, Task
 from ._files import StorageError
 
 if TYPE_CHECKING:
+    from ._connection import Connection
     from ._journal.journal import Journal, Scope
 
 T = TypeVar("T")
@@ -121,9 +122,15 @@ def map_concurrently(func: Callable[[T], R], items: Sequence[T], limit: int) -> 
         pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
 
 
-def current_loop() -> object:
-    """Threads have no event loop: a Client's connections are never made again."""
-    return None
+def claim(conn: Connection[httpx.Client]) -> httpx.Client:
+    """The HTTP client (a thread has no event loop: the one the client made, unless forked)."""
+    return conn.claim(None)[0]
+
+
+def close_http(conn: Connection[httpx.Client]) -> None:
+    """Closes the HTTP client the client made (a thread's close reaches every thread's)."""
+    conn.shut = True
+    conn.http.close()
 
 
 def checked_service(service: SyncBudgetService) -> SyncBudgetService:

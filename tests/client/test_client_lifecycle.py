@@ -227,21 +227,138 @@ def test_a_submit_cut_short_by_close_keeps_its_key() -> None:
 # ---------------------------------------------------------------------------- event loops
 
 
-# The first loop's connections died with it: nothing can close them on a closed loop, so the
-# interpreter reports their sockets when it collects them. That is the loop's owner's doing.
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# Each loop's connections are closed on that loop as it ends (its sockets would otherwise be
+# open until the garbage collector finds them, then a ResourceWarning: an error here).
 @pytest.mark.slow
 def test_an_async_client_works_under_a_second_event_loop(
     gateway: MockGateway, gateway_url: str
 ) -> None:
     client = AsyncClient(api_key="test-key", base_url=gateway_url)
-    first = asyncio.run(client.submit("a lighthouse"))
-    second = asyncio.run(client.submit("a red fox"))  # the first loop, and its sockets, are gone
-    assert first.task_id != second.task_id
+    used: list[httpx.AsyncClient] = []
+
+    async def submit(prompt: str) -> str:
+        sub = await client.submit(prompt)
+        used.append(client._http)
+        return sub.task_id
+
+    first = asyncio.run(submit("a lighthouse"))
+    assert used[0].is_closed  # closed as its loop ended
+    second = asyncio.run(submit("a red fox"))  # the first loop, and its sockets, are gone
+    assert used[1] is not used[0]
+    assert used[1].is_closed
+    assert first != second
     assert gateway.stats()["tasks_created"] == 2
+    assert not client.is_closed  # a loop's end is not the client's
     asyncio.run(client.close())
-    gc.collect()  # the dead loop's sockets are reported here, under this test's filters
+    gc.collect()  # nothing left to report
+
+
+def test_an_async_client_never_closed_leaves_no_socket_when_its_loop_ends(
+    gateway_url: str,
+) -> None:
+    used: list[httpx.AsyncClient] = []
+
+    async def main() -> None:
+        client = AsyncClient(api_key="test-key", base_url=gateway_url)
+        await client.submit("a lighthouse")
+        used.append(client._http)
+
+    asyncio.run(main())
+    gc.collect()  # a socket left open would be a ResourceWarning here: an error in this suite
+    assert used[0].is_closed
+
+
+def test_threads_each_with_an_event_loop_share_an_async_client_one_http_client_a_loop(
+    gateway: MockGateway, gateway_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[httpx.AsyncClient] = []
+
+    def counted(**options: Any) -> httpx.AsyncClient:
+        made.append(httpx.AsyncClient(**options))
+        return made[-1]
+
+    monkeypatch.setattr(AsyncClient, "make_http_client", staticmethod(counted))
+    client = AsyncClient(api_key="test-key", base_url=gateway_url)
+    threads = 4
+    turns = threading.Barrier(threads)  # every loop sends, then every loop sends again
+    errors: list[BaseException] = []
+
+    async def work(n: int) -> None:
+        sub = await client.submit(f"a lighthouse {n}")
+        turns.wait(timeout=10)
+        await client.get(sub.task_id)  # after the other loops' requests: still its own client
+
+    def run(n: int) -> None:
+        try:
+            asyncio.run(work(n))
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=30)
+    assert errors == []
+    assert len(made) == threads  # the one made with the client, then one for each other loop
+    assert all(http.is_closed for http in made)  # each on its loop, as it ended
+    assert gateway.stats()["tasks_created"] == threads
+    asyncio.run(client.close())
+    gc.collect()
+
+
+def test_closing_an_async_client_closes_the_pool_of_a_loop_running_in_another_thread(
+    gateway_url: str,
+) -> None:
+    client = AsyncClient(api_key="test-key", base_url=gateway_url)
+    used, closed = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    async def owner() -> None:
+        await client.submit("a lighthouse")
+        http = client._http
+        used.set()
+        await asyncio.get_running_loop().run_in_executor(None, closed.wait, 10)
+        for _ in range(1000):  # the close handed to this loop runs at its next turns
+            if http.is_closed:
+                break
+            await asyncio.sleep(0)
+        seen["closed while the loop runs"] = http.is_closed
+        try:
+            await client.get("1")
+        except ClientClosedError:
+            seen["refused"] = True
+
+    thread = threading.Thread(target=lambda: asyncio.run(owner()))
+    thread.start()
+    assert used.wait(timeout=10)
+    asyncio.run(client.close())  # on a loop of its own: the owner's loop still runs
+    closed.set()
+    thread.join(timeout=10)
+    assert seen == {"closed while the loop runs": True, "refused": True}
+
+
+# An event loop closed without ending its run (loop.close() alone, no asyncio.run): nothing
+# can close its sockets any more, and they are reported when collected (filtered here). Its
+# HTTP client is let go quietly: no "Event loop is closed" error at exit.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_loop_closed_without_ending_its_run_costs_no_error_when_the_client_goes(
+    gateway_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unraisable: list[Any] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    client = AsyncClient(api_key="test-key", base_url=gateway_url)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(client.submit("a lighthouse"))
+    loop.close()
+    asyncio.run(client.submit("a red fox"))  # a new loop: the closed one's client let go
+    second = asyncio.new_event_loop()
+    second.run_until_complete(client.submit("a blue fox"))
+    second.close()
+    del client  # dropped with a closed loop's client still held
+    gc.collect()
+    errors = [hook.exc_value for hook in unraisable if hook.exc_value is not None]
+    assert not [e for e in errors if not isinstance(e, ResourceWarning)], errors
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
