@@ -4,7 +4,6 @@ actions are performed (blocking or awaited)."""
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import os
@@ -13,7 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 import httpx
 
@@ -375,7 +374,8 @@ class BaseClient(Generic[H]):
             self._settings.api_key,
             self._settings.base_url,
         )
-        clone = copy.copy(self)
+        clone = object.__new__(type(self))  # not copy.copy: that is this method
+        clone.__dict__.update(self.__dict__)
         clone._settings = settings
         clone._flows = Flows(
             settings,
@@ -449,6 +449,21 @@ class BaseClient(Generic[H]):
             return TransportFailure(sent=True, timeout=False, error=ClientClosed())
         log.warning("a request failed (%s); treated as a lost answer", type(exc).__name__)
         return TransportFailure(sent=True, timeout=False, error=exc)
+
+    def __copy__(self: B) -> B:
+        """``copy.copy(client)`` is ``client.with_options()``: the copy shares the pool, the
+        budget and the journal, and closing it closes only the copy. A plain copy would own
+        them all, and its close would close the original's."""
+        return self.with_options()
+
+    def __reduce__(self) -> NoReturn:
+        # pickle and copy.deepcopy: a client's connections, locks and journal are its
+        # process's; said plainly, not as "cannot pickle '_thread.lock' object".
+        raise TypeError(
+            f"a {type(self).__name__} cannot be pickled or deep-copied: its connections and "
+            "journal belong to this process. Make one where it is used (in each worker: a "
+            "pool initializer, post_fork); copy.copy() or with_options() shares this one"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, surface={self.surface!r})"

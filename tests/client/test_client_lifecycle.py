@@ -5,7 +5,9 @@ loopback socket."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
+import pickle
 import threading
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,22 @@ def test_with_options_changes_only_the_copy_and_shares_pool_and_budget(gateway_u
     with pytest.raises(ClientClosedError):
         quick.get(sub.task_id)
     client.close()
+
+
+def test_a_plain_copy_is_a_with_options_copy_and_a_client_is_never_pickled(
+    gateway: MockGateway, gateway_url: str
+) -> None:
+    client = Client(api_key="test-key", base_url=gateway_url)
+    copied = copy.copy(client)
+    sub = copied.submit("a lighthouse")
+    copied.close()  # closes only the copy, as a with_options copy's close does
+    assert client.get(sub.task_id).id == sub.task_id
+    assert copy.copy(client).get(sub.task_id).id == sub.task_id
+    for pickled in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be pickled or deep-copied"):
+            pickled(client)
+    client.close()
+    assert copied.is_closed
 
 
 @pytest.mark.parametrize(
