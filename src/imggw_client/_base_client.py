@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 import httpx
 
 from . import _logs, _telemetry
-from ._connection import Connection, H
 from ._core.budget import Budget, RemoteBudget
 from ._core.config import PollPolicy, RateLimit, RetryPolicy, Settings, check_surface, updated
 from ._core.durations import DurationModel
@@ -30,7 +29,7 @@ from ._core.spec import Surface
 from ._core.surfaces import redact_url, transport_error
 from ._core.text import REDACTED, printable
 from ._core.wire import ClientClosed, TransportFailure
-from ._transport import require_http_client, user_agent
+from ._transport import Connection, H, require_http_client, user_agent
 
 if TYPE_CHECKING:
     import httpx2

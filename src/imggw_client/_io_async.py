@@ -29,8 +29,8 @@ from ._core.models import Submission, Task
 from ._files import StorageError
 
 if TYPE_CHECKING:
-    from ._connection import Connection
     from ._journal.journal import Journal, Scope
+    from ._transport import Connection
 
 T = TypeVar("T")
 R = TypeVar("R")
