@@ -117,6 +117,11 @@ class Journal:
         self._memo_lock = threading.Lock()
         self._warned: dict[object, None] = {}  # damaged rows and unrecorded tasks told of
         self._leases = Leases(self.path, OPEN)
+        # A journal dropped unclosed (a client made per request with journal=<path>, never
+        # closed) stops renewing as a closed one does: its renewer thread, and that thread's
+        # own connection to the file, would otherwise live as long as the process, one per
+        # journal. The renewer holds the leases, never the journal.
+        weakref.finalize(self, self._leases.stop)
         _JOURNALS.add(self)
 
     def _after_fork(self) -> None:
