@@ -586,6 +586,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             await _io.close_budget(self._flows.budget)
         if not self._copy and self._owns_journal and self._journal is not None:
             self._journal.close()
+        self._watching()  # its key is no more this client's to blank
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -582,6 +582,7 @@ class Client(BaseClient[httpx.Client]):
             _io.close_budget(self._flows.budget)
         if not self._copy and self._owns_journal and self._journal is not None:
             self._journal.close()
+        self._watching()  # its key is no more this client's to blank
 
     def __enter__(self) -> Client:
         return self

@@ -7,9 +7,12 @@ retry and every note; ``IMGGW_LOG=info`` the retries and notes. Read once, when 
 imported. The handler writes to whatever ``sys.stderr`` is at the time; records still reach the
 application's own handlers (propagation is left alone). No line it writes holds an API key:
 the key of every client made while it is on, and ``IMGGW_API_KEY``, are blanked in the text,
-tracebacks included. The key of every client (of 8 characters or more, which does not occur by
-chance) is also blanked in the records of this logger and of the HTTP libraries' (below),
-whatever handler an application gives them: a gateway may echo a key in a response header.
+tracebacks included. The key of every live client (of 8 characters or more, which does not
+occur by chance) is also blanked in the records of this logger and of the HTTP libraries'
+(below), whatever handler an application gives them: a gateway may echo a key in a response
+header. A client's key is watched there until the client (and every ``with_options`` copy
+using it) is closed or collected: a process serving many tenants pays for its live ones only.
+A task's repr blanks its own client's key in its links whenever it is shown.
 
 Nor does any line hold a result link's query string (a signature, an expiry, a key a gateway
 put there): while a result is fetched, its link is watched (:func:`hiding`), and the records
@@ -30,7 +33,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from ._core.text import KNOWN_KEYS, LONG_SECRET, SHORTEST_SECRET, blank, link_for_display
+from ._core.text import KNOWN_KEYS, LONG_SECRET, SHORTEST_SECRET, KnownKeys, link_for_display
 
 LOGGER = "imggw_client"
 ENV_LOG = "IMGGW_LOG"
@@ -52,6 +55,9 @@ _QUERY = re.compile(r"(https?://[^\s'\"<>?#]*)[?#][^\s'\"<>]*", re.IGNORECASE)
 
 _fetching: Counter[str] = Counter()  # result links being fetched -> fetches of each
 _fetching_lock = threading.Lock()
+# The keys of live clients too short for KNOWN_KEYS (4 to 7 characters): IMGGW_LOG's lines are
+# the SDK's own, where they are blanked too.
+SHORT_KEYS = KnownKeys(SHORTEST_SECRET)
 
 
 @contextlib.contextmanager
@@ -93,7 +99,7 @@ class HideLinks(logging.Filter):
             text = record.getMessage()
         except Exception:
             return True  # a record that cannot be formatted is its handler's to report
-        shown = blank(hidden(text) if _fetching else text, KNOWN_KEYS)
+        shown = KNOWN_KEYS.blank(hidden(text) if _fetching else text)
         if shown != text:
             record.msg, record.args = shown, None
         return True
@@ -103,16 +109,19 @@ _hide_links = HideLinks()
 
 
 class StderrHandler(logging.Handler):
-    """``IMGGW_LOG``'s handler: each record on the current ``sys.stderr``, every known key
-    blanked (a traceback's too)."""
+    """``IMGGW_LOG``'s handler: each record on the current ``sys.stderr``, every live client's
+    key blanked (a traceback's too), shorter ones included."""
 
     def __init__(self, level: int) -> None:
         super().__init__(level)
-        self.keys: set[str] = set()  # shorter keys too: its lines are the SDK's own
+        # The key of every client made while it is on, kept while it is (a debugging aid): a
+        # line written after the client closed (the application's own) blanks it too.
+        self.keys = KnownKeys(SHORTEST_SECRET)
         self.setFormatter(logging.Formatter(FORMAT))
 
     def format(self, record: logging.LogRecord) -> str:
-        return blank(super().format(record), self.keys | KNOWN_KEYS)
+        text = self.keys.blank(KNOWN_KEYS.blank(super().format(record)))  # the longer first
+        return SHORT_KEYS.blank(text)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -151,11 +160,17 @@ def setup(environ: Mapping[str, str] = os.environ) -> StderrHandler | None:
 
 
 def watch_key(key: str) -> None:
-    """Blanks ``key`` in every line ``IMGGW_LOG`` writes (tracebacks included) while it is on,
-    and, when it does not occur by chance (8 characters or more), in every record of the SDK's
-    and the HTTP libraries' loggers and in a task's repr: a shorter one could be a word of any
-    line (a key "http" would blank every link), and of any test's."""
-    if _handler is not None and len(key) >= SHORTEST_SECRET:
-        _handler.keys.add(key)
-    if len(key) >= LONG_SECRET:
-        KNOWN_KEYS.add(key)
+    """Blanks ``key`` in every line ``IMGGW_LOG`` writes (tracebacks included), and, when it
+    does not occur by chance (8 characters or more), in every record of the SDK's and the HTTP
+    libraries' loggers and in a task's repr: a shorter one could be a word of any line (a key
+    "http" would blank every link), and of any test's. Until :func:`unwatch_key` is called as
+    often (a client watches its key until it is closed or collected); ``IMGGW_LOG``'s lines
+    blank it as long as they are written."""
+    if _handler is not None:
+        _handler.keys.hold(key)
+    (KNOWN_KEYS if len(key) >= LONG_SECRET else SHORT_KEYS).hold(key)
+
+
+def unwatch_key(key: str) -> None:
+    """One :func:`watch_key` of ``key`` ends: the last one stops blanking it."""
+    (KNOWN_KEYS if len(key) >= LONG_SECRET else SHORT_KEYS).release(key)

@@ -13,7 +13,7 @@ from . import rules
 from .errors import RequestValidationError
 from .rules import AspectRatio, Resolution
 from .spec import Surface
-from .text import KNOWN_KEYS, blank, link_for_display
+from .text import KNOWN_KEYS, LONG_SECRET, blank, link_for_display
 
 __all__ = [
     "DownloadedFile",
@@ -24,6 +24,17 @@ __all__ = [
     "TaskError",
     "TaskStatus",
 ]
+
+
+def shown_links(urls: list[str], secrets: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``urls`` as a repr shows them, with ``secrets`` (the key of the client that read them) of
+    8 characters or more blanked, when one of them holds one (else None: the repr blanks the
+    keys of live clients). Worked out where the key is at hand: by the time a task is shown its
+    client may be closed, and its key no longer watched process-wide (``KNOWN_KEYS``)."""
+    long = tuple(secret for secret in secrets if len(secret) >= LONG_SECRET)
+    if not any(secret in url for url in urls for secret in long):
+        return None
+    return tuple(blank(link_for_display(url), long) for url in urls)
 
 
 def raise_violations(violations: list[rules.Violation]) -> None:
@@ -232,6 +243,8 @@ class Task(BaseModel):
     idempotency_key: str | None = None
 
     _read_request = field_validator("request", mode="before")(_stored_request)
+    # Its links as its repr shows them, when they hold its client's key (``shown_links``).
+    _shown_urls: tuple[str, ...] | None = PrivateAttr(default=None)
 
     @property
     def is_terminal(self) -> bool:
@@ -244,11 +257,12 @@ class Task(BaseModel):
         return hash((self.surface, self.id, self.status, self.progress))
 
     def __repr_args__(self) -> Any:
-        # repr and str show links without query or userinfo, and with every client's key
+        # repr and str show links without query or userinfo, and with every live client's key
         # blanked: a gateway may put a key there (or in a path, or a host name).
         for name, value in super().__repr_args__():
             if name == "image_urls" and isinstance(value, list):
-                value = [blank(link_for_display(url), KNOWN_KEYS) for url in value]
+                shown = self._shown_urls or [link_for_display(url) for url in value]
+                value = [KNOWN_KEYS.blank(url) for url in shown]
             yield name, value
 
 
@@ -268,7 +282,12 @@ class DownloadedFile(BaseModel):
     sha256: str
     size: int
 
+    # Its link as its repr shows it, when it holds its client's key (``shown_links``).
+    _shown_url: str | None = PrivateAttr(default=None)
+
     def __repr_args__(self) -> Any:
         # As Task's: the link without its query, userinfo or key; ``url`` itself is unchanged.
         for name, value in super().__repr_args__():
-            yield name, blank(link_for_display(value), KNOWN_KEYS) if name == "url" else value
+            if name == "url":
+                value = KNOWN_KEYS.blank(self._shown_url or link_for_display(value))
+            yield name, value

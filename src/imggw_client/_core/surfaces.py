@@ -31,7 +31,7 @@ from .exceptions import (
     ServerError,
     answer_class,
 )
-from .models import ImageRequest, Submission, Task, TaskError, TaskStatus
+from .models import ImageRequest, Submission, Task, TaskError, TaskStatus, shown_links
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
 from .text import REDACTED, blank, json_loads, link_for_display, printable
@@ -412,7 +412,7 @@ def read_task(
     task_error = None
     if status is TaskStatus.FAILED:
         task_error = _task_error(state, fail_code, fail_message, secrets)
-    return Task(
+    task = Task(
         id=task_id,
         surface=surface,
         status=status,
@@ -424,6 +424,8 @@ def read_task(
         expires_at=expiry.earliest(expiry.stated(result), urls) if urls else None,
         raw=body,
     )
+    task._shown_urls = shown_links(urls, secrets)
+    return task
 
 
 def _failure(data: Mapping[str, Any], wire: SurfaceSpec) -> tuple[object, object]:

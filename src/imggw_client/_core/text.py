@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "KNOWN_KEYS",
+    "KnownKeys",
     "REDACTED",
     "blank",
     "finite",
@@ -42,9 +45,87 @@ SHORTEST_SECRET = 4
 # A key this long does not occur by chance: where text that is not a gateway's answer to the
 # client is blanked (every log record, a task's repr), only such keys are.
 LONG_SECRET = 8
-# The API key of every client this process made, of LONG_SECRET characters or more: what a
-# task's repr blanks in its links, and the loggers' filter in every record (``_logs``).
-KNOWN_KEYS: set[str] = set()
+
+
+class KnownKeys:
+    """The API keys of this process's live clients: what a task's repr blanks in its links,
+    and the loggers' filters in every record (``_logs``). Each key is held by every client
+    (and ``with_options`` copy) that uses it, and let go when the last of them is closed or
+    collected: a web application making a client per tenant or per request keeps only its
+    live tenants' keys, not every key it ever saw.
+
+    Blanking costs one look per key, or one per character of the text, whichever is fewer:
+    with 10,000 live keys a log line is read once, not 10,000 times. Holding and letting go
+    take a lock; blanking reads a snapshot and takes none (every log record passes here).
+    """
+
+    def __init__(self, shortest: int) -> None:
+        self.shortest = shortest  # the fewest characters of a key held
+        self._count: dict[str, int] = {}  # key -> clients holding it
+        self._by_head: dict[str, frozenset[str]] = {}  # its first ``shortest`` characters
+        self._lock = threading.Lock()
+
+    def hold(self, key: str) -> None:
+        """One more client uses ``key`` (ignored when shorter than ``shortest``)."""
+        if len(key) < self.shortest:
+            return
+        with self._lock:
+            held = self._count.get(key, 0)
+            self._count[key] = held + 1
+            if not held:
+                head = key[: self.shortest]
+                self._by_head[head] = self._by_head.get(head, frozenset()) | {key}
+
+    def release(self, key: str) -> None:
+        """A client that held ``key`` is closed or gone; the last one lets it go."""
+        with self._lock:
+            held = self._count.get(key, 0)
+            if held > 1:
+                self._count[key] = held - 1
+                return
+            if not held:
+                return
+            del self._count[key]
+            head = key[: self.shortest]
+            left = self._by_head[head] - {key}
+            if left:
+                self._by_head[head] = left
+            else:
+                del self._by_head[head]
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._count
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._count))
+
+    def blank(self, text: str) -> str:
+        """``text`` with every key held blanked (the longest first: a key inside another)."""
+        count = self._count
+        if not count:
+            return text
+        if len(count) <= len(text):
+            found = [key for key in list(count) if key in text]  # a snapshot, taken at once
+        else:  # fewer characters to read than keys to look for
+            width, heads = self.shortest, self._by_head
+            found = [
+                key
+                for start in range(len(text) - width + 1)
+                for key in heads.get(text[start : start + width], ())
+                if text.startswith(key, start)
+            ]
+        if len(found) > 1:
+            found.sort(key=len, reverse=True)
+        for key in found:
+            text = text.replace(key, REDACTED)
+        return text
+
+
+# The API keys of this process's live clients, of LONG_SECRET characters or more.
+KNOWN_KEYS = KnownKeys(LONG_SECRET)
 
 
 def blank(text: str, secrets: tuple[str, ...] | set[str]) -> str:
