@@ -8,6 +8,7 @@ import functools
 import hashlib
 import os
 import random
+import threading
 import time
 import warnings
 import weakref
@@ -57,13 +58,33 @@ KEY_FINGERPRINT_SALT = b"imggw key fingerprint v1"
 KEY_FINGERPRINT_ROUNDS = 100_000
 
 
+# Fingerprints this process worked out, at most this many: a process serving many tenants
+# with a client per request (a journal's scope, a shared store's lanes) pays the slow hash
+# (about 40 ms, on an AsyncClient's event loop) once per key, not once per client.
+FINGERPRINTS_KEPT = 4096
+# Names a key among those kept without holding it: a hash salted anew in each process.
+_FINGERPRINT_NAME_SALT = os.urandom(16)
+_fingerprints: dict[bytes, str] = {}
+_fingerprints_lock = threading.Lock()
+
+
 def key_fingerprint(api_key: str) -> str:
     """The fingerprint of ``api_key``: PBKDF2-HMAC-SHA256, hex (see
-    :attr:`BaseClient.key_fingerprint`)."""
+    :attr:`BaseClient.key_fingerprint`); each key's worked out once in a process."""
+    name = hashlib.sha256(_FINGERPRINT_NAME_SALT + api_key.encode()).digest()
+    with _fingerprints_lock:
+        known = _fingerprints.pop(name, None)
+        if known is not None:
+            _fingerprints[name] = known  # the most recently used last
+            return known
     digest = hashlib.pbkdf2_hmac(
         "sha256", api_key.encode(), KEY_FINGERPRINT_SALT, KEY_FINGERPRINT_ROUNDS
-    )
-    return digest.hex()
+    ).hex()
+    with _fingerprints_lock:
+        if len(_fingerprints) >= FINGERPRINTS_KEPT:
+            _fingerprints.pop(next(iter(_fingerprints)))  # the least recently used
+        _fingerprints[name] = digest
+    return digest
 
 
 def watch(client: object, key: str) -> weakref.finalize[[str], object]:
@@ -160,7 +181,8 @@ class BaseClient(Generic[H]):
         every machine, and the key cannot be read back from it (PBKDF2-HMAC-SHA256, 100,000
         rounds, so each guess of a key costs that much). What tells one key's work from
         another's without keeping the key, as the batch runner's run ids do. Worked out on
-        first use (a few tens of milliseconds), then kept.
+        first use (a few tens of milliseconds), then kept, for every client of this key in
+        the process (the most recent 4,096 keys').
 
         Example::
 

@@ -19,6 +19,8 @@ import typing
 import httpcore
 import httpx
 
+from ._transport import shared_tls
+
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "imggw_deadline", default=None
 )
@@ -110,7 +112,7 @@ def bounded_client(**options: typing.Any) -> httpx.Client:
     direct or through the proxies httpx takes from the environment. The network backends are
     reached through httpx's transport internals; if a future httpx moves them, the client
     still works and the driver's checks between body chunks remain."""
-    client = httpx.Client(**options)
+    client = httpx.Client(**shared_tls(options))
     for transport in (client._transport, *client._mounts.values()):
         pool = getattr(transport, "_pool", None)
         backend = getattr(pool, "_network_backend", None)

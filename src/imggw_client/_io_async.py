@@ -27,6 +27,7 @@ from ._core.config import Settings
 from ._core.exceptions import ConfigurationError, RequestValidationError
 from ._core.models import Submission, Task
 from ._files import StorageError
+from ._transport import shared_tls
 
 if TYPE_CHECKING:
     from ._journal.journal import Journal, Scope
@@ -78,7 +79,7 @@ def _settle(woken: asyncio.Future[None]) -> None:
 
 
 def new_http(**options: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(**options)
+    return httpx.AsyncClient(**shared_tls(options))
 
 
 class bounded:  # used as a function, as _io_sync's is

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import sys
 import threading
 import time
@@ -48,6 +49,9 @@ _SET_LATER = frozenset({"accept", "user-agent"})
 _PLAIN: dict[type, bool] = {}
 # The User-Agent each of them sends when its caller sets none.
 _THEIR_DEFAULT_AGENTS = tuple(f"python-{name}/" for name in LIBRARIES)
+# The TLS context of every HTTP client the SDK makes, per certificates named (shared_tls).
+_tls: dict[tuple[str, str], ssl.SSLContext] = {}
+_tls_lock = threading.Lock()
 
 
 def library_of(kind: type) -> ModuleType | None:
@@ -70,6 +74,24 @@ def require_http_client(http: object, kind: str) -> None:
         raise ConfigurationError(
             f"http_client must be an httpx.{kind} or an httpx2.{kind}, not {given}"
         )
+
+
+def shared_tls(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for an HTTP client the SDK makes, with the process's one TLS context for
+    the certificates the environment names (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, else
+    certifi's), as httpx's own default would be. httpx builds a new one for every client,
+    reading and parsing the whole bundle (about 20 ms of CPU): an application making a client
+    per request paid that on its event loop each time. Left alone when ``options`` say how to
+    verify (``verify``, ``cert``, ``trust_env``) or ask for HTTP/2 (whose connections set the
+    context's protocols: never shared with one that speaks HTTP/1.1 alone)."""
+    if {"verify", "cert", "trust_env", "http2"} & options.keys():
+        return options
+    named = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+    with _tls_lock:
+        context = _tls.get(named)
+        if context is None:
+            context = _tls[named] = httpx.create_ssl_context()
+    return {**options, "verify": context}
 
 
 def user_agent(http: HttpClient) -> str:
