@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -76,3 +77,25 @@ def test_links_without_secrets_are_shown_as_they_are_less_the_query(
     link: str, display: str
 ) -> None:
     assert link_for_display(link) == display
+
+
+def test_a_link_holding_its_clients_key_stays_blanked_in_reprs_after_the_client_is_gone() -> None:
+    # A key in a link's path is no query or userinfo: only the key itself can be blanked, and
+    # the process-wide registry lets a key go when its client closes. The task read with it
+    # keeps it blanked for as long as the task lives; another task's repr is left as it was.
+    from imggw_client._core import surfaces
+    from imggw_client._core.text import KNOWN_KEYS
+    from imggw_client._core.wire import Reply
+
+    key = "sk-path-canary-4f1e"
+    assert key not in KNOWN_KEYS  # no client of this key is live
+    link = f"https://cdn.example/{key}/1.png"
+    record = {"id": "7", "status": "completed", "result": {"images": [{"url": [link]}]}}
+    body = {"code": 200, "data": record}
+    reply = Reply(status=200, headers={}, content=json.dumps(body).encode())
+    task = surfaces.read_task("beta", reply, "7", 0.0, (key,))
+    assert task.image_urls == [link]  # the data is unchanged
+    assert key not in shown(task, TaskFailedError(task))
+    assert "https://cdn.example/[redacted]/1.png" in repr(task)
+    plain = Task(id="8", surface="beta", status=TaskStatus.SUCCEEDED, image_urls=task.image_urls)
+    assert key in repr(plain)  # not read by a client of that key: nothing tells it is one

@@ -27,7 +27,7 @@ from .exceptions import (
     ServerError,
     TaskFailedError,
 )
-from .models import DownloadedFile, Task, TaskStatus, raise_violations, shown_links
+from .models import DownloadedFile, Task, TaskStatus, blank_when_shown, raise_violations
 from .text import blank, link_origin, printable
 from .wire import Fetch, Fetched, Flow, TransportFailure
 
@@ -164,8 +164,8 @@ class Results:
             if isinstance(outcome, TransportFailure):
                 raise surfaces.transport_error(task.surface, outcome, host=host) from outcome.error
             if outcome.file is not None:
-                shown = shown_links([outcome.file.url], (self.calls.settings.api_key,))
-                outcome.file._shown_url = shown[0] if shown else None
+                file, key = outcome.file, self.calls.settings.api_key
+                blank_when_shown(file, [file.url], (key,))  # as read_task does a task's
                 return outcome.file
             if outcome.body is not None:
                 return outcome.body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -26,15 +27,20 @@ __all__ = [
 ]
 
 
-def shown_links(urls: list[str], secrets: tuple[str, ...]) -> tuple[str, ...] | None:
-    """``urls`` as a repr shows them, with ``secrets`` (the key of the client that read them) of
-    8 characters or more blanked, when one of them holds one (else None: the repr blanks the
-    keys of live clients). Worked out where the key is at hand: by the time a task is shown its
-    client may be closed, and its key no longer watched process-wide (``KNOWN_KEYS``)."""
+# What the repr of a task (or a saved file) whose links hold its client's key shows of them, by
+# the object's id while it lives: kept for those alone, so that no other model pays for it.
+_SHOWN: dict[int, tuple[str, ...]] = {}
+
+
+def blank_when_shown(model: BaseModel, urls: list[str], secrets: tuple[str, ...]) -> None:
+    """Has ``model``'s repr show ``urls`` (its links) with ``secrets`` (the key of the client
+    that read them) of 8 characters or more blanked, for as long as it lives, when one of them
+    holds one. Worked out where the key is at hand: by the time a task is shown its client may
+    be closed, and its key no longer watched process-wide (``KNOWN_KEYS``)."""
     long = tuple(secret for secret in secrets if len(secret) >= LONG_SECRET)
-    if not any(secret in url for url in urls for secret in long):
-        return None
-    return tuple(blank(link_for_display(url), long) for url in urls)
+    if any(secret in url for url in urls for secret in long):
+        _SHOWN[id(model)] = tuple(blank(link_for_display(url), long) for url in urls)
+        weakref.finalize(model, _SHOWN.pop, id(model), None)
 
 
 def raise_violations(violations: list[rules.Violation]) -> None:
@@ -243,8 +249,6 @@ class Task(BaseModel):
     idempotency_key: str | None = None
 
     _read_request = field_validator("request", mode="before")(_stored_request)
-    # Its links as its repr shows them, when they hold its client's key (``shown_links``).
-    _shown_urls: tuple[str, ...] | None = PrivateAttr(default=None)
 
     @property
     def is_terminal(self) -> bool:
@@ -261,7 +265,7 @@ class Task(BaseModel):
         # blanked: a gateway may put a key there (or in a path, or a host name).
         for name, value in super().__repr_args__():
             if name == "image_urls" and isinstance(value, list):
-                shown = self._shown_urls or [link_for_display(url) for url in value]
+                shown = _SHOWN.get(id(self)) or map(link_for_display, value)
                 value = [KNOWN_KEYS.blank(url) for url in shown]
             yield name, value
 
@@ -282,12 +286,9 @@ class DownloadedFile(BaseModel):
     sha256: str
     size: int
 
-    # Its link as its repr shows it, when it holds its client's key (``shown_links``).
-    _shown_url: str | None = PrivateAttr(default=None)
-
     def __repr_args__(self) -> Any:
         # As Task's: the link without its query, userinfo or key; ``url`` itself is unchanged.
         for name, value in super().__repr_args__():
             if name == "url":
-                value = KNOWN_KEYS.blank(self._shown_url or link_for_display(value))
+                value = KNOWN_KEYS.blank(_SHOWN.get(id(self), (link_for_display(value),))[0])
             yield name, value

@@ -31,7 +31,7 @@ from .exceptions import (
     ServerError,
     answer_class,
 )
-from .models import ImageRequest, Submission, Task, TaskError, TaskStatus, shown_links
+from .models import ImageRequest, Submission, Task, TaskError, TaskStatus, blank_when_shown
 from .spec import AUTHORIZATION_HEADER as AUTHORIZATION_HEADER
 from .spec import MessageEnvelope, Surface, SurfaceSpec
 from .text import REDACTED, blank, json_loads, link_for_display, printable
@@ -424,7 +424,8 @@ def read_task(
         expires_at=expiry.earliest(expiry.stated(result), urls) if urls else None,
         raw=body,
     )
-    task._shown_urls = shown_links(urls, secrets)
+    if urls:  # a gateway may put the key in a link: its repr blanks it for good
+        blank_when_shown(task, urls, secrets)
     return task
 
 
