@@ -30,6 +30,7 @@ SUITE = [
     ("guards", ["guards.py"], ["guards.py", "--quick"]),
     ("shared budget", ["shared_budget.py"], ["shared_budget.py", "--quick"]),
     ("journal", ["journal.py"], ["journal.py", "--quick"]),
+    ("tenants", ["tenants.py"], ["tenants.py"]),
 ]
 
 
