@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -98,9 +97,6 @@ class KnownKeys:
 
     def __contains__(self, key: object) -> bool:
         return key in self._count
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._count))
 
     def blank(self, text: str) -> str:
         """``text`` with every key held blanked (the longest first: a key inside another)."""
